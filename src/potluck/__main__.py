@@ -1,0 +1,5 @@
+"""``python -m potluck ...`` is the same as the ``potluck`` command."""
+
+from potluck.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Run a function as N ranks in local processes on one Gloo group (benches and tests).
+
+Each rank is a child of a fork server that preloaded torch, so starting a rank costs
+milliseconds, not a torch import. The parent picks a free port, waits with a deadline,
+reaps every child on success, failure or timeout, and re-raises a rank's failure with
+that rank's traceback. This is not the user-facing launcher (``potluck run``).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from potluck.errors import PotluckError
+
+
+class RankFailed(PotluckError):
+    """A rank raised, died, or missed the deadline; the message carries its traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 90.0,
+    threads: int = 1,
+    collective_timeout: float = 60.0,
+    init_group: bool = True,
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results.
+
+    With ``init_group`` the default process group is initialized (Gloo, loopback) before
+    ``fn`` runs and destroyed after. ``fn`` and its results must be picklable; tensors
+    in results travel through ``torch.save``.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    port = free_port()
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(fn, rank, world_size, port, args, queue, threads, collective_timeout,
+                  init_group),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        return _collect(procs, queue, world_size, timeout)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=10)
+        queue.close()
+
+
+def _collect(procs: list[Any], queue: Any, world_size: int, timeout: float) -> list[Any]:
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(results) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(world_size)) - set(results))
+            raise RankFailed(f"ranks {missing} did not finish within {timeout:.0f} s")
+        try:
+            rank, ok, payload = queue.get(timeout=min(remaining, 0.5))
+        except Exception:  # queue.Empty: check whether a rank died without reporting
+            for rank, proc in enumerate(procs):
+                if rank not in results and proc.exitcode not in (None, 0):
+                    raise RankFailed(
+                        f"rank {rank} died with exit code {proc.exitcode} before reporting"
+                    ) from None
+            continue
+        if not ok:
+            raise RankFailed(f"rank {rank} failed:\n{payload}")
+        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+    return [results[r] for r in range(world_size)]
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple[Any, ...],
+    queue: Any,
+    threads: int,
+    collective_timeout: float,
+    init_group: bool,
+) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        if init_group:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=collective_timeout),
+            )
+        result = fn(rank, world_size, *args)
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        queue.put((rank, True, buffer.getvalue()))
+    except BaseException:
+        queue.put((rank, False, f"[pid {os.getpid()}] {traceback.format_exc()}"))
+    finally:
+        if init_group and dist.is_initialized():
+            dist.destroy_process_group()

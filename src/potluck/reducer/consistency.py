@@ -1,0 +1,95 @@
+"""Check that every rank wraps the same model before any gradient is averaged.
+
+Two collectives in the common case (a fixed-size digest per rank); only when digests
+differ are the full signatures gathered, so that every rank can raise the same error
+naming the first differing parameter and what each side has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import torch
+
+from potluck.errors import ModelMismatchError
+from potluck.reducer.collectives import Group, allgather_tensor
+
+Entry = tuple[str, str, tuple[int, ...], str]  # (kind, name, shape, dtype)
+
+
+def model_signature(module: torch.nn.Module) -> list[Entry]:
+    """Names, shapes and dtypes of parameters then buffers, in registration order."""
+    entries: list[Entry] = []
+    for name, param in module.named_parameters():
+        kind = "parameter" if param.requires_grad else "frozen parameter"
+        entries.append((kind, name, tuple(param.shape), str(param.dtype)))
+    for name, buf in module.named_buffers():
+        entries.append(("buffer", name, tuple(buf.shape), str(buf.dtype)))
+    return entries
+
+
+def verify_same_model(module: torch.nn.Module, group: Group, device: torch.device) -> None:
+    """Raise ModelMismatchError on every rank unless all ranks hold the same model."""
+    local = _encode(model_signature(module))
+    digest = hashlib.sha256(local).digest()
+    header = torch.tensor(
+        [len(local), *(int.from_bytes(digest[i : i + 8], "little", signed=True)
+                       for i in range(0, 32, 8))],
+        dtype=torch.int64,
+        device=device,
+    )
+    headers = allgather_tensor(header, group)
+    if all(torch.equal(h, headers[0]) for h in headers):
+        return
+    longest = max(int(h[0]) for h in headers)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: len(local)] = torch.frombuffer(bytearray(local), dtype=torch.uint8).to(device)
+    gathered = allgather_tensor(padded, group)
+    signatures = [
+        _decode(bytes(g[: int(h[0])].cpu().tolist())) for g, h in zip(gathered, headers, strict=True)
+    ]
+    raise ModelMismatchError(describe_mismatch(signatures))
+
+
+def describe_mismatch(signatures: list[list[Entry]]) -> str:
+    """The message for the first rank whose model differs from rank 0's."""
+    reference = signatures[0]
+    for rank, other in enumerate(signatures[1:], start=1):
+        if other == reference:
+            continue
+        for position in range(max(len(reference), len(other))):
+            mine = reference[position] if position < len(reference) else None
+            theirs = other[position] if position < len(other) else None
+            if mine != theirs:
+                return (
+                    f"rank 0 and rank {rank} hold different models; the first difference is "
+                    f"entry #{position}: rank 0 has {_show(mine)}, rank {rank} has "
+                    f"{_show(theirs)}. Every rank must build the same model (same code, same "
+                    "constructor arguments, same dtype) before wrapping it in DataParallel."
+                )
+    return "ranks disagree on the model signature digest but their signatures are equal"
+
+
+def _show(entry: Entry | None) -> str:
+    if entry is None:
+        return "nothing (its model has fewer parameters and buffers)"
+    kind, name, shape, dtype = entry
+    return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"
+
+
+def _encode(entries: Iterable[Entry]) -> bytes:
+    lines = [f"{kind}\t{name}\t{','.join(map(str, shape))}\t{dtype}" for kind, name, shape, dtype
+             in entries]
+    return "\n".join(lines).encode()
+
+
+def _decode(raw: bytes) -> list[Entry]:
+    entries: list[Entry] = []
+    for line in raw.decode().split("\n"):
+        if not line:
+            continue
+        kind, name, shape, dtype = line.split("\t")
+        dims = tuple(int(d) for d in shape.split(",") if d)
+        entries.append((kind, name, dims, dtype))
+    return entries

@@ -1,0 +1,64 @@
+"""Communication hooks: how one gradient bucket is reduced across the cohort.
+
+A hook is ``hook(state, bucket) -> Future`` whose value is the reduced flat tensor
+(or a one-element list of it, as c10d futures give). ``state`` is whatever the user
+registered with the hook; ``bucket.group`` is the process group of the current
+membership generation, so a hook never holds on to a stale group. The reducer writes the
+result back into ``bucket.buffer`` if the hook returned another tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from potluck.errors import ConfigError
+from potluck.reducer.collectives import Group
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat gradient buffer; the gradients of ``parameters`` are views into it."""
+
+    index: int
+    buffer: torch.Tensor
+    parameters: tuple[torch.nn.Parameter, ...]
+    group: Group
+
+    @property
+    def world_size(self) -> int:
+        return int(self.group.size())
+
+    @property
+    def rank(self) -> int:
+        return int(self.group.rank())
+
+
+CommHook = Callable[[Any, Bucket], "torch.futures.Future[Any]"]
+
+
+def allreduce_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:
+    """The default: every rank's gradient weighs the same; the result is their mean."""
+    bucket.buffer.div_(bucket.world_size)
+    return bucket.group.allreduce([bucket.buffer]).get_future()
+
+
+def weighted_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:
+    """Each rank contributes its gradient times its weight; the result is the weighted sum.
+
+    ``state`` is this rank's weight, a float or a zero-argument callable returning one
+    (so it can change every step). With weight = local samples / global batch and a loss
+    averaged over local samples, the result is the gradient of the global-batch mean,
+    however unevenly the batch was split.
+    """
+    weight = state() if callable(state) else state
+    if not isinstance(weight, (int, float)) or weight < 0:
+        raise ConfigError(
+            f"weighted_mean needs a non-negative float weight per rank, got {weight!r}; "
+            "pass e.g. local_batch / global_batch"
+        )
+    bucket.buffer.mul_(float(weight))
+    return bucket.group.allreduce([bucket.buffer]).get_future()
