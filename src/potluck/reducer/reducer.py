@@ -33,9 +33,12 @@ import torch.distributed as dist
 from potluck.errors import CommunicationError, ReducerError
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.collectives import Group, PendingBroadcast
-from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
+from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, weighted_mean
 
 log = logging.getLogger(__name__)
+
+# Hooks that compute a scaled sum: zero bitmap entries stay zero, positive ones positive.
+_BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean, weighted_mean})
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,6 @@ class ReducerConfig:
     bucket_cap_bytes: int = 25 * 1024 * 1024
     first_bucket_cap_bytes: int = 1024 * 1024
     rebuild_buckets: bool = True
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where parameter i's gradient lives: bucket index and its view into the buffer."""
-
-    bucket: int
-    view: torch.Tensor
 
 
 class Reducer:
@@ -75,11 +70,14 @@ class Reducer:
         self._rebuilt = not config.rebuild_buckets
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
-        self._slots: list[_Slot] = []
+        self._members: list[list[int]] = []
+        self._bucket_of: list[int] = []  # parameter index -> bucket index
+        self._views: list[torch.Tensor] = []  # parameter index -> its view in the bucket
+        self._tail: torch.Tensor | None = None  # bitmap slots after the last bucket's grads
         self._build(list(reversed(range(len(self._params)))))
         self._reset_window()
         self._handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            p.register_post_accumulate_grad_hook(self._make_hook(i))  # type: ignore[no-untyped-call]
             for i, p in enumerate(self._params)
         ]
 
@@ -102,7 +100,19 @@ class Reducer:
         self._reset_window()
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+        fused_before = self._fuse_bitmap
         self._hook, self._hook_state = hook, state
+        if self._fuse_bitmap != fused_before:
+            self._build([i for members in self._members for i in members])
+
+    @property
+    def _fuse_bitmap(self) -> bool:
+        """Whether the unused-parameter bitmap rides in the last bucket's all-reduce.
+
+        Only for hooks known to keep zero entries zero and positive entries positive
+        (a scaled sum); any other hook gets a separate small all-reduce for the bitmap.
+        """
+        return self._hook in _BITMAP_SAFE_HOOKS
 
     def remove_hooks(self) -> None:
         for handle in self._handles:
@@ -119,12 +129,18 @@ class Reducer:
             sizes, keys, order, self._config.bucket_cap_bytes,
             self._config.first_bucket_cap_bytes,
         )
-        slots: list[_Slot | None] = [None] * len(self._params)
+        n = len(self._params)
+        bucket_of = [0] * n
+        views: list[torch.Tensor | None] = [None] * n
         buckets = []
+        self._tail = None
         for b, members in enumerate(assignment):
             first = self._params[members[0]]
             total = sum(self._params[i].numel() for i in members)
-            buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+            tail = n if self._fuse_bitmap and b == len(assignment) - 1 else 0
+            buffer = torch.zeros(total + tail, dtype=first.dtype, device=first.device)
+            if tail:
+                self._tail = buffer[total:]
             offset = 0
             for i in members:
                 param = self._params[i]
@@ -133,10 +149,11 @@ class Reducer:
                 if param.grad is not None:
                     view.copy_(param.grad)
                     param.grad = view
-                slots[i] = _Slot(b, view)
+                bucket_of[i], views[i] = b, view
             buckets.append(Bucket(b, buffer, tuple(self._params[i] for i in members),
                                   self._group))
-        self._slots = [s for s in slots if s is not None]
+        self._bucket_of = bucket_of
+        self._views = [v for v in views if v is not None]
         self._buckets = buckets
         self._members = assignment
 
@@ -176,25 +193,15 @@ class Reducer:
         self._finalize_queued = False
 
     def prepare_for_forward(self) -> None:
-        """Make every ``.grad`` a view into its bucket, so backward accumulates in place."""
+        """Start a pass. Gradients are not touched here on purpose.
+
+        A ``.grad`` that is None is left None: autograd then hands over the fresh
+        gradient and the ready hook copies it once into the bucket view. Zeroing the
+        buckets and accumulating into them instead costs a fill and a read more per
+        step. Once a gradient is a view (no_sync windows, zero_grad(set_to_none=False))
+        autograd accumulates into the bucket in place.
+        """
         self._reset_pass()
-        zero_whole: set[int] = set()
-        for b, members in enumerate(self._members):
-            if all(self._params[i].grad is None for i in members):
-                zero_whole.add(b)
-                self._buckets[b].buffer.zero_()
-        for i, param in enumerate(self._params):
-            slot = self._slots[i]
-            grad = param.grad
-            if grad is slot.view:
-                continue
-            if grad is None:
-                self._was_none[i] = 1
-                if slot.bucket not in zero_whole:
-                    slot.view.zero_()
-            else:
-                slot.view.copy_(grad)
-            param.grad = slot.view
 
     def on_backward_start(self) -> None:
         """Called from a hook on the forward's outputs: finalize even if no grad is local."""
@@ -224,16 +231,22 @@ class Reducer:
         self._ready[index] = 1
         if not self._rebuilt:
             self._ready_order.append(index)
-        slot = self._slots[index]
-        if param.grad is not slot.view:  # .grad was None or replaced before this pass
-            slot.view.copy_(param.grad)
-            param.grad = slot.view
-        self.on_backward_start()
-        self._pending[slot.bucket] -= 1
-        while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
-            self._launch(self._next_launch)
+        view = self._views[index]
+        grad = param.grad
+        if grad is not view and grad is not None:  # fresh from autograd, or replaced
+            view.copy_(grad)
+            param.grad = view
+        if not self._finalize_queued:
+            self.on_backward_start()
+        b = self._bucket_of[index]
+        self._pending[b] -= 1
+        if b == self._next_launch and self._pending[b] == 0:
+            while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
+                self._launch(self._next_launch)
 
     def _launch(self, b: int) -> None:
+        if self._tail is not None and b == len(self._buckets) - 1:
+            self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
         self._futures[b] = self._hook(self._hook_state, self._buckets[b])
         self._next_launch = b + 1
 
@@ -250,31 +263,36 @@ class Reducer:
         for i, param in enumerate(self._params):
             if self._ready[i]:
                 continue
-            slot = self._slots[i]
-            if param.grad is None:
+            view = self._views[i]
+            if param.grad is None:  # this rank made no gradient: it contributes zeros
                 self._was_none[i] = 1
-                slot.view.zero_()
-                param.grad = slot.view
-            elif param.grad is not slot.view:
-                slot.view.copy_(param.grad)
-                param.grad = slot.view
+                view.zero_()
+                param.grad = view
+            elif param.grad is not view:
+                view.copy_(param.grad)
+                param.grad = view
         for b in range(self._next_launch, len(self._buckets)):
             self._launch(b)
-        device = self._buckets[0].buffer.device if self._buckets else torch.device("cpu")
-        produced = torch.frombuffer(bytearray(self._produced), dtype=torch.uint8).to(
-            device=device, dtype=torch.int32
-        )
-        produced_work = group.allreduce([produced])
+        produced_work = None
+        if self._tail is None and self._params:
+            produced = torch.frombuffer(bytearray(self._produced), dtype=torch.uint8).to(
+                device=self._buckets[0].buffer.device, dtype=torch.int32
+            )
+            produced_work = group.allreduce([produced])
         buffers = PendingBroadcast(self._buffers, group) if self._buffers else None
         for bucket, future in zip(self._buckets, self._futures, strict=True):
             assert future is not None
             result = self._value(future, f"bucket {bucket.index}")
             if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)
-        self._wait(produced_work, "unused-parameter bitmap")
-        for i in (produced == 0).nonzero().flatten().tolist():
-            if self._was_none[i]:
-                self._params[i].grad = None
+        if produced_work is not None:
+            self._wait(produced_work, "unused-parameter bitmap")
+        else:
+            produced = self._tail if self._tail is not None else torch.ones(0)
+        if any(self._was_none):
+            for i in (produced == 0).nonzero().flatten().tolist():
+                if self._was_none[i]:
+                    self._params[i].grad = None
         if buffers is not None:
             buffers.wait()
         if not self._rebuilt:

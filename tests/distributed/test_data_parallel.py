@@ -1,0 +1,320 @@
+"""potluck.DataParallel against one process and against torch DDP, as real Gloo ranks.
+
+Every rank function runs in its own process (potluck.bench.ranks.run_ranks) on the
+default Gloo group; results come back to the test process and are compared there.
+Models are float64 so that the only differences are summation order (tolerance 1e-9).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from potluck import DataParallel
+from potluck.bench.ranks import run_ranks
+from tests.distributed import models as M
+
+TOL = {"rtol": 1e-9, "atol": 1e-12}
+
+
+def assert_close(actual: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        if expected[name] is None:
+            assert actual[name] is None, f"{name}: expected None, got a gradient"
+        else:
+            assert actual[name] is not None, f"{name}: expected a gradient, got None"
+            torch.testing.assert_close(actual[name], expected[name], **TOL, msg=name)
+
+
+def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((out - y) ** 2).mean()
+
+
+# --------------------------------------------------------------- one backward, N ranks
+
+
+def _one_backward(rank: int, world_size: int, cap_mb: float) -> dict[str, Any]:
+    model = DataParallel(M.mlp(), bucket_cap_mb=cap_mb, first_bucket_cap_mb=cap_mb / 4)
+    x, y = M.batch(0)
+    mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+    in_buckets = all(
+        any(p.grad.data_ptr() >= b.buffer.data_ptr()
+            and p.grad.data_ptr() < b.buffer.data_ptr() + b.buffer.numel() * 8
+            for b in model.buckets)
+        for p in model.module.parameters()
+    )
+    return {"grads": M.grads(model.module), "in_buckets": in_buckets,
+            "buckets": len(model.buckets)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("cap_mb", [0.004, 25.0])
+def test_gradients_equal_single_process(world_size: int, cap_mb: float) -> None:
+    reference = M.mlp()
+    x, y = M.batch(0)
+    mse(reference(x), y).backward()
+    for result in run_ranks(_one_backward, world_size, cap_mb):
+        assert_close(result["grads"], M.grads(reference))
+        assert result["in_buckets"], "gradients must be views into the bucket buffers"
+        assert result["buckets"] == (1 if cap_mb == 25.0 else 3)
+
+
+# --------------------------------------------------------- 20 steps against torch DDP
+
+
+def _train_twenty(rank: int, world_size: int, optimizer: str) -> dict[str, Any]:
+    ours = DataParallel(M.mlp(seed=rank), bucket_cap_mb=0.004, first_bucket_cap_mb=0.001)
+    theirs = TorchDDP(M.mlp(seed=rank), bucket_cap_mb=0.004)  # same rank-0 init after sync
+    out = {}
+    for name, model in (("potluck", ours), ("torch", theirs)):
+        opt: torch.optim.Optimizer
+        if optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        for step in range(20):
+            x, y = M.batch(step)
+            opt.zero_grad()
+            mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+            opt.step()
+        out[name] = M.params(model.module)
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_twenty_steps_equal_torch_ddp(world_size: int, optimizer: str) -> None:
+    results = run_ranks(_train_twenty, world_size, optimizer)
+    for result in results:
+        assert_close(result["potluck"], result["torch"])
+        assert_close(result["potluck"], results[0]["potluck"])
+    assert not torch.equal(results[0]["potluck"]["0.weight"], M.params(M.mlp())["0.weight"])
+
+
+# ------------------------------------------------------------------------ no_sync
+
+
+def _accumulate(rank: int, world_size: int) -> dict[str, Any]:
+    model = DataParallel(M.mlp())
+    x, y = M.batch(0, size=4 * M.GLOBAL_BATCH)
+    xs, ys = M.shard(x, rank, world_size), M.shard(y, rank, world_size)
+    micro = xs.shape[0] // 4
+    for k in range(4):
+        chunk = slice(k * micro, (k + 1) * micro)
+        if k < 3:
+            with model.no_sync():
+                (mse(model(xs[chunk]), ys[chunk]) / 4).backward()
+        else:
+            (mse(model(xs[chunk]), ys[chunk]) / 4).backward()
+    return M.grads(model.module)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_no_sync_accumulation_equals_four_times_larger_batch(world_size: int) -> None:
+    reference = M.mlp()
+    x, y = M.batch(0, size=4 * M.GLOBAL_BATCH)
+    mse(reference(x), y).backward()
+    for grads in run_ranks(_accumulate, world_size):
+        assert_close(grads, M.grads(reference))
+
+
+# -------------------------------------------------------------- unused parameters
+
+
+def _branches(step: int, rank: int) -> str:
+    """Steps 0, 3, 6..: every rank left; 1, 4..: rank 0 right, others left; else right."""
+    if step % 3 == 0:
+        return "left"
+    if step % 3 == 1:
+        return "right" if rank == 0 else "left"
+    return "right"
+
+
+def _train_branchy(rank: int, world_size: int) -> dict[str, Any]:
+    ours = DataParallel(M.branchy(), bucket_cap_mb=0.001, first_bucket_cap_mb=0.0005)
+    theirs = TorchDDP(M.branchy(), bucket_cap_mb=0.001, find_unused_parameters=True)
+    out: dict[str, Any] = {}
+    for name, model in (("potluck", ours), ("torch", theirs)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        grads_seen = []
+        for step in range(9):
+            x, y = M.batch(step)
+            opt.zero_grad()
+            out_ = model(M.shard(x, rank, world_size), _branches(step, rank))
+            mse(out_, M.shard(y, rank, world_size)).backward()
+            grads_seen.append(M.grads(model.module))
+            opt.step()
+        out[name] = {"params": M.params(model.module), "grads": grads_seen}
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_data_dependent_branch_matches_torch_find_unused(world_size: int) -> None:
+    for result in run_ranks(_train_branchy, world_size):
+        assert_close(result["potluck"]["params"], result["torch"]["params"])
+        for ours, theirs in zip(result["potluck"]["grads"], result["torch"]["grads"],
+                                strict=True):
+            assert_close(ours, theirs)
+        first = result["potluck"]["grads"][0]
+        assert first["right.weight"] is None  # no rank used it: None stays None
+        assert first["never.weight"] is None
+        assert result["potluck"]["grads"][1]["right.weight"] is not None  # rank 0 used it
+
+
+# --------------------------------------------------------------------- BatchNorm
+
+
+def _train_batchnorm(rank: int, world_size: int) -> dict[str, Any]:
+    ours = DataParallel(M.batchnorm_net(seed=rank))
+    theirs = TorchDDP(M.batchnorm_net(seed=rank))
+    out: dict[str, Any] = {}
+    for name, model in (("potluck", ours), ("torch", theirs)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(10):
+            x, y = M.batch(step)
+            opt.zero_grad()
+            mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+            opt.step()
+        out[name] = {"params": M.params(model.module),
+                     "buffers": {n: b.clone() for n, b in model.module.named_buffers()}}
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_batchnorm_buffers_equal_across_ranks_after_training() -> None:
+    results = run_ranks(_train_batchnorm, 2)
+    rank0 = results[0]["potluck"]
+    assert rank0["buffers"]["1.num_batches_tracked"].item() == 10
+    for result in results:
+        assert_close(result["potluck"]["buffers"], rank0["buffers"])
+        assert_close(result["potluck"]["params"], result["torch"]["params"])
+    assert_close(rank0["buffers"], results[0]["torch"]["buffers"])  # rank 0's statistics
+
+
+# ----------------------------------------------------------------- mismatched models
+
+
+def _mismatch(rank: int, world_size: int) -> dict[str, Any]:
+    import time
+
+    from potluck.errors import ModelMismatchError
+
+    torch.manual_seed(0)
+    hidden = 32 if rank == 0 else 16
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, hidden), nn.Linear(hidden, 4))
+    start = time.monotonic()
+    try:
+        DataParallel(model)
+    except ModelMismatchError as exc:
+        return {"message": str(exc), "seconds": time.monotonic() - start}
+    return {"message": None, "seconds": time.monotonic() - start}
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_models_raise_the_same_clear_error_on_every_rank() -> None:
+    results = run_ranks(_mismatch, 3, timeout=30)
+    messages = {r["message"] for r in results}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message is not None
+    assert "'1.weight'" in message and "[32, 8]" in message and "[16, 8]" in message
+    assert "rank 0" in message and "rank 1" in message
+    assert all(r["seconds"] < 10 for r in results)
+
+
+# ------------------------------------------------ weighted averaging, unequal shares
+
+
+def _weighted(rank: int, world_size: int, sizes: list[int]) -> dict[str, Any]:
+    from potluck import weighted_mean
+
+    start = sum(sizes[:rank])
+    local = sizes[rank]
+    model = DataParallel(M.mlp(), comm_hook=weighted_mean, comm_state=local / sum(sizes))
+    x, y = M.batch(0)
+    mse(model(x[start : start + local]), y[start : start + local]).backward()
+    return M.grads(model.module)
+
+
+@pytest.mark.timeout(60)
+def test_weighted_hook_with_unequal_shares_equals_global_batch_gradient() -> None:
+    reference = M.mlp()
+    x, y = M.batch(0)
+    mse(reference(x), y).backward()
+    for grads in run_ranks(_weighted, 3, [2, 7, 3]):
+        assert_close(grads, M.grads(reference))
+
+
+# ---------------------------------------------------- an explicit, swapped group
+
+
+def _explicit_groups(rank: int, world_size: int) -> dict[str, Any]:
+    first = dist.new_group(list(range(world_size)))
+    model = DataParallel(M.mlp(), group=first, bucket_cap_mb=0.004)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        if step == 2:  # a new membership generation hands the reducer a new group
+            model.set_group(dist.new_group(list(range(world_size))))
+        x, y = M.batch(step)
+        opt.zero_grad()
+        mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+        clipped = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+    return {"params": M.params(model.module), "norm": float(clipped)}
+
+
+def _single_process_clipped() -> dict[str, torch.Tensor]:
+    model = M.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        x, y = M.batch(step)
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+    return M.params(model)
+
+
+@pytest.mark.timeout(60)
+def test_explicit_group_swapped_between_steps_and_clipping_after_backward() -> None:
+    expected = _single_process_clipped()
+    results = run_ranks(_explicit_groups, 2)
+    for result in results:
+        assert_close(result["params"], expected)
+    assert results[0]["norm"] == pytest.approx(results[1]["norm"], rel=1e-12)
+
+
+# ----------------------------------------------------------------- world size 1
+
+
+def test_world_size_one_without_any_process_group() -> None:
+    assert not dist.is_initialized()
+    model = DataParallel(M.mlp())
+    assert model.world_size == 1 and model.rank == 0
+    reference = M.mlp()
+    x, y = M.batch(0)
+    mse(model(x), y).backward()
+    mse(reference(x), y).backward()
+    assert_close(M.grads(model.module), M.grads(reference))
+    with model.no_sync():
+        mse(model(x), y).backward()
+    torch.testing.assert_close(model.module[0].weight.grad, 2 * reference[0].weight.grad)
+
+
+def test_unknown_argument_is_a_clear_error() -> None:
+    from potluck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bucket_cap"):
+        DataParallel(M.mlp(), bucket_size=3)
+    with pytest.raises(ConfigError, match="positive"):
+        DataParallel(M.mlp(), bucket_cap_mb=0)
