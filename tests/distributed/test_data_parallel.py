@@ -139,8 +139,16 @@ def _branches(step: int, rank: int) -> str:
     return "right"
 
 
-def _train_branchy(rank: int, world_size: int) -> dict[str, Any]:
+def _sum_then_divide(state: Any, bucket: Any) -> torch.futures.Future[Any]:
+    """A user hook that returns a new tensor (exercises copy-back and the lone bitmap)."""
+    future = bucket.group.allreduce([bucket.buffer]).get_future()
+    return future.then(lambda f: f.value()[0] / bucket.world_size)
+
+
+def _train_branchy(rank: int, world_size: int, custom_hook: bool) -> dict[str, Any]:
     ours = DataParallel(M.branchy(), bucket_cap_mb=0.001, first_bucket_cap_mb=0.0005)
+    if custom_hook:
+        ours.register_comm_hook(None, _sum_then_divide)
     theirs = TorchDDP(M.branchy(), bucket_cap_mb=0.001, find_unused_parameters=True)
     out: dict[str, Any] = {}
     for name, model in (("potluck", ours), ("torch", theirs)):
@@ -158,9 +166,10 @@ def _train_branchy(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_data_dependent_branch_matches_torch_find_unused(world_size: int) -> None:
-    for result in run_ranks(_train_branchy, world_size):
+@pytest.mark.parametrize(("world_size", "custom_hook"), [(2, False), (3, False), (2, True)])
+def test_data_dependent_branch_matches_torch_find_unused(world_size: int,
+                                                         custom_hook: bool) -> None:
+    for result in run_ranks(_train_branchy, world_size, custom_hook):
         assert_close(result["potluck"]["params"], result["torch"]["params"])
         for ours, theirs in zip(result["potluck"]["grads"], result["torch"]["grads"],
                                 strict=True):
@@ -318,3 +327,31 @@ def test_unknown_argument_is_a_clear_error() -> None:
         DataParallel(M.mlp(), bucket_size=3)
     with pytest.raises(ConfigError, match="positive"):
         DataParallel(M.mlp(), bucket_cap_mb=0)
+
+
+# ------------------------------------------------------------ a peer leaves mid-run
+
+
+def _peer_leaves(rank: int, world_size: int) -> dict[str, Any]:
+    import time
+
+    from potluck.errors import CommunicationError
+
+    model = DataParallel(M.mlp())
+    x, y = M.batch(0)
+    mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+    if rank == 1:  # returns: its process tears down the group and closes its sockets
+        return {"error": None, "seconds": 0.0}
+    start = time.monotonic()
+    try:
+        mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+    except CommunicationError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+@pytest.mark.timeout(60)
+def test_vanished_peer_is_a_typed_error_from_backward_not_a_hang() -> None:
+    survivor = run_ranks(_peer_leaves, 2, timeout=45, collective_timeout=20)[0]
+    assert survivor["error"] is not None and "bucket" in survivor["error"]
+    assert survivor["seconds"] < 15

@@ -94,7 +94,7 @@ def _rank_main(rank: int, world_size: int, sizes: list[int], rounds: int) -> dic
         params = [torch.nn.Parameter(torch.zeros(max(n, 1))) for n in pieces]
         reducer = Reducer(params, [f"p{i}" for i in range(8)], group, ReducerConfig())
         flat = torch.ones(numel)
-        repeats = max(1, min(50, (4 * 1024 * 1024) // size))
+        repeats = max(1, min(200, (8 * 1024 * 1024) // size))
         times: dict[str, list[float]] = {"potluck": [], "raw": []}
         for contender in interleaved(["potluck", "raw"], rounds + 1):
             for p in params:

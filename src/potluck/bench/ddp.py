@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
                          f"choose from {sorted(_WORKLOADS)}")
     if args.world_size < 2:
         raise SystemExit(f"potluck bench ddp: --world-size must be >= 2, got {args.world_size}")
-    rounds, steps = (4, 3) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (4, 2) if args.quick else (args.rounds, args.steps)
     results = []
     for name in names:
         per_rank = run_ranks(_rank_main, args.world_size, name, rounds, steps,
@@ -105,8 +105,8 @@ def _rank_main(rank: int, world_size: int, name: str, rounds: int, steps: int,
     times: dict[str, Any] = {"potluck": [], "torch": [],
                              "params": models.parameter_count(module)}
     step = 0
-    for warmup in (True, False):
-        for contender in interleaved(list(wrapped), 2 if warmup else rounds):
+    for warmup in (True, False):  # warm-up: buckets rebuilt, allocator and caches warm
+        for contender in interleaved(list(wrapped), 1 if warmup else rounds):
             model, opt = wrapped[contender], optims[contender]
             for _ in range(2 if warmup else steps):
                 x, y = batch(step, rank)
