@@ -1,0 +1,125 @@
+"""A guarded optimizer step: clip after averaging, skip non-finite steps on every rank.
+
+``GuardedOptimizer(opt, ...)`` keeps the user's loop ordinary (``backward``,
+``opt.step()``, ``opt.zero_grad()``). ``step()`` runs after ``backward()`` has returned
+averaged gradients (potluck.DataParallel guarantees that), then:
+
+1. unscales fp16 gradients if a ``GradScaler`` is given;
+2. computes the global gradient norm (one pass), and decides whether it is finite;
+3. makes that decision the same on every rank: averaged gradients are bitwise equal on
+   every rank already, and a one-scalar all-reduce (MAX) on ``group`` guarantees it even
+   when a communication hook or backend does not;
+4. on a non-finite step, every rank skips the update together, logs it and counts it
+   (a scaler backs off its scale identically on every rank);
+5. otherwise clips to ``clip_grad_norm`` (if set) and steps.
+
+The returned ``StepResult`` says whether the step committed; the data cursor advances
+either way (a NaN batch is skipped, counted and logged, not retried forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from potluck.errors import ConfigError
+from potluck.reducer.collectives import Group, default_group
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one ``step()`` did: ``committed`` is False when the step was skipped."""
+
+    committed: bool
+    grad_norm: float
+
+
+class GuardedOptimizer:
+    """Wraps a ``torch.optim.Optimizer``; pass ``.optimizer`` to LR schedulers."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        clip_grad_norm: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        group: Group | None = None,
+        agree: bool = True,
+    ) -> None:
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ConfigError(
+                f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}"
+            )
+        self.optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.scaler = scaler
+        self._group = group if group is not None else default_group()
+        self._agree = agree
+        self.steps = 0
+        self.skipped = 0
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def set_group(self, group: Group | None) -> None:
+        self._group = group
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> StepResult:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self._parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        norm = float(total)
+        finite = self._agreed_finite(math.isfinite(norm))
+        self.steps += 1
+        if not finite:
+            self.skipped += 1
+            log.warning("step %d skipped on every rank: gradient norm is %s (%d skipped so "
+                        "far)", self.steps, norm, self.skipped)
+            if self.scaler is not None:
+                self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            return StepResult(committed=False, grad_norm=norm)
+        if self.clip_grad_norm is not None and grads:
+            torch.nn.utils.clip_grads_with_norm_(
+                self._parameters(), self.clip_grad_norm, total
+            )
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return StepResult(committed=True, grad_norm=norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps, self.skipped = int(state["steps"]), int(state["skipped"])
+
+    def _parameters(self) -> Iterable[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _agreed_finite(self, finite: bool) -> bool:
+        group = self._group
+        if not self._agree or group is None or group.size() == 1:
+            return finite
+        device = next(iter(self._parameters()), torch.empty(0)).device
+        flag = torch.tensor([0.0 if finite else 1.0], device=device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        group.allreduce([flag], opts).wait()
+        return bool(flag.item() == 0.0)

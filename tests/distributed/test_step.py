@@ -1,0 +1,165 @@
+"""Accumulation, clipping, bf16 and non-finite skipping across real Gloo ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from potluck import DataParallel
+from potluck.bench.ranks import run_ranks
+from potluck.step import GuardedOptimizer, accumulate, split_batch
+from tests.distributed import models as M
+from tests.distributed.test_data_parallel import assert_close, mse
+
+# ---------------------------------------------------------------------------- units
+
+
+def test_split_batch_weights_sum_to_one_and_cover_the_batch() -> None:
+    x = torch.arange(10).float()
+    chunks = split_batch((x, x * 2), 3)
+    assert [len(c[0]) for c, _ in chunks] == [3, 3, 4]
+    assert sum(w for _, w in chunks) == pytest.approx(1.0)
+    assert torch.equal(torch.cat([c[0] for c, _ in chunks]), x)
+    assert len(split_batch(x, 50)) == 10  # never an empty micro-batch
+
+
+def test_split_batch_rejects_bad_input() -> None:
+    from potluck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="micro_batches"):
+        split_batch(torch.zeros(4), 0)
+    with pytest.raises(ConfigError, match="common first dimension"):
+        split_batch((torch.zeros(4), torch.zeros(5)), 2)
+
+
+def test_guarded_optimizer_rejects_bad_clip() -> None:
+    from potluck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="clip_grad_norm"):
+        GuardedOptimizer(torch.optim.SGD(M.mlp().parameters(), lr=0.1), clip_grad_norm=-1)
+
+
+# ----------------------------------------------- per-rank micro-batch counts
+
+
+def _accumulate_uneven(rank: int, world_size: int) -> dict[str, Any]:
+    model = DataParallel(M.mlp())
+    x, y = M.batch(0, size=4 * M.GLOBAL_BATCH)
+    micro = [4, 1, 3][rank]  # each rank chooses its own number of micro-batches
+    for (cx, cy), weight in accumulate(model, (M.shard(x, rank, world_size),
+                                               M.shard(y, rank, world_size)), micro):
+        (mse(model(cx), cy) * weight).backward()
+    return M.grads(model.module)
+
+
+@pytest.mark.timeout(60)
+def test_accumulation_with_per_rank_micro_batches_equals_one_big_batch() -> None:
+    reference = M.mlp()
+    x, y = M.batch(0, size=4 * M.GLOBAL_BATCH)
+    mse(reference(x), y).backward()
+    for grads in run_ranks(_accumulate_uneven, 3):
+        assert_close(grads, M.grads(reference))
+
+
+# ------------------------------------------------------------------- clipping
+
+
+def _clipped(rank: int, world_size: int) -> dict[str, Any]:
+    model = DataParallel(M.mlp())
+    opt = GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                           clip_grad_norm=0.05)
+    norms = []
+    for step in range(6):
+        x, y = M.batch(step)
+        opt.zero_grad()
+        mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+        norms.append(opt.step().grad_norm)
+    return {"params": M.params(model.module), "norms": norms}
+
+
+@pytest.mark.timeout(60)
+def test_clipping_after_averaging_equals_single_process_clipping() -> None:
+    model = M.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    norms = []
+    for step in range(6):
+        x, y = M.batch(step)
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
+        opt.step()
+    assert max(norms) > 0.05  # clipping really happened
+    for result in run_ranks(_clipped, 3):
+        assert_close(result["params"], M.params(model))
+        assert result["norms"] == pytest.approx(norms, rel=1e-9)
+
+
+# ------------------------------------------------------------------------ bf16
+
+
+def _bf16(rank: int, world_size: int) -> dict[str, Any]:
+    model = DataParallel(M.mlp(dtype=torch.float32))
+    opt = GuardedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    x, y = M.batch(0)
+    x, y = M.shard(x, rank, world_size).float(), M.shard(y, rank, world_size).float()
+    losses = []
+    for _ in range(15):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        assert out.dtype == torch.bfloat16
+        loss = mse(out.float(), y)
+        loss.backward()
+        assert opt.step().committed
+        losses.append(loss.item())
+    return {"losses": losses, "params": M.params(model.module)}
+
+
+@pytest.mark.timeout(60)
+def test_bf16_autocast_trains_end_to_end() -> None:
+    results = run_ranks(_bf16, 2)
+    for result in results:
+        assert result["losses"][-1] < 0.7 * result["losses"][0]
+        assert_close(result["params"], results[0]["params"])
+
+
+# ----------------------------------------------------------- non-finite gradients
+
+
+def _nan_on_one_rank(rank: int, world_size: int, scaled: bool) -> dict[str, Any]:
+    model = DataParallel(M.mlp(dtype=torch.float32))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None
+    opt = GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), scaler=scaler)
+    committed, snapshots, scales = [], [], []
+    for step in range(6):
+        x, y = M.batch(step)
+        x, y = M.shard(x, rank, world_size).float(), M.shard(y, rank, world_size).float()
+        opt.zero_grad()
+        loss = mse(model(x), y)
+        if step == 3 and rank == 1:
+            loss = loss * float("nan" if not scaled else "inf")
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        committed.append(opt.step().committed)
+        snapshots.append(M.params(model.module))
+        scales.append(scaler.get_scale() if scaler is not None else 1.0)
+    return {"committed": committed, "snapshots": snapshots, "skipped": opt.skipped,
+            "scales": scales}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "grad-scaler"])
+def test_nan_on_one_rank_makes_every_rank_skip_that_step(scaled: bool) -> None:
+    results = run_ranks(_nan_on_one_rank, 3, scaled)
+    for result in results:
+        assert result["committed"] == [True, True, True, False, True, True]
+        assert result["skipped"] == 1
+        assert_close(result["snapshots"][3], result["snapshots"][2])  # no update at step 3
+        assert not torch.equal(result["snapshots"][5]["0.weight"],
+                               result["snapshots"][3]["0.weight"])  # training went on
+        assert all(torch.isfinite(p).all() for p in result["snapshots"][5].values())
+        assert_close(result["snapshots"][5], results[0]["snapshots"][5])
+        assert result["scales"] == results[0]["scales"]
+    if scaled:
+        assert results[0]["scales"][3] == results[0]["scales"][2] / 2  # backed off
