@@ -120,6 +120,6 @@ class GuardedOptimizer:
         device = next(iter(self._parameters()), torch.empty(0)).device
         flag = torch.tensor([0.0 if finite else 1.0], device=device)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
         group.allreduce([flag], opts).wait()
         return bool(flag.item() == 0.0)
