@@ -355,3 +355,35 @@ def test_vanished_peer_is_a_typed_error_from_backward_not_a_hang() -> None:
     survivor = run_ranks(_peer_leaves, 2, timeout=45, collective_timeout=20)[0]
     assert survivor["error"] is not None and "bucket" in survivor["error"]
     assert survivor["seconds"] < 15
+
+
+# ------------------------------------------------- overlap with the backward pass
+
+
+def _launch_log(rank: int, world_size: int) -> list[tuple[int, bool]]:
+    from potluck import allreduce_mean
+
+    model = DataParallel(M.mlp(), bucket_cap_mb=0.004, first_bucket_cap_mb=0.001)
+    first_layer = model.module[0].weight
+    launches: list[tuple[int, bool]] = []
+
+    def recording_hook(state: Any, bucket: Any) -> torch.futures.Future[Any]:
+        launches.append((bucket.index, first_layer.grad is None))
+        return allreduce_mean(state, bucket)
+
+    model.register_comm_hook(None, recording_hook)
+    x, y = M.batch(0)
+    for _ in range(2):  # the second pass runs on the rebuilt buckets
+        launches.clear()
+        model.zero_grad()
+        mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+    return launches
+
+
+@pytest.mark.timeout(60)
+def test_buckets_launch_in_order_while_backward_is_still_running() -> None:
+    for launches in run_ranks(_launch_log, 2):
+        assert [index for index, _ in launches] == list(range(len(launches)))
+        assert len(launches) >= 3
+        assert launches[0][1], "the first bucket must go out before the first layer's grad"
+        assert not launches[-1][1]
