@@ -14,6 +14,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from potluck.demo import cli as demo_cli
+
+    demo_cli.add_arguments(sub.add_parser("demo", help="train a tiny model on 2 local workers"))
+
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     from potluck.bench import allreduce as bench_allreduce
@@ -29,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command == "demo":
+        from potluck.demo import cli as demo_cli
+
+        return demo_cli.main(args)
     if args.command == "bench":
         from potluck.bench import allreduce as bench_allreduce
         from potluck.bench import ddp as bench_ddp
