@@ -17,16 +17,6 @@ def build_parser() -> argparse.ArgumentParser:
     from potluck.demo import cli as demo_cli
 
     demo_cli.add_arguments(sub.add_parser("demo", help="train a tiny model on 2 local workers"))
-
-    bench = sub.add_parser("bench", help="side-by-side benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from potluck.bench import allreduce as bench_allreduce
-    from potluck.bench import ddp as bench_ddp
-
-    bench_ddp.add_arguments(bench_sub.add_parser("ddp", help=bench_ddp.__doc__))
-    bench_allreduce.add_arguments(
-        bench_sub.add_parser("allreduce", help=bench_allreduce.__doc__)
-    )
     return parser
 
 
@@ -37,11 +27,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         from potluck.demo import cli as demo_cli
 
         return demo_cli.main(args)
-    if args.command == "bench":
-        from potluck.bench import allreduce as bench_allreduce
-        from potluck.bench import ddp as bench_ddp
-
-        runner = {"ddp": bench_ddp.main, "allreduce": bench_allreduce.main}[args.bench]
-        return runner(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
