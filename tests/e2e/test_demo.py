@@ -38,6 +38,7 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
     assert "samples/s" in out and "tokens/s" in out
     assert "generated text" in out
     assert "loss:" in out
+    assert "check: over the first" in out  # 1-worker phase reproduced the run's losses
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.demo.report import format_table, loss_summary
+from potluck.demo.report import equivalence_line, format_table, loss_summary
 from potluck.demo.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
 from potluck.demo.train import learning_rate
 from potluck.errors import ConfigError
@@ -68,3 +68,5 @@ def test_report_formatting() -> None:
     table = format_table(["a", "b"], [["x", "long value"]])
     assert table.splitlines()[1] == "-  ----------"
     assert loss_summary([4.0, 3.0, 2.0], tail=2).startswith("loss: 4.000 at step 0 -> 2.000")
+    line = equivalence_line([4.0, 3.0, 2.0], [4.0, 3.001], world_size=2)
+    assert "first 2 steps" in line and "1.0e-03" in line and "2 workers" in line

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from potluck.bench.ranks import RankFailed, run_ranks
 from potluck.demo.model import ModelConfig
-from potluck.demo.report import SyncLatency, figures_table, loss_summary, sample_block
+from potluck.demo.report import (
+    SyncLatency,
+    equivalence_line,
+    figures_table,
+    loss_summary,
+    sample_block,
+)
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult, train_worker
 from potluck.errors import ConfigError
@@ -86,14 +92,17 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         baseline_steps=(preset.baseline_steps if args.baseline_steps is None
                         else args.baseline_steps),
     )
-    _require(args.workers >= 1, f"--workers {args.workers}: need at least 1 worker")
-    _require(preset.steps >= 1, f"--steps {preset.steps}: need at least 1 step")
+    _require(args.workers >= 1,
+             f"--workers {args.workers}: need at least 1 worker; use e.g. --workers 2")
+    _require(preset.steps >= 1,
+             f"--steps {preset.steps}: need at least 1 step; use e.g. --steps {FULL.steps}")
     _require(preset.baseline_steps >= 1,
              f"--baseline-steps {preset.baseline_steps}: need at least 1 step "
              "(use --no-baseline to skip the 1-worker phase)")
     per_worker = max(1, preset.global_batch // max(1, args.workers))
     _require(preset.global_batch >= args.workers and preset.global_batch % args.workers == 0,
-             f"--batch-size {preset.global_batch} does not split evenly over --workers "
+             f"global batch {preset.global_batch} (--batch-size) does not split evenly over "
+             f"--workers "
              f"{args.workers}: the global batch must be a positive multiple of the worker "
              f"count; use e.g. --batch-size {args.workers * per_worker}")
     return DemoConfig(
@@ -195,6 +204,8 @@ def _print_report(
     print()
     print(f"model: {result.n_params:,} parameters; "
           f"{loss_summary(result.losses)}")
+    if baseline is not None:
+        print(equivalence_line(result.losses, baseline.losses, config.workers))
     print()
     print(figures_table(figures, sync, note))
     if result.sample is not None:

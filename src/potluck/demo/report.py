@@ -41,13 +41,13 @@ def figures_table(figures: ScalingFigures, sync: SyncLatency, baseline_note: str
         [
             "throughput",
             f"{figures.samples_per_s:,.1f} samples/s, {figures.tokens_per_s:,.0f} tokens/s",
-            f"global batch / median step time ({_ms(figures.step_s)} with {n} workers)",
+            f"global batch / median step time ({_ms(figures.step_s)} with {_workers(n)})",
         ],
         _speedup_row(figures, baseline_note),
         [
             "scaling efficiency",
             "n/a" if figures.efficiency is None else f"{figures.efficiency:.0%}",
-            f"speedup / {n} workers (100% = linear)",
+            f"speedup / {_workers(n)} (100% = linear)",
         ],
         *_latency_rows(sync),
     ]
@@ -101,10 +101,32 @@ def loss_summary(losses: Sequence[float], tail: int = 20) -> str:
     )
 
 
+def equivalence_line(
+    losses: Sequence[float], baseline_losses: Sequence[float], world_size: int
+) -> str:
+    """How closely the 1-worker phase reproduced the N-worker run's first losses.
+
+    Both phases start from the same weights and train on the same global batches, so
+    with correct gradient averaging the losses agree up to float rounding.
+    """
+    steps = min(len(losses), len(baseline_losses))
+    if steps == 0:
+        return "check: no steps to compare between the 1-worker and N-worker phases"
+    diff = max(abs(a - b) for a, b in zip(losses[:steps], baseline_losses[:steps], strict=True))
+    return (
+        f"check: over the first {steps} steps, 1 worker and {_workers(world_size)} "
+        f"computed the same losses to within {diff:.1e} (same weights, same global batches)"
+    )
+
+
 def sample_block(sample: str, prompt: str) -> str:
     """The generated text, indented, with the prompt named."""
     body = "\n".join("    " + line for line in sample.splitlines())
     return f"generated text (rank 0, prompt {prompt!r}):\n{body}"
+
+
+def _workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
 
 
 def _ms(seconds: float) -> str:
