@@ -9,7 +9,6 @@ throughput, speedup, scaling efficiency, sync latency and a sample of generated 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -18,16 +17,16 @@ from pathlib import Path
 from potluck.bench.ranks import RankFailed, run_ranks
 from potluck.demo.model import ModelConfig
 from potluck.demo.report import (
-    SyncLatency,
     equivalence_line,
     figures_table,
     loss_summary,
     sample_block,
+    sync_latency,
 )
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult, train_worker
 from potluck.errors import ConfigError
-from potluck.metrics.figures import scaling_figures, summarize_latency
+from potluck.metrics.figures import scaling_figures
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"({FULL.global_batch}; {QUICK.global_batch} with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="seed of corpus, model, data (0)")
     parser.add_argument("--metrics", type=Path, default=Path("runs/demo/metrics.jsonl"),
-                        help="per-step JSON lines (runs/demo/metrics.jsonl)")
+                        help="per-step JSON lines: step, loss, step_s, samples_per_s, "
+                             "tokens_per_s, sync_s, lr, workers (runs/demo/metrics.jsonl)")
     parser.add_argument("--baseline-steps", type=int, default=None,
                         help=f"steps of the 1-worker phase that measures the speedup "
                              f"({FULL.baseline_steps}; {QUICK.baseline_steps} with --quick)")
@@ -154,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
     except RankFailed as exc:
         print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
         return 1
-    _print_report(config, result, baseline)
+    _print_report(config, train, result, baseline)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}")
     return 0
@@ -180,7 +180,7 @@ def _print_header(config: DemoConfig, train: TrainConfig, chars: int, vocab: int
 
 
 def _print_report(
-    config: DemoConfig, result: WorkerResult, baseline: WorkerResult | None
+    config: DemoConfig, train: TrainConfig, result: WorkerResult, baseline: WorkerResult | None
 ) -> None:
     preset = config.preset
     figures = scaling_figures(
@@ -191,15 +191,7 @@ def _print_report(
         tokens_per_sample=preset.context,
         warmup=preset.warmup_steps,
     )
-    trips = result.round_trips
-    measured = trips is not None and bool(trips.barrier_s) and bool(trips.allreduce_s)
-    sync = SyncLatency(
-        barrier=summarize_latency(trips.barrier_s) if measured and trips else None,
-        allreduce=summarize_latency(trips.allreduce_s) if measured and trips else None,
-        allreduce_bytes=trips.allreduce_bytes if trips else 0,
-        step_sync_s=(statistics.median(result.sync_s[preset.warmup_steps:] or result.sync_s)
-                     if measured else None),
-    )
+    sync = sync_latency(result.round_trips, result.sync_s, preset.warmup_steps)
     note = "one worker: nothing to compare" if config.workers == 1 else "skipped (--no-baseline)"
     print()
     print(f"model: {result.n_params:,} parameters; "
@@ -210,5 +202,5 @@ def _print_report(
     print(figures_table(figures, sync, note))
     if result.sample is not None:
         print()
-        print(sample_block(result.sample, TrainConfig.sample_prompt))
+        print(sample_block(result.sample, train.sample_prompt))
     print()

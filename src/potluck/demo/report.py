@@ -9,7 +9,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from potluck.metrics.figures import LatencySummary, ScalingFigures
+from potluck.metrics.figures import (
+    LatencySummary,
+    ScalingFigures,
+    steady_state,
+    summarize_latency,
+)
+from potluck.metrics.latency import RoundTrips
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,20 @@ class SyncLatency:
     allreduce: LatencySummary | None
     allreduce_bytes: int
     step_sync_s: float | None  # median per-step gradient sync span (overlaps backward)
+
+
+def sync_latency(
+    trips: RoundTrips | None, step_sync_s: Sequence[float], warmup: int
+) -> SyncLatency:
+    """Summaries of the workers' round trips and per-step sync spans (None if not measured)."""
+    if trips is None or not trips.barrier_s or not trips.allreduce_s:
+        return SyncLatency(None, None, 0, None)
+    return SyncLatency(
+        barrier=summarize_latency(trips.barrier_s),
+        allreduce=summarize_latency(trips.allreduce_s),
+        allreduce_bytes=trips.allreduce_bytes,
+        step_sync_s=statistics.median(steady_state(step_sync_s, warmup)) if step_sync_s else None,
+    )
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
