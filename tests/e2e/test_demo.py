@@ -49,5 +49,5 @@ def test_uneven_batch_is_a_clear_error(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=50,
     )
     assert done.returncode == 2
-    assert "--batch-size 16" in done.stderr and "--workers 3" in done.stderr
+    assert "global batch 16" in done.stderr and "--workers 3" in done.stderr
     assert "use e.g. --batch-size 15" in done.stderr
