@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,10 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
     assert "samples/s" in out and "tokens/s" in out
     assert "generated text" in out
     assert "loss:" in out
-    assert "check: over the first" in out  # 1-worker phase reproduced the run's losses
+    # The 1-worker phase reproduced the 2-worker run's losses (gradients were averaged).
+    agreement = re.search(r"computed the same losses to within (\S+) ", out)
+    assert agreement is not None, out
+    assert float(agreement.group(1)) < 1e-3
 
 
 @pytest.mark.timeout(60)

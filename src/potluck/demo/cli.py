@@ -9,6 +9,7 @@ throughput, speedup, scaling efficiency, sync latency and a sample of generated 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -176,7 +177,16 @@ def _print_header(config: DemoConfig, train: TrainConfig, chars: int, vocab: int
           f"stdlib source from {stdlib_dir()} ({vocab} distinct characters)")
     print(f"{config.workers} workers x 1 thread on Gloo, global batch {train.global_batch} "
           f"({local} per worker) x {model.context} characters, {train.steps} steps, "
-          f"seed {config.seed}", flush=True)
+          f"seed {config.seed}")
+    cores = os.cpu_count() or 1
+    if config.workers > cores:
+        print(f"note: {config.workers} workers share {cores} CPU cores: at most {cores} run "
+              f"at once, so the speedup cannot exceed about {cores}x")
+    load = os.getloadavg()[0]
+    if load > 0.5 * cores:
+        print(f"note: this machine was already busy (load average {load:.1f} on {cores} "
+              "cores); the timings below carry that noise")
+    sys.stdout.flush()
 
 
 def _print_report(

@@ -91,8 +91,10 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
             if writer is not None:
                 writer.write({**record, "lr": optimizer.param_groups[0]["lr"],
                               "workers": world_size})
-            bar.set_postfix(loss=f"{record['loss']:.3f}",
-                            tok_s=f"{record['tokens_per_s']:,.0f}", refresh=False)
+            recent = result.step_s[-10:]  # a steadier rate than the last step alone
+            tokens_per_s = config.global_batch * config.model.context * len(recent) / sum(recent)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
+                            refresh=False)
             bar.update(1)
     finally:
         bar.close()
