@@ -103,9 +103,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     per_worker = max(1, preset.global_batch // max(1, args.workers))
     _require(preset.global_batch >= args.workers and preset.global_batch % args.workers == 0,
              f"global batch {preset.global_batch} (--batch-size) does not split evenly over "
-             f"--workers "
-             f"{args.workers}: the global batch must be a positive multiple of the worker "
-             f"count; use e.g. --batch-size {args.workers * per_worker}")
+             f"--workers {args.workers}: the global batch must be a positive multiple of the "
+             f"worker count; use e.g. --batch-size {args.workers * per_worker}")
+    _require(args.seed >= 0, f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
     return DemoConfig(
         workers=args.workers,
         seed=args.seed,
