@@ -47,7 +47,7 @@ class Preset:
 
 FULL = Preset(steps=600, global_batch=32, baseline_steps=40, warmup_steps=10,
               corpus_chars=2_000_000, context=64, d_model=128, n_layers=2, sample_chars=300)
-QUICK = Preset(steps=40, global_batch=16, baseline_steps=12, warmup_steps=4,
+QUICK = Preset(steps=40, global_batch=16, baseline_steps=25, warmup_steps=4,
                corpus_chars=200_000, context=32, d_model=64, n_layers=1, sample_chars=80)
 
 
@@ -149,8 +149,9 @@ def main(args: argparse.Namespace) -> int:
         if config.baseline:
             print(f"measuring the 1-worker baseline ({preset.baseline_steps} steps, "
                   "same model and global batch)", flush=True)
-            one = replace(train, steps=preset.baseline_steps, label="1 worker",
-                          metrics_path=None, sample_chars=0)
+            # Same schedule as the N-worker run, cut short: its losses must match.
+            one = replace(train, stop_after=min(preset.baseline_steps, preset.steps),
+                          label="1 worker", metrics_path=None, sample_chars=0)
             baseline = _run_phase(one, 1, text)
     except RankFailed as exc:
         print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
@@ -163,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _run_phase(train: TrainConfig, workers: int, text: str) -> WorkerResult:
     # Generous deadline: a step takes well under a second even on a busy machine.
-    timeout = 120.0 + 5.0 * train.steps
+    timeout = 120.0 + 5.0 * (train.steps if train.stop_after is None else train.stop_after)
     results: list[WorkerResult] = run_ranks(train_worker, workers, text, train,
                                             timeout=timeout)
     return results[0]

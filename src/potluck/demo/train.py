@@ -30,8 +30,9 @@ class TrainConfig:
     """One training phase (the N-worker run, or the short 1-worker baseline)."""
 
     model: ModelConfig
-    steps: int
+    steps: int  # length of the learning-rate schedule
     global_batch: int
+    stop_after: int | None = None  # run only this many steps of the schedule (baseline)
     seed: int = 0
     lr: float = 3e-3
     warmup_steps: int = 20
@@ -78,10 +79,11 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
     result = WorkerResult(rank, world_size, n_params=sum(p.numel() for p in model.parameters()))
 
     writer = JsonlWriter(config.metrics_path) if rank == 0 and config.metrics_path else None
-    bar = tqdm(total=config.steps, desc=config.label, unit="step", dynamic_ncols=True,
+    run_steps = config.steps if config.stop_after is None else config.stop_after
+    bar = tqdm(total=run_steps, desc=config.label, unit="step", dynamic_ncols=True,
                disable=rank != 0 or not config.progress)
     try:
-        for step in range(config.steps):
+        for step in range(run_steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config.steps, config.lr, config.warmup_steps)
             record = _train_step(ddp, optimizer, timer, tokens, step, config)
