@@ -5,6 +5,11 @@
 loop is the ordinary forward / backward / step / zero_grad; potluck comes in only as
 the wrapped model. Rank 0 shows the progress bar and writes the per-step JSONL; every
 rank returns its timings, and rank 0 also a sample of generated text.
+
+A JSONL record: ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time
+for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s),
+``sync_s`` (first gradient bucket launched to last one reduced; overlaps backward),
+``lr`` and ``workers``.
 """
 
 from __future__ import annotations
