@@ -122,7 +122,7 @@ def _require(ok: bool, message: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed."""
+    """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
     try:
         config = config_from_args(args)
     except ConfigError as exc:
@@ -156,6 +156,9 @@ def main(args: argparse.Namespace) -> int:
     except RankFailed as exc:
         print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # run_ranks has already stopped the workers
+        print("\npotluck demo: interrupted", file=sys.stderr)
+        return 130
     _print_report(config, train, result, baseline)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}")
