@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/potluck demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests examples
+	$(PY) -m ruff check src tests $(wildcard examples)
 	$(PY) -m mypy
 
 test: $(STAMP) lint

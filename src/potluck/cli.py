@@ -1,10 +1,29 @@
-"""The ``potluck`` command: argparse subcommands only (parse -> config -> call)."""
+"""The ``potluck`` command: argparse subcommands only (parse -> config -> call).
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``main(args) -> int``; this file only wires them together.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+
+# (command, module, help); bench subcommands are nested under "bench".
+_COMMANDS = [
+    ("demo", "potluck.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
+]
+_BENCHES = [
+    ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
+    ("allreduce", "potluck.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
+]
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,27 +32,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="Distributed data-parallel training for PyTorch on uneven GPUs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
+    for command, module, help_ in _COMMANDS:
+        _module(module).add_arguments(sub.add_parser(command, help=help_, description=help_))
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from potluck.bench import allreduce as bench_allreduce
-    from potluck.bench import ddp as bench_ddp
-
-    bench_ddp.add_arguments(bench_sub.add_parser("ddp", help=bench_ddp.__doc__))
-    bench_allreduce.add_arguments(
-        bench_sub.add_parser("allreduce", help=bench_allreduce.__doc__)
-    )
+    for command, module, help_ in _BENCHES:
+        _module(module).add_arguments(bench_sub.add_parser(command, help=help_,
+                                                           description=help_))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    table = dict((c, m) for c, m, _ in _COMMANDS)
     if args.command == "bench":
-        from potluck.bench import allreduce as bench_allreduce
-        from potluck.bench import ddp as bench_ddp
-
-        runner = {"ddp": bench_ddp.main, "allreduce": bench_allreduce.main}[args.bench]
-        return runner(args)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+        table = dict((c, m) for c, m, _ in _BENCHES)
+        name = args.bench
+    else:
+        name = args.command
+    result: int = _module(table[name]).main(args)
+    return result

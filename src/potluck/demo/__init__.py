@@ -1,0 +1,2 @@
+"""``potluck demo``: train a tiny character-level transformer on the Python stdlib's
+own source, on N local workers with ``potluck.DataParallel``, and report the figures."""

@@ -1,0 +1,220 @@
+"""Train a tiny character-level transformer on 2 local workers and report the figures.
+
+Trains on the Python standard library's own source with ``potluck.DataParallel`` on N
+local worker processes (Gloo, 1 thread each), then runs a short 1-worker phase on the
+same model and global batch to measure the speedup in the same run, and prints
+throughput, speedup, scaling efficiency, sync latency and a sample of generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from potluck.bench.ranks import RankFailed, run_ranks
+from potluck.demo.model import ModelConfig
+from potluck.demo.report import (
+    equivalence_line,
+    figures_table,
+    loss_summary,
+    sample_block,
+    sync_latency,
+)
+from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
+from potluck.demo.train import TrainConfig, WorkerResult, train_worker
+from potluck.errors import ConfigError
+from potluck.metrics.figures import scaling_figures
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes that fit a time budget on 2 CPU cores."""
+
+    steps: int
+    global_batch: int
+    baseline_steps: int
+    warmup_steps: int  # excluded from the timing medians
+    corpus_chars: int
+    context: int
+    d_model: int
+    n_layers: int
+    sample_chars: int
+
+
+FULL = Preset(steps=600, global_batch=32, baseline_steps=40, warmup_steps=10,
+              corpus_chars=2_000_000, context=64, d_model=128, n_layers=2, sample_chars=300)
+QUICK = Preset(steps=40, global_batch=16, baseline_steps=25, warmup_steps=4,
+               corpus_chars=200_000, context=32, d_model=64, n_layers=1, sample_chars=80)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    workers: int
+    seed: int
+    metrics: Path
+    preset: Preset
+    baseline: bool
+    progress: bool
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.add_argument("--workers", type=int, default=2, help="local worker processes (2)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"global steps ({FULL.steps}; {QUICK.steps} with --quick)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"global batch in sequences, split evenly over the workers "
+                             f"({FULL.global_batch}; {QUICK.global_batch} with --quick)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of corpus, model, data (0)")
+    parser.add_argument("--metrics", type=Path, default=Path("runs/demo/metrics.jsonl"),
+                        help="per-step JSON lines: step, loss, step_s, samples_per_s, "
+                             "tokens_per_s, sync_s, lr, workers (runs/demo/metrics.jsonl)")
+    parser.add_argument("--baseline-steps", type=int, default=None,
+                        help=f"steps of the 1-worker phase that measures the speedup "
+                             f"({FULL.baseline_steps}; {QUICK.baseline_steps} with --quick)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the 1-worker phase (no speedup or efficiency)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny configuration that finishes in about 20 s (tests)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """Validate the flags; raises ConfigError naming the value, the rule and the fix."""
+    preset = QUICK if args.quick else FULL
+    preset = replace(
+        preset,
+        steps=preset.steps if args.steps is None else args.steps,
+        global_batch=preset.global_batch if args.batch_size is None else args.batch_size,
+        baseline_steps=(preset.baseline_steps if args.baseline_steps is None
+                        else args.baseline_steps),
+    )
+    _require(args.workers >= 1,
+             f"--workers {args.workers}: need at least 1 worker; use e.g. --workers 2")
+    _require(preset.steps >= 1,
+             f"--steps {preset.steps}: need at least 1 step; use e.g. --steps {FULL.steps}")
+    _require(preset.baseline_steps >= 1,
+             f"--baseline-steps {preset.baseline_steps}: need at least 1 step "
+             "(use --no-baseline to skip the 1-worker phase)")
+    per_worker = max(1, preset.global_batch // max(1, args.workers))
+    _require(preset.global_batch >= args.workers and preset.global_batch % args.workers == 0,
+             f"global batch {preset.global_batch} (--batch-size) does not split evenly over "
+             f"--workers {args.workers}: the global batch must be a positive multiple of the "
+             f"worker count; use e.g. --batch-size {args.workers * per_worker}")
+    _require(args.seed >= 0, f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
+    return DemoConfig(
+        workers=args.workers,
+        seed=args.seed,
+        metrics=args.metrics,
+        preset=preset,
+        baseline=not args.no_baseline and args.workers > 1,
+        progress=not args.no_progress,
+    )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"potluck demo: error: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    preset = config.preset
+    text = load_corpus(preset.corpus_chars, config.seed)
+    vocab = Vocabulary.from_text(text)
+    train = TrainConfig(
+        model=ModelConfig(vocab.size, preset.context, preset.d_model, preset.n_layers),
+        steps=preset.steps,
+        global_batch=preset.global_batch,
+        seed=config.seed,
+        label=f"{config.workers} workers",
+        metrics_path=str(config.metrics),
+        progress=config.progress,
+        sample_chars=preset.sample_chars,
+    )
+    _print_header(config, train, len(text), vocab.size)
+    try:
+        result = _run_phase(train, config.workers, text)
+        baseline = None
+        if config.baseline:
+            print(f"measuring the 1-worker baseline ({preset.baseline_steps} steps, "
+                  "same model and global batch)", flush=True)
+            # Same schedule as the N-worker run, cut short: its losses must match.
+            one = replace(train, stop_after=min(preset.baseline_steps, preset.steps),
+                          label="1 worker", metrics_path=None, sample_chars=0)
+            baseline = _run_phase(one, 1, text)
+    except RankFailed as exc:
+        print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # run_ranks has already stopped the workers
+        print("\npotluck demo: interrupted", file=sys.stderr)
+        return 130
+    _print_report(config, train, result, baseline)
+    print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
+          f"{config.metrics}")
+    return 0
+
+
+def _run_phase(train: TrainConfig, workers: int, text: str) -> WorkerResult:
+    # Generous deadline: a step takes well under a second even on a busy machine.
+    timeout = 120.0 + 5.0 * (train.steps if train.stop_after is None else train.stop_after)
+    results: list[WorkerResult] = run_ranks(train_worker, workers, text, train,
+                                            timeout=timeout)
+    return results[0]
+
+
+def _print_header(config: DemoConfig, train: TrainConfig, chars: int, vocab: int) -> None:
+    model = train.model
+    local = train.global_batch // config.workers
+    print(f"potluck demo: a {model.n_layers}-layer character transformer (d_model "
+          f"{model.d_model}, context {model.context}) on {chars:,} characters of Python "
+          f"stdlib source from {stdlib_dir()} ({vocab} distinct characters)")
+    print(f"{config.workers} workers x 1 thread on Gloo, global batch {train.global_batch} "
+          f"({local} per worker) x {model.context} characters, {train.steps} steps, "
+          f"seed {config.seed}")
+    cores = os.cpu_count() or 1
+    if config.workers > cores:
+        print(f"note: {config.workers} workers share {cores} CPU cores: at most {cores} run "
+              f"at once, so the speedup cannot exceed about {cores}x")
+    load = os.getloadavg()[0]
+    if load > 0.5 * cores:
+        print(f"note: this machine was already busy (load average {load:.1f} on {cores} "
+              "cores); the timings below carry that noise")
+    sys.stdout.flush()
+
+
+def _print_report(
+    config: DemoConfig, train: TrainConfig, result: WorkerResult, baseline: WorkerResult | None
+) -> None:
+    preset = config.preset
+    figures = scaling_figures(
+        result.step_s,
+        baseline.step_s if baseline is not None else None,
+        world_size=config.workers,
+        global_batch=preset.global_batch,
+        tokens_per_sample=preset.context,
+        warmup=preset.warmup_steps,
+    )
+    sync = sync_latency(result.round_trips, result.sync_s, preset.warmup_steps)
+    note = "one worker: nothing to compare" if config.workers == 1 else "skipped (--no-baseline)"
+    print()
+    print(f"model: {result.n_params:,} parameters; "
+          f"{loss_summary(result.losses)}")
+    if baseline is not None:
+        print(equivalence_line(result.losses, baseline.losses, config.workers))
+    print()
+    print(figures_table(figures, sync, note))
+    if result.sample is not None:
+        print()
+        print(sample_block(result.sample, train.sample_prompt))
+    print()

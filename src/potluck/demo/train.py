@@ -1,0 +1,159 @@
+"""The demo's worker: one rank's training loop under ``potluck.DataParallel``.
+
+``train_worker(rank, world_size, text, config)`` runs in each process that
+``potluck.bench.ranks.run_ranks`` starts, with the default Gloo group initialized. The
+loop is the ordinary forward / backward / step / zero_grad; potluck comes in only as
+the wrapped model. Rank 0 shows the progress bar and writes the per-step JSONL; every
+rank returns its timings, and rank 0 also a sample of generated text.
+
+A JSONL record: ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time
+for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s),
+``sync_s`` (first gradient bucket launched to last one reduced; overlaps backward),
+``lr`` and ``workers``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
+from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
+from potluck.metrics.jsonl import JsonlWriter
+from potluck.metrics.latency import RoundTrips, measure_round_trips
+from potluck.metrics.sync_timer import SyncTimer
+from potluck.reducer import DataParallel
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training phase (the N-worker run, or the short 1-worker baseline)."""
+
+    model: ModelConfig
+    steps: int  # length of the learning-rate schedule
+    global_batch: int
+    stop_after: int | None = None  # run only this many steps of the schedule (baseline)
+    seed: int = 0
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    label: str = "train"
+    metrics_path: str | None = None
+    progress: bool = True
+    sample_chars: int = 0
+    sample_prompt: str = "def "
+    latency_repeats: int = 20
+
+
+@dataclass
+class WorkerResult:
+    """What one rank measured; ``sample`` is set on rank 0 only."""
+
+    rank: int
+    world_size: int
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    sync_s: list[float] = field(default_factory=list)
+    round_trips: RoundTrips | None = None
+    n_params: int = 0
+    sample: str | None = None
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to a tenth of it at the last step."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> WorkerResult:
+    """Train ``config.steps`` global steps on this rank's share of each global batch."""
+    torch.manual_seed(config.seed)
+    vocab = Vocabulary.from_text(text)
+    tokens = vocab.encode(text)
+    model = CharTransformer(config.model)
+    ddp = DataParallel(model)
+    timer = SyncTimer()
+    ddp.register_comm_hook(None, timer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+    result = WorkerResult(rank, world_size, n_params=sum(p.numel() for p in model.parameters()))
+
+    writer = JsonlWriter(config.metrics_path) if rank == 0 and config.metrics_path else None
+    run_steps = config.steps if config.stop_after is None else config.stop_after
+    bar = tqdm(total=run_steps, desc=config.label, unit="step", dynamic_ncols=True,
+               disable=rank != 0 or not config.progress)
+    try:
+        for step in range(run_steps):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config.steps, config.lr, config.warmup_steps)
+            record = _train_step(ddp, optimizer, timer, tokens, step, config)
+            result.losses.append(record["loss"])
+            result.step_s.append(record["step_s"])
+            result.sync_s.append(record["sync_s"])
+            if writer is not None:
+                writer.write({**record, "lr": optimizer.param_groups[0]["lr"],
+                              "workers": world_size})
+            recent = result.step_s[-10:]  # a steadier rate than the last step alone
+            tokens_per_s = config.global_batch * config.model.context * len(recent) / sum(recent)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
+                            refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+
+    result.round_trips = measure_round_trips(ddp.group, result.n_params, config.latency_repeats)
+    if rank == 0 and config.sample_chars > 0:
+        result.sample = _sample(model, vocab, config)
+    return result
+
+
+def _train_step(
+    ddp: DataParallel,
+    optimizer: torch.optim.Optimizer,
+    timer: SyncTimer,
+    tokens: torch.Tensor,
+    step: int,
+    config: TrainConfig,
+) -> dict[str, Any]:
+    """One global step; returns its JSONL record (loss is the global-batch mean)."""
+    context = config.model.context
+    start = time.perf_counter()
+    offsets = batch_offsets(step, config.seed, tokens.numel(), context, config.global_batch)
+    inputs, targets = make_batch(tokens, rank_share(offsets, ddp.rank, ddp.world_size),
+                                 context)
+    loss = language_model_loss(ddp(inputs), targets)
+    # The global-batch loss travels while backward runs; issued before the gradient
+    # buckets, so every rank issues the collectives in the same order.
+    mean_loss = loss.detach() / ddp.world_size
+    group = ddp.group
+    pending = group.allreduce([mean_loss]) if group is not None and ddp.world_size > 1 else None
+    torch.autograd.backward(loss)
+    torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if pending is not None:
+        pending.wait()
+    step_s = time.perf_counter() - start
+    samples_per_s = config.global_batch / step_s
+    return {
+        "step": step,
+        "loss": float(mean_loss),
+        "step_s": step_s,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": samples_per_s * context,
+        "sync_s": timer.take(),
+    }
+
+
+def _sample(model: CharTransformer, vocab: Vocabulary, config: TrainConfig) -> str:
+    generator = torch.Generator().manual_seed(config.seed)
+    prompt = vocab.encode(config.sample_prompt)
+    out = generate(model, prompt, config.sample_chars, generator=generator)
+    return vocab.decode(out)

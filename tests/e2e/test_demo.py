@@ -1,0 +1,57 @@
+"""``potluck demo --quick`` as a user runs it: a subprocess, its output and its JSONL."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from potluck.metrics.jsonl import read_jsonl
+
+RECORD_KEYS = {"step", "loss", "step_s", "samples_per_s", "tokens_per_s", "sync_s"}
+
+
+@pytest.mark.timeout(150)
+def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
+    metrics = tmp_path / "runs" / "metrics.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2",
+         "--steps", "40", "--metrics", str(metrics)],
+        capture_output=True, text=True, timeout=140, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    records = read_jsonl(metrics)
+    assert [r["step"] for r in records] == list(range(40))
+    for record in records:
+        assert record.keys() >= RECORD_KEYS
+        assert all(isinstance(record[key], (int, float)) for key in RECORD_KEYS)
+        assert record["step_s"] > 0 and record["samples_per_s"] > 0
+    assert records[-1]["loss"] < records[0]["loss"]
+
+    out = done.stdout
+    for figure in ("throughput", "speedup vs 1 worker", "scaling efficiency",
+                   "sync latency: barrier", "sync latency: all-reduce"):
+        assert figure in out, out
+    assert "samples/s" in out and "tokens/s" in out
+    assert "generated text" in out
+    assert "loss:" in out
+    # The 1-worker phase reproduced the 2-worker run's losses (gradients were averaged).
+    agreement = re.search(r"computed the same losses to within (\S+) ", out)
+    assert agreement is not None, out
+    assert float(agreement.group(1)) < 1e-3
+
+
+@pytest.mark.timeout(60)
+def test_uneven_batch_is_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "3",
+         "--batch-size", "16", "--metrics", str(tmp_path / "m.jsonl")],
+        capture_output=True, text=True, timeout=50,
+    )
+    assert done.returncode == 2
+    assert "global batch 16" in done.stderr and "--workers 3" in done.stderr
+    assert "use e.g. --batch-size 15" in done.stderr

@@ -1,0 +1,72 @@
+"""The demo's pure pieces: vocabulary, batching shares, JSONL, the report table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from potluck.demo.report import equivalence_line, format_table, loss_summary
+from potluck.demo.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
+from potluck.demo.train import learning_rate
+from potluck.errors import ConfigError
+from potluck.metrics.jsonl import JsonlWriter, read_jsonl
+
+
+def test_vocabulary_round_trip_and_unknown_characters() -> None:
+    vocab = Vocabulary.from_text("def f(x):\n    return x\n")
+    ids = vocab.encode("return f(x)")
+    assert vocab.decode(ids) == "return f(x)"
+    with pytest.raises(ConfigError, match="not in the vocabulary"):
+        vocab.encode("import z")
+
+
+def test_corpus_is_deterministic_per_seed(tmp_path: Path) -> None:
+    for name in "abcd":
+        (tmp_path / f"{name}.py").write_text(name * 10)
+    assert load_corpus(25, seed=1, root=tmp_path) == load_corpus(25, seed=1, root=tmp_path)
+    assert len(load_corpus(25, seed=1, root=tmp_path)) == 25
+    with pytest.raises(ConfigError, match=r"no \*\.py files"):
+        load_corpus(25, seed=1, root=tmp_path / "missing")
+
+
+def test_rank_shares_tile_the_global_batch() -> None:
+    offsets = batch_offsets(step=3, seed=0, n_tokens=1000, context=8, global_batch=6)
+    assert torch.equal(offsets, batch_offsets(3, 0, 1000, 8, 6))  # same on every rank
+    shares = [rank_share(offsets, rank, 3) for rank in range(3)]
+    assert torch.equal(torch.cat(shares), offsets)
+    with pytest.raises(ConfigError, match="multiple of the worker count"):
+        rank_share(offsets, 0, 4)
+
+
+def test_make_batch_targets_are_inputs_shifted_by_one() -> None:
+    tokens = torch.arange(100)
+    inputs, targets = make_batch(tokens, torch.tensor([0, 50]), context=4)
+    assert inputs.tolist() == [[0, 1, 2, 3], [50, 51, 52, 53]]
+    assert targets.tolist() == [[1, 2, 3, 4], [51, 52, 53, 54]]
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    assert learning_rate(0, 100, 1.0, warmup=10) == pytest.approx(0.1)
+    assert learning_rate(9, 100, 1.0, warmup=10) == pytest.approx(1.0)
+    assert learning_rate(100, 100, 1.0, warmup=10) == pytest.approx(0.1)
+
+
+def test_jsonl_writer_creates_directory_and_writes_valid_lines(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "metrics.jsonl"
+    with JsonlWriter(path) as writer:
+        writer.write({"step": 0, "loss": 4.5})
+        writer.write({"step": 1, "loss": math.nan})
+    assert read_jsonl(path) == [{"step": 0, "loss": 4.5}, {"step": 1, "loss": None}]
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_report_formatting() -> None:
+    table = format_table(["a", "b"], [["x", "long value"]])
+    assert table.splitlines()[1] == "-  ----------"
+    assert loss_summary([4.0, 3.0, 2.0], tail=2).startswith("loss: 4.000 at step 0 -> 2.000")
+    line = equivalence_line([4.0, 3.0, 2.0], [4.0, 3.001], world_size=2)
+    assert "first 2 steps" in line and "1.0e-03" in line and "2 workers" in line
