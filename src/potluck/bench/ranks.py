@@ -12,6 +12,7 @@ import io
 import multiprocessing as mp
 import os
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -57,7 +58,7 @@ def run_ranks(
         ctx.Process(
             target=_child,
             args=(fn, rank, world_size, port, args, queue, threads, collective_timeout,
-                  init_group),
+                  init_group, os.getpid()),
             daemon=True,
         )
         for rank in range(world_size)
@@ -73,6 +74,7 @@ def run_ranks(
         for proc in procs:
             proc.join(timeout=10)
         queue.close()
+        queue.join_thread()
 
 
 def _collect(procs: list[Any], queue: Any, world_size: int, timeout: float) -> list[Any]:
@@ -98,6 +100,24 @@ def _collect(procs: list[Any], queue: Any, world_size: int, timeout: float) -> l
     return [results[r] for r in range(world_size)]
 
 
+def _exit_with_caller(caller_pid: int) -> None:
+    """Exit this rank as soon as the process that called run_ranks is gone.
+
+    Ranks are children of the fork server, which does not always follow its caller
+    out; a SIGTERMed or SIGKILLed caller must not leave ranks behind.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(caller_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="potluck-orphan-watch", daemon=True).start()
+
+
 def _child(
     fn: Callable[..., Any],
     rank: int,
@@ -108,9 +128,11 @@ def _child(
     threads: int,
     collective_timeout: float,
     init_group: bool,
+    caller_pid: int,
 ) -> None:
     import torch.distributed as dist
 
+    _exit_with_caller(caller_pid)
     torch.set_num_threads(threads)
     try:
         if init_group:
