@@ -30,7 +30,7 @@ from potluck import env as potluck_env
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import WorkerResult, format_report, read_error_file
-from potluck.launch.store import host_store, join_store, meet
+from potluck.launch.store import check_in, host_store, join_store, meet
 
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -106,10 +106,16 @@ class Agent:
                        f"{cfg.max_restarts} restarts)")
 
     def _finish(self, store: TCPStore) -> None:
-        # Node 0 keeps the store up until every node's workers are done with it.
-        if self.config.nnodes > 1:
-            key = f"potluck/{self.config.run_id}/agents/done"
-            meet(store, key, self.config.nnodes, self.config.join_timeout, self._stopping)
+        # Node 0 keeps the store up until every node's workers are done with it; the
+        # others only check in (waiting too would race node 0 closing the store).
+        cfg = self.config
+        if cfg.nnodes == 1:
+            return
+        key = f"potluck/{cfg.run_id}/agents/done"
+        if cfg.node_rank == 0:
+            meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
+        else:
+            check_in(store, key)
 
     # ------------------------------------------------------------------- one attempt
 

@@ -66,18 +66,33 @@ def meet(
     stopping: Callable[[], bool],
 ) -> None:
     """Count this agent in at ``key``; return when ``count`` agents have, else raise."""
-    store.add(key, 1)
+    check_in(store, key)
     deadline = time.monotonic() + timeout
-    while int(store.add(key, 0)) < count:
+    while (arrived := _count(store, key)) < count:
         if stopping():
             return
         if time.monotonic() > deadline:
             raise RendezvousError(
-                f"only {int(store.add(key, 0))} of {count} node agents reached {key!r} "
-                f"within {timeout:g} s; start `potluck run` on every node with the same "
-                "--nnodes, --master-addr and --master-port"
+                f"only {arrived} of {count} node agents reached {key!r} within "
+                f"{timeout:g} s; start `potluck run` on every node with the same "
+                "--nnodes, --master-addr, --master-port and --run-id"
             )
         time.sleep(0.05)
+
+
+def check_in(store: Store, key: str) -> None:
+    """Count this agent in at ``key`` without waiting for the others."""
+    _count(store, key, 1)
+
+
+def _count(store: Store, key: str, add: int = 0) -> int:
+    try:
+        return int(store.add(key, add))
+    except RuntimeError as exc:
+        raise RendezvousError(
+            f"lost the store while waiting at {key!r} ({_first_line(exc)}); node 0's "
+            "`potluck run` exited or the network to it failed: see node 0's report"
+        ) from exc
 
 
 def _first_line(exc: BaseException) -> str:
