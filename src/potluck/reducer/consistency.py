@@ -47,7 +47,8 @@ def verify_same_model(module: torch.nn.Module, group: Group, device: torch.devic
     padded[: len(local)] = torch.frombuffer(bytearray(local), dtype=torch.uint8).to(device)
     gathered = allgather_tensor(padded, group)
     signatures = [
-        _decode(bytes(g[: int(h[0])].cpu().tolist())) for g, h in zip(gathered, headers, strict=True)
+        _decode(bytes(g[: int(h[0])].cpu().tolist()))
+        for g, h in zip(gathered, headers, strict=True)
     ]
     raise ModelMismatchError(describe_mismatch(signatures))
 

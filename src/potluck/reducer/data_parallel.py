@@ -142,7 +142,7 @@ class DataParallel(nn.Module):
         output = self.module(*inputs, **kwargs)
         if active and self.reducer.require_sync:
             for tensor in _tensors_requiring_grad(output):
-                tensor.register_hook(self._on_output_grad)
+                tensor.register_hook(self._on_output_grad)  # type: ignore[no-untyped-call]
         return output
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:

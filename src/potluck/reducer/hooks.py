@@ -43,7 +43,7 @@ CommHook = Callable[[Any, Bucket], "torch.futures.Future[Any]"]
 def allreduce_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:
     """The default: every rank's gradient weighs the same; the result is their mean."""
     bucket.buffer.div_(bucket.world_size)
-    return bucket.group.allreduce([bucket.buffer]).get_future()
+    return bucket.group.allreduce([bucket.buffer]).get_future()  # type: ignore[no-any-return]
 
 
 def weighted_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:
@@ -61,4 +61,4 @@ def weighted_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:
             "pass e.g. local_batch / global_batch"
         )
     bucket.buffer.mul_(float(weight))
-    return bucket.group.allreduce([bucket.buffer]).get_future()
+    return bucket.group.allreduce([bucket.buffer]).get_future()  # type: ignore[no-any-return]

@@ -79,7 +79,7 @@ class Reducer:
         self._build(list(reversed(range(len(self._params)))))
         self._reset_window()
         self._handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            p.register_post_accumulate_grad_hook(self._make_hook(i))  # type: ignore[no-untyped-call]
             for i, p in enumerate(self._params)
         ]
 
@@ -226,7 +226,7 @@ class Reducer:
             self._ready_order.append(index)
         slot = self._slots[index]
         if param.grad is not slot.view:  # .grad was None or replaced before this pass
-            slot.view.copy_(param.grad)
+            slot.view.copy_(param.grad)  # type: ignore[arg-type]
             param.grad = slot.view
         self.on_backward_start()
         self._pending[slot.bucket] -= 1
