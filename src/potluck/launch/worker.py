@@ -13,6 +13,7 @@ import os
 import runpy
 import signal
 import sys
+from types import TracebackType
 
 from potluck import env
 from potluck.launch.report import write_error_file
@@ -51,10 +52,21 @@ def main(argv: list[str]) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
+        exc.with_traceback(_user_frames(exc.__traceback__))
         path = env.error_file()
         if path is not None:
             write_error_file(path, exc)
         raise
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the bootstrap's and runpy's frames: the report starts in the user's code."""
+    while tb is not None and tb.tb_next is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and "runpy" not in name:
+            break
+        tb = tb.tb_next
+    return tb
 
 
 if __name__ == "__main__":
