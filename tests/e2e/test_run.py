@@ -87,6 +87,40 @@ def test_ctrl_c_stops_every_worker() -> None:
     assert not [pid for pid in pids if pid_alive(pid)]
 
 
+@pytest.mark.timeout(90)
+def test_max_restarts_restarts_the_workers() -> None:
+    result = potluck_run("--nproc-per-node", "2", "--max-restarts", "1", "--grace-period", "1",
+                         str(SCRIPTS / "fail_first_attempt.py"), timeout=80)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeError: first attempt fails on purpose" in result.stderr  # reported
+    assert "restarting the workers (1 of 1 restarts)" in result.stderr
+    assert "[rank0]: attempt 1 done" in result.stdout
+    assert "[rank1]: attempt 1 done" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_killed_launcher_leaves_no_worker() -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
+         str(SCRIPTS / "sleep_forever.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert launcher.stdout is not None
+        pids = pids_in(launcher.stdout.readline() + launcher.stdout.readline())
+        assert len(pids) == 2
+        launcher.kill()  # no chance to clean up: the kernel must take the workers along
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if pid_alive(pid)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
 @pytest.mark.timeout(30)
 def test_port_in_use_is_a_clear_error() -> None:
     with socket.socket() as holder:

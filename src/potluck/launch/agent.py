@@ -27,6 +27,7 @@ from typing import IO
 from torch._C._distributed_c10d import TCPStore
 
 from potluck import env as potluck_env
+from potluck.errors import RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import WorkerResult, format_report, read_error_file
@@ -69,6 +70,10 @@ class Agent:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
             return self._run()
+        except RendezvousError:
+            if self._signal is None:
+                raise
+            return 128 + self._signal  # interrupted while waiting for the other nodes
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
