@@ -57,7 +57,7 @@ def hosts() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(180)
 def test_two_hosts_equal_one_host(
     hosts: tuple[tuple[str, str], tuple[str, str]], tmp_path: Path
 ) -> None:
@@ -74,7 +74,7 @@ def test_two_hosts_equal_one_host(
         for rank, ns in enumerate((ns_a, ns_b))
     ]
     try:
-        outputs = [node.communicate(timeout=80) for node in nodes]
+        outputs = [node.communicate(timeout=120) for node in nodes]
     finally:
         for node in nodes:
             if node.poll() is None:

@@ -24,7 +24,7 @@ def _same_params(a: Path, b: Path) -> bool:
     )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_two_workers_match_torchrun(tmp_path: Path) -> None:
     ours = potluck_run("--nproc-per-node", "2", str(EXAMPLE), "--out", str(tmp_path / "a.pt"))
     assert ours.returncode == 0, ours.stderr
