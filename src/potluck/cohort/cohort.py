@@ -42,7 +42,7 @@ class Cohort:
         self.device = device
         self.timeout = timeout
         self.generation = 0
-        self._store: Store | None = store
+        self._store: Store | None = store  # the next generation builds its group here
         self._group: Any = group
 
     # ------------------------------------------------------------------- who am I
