@@ -14,6 +14,7 @@ from types import ModuleType
 
 # (command, module, help); bench subcommands are nested under "bench".
 _COMMANDS = [
+    ("run", "potluck.launch.cli", "launch a training script on N workers (torchrun-compatible)"),
     ("demo", "potluck.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
 ]
 _BENCHES = [

@@ -24,3 +24,21 @@ class ReducerError(PotluckError):
 
 class CommunicationError(PotluckError):
     """A collective failed: a peer died, hung past the timeout, or was cut off."""
+
+
+class PeerLostError(CommunicationError):
+    """A collective of a cohort failed because a peer died, froze or was cut off.
+
+    Carries this rank, the membership generation and the backend's own message, so a
+    caller can log it and move the cohort to the next generation.
+    """
+
+    def __init__(self, message: str, *, rank: int, generation: int, cause: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.generation = generation
+        self.cause = cause
+
+
+class RendezvousError(CommunicationError):
+    """The workers could not meet: the store was unreachable or a peer never joined."""

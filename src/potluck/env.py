@@ -1,0 +1,183 @@
+"""Where am I: the one place that reads environment variables.
+
+``read_worker_env`` turns the variables that ``potluck run``, ``torchrun`` or SLURM set
+into a frozen ``WorkerEnv``. No variables at all means a single process (world size 1).
+Every function takes the mapping to read (default ``os.environ``), so the parsing is
+tested without touching the real environment. Nothing here writes ``os.environ``.
+
+Precedence: torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) win over
+SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, ...), which are used only where the
+torchrun-style one is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from potluck.errors import ConfigError
+
+# Variables a launcher sets on its workers (torchrun's names, so scripts run under both).
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+RUN_ID = "TORCHELASTIC_RUN_ID"
+# "True" when the launcher's agent hosts the TCPStore (torch reads the same variable).
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+# potluck's own: where the worker bootstrap writes an uncaught exception, and the agent.
+ERROR_FILE = "POTLUCK_ERROR_FILE"
+AGENT_PID = "POTLUCK_AGENT_PID"
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """This process's place in the job, as its launcher described it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+    restart_count: int = 0
+    run_id: str = "none"
+    agent_store: bool = False
+    """True when a launcher's agent hosts the TCPStore; else rank 0 hosts it."""
+    gloo_ifname: str | None = None
+    source: str = "none"
+    """Who described the job: "torchrun" (potluck run or torchrun), "slurm" or "none"."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def environ_copy(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of the environment, the base a launcher extends for its children."""
+    return dict(os.environ if environ is None else environ)
+
+
+def error_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where this worker should write the traceback of an uncaught exception, if anywhere."""
+    value = (os.environ if environ is None else environ).get(ERROR_FILE, "")
+    return value or None
+
+
+def agent_pid(environ: Mapping[str, str] | None = None) -> int | None:
+    """The pid of the launcher agent that started this worker, if one did."""
+    env = os.environ if environ is None else environ
+    return _int(env, AGENT_PID, None, minimum=1)
+
+
+def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
+    """Parse the launcher's variables; raise ``ConfigError`` naming any bad one."""
+    env = os.environ if environ is None else environ
+    slurm = "SLURM_PROCID" in env and RANK not in env
+    rank = _first_int(env, (RANK, "SLURM_PROCID"), 0, minimum=0)
+    world_size = _first_int(env, (WORLD_SIZE, "SLURM_NTASKS"), 1, minimum=1)
+    local_rank = _first_int(env, (LOCAL_RANK, "SLURM_LOCALID"), 0, minimum=0)
+    node_rank = _first_int(env, (GROUP_RANK, "SLURM_NODEID"), 0, minimum=0)
+    num_nodes = _first_int(env, (GROUP_WORLD_SIZE, "SLURM_NNODES"), 1, minimum=1)
+    local_world_size = _local_world_size(env, max(1, world_size // num_nodes))
+    _check_less(RANK, rank, WORLD_SIZE, world_size)
+    _check_less(LOCAL_RANK, local_rank, LOCAL_WORLD_SIZE, local_world_size)
+    master_addr = env.get(MASTER_ADDR) or None
+    if master_addr is None and "SLURM_NODELIST" in env:
+        master_addr = first_host(env["SLURM_NODELIST"])
+    master_port = _int(env, MASTER_PORT, None, minimum=1)
+    if master_port is not None and master_port > 65535:
+        raise ConfigError(f"{MASTER_PORT}={master_port} is not a TCP port; use 1..65535")
+    if world_size > 1 and master_addr is None:
+        raise ConfigError(
+            f"{WORLD_SIZE}={world_size} but {MASTER_ADDR} is not set: the workers cannot "
+            "find each other; start the script with `potluck run` or `torchrun`, or set "
+            f"{MASTER_ADDR} and {MASTER_PORT} to the address and port of rank 0's host"
+        )
+    if world_size > 1 and master_port is None:
+        master_port = 29500  # torch's default, as torchrun and SLURM users expect
+    return WorkerEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+        restart_count=_int(env, RESTART_COUNT, 0, minimum=0) or 0,
+        run_id=env.get(RUN_ID) or env.get("SLURM_JOB_ID") or "none",
+        agent_store=env.get(AGENT_STORE, "").lower() in ("1", "true"),
+        gloo_ifname=env.get(GLOO_SOCKET_IFNAME) or None,
+        source="slurm" if slurm else ("torchrun" if RANK in env else "none"),
+    )
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``"gpu[03-05,07],cpu1"`` gives ``"gpu03"``."""
+    match = re.match(r"\s*([^,\[\s]+)(?:\[([^\]]*)\])?", nodelist)
+    if match is None or not match.group(1):
+        raise ConfigError(
+            f"SLURM_NODELIST={nodelist!r} names no host; set MASTER_ADDR to rank 0's host"
+        )
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0].strip()
+    return prefix + first
+
+
+def _local_world_size(env: Mapping[str, str], per_node: int) -> int:
+    if LOCAL_WORLD_SIZE in env:
+        return _first_int(env, (LOCAL_WORLD_SIZE,), 1, minimum=1)
+    tasks = env.get("SLURM_TASKS_PER_NODE")  # e.g. "4(x2)" or "2,1"
+    if tasks:
+        match = re.match(r"\s*(\d+)", tasks)
+        if match:
+            return max(1, int(match.group(1)))
+    return per_node
+
+
+def _first_int(
+    env: Mapping[str, str], names: tuple[str, ...], default: int, *, minimum: int
+) -> int:
+    for name in names:
+        value = _int(env, name, None, minimum=minimum)
+        if value is not None:
+            return value
+    return default
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not an integer; launchers set it to a number, so unset it "
+            "or fix the script that sets it"
+        ) from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}; fix or unset it")
+    return value
+
+
+def _check_less(name: str, value: int, limit_name: str, limit: int) -> None:
+    if value >= limit:
+        raise ConfigError(
+            f"{name}={value} but {limit_name}={limit}: ranks count from 0, so {name} must be "
+            f"below {limit_name}; the launcher's variables disagree, start the job again "
+            "with `potluck run` or fix the exported values"
+        )

@@ -1,0 +1,222 @@
+"""The local agent of ``potluck run``: start this node's workers, watch them, stop them.
+
+One attempt starts ``nproc_per_node`` workers, each in its own session (so the whole
+process tree of a worker can be signalled at once), forwards their output line by line
+with a ``[rankN]:`` prefix, and returns when every worker succeeded, one failed, or the
+launcher got a signal. Stopping sends SIGTERM to every worker's process group, then
+SIGKILL after the grace period, and reaps everything, so no worker outlives its agent.
+The restart decision is ``policy.next_action``; the failure report is ``report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO
+
+from torch._C._distributed_c10d import TCPStore
+
+from potluck import env as potluck_env
+from potluck.errors import RendezvousError
+from potluck.launch.config import LaunchConfig, worker_environ
+from potluck.launch.policy import Action, Outcome, next_action
+from potluck.launch.report import WorkerResult, format_report, read_error_file
+from potluck.launch.store import check_in, host_store, join_store, meet
+
+_POLL = 0.05
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class _Worker:
+    rank: int
+    local_rank: int
+    proc: subprocess.Popen[bytes]
+    error_file: str
+    pumps: list[threading.Thread] = field(default_factory=list)
+    seen_at: float | None = None
+    stopped: bool = False
+
+
+class Agent:
+    """Runs one node's share of a job; ``run()`` returns the launcher's exit code."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        emit: Callable[[str], None],
+        stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+    ) -> None:
+        self.config = config.validated()
+        self._emit = emit
+        self._sinks = (stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
+        self._lock = threading.Lock()
+        self._signal: int | None = None
+
+    def run(self) -> int:
+        """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        try:
+            return self._run()
+        except RendezvousError:
+            if self._signal is None:
+                raise
+            return 128 + self._signal  # interrupted while waiting for the other nodes
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signum
+
+    def _stopping(self) -> bool:
+        return self._signal is not None
+
+    def _run(self) -> int:
+        cfg = self.config
+        store = host_store(cfg) if cfg.node_rank == 0 else join_store(cfg, self._stopping)
+        port = store.port
+        restarts = 0
+        while True:
+            if cfg.nnodes > 1:
+                key = f"potluck/{cfg.run_id}/agents/attempt{restarts}"
+                meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
+            outcome, results = self._attempt(port, restarts)
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                self._emit(f"potluck run: got {name}, stopped {len(results)} worker(s)")
+                return 128 + self._signal
+            action = next_action(outcome, restarts, cfg.max_restarts)
+            if action is Action.FINISH:
+                self._finish(store)
+                return 0
+            self._emit(format_report(results, host=socket.gethostname(),
+                                     node_rank=cfg.node_rank))
+            if action is Action.GIVE_UP:
+                return 1
+            restarts += 1
+            self._emit(f"potluck run: restarting the workers ({restarts} of "
+                       f"{cfg.max_restarts} restarts)")
+
+    def _finish(self, store: TCPStore) -> None:
+        # Node 0 keeps the store up until every node's workers are done with it; the
+        # others only check in (waiting too would race node 0 closing the store).
+        cfg = self.config
+        if cfg.nnodes == 1:
+            return
+        key = f"potluck/{cfg.run_id}/agents/done"
+        if cfg.node_rank == 0:
+            meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
+        else:
+            check_in(store, key)
+
+    # ------------------------------------------------------------------- one attempt
+
+    def _attempt(self, port: int, restarts: int) -> tuple[Outcome, list[WorkerResult]]:
+        workers: list[_Worker] = []
+        with tempfile.TemporaryDirectory(prefix="potluck-run-") as tmp:
+            try:
+                for local_rank in range(self.config.nproc_per_node):
+                    workers.append(self._spawn(local_rank, port, restarts, tmp))
+                outcome = self._monitor(workers)
+            finally:
+                self._stop(workers)
+            results = [_result(w) for w in workers]
+        return outcome, results
+
+    def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str) -> _Worker:
+        cfg = self.config
+        error_file = os.path.join(tmp, f"error-{local_rank}.json")
+        environ = worker_environ(
+            cfg, local_rank=local_rank, master_port=port, restart_count=restarts,
+            base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
+        )
+        target = ["-m", cfg.script] if cfg.module else [cfg.script]
+        cmd = [sys.executable, "-m", "potluck.launch.worker", *target, *cfg.script_args]
+        proc = subprocess.Popen(
+            cmd, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )
+        rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+        worker = _Worker(rank, local_rank, proc, error_file)
+        prefix = f"[rank{rank}]: ".encode()
+        for stream, sink in zip((proc.stdout, proc.stderr), self._sinks, strict=True):
+            assert stream is not None  # PIPE was requested above
+            pump = threading.Thread(
+                target=self._pump, args=(stream, sink, prefix), daemon=True
+            )
+            pump.start()
+            worker.pumps.append(pump)
+        return worker
+
+    def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes) -> None:
+        for line in iter(stream.readline, b""):
+            with self._lock:
+                sink.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+                sink.flush()
+        stream.close()
+
+    def _monitor(self, workers: list[_Worker]) -> Outcome:
+        while True:
+            if self._signal is not None:
+                return Outcome.INTERRUPTED
+            running = 0
+            for worker in workers:
+                code = worker.proc.poll()
+                if code is None:
+                    running += 1
+                    continue
+                if worker.seen_at is None:
+                    worker.seen_at = time.time()
+                if code != 0:
+                    return Outcome.FAILED
+            if running == 0:
+                return Outcome.SUCCEEDED
+            time.sleep(_POLL)
+
+    def _stop(self, workers: list[_Worker]) -> None:
+        """SIGTERM every live worker's group, SIGKILL after the grace period, reap all."""
+        alive = [w for w in workers if w.proc.poll() is None]
+        for worker in alive:
+            worker.stopped = True
+            _signal_group(worker.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.grace_period
+        while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        for worker in workers:
+            # Also sweeps what a worker left behind in its session (data loader processes).
+            _signal_group(worker.proc.pid, signal.SIGKILL)
+            worker.proc.wait()
+            if worker.seen_at is None:
+                worker.seen_at = time.time()
+            for pump in worker.pumps:
+                pump.join(timeout=5)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
+        os.killpg(pgid, sig)
+
+
+def _result(worker: _Worker) -> WorkerResult:
+    return WorkerResult(
+        rank=worker.rank,
+        local_rank=worker.local_rank,
+        pid=worker.proc.pid,
+        exitcode=int(worker.proc.returncode),
+        seen_at=worker.seen_at or time.time(),
+        stopped=worker.stopped,
+        error=read_error_file(worker.error_file),
+    )

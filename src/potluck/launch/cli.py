@@ -1,0 +1,118 @@
+"""``potluck run``: flags (torchrun's names, dashes or underscores) -> LaunchConfig -> Agent."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from potluck.errors import ConfigError, PotluckError
+from potluck.launch.agent import Agent
+from potluck.launch.config import LaunchConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def flag(name: str, **kwargs: object) -> None:
+        spellings = [f"--{name}"]
+        if "-" in name:
+            spellings.append("--" + name.replace("-", "_"))
+        parser.add_argument(*spellings, **kwargs)  # type: ignore[arg-type]
+
+    flag("nproc-per-node", default="1", metavar="N",
+         help="workers on this node: a number, or auto/cpu/gpu (default 1)")
+    flag("nnodes", default="1", metavar="N", help="nodes in the job (default 1)")
+    flag("node-rank", type=int, default=0, metavar="R",
+         help="this node's rank, 0..nnodes-1 (default 0); node 0 hosts the store")
+    flag("master-addr", default="127.0.0.1", metavar="ADDR",
+         help="node 0's address as every node sees it (default 127.0.0.1)")
+    flag("master-port", type=int, default=None, metavar="PORT",
+         help="the store's port on node 0 (default: a free port on one node, 29500 on many)")
+    flag("rdzv-endpoint", default=None, metavar="ADDR:PORT",
+         help="torchrun's spelling of --master-addr and --master-port together")
+    flag("max-restarts", type=int, default=0, metavar="K",
+         help="restart this node's workers up to K times after a failure (default 0)")
+    flag("run-id", default="potluck", metavar="ID",
+         help="job id, the same on every node (alias --rdzv-id)")
+    flag("rdzv-id", dest="run_id", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    flag("grace-period", type=float, default=5.0, metavar="S",
+         help="seconds between SIGTERM and SIGKILL when stopping workers (default 5)")
+    flag("join-timeout", type=float, default=300.0, metavar="S",
+         help="seconds to wait for node 0's store and the other nodes (default 300)")
+    flag("standalone", action="store_true",
+         help="accepted for torchrun compatibility: a single node on a free port")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run the target as a module (python -m) instead of a file")
+    parser.add_argument("script", help="the training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="arguments passed to the script unchanged")
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    addr, port = args.master_addr, args.master_port
+    if args.rdzv_endpoint:
+        addr, _, port_text = args.rdzv_endpoint.rpartition(":")
+        if not addr or not port_text.isdigit():
+            raise ConfigError(
+                f"--rdzv-endpoint {args.rdzv_endpoint!r} must look like HOST:PORT, "
+                "e.g. 10.0.0.1:29500"
+            )
+        port = int(port_text)
+    return LaunchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        module=args.module,
+        nproc_per_node=parse_nproc(args.nproc_per_node),
+        nnodes=parse_nnodes(args.nnodes),
+        node_rank=args.node_rank,
+        master_addr=addr,
+        master_port=port,
+        max_restarts=args.max_restarts,
+        run_id=args.run_id,
+        grace_period=args.grace_period,
+        join_timeout=args.join_timeout,
+    ).validated()
+
+
+def parse_nproc(value: str, *, gpus: int | None = None, cpus: int | None = None) -> int:
+    """A count, or torchrun's ``auto`` (GPUs if any, else CPUs), ``gpu`` or ``cpu``."""
+    if value.isdigit():
+        return int(value)
+    if value in ("auto", "gpu", "cpu"):
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count()
+        cpus = (os.cpu_count() or 1) if cpus is None else cpus
+        if value == "gpu" and gpus == 0:
+            raise ConfigError("--nproc-per-node gpu, but this host sees no CUDA device")
+        return cpus if value == "cpu" or gpus == 0 else gpus
+    raise ConfigError(
+        f"--nproc-per-node {value!r} is neither a number nor auto/cpu/gpu; e.g. 2"
+    )
+
+
+def parse_nnodes(value: str) -> int:
+    """A count; torchrun's ``MIN:MAX`` only with MIN == MAX (elastic sizes come later)."""
+    low, _, high = value.partition(":")
+    if low.isdigit() and (not high or high == low):
+        return int(low)
+    raise ConfigError(
+        f"--nnodes {value!r}: potluck takes a fixed number of nodes (e.g. 2, or 2:2); "
+        "elastic ranges are not supported yet"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        return Agent(config, emit=_emit).run()
+    except ConfigError as exc:
+        print(f"potluck run: {exc}", file=sys.stderr)
+        return 2
+    except PotluckError as exc:  # RendezvousError and friends: say it once, no traceback
+        print(f"potluck run: {exc}", file=sys.stderr)
+        return 1
+
+
+def _emit(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

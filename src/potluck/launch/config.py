@@ -1,0 +1,115 @@
+"""What ``potluck run`` was asked to do, and the environment each worker gets from it.
+
+Both are pure: ``LaunchConfig.validated`` checks the numbers, ``worker_environ`` builds
+one worker's variables (torchrun's names and meanings, so a script written for torchrun
+runs under potluck unchanged, and the reverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from potluck import env as names
+from potluck.errors import ConfigError
+
+DEFAULT_MULTI_NODE_PORT = 29500  # torchrun's default, for jobs that span nodes
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One node's share of a job: how many workers, where the store is, how to retry."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    module: bool = False
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    """None: a free port on a single node, 29500 across nodes."""
+    max_restarts: int = 0
+    run_id: str = "potluck"
+    grace_period: float = 5.0
+    """Seconds between SIGTERM and SIGKILL when stopping workers."""
+    join_timeout: float = 300.0
+    """Seconds an agent waits for the store and for the other nodes' agents."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def validated(self) -> LaunchConfig:
+        """Self, after checking every field; raises ``ConfigError`` naming the bad one."""
+        _at_least("--nproc-per-node", self.nproc_per_node, 1)
+        _at_least("--nnodes", self.nnodes, 1)
+        _at_least("--node-rank", self.node_rank, 0)
+        _at_least("--max-restarts", self.max_restarts, 0)
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(
+                f"--node-rank {self.node_rank} with --nnodes {self.nnodes}: node ranks count "
+                f"from 0, so use 0..{self.nnodes - 1}"
+            )
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(f"--master-port {self.master_port} is not a TCP port; use 1..65535")
+        if self.grace_period < 0 or self.join_timeout <= 0:
+            raise ConfigError(
+                f"grace period {self.grace_period} s and join timeout {self.join_timeout} s "
+                "must be positive"
+            )
+        if not self.script:
+            raise ConfigError("no script to run: potluck run [options] script.py [args...]")
+        return self
+
+    def port_to_host(self) -> int:
+        """The port node 0 binds the store to (0 lets the OS pick one on a single node)."""
+        if self.master_port is not None:
+            return self.master_port
+        return 0 if self.nnodes == 1 else DEFAULT_MULTI_NODE_PORT
+
+
+def _at_least(flag: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"{flag} {value} must be at least {minimum}")
+
+
+def worker_environ(
+    config: LaunchConfig,
+    *,
+    local_rank: int,
+    master_port: int,
+    restart_count: int,
+    base: Mapping[str, str],
+    error_file: str,
+    agent_pid: int,
+) -> dict[str, str]:
+    """The complete environment of one worker: ``base`` plus the launcher's variables."""
+    rank = config.node_rank * config.nproc_per_node + local_rank
+    env = dict(base)
+    env.update({
+        names.RANK: str(rank),
+        names.LOCAL_RANK: str(local_rank),
+        names.WORLD_SIZE: str(config.world_size),
+        names.LOCAL_WORLD_SIZE: str(config.nproc_per_node),
+        names.GROUP_RANK: str(config.node_rank),
+        names.GROUP_WORLD_SIZE: str(config.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(config.world_size),
+        names.MASTER_ADDR: config.master_addr,
+        names.MASTER_PORT: str(master_port),
+        names.RESTART_COUNT: str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        names.RUN_ID: config.run_id,
+        names.AGENT_STORE: "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        names.ERROR_FILE: error_file,
+        names.AGENT_PID: str(agent_pid),
+    })
+    # Several workers share the cores: one thread each unless the user chose (as torchrun).
+    if config.nproc_per_node > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    # Lines reach the launcher as they are printed, not when a buffer fills.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,121 @@
+"""The failure report: which worker failed first, how, and its own traceback.
+
+A worker started by ``potluck run`` writes an uncaught exception to its error file
+(``write_error_file``); the agent reads it back (``read_error_file``) and picks the root
+cause: the earliest failure by the time the worker recorded, or by the time the agent
+saw the exit when no record exists. Workers the agent stopped itself are never the root
+cause. Everything here is pure except the two file functions.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An uncaught exception as the worker recorded it."""
+
+    timestamp: float
+    exc_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """How one worker ended."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    """The process's return code: negative for a signal (as ``subprocess`` gives it)."""
+    seen_at: float
+    """Wall-clock time the agent observed the exit."""
+    stopped: bool = False
+    """The agent stopped it (after another failure or a signal); not a root cause."""
+    error: ErrorRecord | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.exitcode != 0 and not self.stopped
+
+
+def write_error_file(path: str, exc: BaseException) -> None:
+    record = {
+        "timestamp": time.time(),
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    Path(path).write_text(json.dumps(record))
+
+
+def read_error_file(path: str) -> ErrorRecord | None:
+    try:
+        data = json.loads(Path(path).read_text())
+        return ErrorRecord(
+            float(data["timestamp"]), str(data["exc_type"]), str(data["message"]),
+            str(data["traceback"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
+    """The first failure: earliest recorded exception, else earliest observed exit."""
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (r.error.timestamp if r.error else r.seen_at, r.rank))
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    return f"killed by {name} (exit code {exitcode})"
+
+
+def format_report(results: list[WorkerResult], *, host: str, node_rank: int) -> str:
+    """A human report of a failed attempt: the root cause first, then everyone else."""
+    root = root_cause(results)
+    bar = "=" * 72
+    lines = [bar, "potluck run: the job failed", bar]
+    if root is None:
+        lines.append("no worker failed on its own (every worker was stopped)")
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
+            root.error.timestamp if root.error else root.seen_at))
+        lines += [
+            "Root cause (first observed failure):",
+            f"  rank      : {root.rank} (local rank {root.local_rank}, node rank {node_rank})",
+            f"  host      : {host}",
+            f"  pid       : {root.pid}",
+            f"  time      : {when}",
+            f"  exit      : {describe_exit(root.exitcode)}",
+        ]
+        if root.error is not None:
+            lines.append(f"  error     : {root.error.exc_type}: {root.error.message}")
+            lines.append("  traceback :")
+            lines += ["    " + line for line in root.error.traceback.rstrip().splitlines()]
+        else:
+            lines.append("  traceback : none recorded (the process died without raising)")
+    others = [r for r in results if r is not root and r.exitcode != 0]
+    if others:
+        lines.append("Other workers:")
+    for other in sorted(others, key=lambda r: r.rank):
+        how = "stopped by the launcher" if other.stopped else describe_exit(other.exitcode)
+        error = f": {other.error.exc_type}: {other.error.message}" if other.error else ""
+        lines.append(f"  rank {other.rank} (pid {other.pid}): {how}{error}")
+    lines.append(bar)
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Worker bootstrap: ``python -m potluck.launch.worker [-m] script.py [args...]``.
+
+Runs the user's script as ``__main__`` (``sys.argv`` as if it were started directly) and,
+on an uncaught exception, writes it to the error file the launcher named before the
+usual traceback goes to stderr, so the launcher's report can quote it. It also asks the
+kernel to kill this worker if the launcher dies, so no worker outlives its agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import runpy
+import signal
+import sys
+from types import TracebackType
+
+from potluck import env
+from potluck.launch.report import write_error_file
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_agent() -> None:
+    agent = env.agent_pid()
+    if agent is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent:  # the agent died before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str]) -> None:
+    module = bool(argv) and argv[0] == "-m"
+    if module:
+        argv = argv[1:]
+    if not argv:
+        sys.exit("usage: python -m potluck.launch.worker [-m] script.py [args...]")
+    _die_with_agent()
+    target = argv[0]
+    sys.argv = list(argv)
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        exc.with_traceback(_user_frames(exc.__traceback__))
+        path = env.error_file()
+        if path is not None:
+            write_error_file(path, exc)
+        raise
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the bootstrap's and runpy's frames: the report starts in the user's code."""
+    while tb is not None and tb.tb_next is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and "runpy" not in name:
+            break
+        tb = tb.tb_next
+    return tb
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

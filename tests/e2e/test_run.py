@@ -1,0 +1,133 @@
+"""``potluck run`` end to end: success, a failing rank, Ctrl-C, and torchrun parity."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from potluck.bench.ranks import free_port
+from tests.e2e.helpers import EXAMPLE, ROOT, SCRIPTS, pid_alive, pids_in, potluck_run
+
+
+def _same_params(a: Path, b: Path) -> bool:
+    left, right = torch.load(a), torch.load(b)
+    return left.keys() == right.keys() and all(
+        torch.allclose(left[k], right[k], atol=1e-6) for k in left
+    )
+
+
+@pytest.mark.timeout(150)
+def test_two_workers_match_torchrun(tmp_path: Path) -> None:
+    ours = potluck_run("--nproc-per-node", "2", str(EXAMPLE), "--out", str(tmp_path / "a.pt"))
+    assert ours.returncode == 0, ours.stderr
+    assert "[rank0]: final loss" in ours.stdout and "on 2 rank(s)" in ours.stdout
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None
+    theirs = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+         str(EXAMPLE), "--out", str(tmp_path / "b.pt")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert theirs.returncode == 0, theirs.stderr
+    assert _same_params(tmp_path / "a.pt", tmp_path / "b.pt")
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_style_script_runs_under_potluck() -> None:
+    result = potluck_run("--nproc_per_node", "2", str(SCRIPTS / "torchrun_style.py"))
+    assert result.returncode == 0, result.stderr
+    assert "[rank0]: sum 3 world 2" in result.stdout
+    assert "[rank1]: sum 3 world 2" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_failing_rank_is_reported_and_everything_stops() -> None:
+    started = time.monotonic()
+    result = potluck_run("--nproc-per-node", "2", "--grace-period", "2",
+                         str(SCRIPTS / "fail_rank1.py"), timeout=45)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+    report = result.stderr.split("potluck run: the job failed", 1)[1]
+    assert "rank      : 1 (local rank 1" in report
+    assert "ValueError: rank one exploded on purpose" in report
+    assert 'fail_rank1.py", line' in report  # the worker's own traceback
+    pids = pids_in(result.stdout)
+    assert len(pids) == 2
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_worker() -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
+         str(SCRIPTS / "sleep_forever.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert launcher.stdout is not None
+        lines = [launcher.stdout.readline(), launcher.stdout.readline()]
+        pids = pids_in("".join(lines))
+        assert len(pids) == 2, lines
+        launcher.send_signal(signal.SIGINT)
+        code = launcher.wait(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert code == 130
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+
+@pytest.mark.timeout(90)
+def test_max_restarts_restarts_the_workers() -> None:
+    result = potluck_run("--nproc-per-node", "2", "--max-restarts", "1", "--grace-period", "1",
+                         str(SCRIPTS / "fail_first_attempt.py"), timeout=80)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeError: first attempt fails on purpose" in result.stderr  # reported
+    assert "restarting the workers (1 of 1 restarts)" in result.stderr
+    assert "[rank0]: attempt 1 done" in result.stdout
+    assert "[rank1]: attempt 1 done" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_killed_launcher_leaves_no_worker() -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
+         str(SCRIPTS / "sleep_forever.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert launcher.stdout is not None
+        pids = pids_in(launcher.stdout.readline() + launcher.stdout.readline())
+        assert len(pids) == 2
+        launcher.kill()  # no chance to clean up: the kernel must take the workers along
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if pid_alive(pid)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+@pytest.mark.timeout(30)
+def test_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = potluck_run("--master-port", str(port), str(EXAMPLE), timeout=25)
+    assert result.returncode == 2
+    assert f"cannot host the store on port {port}" in result.stderr
+    assert "--master-port" in result.stderr

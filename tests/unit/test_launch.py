@@ -1,0 +1,158 @@
+"""The launcher's pure parts: worker environment, restart policy, report, flags."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+import pytest
+
+from potluck.env import read_worker_env
+from potluck.errors import ConfigError
+from potluck.launch import cli
+from potluck.launch.config import LaunchConfig, worker_environ
+from potluck.launch.policy import Action, Outcome, next_action
+from potluck.launch.report import (
+    ErrorRecord,
+    WorkerResult,
+    format_report,
+    read_error_file,
+    root_cause,
+    write_error_file,
+)
+
+
+def _environ(config: LaunchConfig, local_rank: int, **base: str) -> dict[str, str]:
+    return worker_environ(
+        config, local_rank=local_rank, master_port=1234, restart_count=1, base=base,
+        error_file="/tmp/e.json", agent_pid=42,
+    )
+
+
+def test_worker_environ_follows_torchrun_and_reads_back() -> None:
+    config = LaunchConfig("train.py", nproc_per_node=2, nnodes=3, node_rank=1,
+                          master_addr="10.1.1.1", run_id="r9")
+    environ = _environ(config, 1, PATH="/bin")
+    assert environ["PATH"] == "/bin"
+    assert environ["RANK"] == "3" and environ["GROUP_RANK"] == "1"
+    assert environ["ROLE_RANK"] == "3" and environ["ROLE_WORLD_SIZE"] == "6"
+    assert environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert environ["OMP_NUM_THREADS"] == "1"
+    env = read_worker_env(environ)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 6, 1, 2)
+    assert (env.master_addr, env.master_port, env.restart_count) == ("10.1.1.1", 1234, 1)
+    assert env.agent_store and env.run_id == "r9"
+
+
+def test_worker_environ_keeps_the_users_thread_count() -> None:
+    config = LaunchConfig("t.py", nproc_per_node=2)
+    assert _environ(config, 0, OMP_NUM_THREADS="4")["OMP_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in _environ(LaunchConfig("t.py"), 0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "done", "most", "action"),
+    [
+        (Outcome.SUCCEEDED, 0, 0, Action.FINISH),
+        (Outcome.FAILED, 0, 0, Action.GIVE_UP),
+        (Outcome.FAILED, 0, 2, Action.RESTART),
+        (Outcome.FAILED, 2, 2, Action.GIVE_UP),
+        (Outcome.INTERRUPTED, 0, 5, Action.GIVE_UP),
+    ],
+)
+def test_next_action(outcome: Outcome, done: int, most: int, action: Action) -> None:
+    assert next_action(outcome, done, most) is action
+
+
+def _result(rank: int, code: int, seen: float, *, stopped: bool = False,
+            raised_at: float | None = None) -> WorkerResult:
+    error = None if raised_at is None else ErrorRecord(raised_at, "ValueError", "boom",
+                                                       "Traceback...\nValueError: boom\n")
+    return WorkerResult(rank, rank, 100 + rank, code, seen, stopped, error)
+
+
+def test_root_cause_is_the_earliest_recorded_failure_never_a_stopped_worker() -> None:
+    results = [
+        _result(0, 1, seen=10.0, raised_at=9.5),  # a consequence, seen first
+        _result(1, 1, seen=10.1, raised_at=9.0),  # raised first: the root cause
+        _result(2, -15, seen=10.2, stopped=True),
+    ]
+    root = root_cause(results)
+    assert root is not None and root.rank == 1
+    assert root_cause([_result(0, 0, 1.0), _result(1, -15, 1.0, stopped=True)]) is None
+    assert root_cause([_result(0, -9, 5.0), _result(1, 1, 4.0)]) == _result(1, 1, 4.0)
+
+
+def test_format_report_names_rank_host_exit_and_traceback() -> None:
+    text = format_report(
+        [_result(0, -15, 2.0, stopped=True), _result(1, 1, 1.0, raised_at=1.0),
+         _result(2, -9, 1.5)],
+        host="node-a", node_rank=0,
+    )
+    assert "rank      : 1 (local rank 1, node rank 0)" in text
+    assert "host      : node-a" in text and "pid       : 101" in text
+    assert "ValueError: boom" in text and "Traceback..." in text
+    assert "rank 0 (pid 100): stopped by the launcher" in text
+    assert "rank 2 (pid 102): killed by SIGKILL" in text
+    dead = format_report([_result(0, -int(signal.SIGSEGV), 1.0)], host="h", node_rank=0)
+    assert "SIGSEGV" in dead and "none recorded" in dead
+
+
+def test_error_file_round_trip(tmp_path: Path) -> None:
+    path = str(tmp_path / "err.json")
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        write_error_file(path, exc)
+    record = read_error_file(path)
+    assert record is not None and record.exc_type == "KeyError"
+    assert "raise KeyError" in record.traceback
+    assert read_error_file(str(tmp_path / "absent.json")) is None
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
+    args = _parse("--nproc_per_node", "3", "--nnodes=2:2", "--node-rank", "1",
+                  "--rdzv-endpoint", "10.0.0.5:4000", "--max_restarts", "2",
+                  "train.py", "--lr", "0.1", "--nproc-per-node", "7")
+    config = cli.config_from_args(args)
+    assert (config.nproc_per_node, config.nnodes, config.node_rank) == (3, 2, 1)
+    assert (config.master_addr, config.master_port, config.max_restarts) == ("10.0.0.5", 4000, 2)
+    assert config.script == "train.py"
+    assert config.script_args == ("--lr", "0.1", "--nproc-per-node", "7")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("--node-rank", "2", "--nnodes", "2", "t.py"), "--node-rank 2 with --nnodes 2"),
+        (("--nproc-per-node", "0", "t.py"), "--nproc-per-node 0 must be at least 1"),
+        (("--nproc-per-node", "many", "t.py"), "neither a number nor auto"),
+        (("--nnodes", "1:4", "t.py"), "elastic ranges are not supported"),
+        (("--master-port", "99999", "t.py"), "not a TCP port"),
+        (("--rdzv-endpoint", "nohost", "t.py"), "HOST:PORT"),
+    ],
+)
+def test_bad_flags_name_the_value(argv: tuple[str, ...], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        cli.config_from_args(_parse(*argv))
+
+
+def test_nproc_auto() -> None:
+    assert cli.parse_nproc("auto", gpus=0, cpus=6) == 6
+    assert cli.parse_nproc("auto", gpus=2, cpus=6) == 2
+    assert cli.parse_nproc("cpu", gpus=2, cpus=6) == 6
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        cli.parse_nproc("gpu", gpus=0, cpus=6)
+
+
+def test_store_port_default() -> None:
+    assert LaunchConfig("t.py").port_to_host() == 0
+    assert LaunchConfig("t.py", nnodes=2).port_to_host() == 29500
+    assert LaunchConfig("t.py", master_port=7000).port_to_host() == 7000
