@@ -24,3 +24,11 @@ class ReducerError(PotluckError):
 
 class CommunicationError(PotluckError):
     """A collective failed: a peer died, hung past the timeout, or was cut off."""
+
+
+class CursorError(PotluckError):
+    """The data iterator and the committed cursor disagree (a missed or extra commit)."""
+
+
+class CheckpointError(PotluckError):
+    """A checkpoint is missing, truncated, corrupted, or could not be written."""
