@@ -5,9 +5,14 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from __future__ import annotations
 
+from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
+from potluck.data import DataCursor, ShardedLoader
 from potluck.errors import (
+    CheckpointError,
     CommunicationError,
     ConfigError,
+    CorruptCheckpointError,
+    CursorError,
     ModelMismatchError,
     PotluckError,
     ReducerError,
@@ -18,13 +23,22 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Bucket",
+    "CheckpointError",
+    "CheckpointManager",
     "CommunicationError",
     "ConfigError",
+    "CorruptCheckpointError",
+    "CursorError",
+    "DataCursor",
     "DataParallel",
+    "DistributedRng",
     "ModelMismatchError",
     "PotluckError",
     "ReducerError",
+    "ShardedLoader",
     "__version__",
     "allreduce_mean",
+    "capture_rng",
+    "restore_rng",
     "weighted_mean",
 ]

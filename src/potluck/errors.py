@@ -32,3 +32,7 @@ class CursorError(PotluckError):
 
 class CheckpointError(PotluckError):
     """A checkpoint is missing, truncated, corrupted, or could not be written."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated or fails its checksum (``load_latest`` skips it)."""
