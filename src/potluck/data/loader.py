@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import DataLoader, default_collate
 
+from potluck.data.permutation import mix
 from potluck.data.sampler import CursorBatchSampler
 from potluck.errors import ConfigError, CursorError
 
@@ -42,6 +44,11 @@ class ShardedLoader:
     the cursor, so ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler`` and
     ``drop_last`` are refused. A step where this rank's share is empty yields ``None``.
     With ``strict=False`` the commit check is skipped.
+
+    Unless ``generator`` is given, each ``for`` loop seeds the DataLoader's generator
+    from the cursor (seed, epoch, position). A DataLoader otherwise draws its workers'
+    base seed from the *global* torch generator at every ``iter()``, so a resumed run
+    would draw one number more than the uninterrupted one and drift from it.
     """
 
     def __init__(self, dataset: Any, cursor: DataCursor, *, rank: int,
@@ -61,6 +68,7 @@ class ShardedLoader:
         self.cursor = cursor
         self.strict = strict
         self.sampler = CursorBatchSampler(cursor, rank, shares, world_size=world_size)
+        self._own_generator = "generator" not in dataloader_kwargs
         collate = EmptySafeCollate(dataloader_kwargs.pop("collate_fn", None))
         self.dataloader: DataLoader[Any] = DataLoader(
             dataset, batch_sampler=self.sampler, collate_fn=collate, **dataloader_kwargs
@@ -76,6 +84,10 @@ class ShardedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         expected = self.sampler.steps()
+        if self._own_generator:
+            state = self.cursor.state
+            seed = mix(mix(state.seed, state.epoch), state.cursor)
+            self.dataloader.generator = torch.Generator().manual_seed(seed)
         for step, batch in enumerate(self.dataloader):
             if self.strict and self.cursor.state != expected[step]:
                 raise CursorError(
