@@ -5,10 +5,15 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from __future__ import annotations
 
+from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
 from potluck.cohort import Cohort, init
+from potluck.data import DataCursor, ShardedLoader
 from potluck.errors import (
+    CheckpointError,
     CommunicationError,
     ConfigError,
+    CorruptCheckpointError,
+    CursorError,
     ModelMismatchError,
     PeerLostError,
     PotluckError,
@@ -16,22 +21,34 @@ from potluck.errors import (
     RendezvousError,
 )
 from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
+from potluck.step import GuardedOptimizer, accumulate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Bucket",
+    "CheckpointError",
+    "CheckpointManager",
     "Cohort",
     "CommunicationError",
     "ConfigError",
+    "CorruptCheckpointError",
+    "CursorError",
+    "DataCursor",
     "DataParallel",
+    "DistributedRng",
+    "GuardedOptimizer",
     "ModelMismatchError",
     "PeerLostError",
     "PotluckError",
     "ReducerError",
     "RendezvousError",
+    "ShardedLoader",
     "__version__",
+    "accumulate",
     "allreduce_mean",
+    "capture_rng",
     "init",
+    "restore_rng",
     "weighted_mean",
 ]

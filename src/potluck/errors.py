@@ -42,3 +42,15 @@ class PeerLostError(CommunicationError):
 
 class RendezvousError(CommunicationError):
     """The workers could not meet: the store was unreachable or a peer never joined."""
+
+
+class CursorError(PotluckError):
+    """The data iterator and the committed cursor disagree (a missed or extra commit)."""
+
+
+class CheckpointError(PotluckError):
+    """A checkpoint is missing, truncated, corrupted, or could not be written."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated or fails its checksum (``load_latest`` skips it)."""

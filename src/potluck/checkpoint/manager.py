@@ -1,0 +1,193 @@
+"""``CheckpointManager``: durable training state in a directory, newest K kept.
+
+Every rank calls ``save`` (entries such as ``DistributedRng`` gather across ranks);
+only the writer (rank 0) writes, because the model and optimizer are replicated. Each
+checkpoint is one atomic, checksummed file (see ``fileformat``); older ones are deleted
+only after the new one is complete. With ``blocking=False`` the state is copied to CPU
+at once and written by a background thread; the next ``save`` or ``wait`` waits for it
+and raises its error, if any. ``load_latest`` skips (with a warning) checkpoints that
+fail their checksum and returns the newest good one; every rank reads the directory, so
+it must be visible to all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch.distributed as dist
+
+from potluck.checkpoint.atomic import fsync_dir, is_temp
+from potluck.checkpoint.fileformat import (
+    checkpoint_name,
+    read_checkpoint,
+    step_of,
+    write_checkpoint,
+)
+from potluck.checkpoint.snapshot import cpu_copy, resolve_state
+from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoint(NamedTuple):
+    """A loaded checkpoint; unpacks as ``step, state, path``."""
+
+    step: int
+    state: dict[str, Any]
+    path: Path
+
+
+class PendingSave:
+    """A save that may still be writing; ``wait()`` joins it and raises its error."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def start(cls, path: Path, write: Callable[[], None]) -> PendingSave:
+        """Run ``write`` in a (non-daemon) thread; its exception is kept for ``wait``."""
+        pending = cls(path)
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as error:  # surfaced by the next wait() or save()
+                log.error("background checkpoint write of %s failed: %s", path, error)
+                pending._error = error
+
+        pending._thread = threading.Thread(target=run, name=f"potluck-save-{path.name}")
+        pending._thread.start()
+        return pending
+
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> Path | None:
+        """Block until written; return the file (None on ranks that do not write)."""
+        if self._thread is not None:
+            self._thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(f"background write of {self.path} failed: {error}") from error
+        return self.path
+
+
+class CheckpointManager:
+    """Save and load training state as checkpoint files in ``directory``.
+
+    Args:
+        directory: where the files live (created by the writer if missing).
+        keep: how many of the newest checkpoints to keep (>= 1).
+        rank: this process's rank; only rank 0 writes. Default: the default group's
+            rank if one is initialized, else 0.
+        weights_only: passed to ``torch.load``; keep True unless the state holds
+            objects other than tensors and plain containers and you trust the files.
+    """
+
+    def __init__(self, directory: str | Path, *, keep: int = 3, rank: int | None = None,
+                 weights_only: bool = True) -> None:
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ConfigError(f"keep={keep!r} is invalid: keep at least 1 checkpoint.")
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.directory = Path(directory)
+        self.keep, self.rank, self.weights_only = keep, rank, weights_only
+        self._pending = PendingSave(None)
+        if self.is_writer:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._remove_temp_files()
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoint files as ``(step, path)``, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(step_of(p), p) for p in self.directory.iterdir()]
+        return sorted((step, p) for step, p in found if step is not None)
+
+    def save(self, step: int, state: Mapping[str, Any], *, blocking: bool = True) -> PendingSave:
+        """Save ``state`` (objects with ``state_dict()`` are resolved) as step ``step``."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"step={step!r} is invalid: it must be an integer >= 0.")
+        self.wait()  # one write at a time; surfaces the previous write's error
+        resolved = resolve_state(state)  # on every rank: entries may be collectives
+        if not self.is_writer:
+            return PendingSave(None)
+        path = self.directory / checkpoint_name(step)
+        if blocking:
+            self._write(path, step, resolved)
+            return PendingSave(path)
+        snapshot = cpu_copy(resolved)  # training may change the originals from now on
+        self._pending = PendingSave.start(path, lambda: self._write(path, step, snapshot))
+        return self._pending
+
+    def wait(self) -> None:
+        """Wait for a background save; raise ``CheckpointError`` if it failed."""
+        pending, self._pending = self._pending, PendingSave(None)
+        pending.wait()
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest checkpoint that passes its checksum; None if there is none at all."""
+        self.wait()
+        candidates = self.checkpoints()
+        bad: list[str] = []
+        for _, path in reversed(candidates):
+            try:
+                step, state = read_checkpoint(path, weights_only=self.weights_only)
+            except CorruptCheckpointError as error:
+                log.warning("rank %d: skipping bad checkpoint %s: %s", self.rank, path, error)
+                bad.append(path.name)
+                continue
+            return Checkpoint(step, state, path)
+        if bad:
+            raise CheckpointError(
+                f"every checkpoint in {self.directory} is corrupted or truncated ({bad}): "
+                "restore one from a backup or delete them to start from scratch."
+            )
+        return None
+
+    def restore_latest(self, objects: Mapping[str, Any]) -> int | None:
+        """Load the newest good checkpoint into ``objects`` (by ``load_state_dict``).
+
+        Returns its step, or None (nothing restored) if the directory has no checkpoint.
+        """
+        checkpoint = self.load_latest()
+        if checkpoint is None:
+            return None
+        for name, obj in objects.items():
+            if name not in checkpoint.state:
+                raise CheckpointError(
+                    f"{checkpoint.path} has no entry {name!r} (it has "
+                    f"{sorted(checkpoint.state)}): save and restore the same names."
+                )
+            obj.load_state_dict(checkpoint.state[name])
+        return checkpoint.step
+
+    def _write(self, path: Path, step: int, state: dict[str, Any]) -> None:
+        write_checkpoint(path, step, state)
+        log.info("rank %d: wrote checkpoint %s", self.rank, path)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Delete all but the newest ``keep`` checkpoints (after the new one is durable)."""
+        old = self.checkpoints()[: -self.keep]
+        for _, path in old:
+            path.unlink(missing_ok=True)
+        if old:
+            fsync_dir(self.directory)
+
+    def _remove_temp_files(self) -> None:
+        """Temp files are what a killed writer leaves behind; they never count."""
+        for path in self.directory.iterdir():
+            if is_temp(path) and path.name.startswith(".ckpt-"):
+                log.info("rank %d: removing unfinished checkpoint %s", self.rank, path)
+                path.unlink(missing_ok=True)

@@ -1,0 +1,168 @@
+"""Checkpoint files and CheckpointManager in one process: atomicity, checksums, fallback,
+retention, async saves and their errors, RNG round trips."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from potluck.checkpoint import (
+    CheckpointManager,
+    DistributedRng,
+    capture_rng,
+    derive_rng,
+    read_checkpoint,
+    restore_rng,
+    rng_for_rank,
+)
+from potluck.checkpoint.atomic import atomic_write
+from potluck.data import DataCursor
+from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
+
+
+def state(step: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(step)
+    return {"weights": torch.randn(1000, generator=gen), "step": step, "name": f"s{step}"}
+
+
+def test_atomic_write_leaves_nothing_on_exception(tmp_path: Path) -> None:
+    target = tmp_path / "file.bin"
+    target.write_bytes(b"old")
+
+    def fail(file: Any) -> None:
+        file.write(b"partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, fail)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["file.bin"]
+
+
+def test_round_trip_and_names(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    assert manager.load_latest() is None
+    manager.save(7, state(7))
+    step, loaded, path = manager.load_latest()  # type: ignore[misc]
+    assert step == 7 and path.name == "ckpt-000000000007.pt"
+    assert torch.equal(loaded["weights"], state(7)["weights"]) and loaded["name"] == "s7"
+
+
+def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state(1))
+    path = manager.checkpoints()[-1][1]
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="SHA-256"):
+        read_checkpoint(path)
+
+
+def test_truncated_file_falls_back_to_previous(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state(1))
+    manager.save(2, state(2))
+    newest = manager.checkpoints()[-1][1]
+    newest.write_bytes(newest.read_bytes()[:-10])
+    with pytest.raises(CorruptCheckpointError, match="truncated"):
+        read_checkpoint(newest)
+    with caplog.at_level(logging.WARNING):
+        step, loaded, _ = manager.load_latest()  # type: ignore[misc]
+    assert step == 1 and torch.equal(loaded["weights"], state(1)["weights"])
+    assert newest.name in caplog.text
+    manager.checkpoints()[0][1].write_bytes(b"")
+    with pytest.raises(CheckpointError, match="every checkpoint"):
+        manager.load_latest()
+
+
+def test_keep_k_newest(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in range(5):
+        manager.save(step, state(step))
+    assert [step for step, _ in manager.checkpoints()] == [3, 4]
+    with pytest.raises(ConfigError, match="keep=0"):
+        CheckpointManager(tmp_path, keep=0)
+
+
+def test_stale_temp_files_are_ignored_and_removed(tmp_path: Path) -> None:
+    (tmp_path / ".ckpt-000000000009.pt.tmp-1-abcd").write_bytes(b"half")
+    (tmp_path / "notes.txt").write_text("mine")
+    manager = CheckpointManager(tmp_path)
+    assert manager.checkpoints() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_async_save_copies_state_and_waits(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    weights = torch.zeros(100_000)
+    pending = manager.save(1, {"weights": weights}, blocking=False)
+    weights.add_(1.0)  # training goes on while the copy is written
+    assert pending.wait() == tmp_path / "ckpt-000000000001.pt"
+    assert manager.load_latest().state["weights"].sum() == 0  # type: ignore[union-attr]
+
+
+def test_async_error_surfaces_at_next_save(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"bad": lambda: None}, blocking=False)  # cannot be pickled
+    with pytest.raises(CheckpointError, match="background write"):
+        manager.save(2, state(2))
+    manager.save(3, state(3))  # the error was reported once; saving works again
+    assert [s for s, _ in manager.checkpoints()] == [3]
+
+
+def test_stateful_objects_restore(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    cursor = DataCursor(10, 3)
+    cursor.commit()
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"model": model, "optimizer": optimizer, "cursor": cursor})
+    model2 = torch.nn.Linear(3, 2)
+    optimizer2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    cursor2 = DataCursor(10, 3)
+    objects = {"model": model2, "optimizer": optimizer2, "cursor": cursor2}
+    assert manager.restore_latest(objects) == 1
+    assert torch.equal(model2.weight, model.weight) and cursor2.state == cursor.state
+    assert optimizer2.state_dict()["state"][0]["momentum_buffer"] is not None
+    with pytest.raises(CheckpointError, match="no entry 'scaler'"):
+        manager.restore_latest({"scaler": torch.amp.GradScaler("cpu")})
+
+
+def draws() -> tuple[float, float, torch.Tensor]:
+    return random.random(), float(np.random.rand()), torch.rand(3)
+
+
+def test_rng_round_trip_makes_next_draws_identical() -> None:
+    saved = capture_rng()
+    first = draws()
+    restore_rng(saved)
+    again = draws()
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
+
+
+def test_rng_survives_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"rng": DistributedRng()})  # one process: a one-rank list
+    first = draws()
+    DistributedRng().load_state_dict(manager.load_latest().state["rng"])  # type: ignore[union-attr]
+    again = draws()
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
+
+
+def test_missing_ranks_get_distinct_deterministic_states() -> None:
+    saved = [capture_rng()]
+    assert torch.equal(rng_for_rank(saved, 0)["torch"], saved[0]["torch"])
+    one, two = rng_for_rank(saved, 1), rng_for_rank(saved, 2)
+    assert torch.equal(one["torch"], rng_for_rank(saved, 1)["torch"])
+    assert not torch.equal(one["torch"], two["torch"])
+    assert not torch.equal(derive_rng(1)["torch"], derive_rng(2)["torch"])
