@@ -104,6 +104,7 @@ class Reducer:
         self._hook, self._hook_state = hook, state
         if self._fuse_bitmap != fused_before:
             self._build([i for members in self._members for i in members])
+        self._reset_pass()
 
     @property
     def _fuse_bitmap(self) -> bool:
@@ -191,6 +192,8 @@ class Reducer:
         self._next_launch = 0
         self._futures: list[torch.futures.Future[Any] | None] = [None] * len(self._buckets)
         self._finalize_queued = False
+        # The default hook's division is fused into staging (see _stage).
+        self._prescale = 1.0 / self.world_size if self._hook is allreduce_mean else 1.0
 
     def prepare_for_forward(self) -> None:
         """Start a pass. Gradients are not touched here on purpose.
@@ -231,11 +234,7 @@ class Reducer:
         self._ready[index] = 1
         if not self._rebuilt:
             self._ready_order.append(index)
-        view = self._views[index]
-        grad = param.grad
-        if grad is not view and grad is not None:  # fresh from autograd, or replaced
-            view.copy_(grad)
-            param.grad = view
+        self._stage(index, param)
         if not self._finalize_queued:
             self.on_backward_start()
         b = self._bucket_of[index]
@@ -244,10 +243,34 @@ class Reducer:
             while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
                 self._launch(self._next_launch)
 
+    def _stage(self, index: int, param: torch.Tensor) -> None:
+        """Bring parameter ``index``'s gradient into its bucket view, ``.grad`` = the view.
+
+        With the default mean hook the division by the world size is fused into this
+        one pass (``mul(grad, 1/N, out=view)``), and the bucket is then only summed.
+        """
+        view, grad, scale = self._views[index], param.grad, self._prescale
+        if grad is None:  # this rank made no gradient: it contributes zeros
+            self._was_none[index] = 1
+            view.zero_()
+        elif grad is view:  # accumulated in place (no_sync, set_to_none=False)
+            if scale != 1.0:
+                view.mul_(scale)
+            return
+        elif scale != 1.0:
+            torch.mul(grad, scale, out=view)
+        else:
+            view.copy_(grad)
+        param.grad = view
+
     def _launch(self, b: int) -> None:
         if self._tail is not None and b == len(self._buckets) - 1:
             self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
-        self._futures[b] = self._hook(self._hook_state, self._buckets[b])
+        bucket = self._buckets[b]
+        if self._prescale != 1.0:  # already divided while staging: sum only
+            self._futures[b] = bucket.group.allreduce([bucket.buffer]).get_future()
+        else:
+            self._futures[b] = self._hook(self._hook_state, bucket)
         self._next_launch = b + 1
 
     def _finalize(self) -> None:
@@ -261,16 +284,8 @@ class Reducer:
         group = self._group
         assert group is not None  # guarded by on_backward_start
         for i, param in enumerate(self._params):
-            if self._ready[i]:
-                continue
-            view = self._views[i]
-            if param.grad is None:  # this rank made no gradient: it contributes zeros
-                self._was_none[i] = 1
-                view.zero_()
-                param.grad = view
-            elif param.grad is not view:
-                view.copy_(param.grad)
-                param.grad = view
+            if not self._ready[i]:
+                self._stage(i, param)
         for b in range(self._next_launch, len(self._buckets)):
             self._launch(b)
         produced_work = None
