@@ -59,7 +59,6 @@ def run_ranks(
             target=_child,
             args=(fn, rank, world_size, port, args, queue, threads, collective_timeout,
                   init_group, os.getpid()),
-            daemon=True,
         )
         for rank in range(world_size)
     ]
