@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from potluck.collectives import allgather_object, default_group, group_rank_and_size
 from potluck.errors import CheckpointError
 
 RngState = dict[str, Any]
@@ -84,12 +84,6 @@ def rng_for_rank(saved: Sequence[Mapping[str, Any]], rank: int) -> RngState:
     return derive_rng(int.from_bytes(digest[:8], "big") >> 1)
 
 
-def _rank_and_size(group: Any) -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return 0, 1
-
-
 class DistributedRng:
     """Every rank's RNG states as one checkpoint entry (pass it to ``CheckpointManager``).
 
@@ -101,13 +95,13 @@ class DistributedRng:
         self.group = group
 
     def state_dict(self) -> dict[str, Any]:
-        _, world_size = _rank_and_size(self.group)
+        _, world_size = group_rank_and_size(self.group)
         states: list[Any] = [capture_rng()]
         if world_size > 1:
-            states = [None] * world_size
-            dist.all_gather_object(states, capture_rng(), group=self.group)
+            group = self.group if self.group is not None else default_group()
+            states = allgather_object(capture_rng(), group)
         return {"world_size": world_size, "ranks": states}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        rank, _ = _rank_and_size(self.group)
+        rank, _ = group_rank_and_size(self.group)
         restore_rng(rng_for_rank(state_dict["ranks"], rank))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from potluck.reducer.collectives import Group
+from potluck.collectives import Group
 
 
 @dataclass(frozen=True)

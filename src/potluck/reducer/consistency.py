@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import torch
 
+from potluck.collectives import Group, allgather_tensor
 from potluck.errors import ModelMismatchError
-from potluck.reducer.collectives import Group, allgather_tensor
 
 Entry = tuple[str, str, tuple[int, ...], str]  # (kind, name, shape, dtype)
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.errors import ConfigError
-from potluck.reducer.collectives import Group, broadcast_coalesced, default_group
 from potluck.reducer.consistency import verify_same_model
 from potluck.reducer.hooks import Bucket, CommHook
 from potluck.reducer.reducer import Reducer, ReducerConfig

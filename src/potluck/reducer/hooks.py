@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from potluck.collectives import Group
 from potluck.errors import ConfigError
-from potluck.reducer.collectives import Group
 
 
 @dataclass(frozen=True)

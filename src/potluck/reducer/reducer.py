@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from potluck.collectives import Group, PendingBroadcast
 from potluck.errors import CommunicationError, ReducerError
 from potluck.reducer.buckets import assign_buckets
-from potluck.reducer.collectives import Group, PendingBroadcast
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, weighted_mean
 
 log = logging.getLogger(__name__)

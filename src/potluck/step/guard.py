@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from potluck.collectives import Group, default_group
 from potluck.errors import ConfigError
-from potluck.reducer.collectives import Group, default_group
 
 log = logging.getLogger(__name__)
 

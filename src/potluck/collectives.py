@@ -8,6 +8,7 @@ collectives used here.
 
 from __future__ import annotations
 
+import pickle
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +56,31 @@ def allgather_tensor(tensor: torch.Tensor, group: Group) -> list[torch.Tensor]:
     outputs = [torch.empty_like(tensor) for _ in range(group.size())]
     group.allgather([outputs], [tensor]).wait()
     return outputs
+
+
+def allgather_object(obj: Any, group: Group, device: torch.device | None = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order, over an explicit group object.
+
+    Unlike ``torch.distributed.all_gather_object`` this needs no registered default
+    group: the pickled bytes travel as uint8 tensors (lengths first, then padded bytes).
+    """
+    device = device or torch.device("cpu")
+    payload = pickle.dumps(obj)
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    lengths = [int(t.item()) for t in allgather_tensor(length, group)]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    gathered = allgather_tensor(padded, group)
+    return [pickle.loads(bytes(g[:n].cpu().numpy().tobytes()))
+            for g, n in zip(gathered, lengths, strict=True)]
+
+
+def group_rank_and_size(group: Group | None) -> tuple[int, int]:
+    """(rank, world size) in ``group``; the default group if None; (0, 1) without one."""
+    group = group if group is not None else default_group()
+    if group is None:
+        return 0, 1
+    return int(group.rank()), int(group.size())
 
 
 def _flatten_groups(
