@@ -55,3 +55,30 @@ def test_uneven_batch_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "global batch 16" in done.stderr and "--workers 3" in done.stderr
     assert "use e.g. --batch-size 15" in done.stderr
+
+
+def _demo(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2", "--steps", "30",
+         "--no-baseline", "--no-progress", "--checkpoint-every", "10",
+         "--checkpoint-dir", str(tmp_path / "ckpt"), *flags],
+        capture_output=True, text=True, timeout=140, cwd=tmp_path,
+    )
+
+
+@pytest.mark.timeout(200)
+def test_demo_resumes_from_its_checkpoint_exactly(tmp_path: Path) -> None:
+    whole = _demo(tmp_path, "--metrics", str(tmp_path / "whole.jsonl"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    saved = sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt"))
+    assert saved == [f"ckpt-{s:012d}.pt" for s in (10, 20, 30)]
+    for late in ("ckpt-000000000020.pt", "ckpt-000000000030.pt"):
+        (tmp_path / "ckpt" / late).unlink()  # as if the run had died after step 10
+
+    resumed = _demo(tmp_path, "--resume", "--metrics", str(tmp_path / "resumed.jsonl"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from the checkpoint of step 10" in resumed.stdout
+    before = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "whole.jsonl")}
+    after = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "resumed.jsonl")}
+    assert sorted(after) == list(range(10, 30))
+    assert all(after[s] == before[s] for s in after), "resumed losses must be bitwise equal"

@@ -59,6 +59,9 @@ class DemoConfig:
     preset: Preset
     baseline: bool
     progress: bool
+    checkpoint_dir: Path
+    checkpoint_every: int
+    resume: bool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a tiny configuration that finishes in about 20 s (tests)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("runs/demo/checkpoints"),
+                        help="where checkpoints go (runs/demo/checkpoints)")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="steps between checkpoints; 0 saves only at the end (100)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest good checkpoint in --checkpoint-dir")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -106,6 +115,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
              f"--workers {args.workers}: the global batch must be a positive multiple of the "
              f"worker count; use e.g. --batch-size {args.workers * per_worker}")
     _require(args.seed >= 0, f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
+    _require(args.checkpoint_every >= 0,
+             f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: only at the "
+             "end); use e.g. --checkpoint-every 100")
     return DemoConfig(
         workers=args.workers,
         seed=args.seed,
@@ -113,6 +125,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         preset=preset,
         baseline=not args.no_baseline and args.workers > 1,
         progress=not args.no_progress,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
     )
 
 
@@ -141,17 +156,27 @@ def main(args: argparse.Namespace) -> int:
         metrics_path=str(config.metrics),
         progress=config.progress,
         sample_chars=preset.sample_chars,
+        checkpoint_dir=str(config.checkpoint_dir),
+        checkpoint_every=config.checkpoint_every,
+        resume=config.resume,
     )
     _print_header(config, train, len(text), vocab.size)
     try:
         result = _run_phase(train, config.workers, text)
+        if not result.losses:
+            print(f"potluck demo: nothing to train: the newest checkpoint in "
+                  f"{config.checkpoint_dir} is already at step {result.first_step} of "
+                  f"--steps {preset.steps}; pass a larger --steps to train on, or drop "
+                  "--resume to start afresh")
+            return 0
         baseline = None
         if config.baseline:
             print(f"measuring the 1-worker baseline ({preset.baseline_steps} steps, "
                   "same model and global batch)", flush=True)
             # Same schedule as the N-worker run, cut short: its losses must match.
             one = replace(train, stop_after=min(preset.baseline_steps, preset.steps),
-                          label="1 worker", metrics_path=None, sample_chars=0)
+                          label="1 worker", metrics_path=None, sample_chars=0,
+                          checkpoint_dir=None, resume=False)
             baseline = _run_phase(one, 1, text)
     except RankFailed as exc:
         print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
@@ -209,8 +234,11 @@ def _print_report(
     note = "one worker: nothing to compare" if config.workers == 1 else "skipped (--no-baseline)"
     print()
     print(f"model: {result.n_params:,} parameters; "
-          f"{loss_summary(result.losses)}")
-    if baseline is not None:
+          f"{loss_summary(result.losses, first_step=result.first_step)}")
+    if result.first_step > 0:
+        print(f"resumed from the checkpoint of step {result.first_step} in "
+              f"{config.checkpoint_dir}")
+    if baseline is not None and result.first_step == 0:
         print(equivalence_line(result.losses, baseline.losses, config.workers))
     print()
     print(figures_table(figures, sync, note))

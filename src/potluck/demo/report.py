@@ -110,13 +110,14 @@ def _latency_rows(sync: SyncLatency) -> list[list[str]]:
     return rows
 
 
-def loss_summary(losses: Sequence[float], tail: int = 20) -> str:
+def loss_summary(losses: Sequence[float], tail: int = 20, first_step: int = 0) -> str:
     """First and last loss, plus the mean of the last ``tail`` steps (less noisy)."""
     if not losses:
         return "loss: no steps were run"
     tail_losses = losses[-tail:]
+    last_step = first_step + len(losses) - 1
     return (
-        f"loss: {losses[0]:.3f} at step 0 -> {losses[-1]:.3f} at step {len(losses) - 1} "
+        f"loss: {losses[0]:.3f} at step {first_step} -> {losses[-1]:.3f} at step {last_step} "
         f"(mean of the last {len(tail_losses)} steps: {statistics.fmean(tail_losses):.3f})"
     )
 

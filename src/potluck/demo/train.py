@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from potluck.checkpoint import CheckpointManager, DistributedRng
 from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
 from potluck.metrics.jsonl import JsonlWriter
@@ -47,6 +48,9 @@ class TrainConfig:
     sample_chars: int = 0
     sample_prompt: str = "def "
     latency_repeats: int = 20
+    checkpoint_dir: str | None = None  # where to checkpoint; None: never
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    resume: bool = False  # continue from the newest good checkpoint in checkpoint_dir
 
 
 @dataclass
@@ -61,6 +65,7 @@ class WorkerResult:
     round_trips: RoundTrips | None = None
     n_params: int = 0
     sample: str | None = None
+    first_step: int = 0  # > 0 when the run resumed from a checkpoint
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -82,13 +87,17 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
     ddp.register_comm_hook(None, timer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     result = WorkerResult(rank, world_size, n_params=sum(p.numel() for p in model.parameters()))
+    checkpoints, state = _checkpointing(config, rank, model, optimizer)
+    if checkpoints is not None and config.resume:
+        result.first_step = checkpoints.restore_latest(state) or 0
 
-    writer = JsonlWriter(config.metrics_path) if rank == 0 and config.metrics_path else None
+    writer = (JsonlWriter(config.metrics_path, append=result.first_step > 0)
+              if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
-    bar = tqdm(total=run_steps, desc=config.label, unit="step", dynamic_ncols=True,
-               disable=rank != 0 or not config.progress)
+    bar = tqdm(total=run_steps, initial=result.first_step, desc=config.label, unit="step",
+               dynamic_ncols=True, disable=rank != 0 or not config.progress)
     try:
-        for step in range(run_steps):
+        for step in range(result.first_step, run_steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config.steps, config.lr, config.warmup_steps)
             record = _train_step(ddp, optimizer, timer, tokens, step, config)
@@ -103,6 +112,14 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
                             refresh=False)
             bar.update(1)
+            done = step + 1
+            if checkpoints is not None and (
+                done == run_steps
+                or (config.checkpoint_every > 0 and done % config.checkpoint_every == 0)
+            ):
+                checkpoints.save(done, state, blocking=False)  # training goes on meanwhile
+        if checkpoints is not None:
+            checkpoints.wait()
     finally:
         bar.close()
         if writer is not None:
@@ -112,6 +129,17 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
     if rank == 0 and config.sample_chars > 0:
         result.sample = _sample(model, vocab, config)
     return result
+
+
+def _checkpointing(
+    config: TrainConfig, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[CheckpointManager | None, dict[str, Any]]:
+    """The checkpoint manager and the state it saves (the data is a function of the step,
+    so model, optimizer and every rank's RNG are the whole training state)."""
+    if config.checkpoint_dir is None:
+        return None, {}
+    state = {"model": model, "optimizer": optimizer, "rng": DistributedRng()}
+    return CheckpointManager(config.checkpoint_dir, keep=3, rank=rank), state
 
 
 def _train_step(
