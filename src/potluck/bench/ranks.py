@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import socket
 import threading
@@ -53,50 +54,54 @@ def run_ranks(
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])
     port = free_port()
-    queue = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # no semaphores to leak
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, rank, world_size, port, args, queue, threads, collective_timeout,
-                  init_group, os.getpid()),
+            args=(fn, rank, world_size, port, args, pipes[rank][1], threads,
+                  collective_timeout, init_group, os.getpid()),
         )
         for rank in range(world_size)
     ]
     for proc in procs:
         proc.start()
+    for _, writer in pipes:
+        writer.close()  # the children hold the write ends now
     try:
-        return _collect(procs, queue, world_size, timeout)
+        return _collect(procs, [reader for reader, _ in pipes], timeout)
     finally:
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
         for proc in procs:
             proc.join(timeout=10)
-        queue.close()
-        queue.join_thread()
+        for reader, _ in pipes:
+            reader.close()
 
 
-def _collect(procs: list[Any], queue: Any, world_size: int, timeout: float) -> list[Any]:
+def _collect(procs: list[Any], readers: list[Any], timeout: float) -> list[Any]:
     results: dict[int, Any] = {}
+    waiting = dict(enumerate(readers))
     deadline = time.monotonic() + timeout
-    while len(results) < world_size:
+    while waiting:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            missing = sorted(set(range(world_size)) - set(results))
-            raise RankFailed(f"ranks {missing} did not finish within {timeout:.0f} s")
-        try:
-            rank, ok, payload = queue.get(timeout=min(remaining, 0.5))
-        except Exception:  # queue.Empty: check whether a rank died without reporting
-            for rank, proc in enumerate(procs):
-                if rank not in results and proc.exitcode not in (None, 0):
-                    raise RankFailed(
-                        f"rank {rank} died with exit code {proc.exitcode} before reporting"
-                    ) from None
-            continue
-        if not ok:
-            raise RankFailed(f"rank {rank} failed:\n{payload}")
-        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-    return [results[r] for r in range(world_size)]
+            raise RankFailed(f"ranks {sorted(waiting)} did not finish within {timeout:.0f} s")
+        ready = mp_connection.wait(list(waiting.values()), timeout=min(remaining, 0.5))
+        for rank, reader in list(waiting.items()):
+            if reader not in ready:
+                continue
+            try:
+                ok, payload = reader.recv()
+            except EOFError:  # the rank closed its pipe without a word: it died
+                procs[rank].join(timeout=5)
+                raise RankFailed(f"rank {rank} died with exit code {procs[rank].exitcode} "
+                                 "before reporting") from None
+            if not ok:
+                raise RankFailed(f"rank {rank} failed:\n{payload}")
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            del waiting[rank]
+    return [results[r] for r in range(len(readers))]
 
 
 def _exit_with_caller(caller_pid: int) -> None:
@@ -123,7 +128,7 @@ def _child(
     world_size: int,
     port: int,
     args: tuple[Any, ...],
-    queue: Any,
+    conn: Any,
     threads: int,
     collective_timeout: float,
     init_group: bool,
@@ -145,9 +150,10 @@ def _child(
         result = fn(rank, world_size, *args)
         buffer = io.BytesIO()
         torch.save(result, buffer)
-        queue.put((rank, True, buffer.getvalue()))
+        conn.send((True, buffer.getvalue()))
     except BaseException:
-        queue.put((rank, False, f"[pid {os.getpid()}] {traceback.format_exc()}"))
+        conn.send((False, f"[pid {os.getpid()}] {traceback.format_exc()}"))
     finally:
+        conn.close()
         if init_group and dist.is_initialized():
             dist.destroy_process_group()
