@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,8 +67,9 @@ def test_failing_rank_is_reported_and_everything_stops() -> None:
     assert not [pid for pid in pids if pid_alive(pid)]
 
 
-@pytest.mark.timeout(60)
-def test_ctrl_c_stops_every_worker() -> None:
+@contextlib.contextmanager
+def _sleeping_job() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A 2-worker job that sleeps forever, with its worker pids; killed on the way out."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
          str(SCRIPTS / "sleep_forever.py")],
@@ -74,15 +77,21 @@ def test_ctrl_c_stops_every_worker() -> None:
     )
     try:
         assert launcher.stdout is not None
-        lines = [launcher.stdout.readline(), launcher.stdout.readline()]
-        pids = pids_in("".join(lines))
+        lines = launcher.stdout.readline() + launcher.stdout.readline()
+        pids = pids_in(lines)
         assert len(pids) == 2, lines
-        launcher.send_signal(signal.SIGINT)
-        code = launcher.wait(timeout=20)
+        yield launcher, pids
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_worker() -> None:
+    with _sleeping_job() as (launcher, pids):
+        launcher.send_signal(signal.SIGINT)
+        code = launcher.wait(timeout=20)
     assert code == 130
     assert not [pid for pid in pids if pid_alive(pid)]
 
@@ -100,25 +109,13 @@ def test_max_restarts_restarts_the_workers() -> None:
 
 @pytest.mark.timeout(60)
 def test_killed_launcher_leaves_no_worker() -> None:
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
-         str(SCRIPTS / "sleep_forever.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )
-    try:
-        assert launcher.stdout is not None
-        pids = pids_in(launcher.stdout.readline() + launcher.stdout.readline())
-        assert len(pids) == 2
+    with _sleeping_job() as (launcher, pids):
         launcher.kill()  # no chance to clean up: the kernel must take the workers along
         launcher.wait(timeout=10)
         deadline = time.monotonic() + 10
         while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [pid for pid in pids if pid_alive(pid)]
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+    assert not [pid for pid in pids if pid_alive(pid)]
 
 
 @pytest.mark.timeout(30)
