@@ -15,6 +15,7 @@ for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,7 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
     writer = (JsonlWriter(config.metrics_path, append=result.first_step > 0)
               if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
+    tqdm.set_lock(threading.RLock())  # its default multiprocessing lock leaks a semaphore
     bar = tqdm(total=run_steps, initial=result.first_step, desc=config.label, unit="step",
                dynamic_ncols=True, disable=rank != 0 or not config.progress)
     try:
