@@ -51,12 +51,19 @@ class DataParallel(nn.Module):
         comm_hook: CommHook | None = None,
         comm_state: Any = None,
         check_model: bool = True,
+        on_failure: str = "raise",
         **torch_ddp_compat: Any,
     ) -> None:
         super().__init__()
         _check_compat_kwargs(torch_ddp_compat)
         if group is not None and process_group is not None and group is not process_group:
             raise ConfigError("pass the process group once: either group= or process_group=")
+        if on_failure not in ("raise", "abandon"):
+            raise ConfigError(
+                f"on_failure={on_failure!r}: use 'raise' (a failed collective raises "
+                "CommunicationError from backward) or 'abandon' (the step is dropped and "
+                "step_failed is set, for elastic training)"
+            )
         if bucket_cap_mb is None:
             bucket_cap_mb = 25.0
         if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
@@ -88,6 +95,7 @@ class DataParallel(nn.Module):
             ReducerConfig(
                 bucket_cap_bytes=max(1, int(bucket_cap_mb * _MB)),
                 first_bucket_cap_bytes=max(1, int(first_bucket_cap_mb * _MB)),
+                abandon_on_failure=on_failure == "abandon",
             ),
             buffers=buffers,
         )
@@ -111,6 +119,11 @@ class DataParallel(nn.Module):
     @property
     def buckets(self) -> list[Bucket]:
         return self.reducer.buckets
+
+    @property
+    def step_failed(self) -> bool:
+        """True after a backward whose collectives failed (``on_failure="abandon"``)."""
+        return self.reducer.failure is not None
 
     def set_group(self, group: Group | None) -> None:
         """Average over ``group`` from the next step on; call between steps only."""

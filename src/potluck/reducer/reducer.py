@@ -46,6 +46,10 @@ class ReducerConfig:
     bucket_cap_bytes: int = 25 * 1024 * 1024
     first_bucket_cap_bytes: int = 1024 * 1024
     rebuild_buckets: bool = True
+    # On a failed collective: raise CommunicationError out of backward(), or abandon the
+    # step (drop every gradient, record the failure, return) so that an elastic loop can
+    # move to the next generation and redo the step.
+    abandon_on_failure: bool = False
 
 
 class Reducer:
@@ -67,6 +71,7 @@ class Reducer:
         self._hook: CommHook = allreduce_mean
         self._hook_state: Any = None
         self.require_sync = True
+        self.failure: CommunicationError | None = None  # set when a step was abandoned
         self._rebuilt = not config.rebuild_buckets
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
@@ -97,6 +102,7 @@ class Reducer:
         self._buckets = [
             Bucket(b.index, b.buffer, b.parameters, group) for b in self._buckets
         ]
+        self.failure = None
         self._reset_window()
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
@@ -204,6 +210,7 @@ class Reducer:
         step. Once a gradient is a view (no_sync windows, zero_grad(set_to_none=False))
         autograd accumulates into the bucket in place.
         """
+        self.failure = None
         self._reset_pass()
 
     def on_backward_start(self) -> None:
@@ -267,18 +274,39 @@ class Reducer:
         if self._tail is not None and b == len(self._buckets) - 1:
             self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
         bucket = self._buckets[b]
-        if self._prescale != 1.0:  # already divided while staging: sum only
-            self._futures[b] = bucket.group.allreduce([bucket.buffer]).get_future()
-        else:
-            self._futures[b] = self._hook(self._hook_state, bucket)
         self._next_launch = b + 1
+        if self.failure is not None:  # the group is broken: issue nothing more on it
+            return
+        try:
+            if self._prescale != 1.0:  # already divided while staging: sum only
+                self._futures[b] = bucket.group.allreduce([bucket.buffer]).get_future()
+            else:
+                self._futures[b] = self._hook(self._hook_state, bucket)
+        except RuntimeError as exc:
+            error = CommunicationError(f"bucket {b} could not be launched: {exc}")
+            if not self._config.abandon_on_failure:
+                raise error from exc
+            self.failure = error
 
     def _finalize(self) -> None:
         """End of a synchronized backward: every bucket reduced before backward returns."""
         try:
-            self._complete_pass()
+            if self.failure is None:
+                self._complete_pass()
+        except CommunicationError as exc:
+            if not self._config.abandon_on_failure:
+                raise
+            self.failure = exc
         finally:
+            if self.failure is not None:
+                self._abandon()
             self._reset_window()
+
+    def _abandon(self) -> None:
+        """Drop every gradient of the failed step: a bucket may be half-reduced."""
+        for param in self._params:
+            param.grad = None
+        log.warning("step abandoned, gradients dropped: %s", self.failure)
 
     def _complete_pass(self) -> None:
         group = self._group
@@ -309,7 +337,7 @@ class Reducer:
                 if self._was_none[i]:
                     self._params[i].grad = None
         if buffers is not None:
-            buffers.wait()
+            self._wait(buffers, "buffer broadcast")
         if not self._rebuilt:
             self._rebuild_from_ready_order()
 

@@ -13,6 +13,10 @@ averaged gradients (potluck.DataParallel guarantees that), then:
    (a scaler backs off its scale identically on every rank);
 5. otherwise clips to ``clip_grad_norm`` (if set) and steps.
 
+With ``model=`` (a ``DataParallel`` built with ``on_failure="abandon"``), a step whose
+collectives failed is not applied at all: ``StepResult.failed`` is set and the caller
+redoes the step on the next membership generation.
+
 The returned ``StepResult`` says whether the step committed; the data cursor advances
 either way (a NaN batch is skipped, counted and logged, not retried forever).
 """
@@ -40,6 +44,7 @@ class StepResult:
 
     committed: bool
     grad_norm: float
+    failed: bool = False  # the step's collectives failed: abandoned, to be redone
 
 
 class GuardedOptimizer:
@@ -53,6 +58,7 @@ class GuardedOptimizer:
         scaler: torch.amp.GradScaler | None = None,
         group: Group | None = None,
         agree: bool = True,
+        model: Any = None,
     ) -> None:
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(
@@ -63,8 +69,10 @@ class GuardedOptimizer:
         self.scaler = scaler
         self._group = group if group is not None else default_group()
         self._agree = agree
+        self._model = model  # a DataParallel whose failed steps must not be applied
         self.steps = 0
         self.skipped = 0
+        self.failed = 0
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -77,6 +85,10 @@ class GuardedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> StepResult:
+        if self._model is not None and getattr(self._model, "step_failed", False):
+            self.failed += 1
+            log.warning("step not applied: its collectives failed (%d so far)", self.failed)
+            return StepResult(committed=False, grad_norm=float("nan"), failed=True)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._parameters() if p.grad is not None]
