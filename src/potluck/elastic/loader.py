@@ -1,0 +1,51 @@
+"""The elastic data iterator: always this rank's part of the step the cursor points at.
+
+Unlike a prefetching loader it reads the cursor and the current membership afresh
+before every step, so the user's ordinary ``for batch in loader`` loop redoes a failed
+step for free: the cursor did not advance (nothing committed), the membership changed,
+and the same slice of the epoch is split again among the survivors. Iteration ends at
+the end of the cursor's current epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import default_collate
+
+from potluck.data import DataCursor
+from potluck.errors import CursorError
+
+Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
+
+
+class ElasticLoader:
+    """Yields ``collate([dataset[i] for i in this rank's indices])`` step by step."""
+
+    def __init__(self, dataset: Any, cursor: DataCursor, membership: Membership, *,
+                 collate: Callable[[list[Any]], Any] = default_collate,
+                 max_repeats: int = 100) -> None:
+        self.dataset, self.cursor, self.membership = dataset, cursor, membership
+        self.collate = collate
+        self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.cursor.epoch
+        last, repeats = None, 0
+        while self.cursor.epoch == epoch and not self._epoch_done():
+            state = self.cursor.state
+            repeats = repeats + 1 if state == last else 0
+            if repeats > self.max_repeats:
+                raise CursorError(
+                    f"step at sample {state.cursor} of epoch {state.epoch} was handed out "
+                    f"{repeats} times without a commit: call the elastic optimizer's "
+                    "step() (or cursor.commit()) once per batch"
+                )
+            last = state
+            rank, world_size = self.membership()
+            indices = self.cursor.rank_indices(rank, world_size=world_size)
+            yield self.collate([self.dataset[i] for i in indices]) if indices else None
+
+    def _epoch_done(self) -> bool:
+        return not self.cursor.global_indices()
