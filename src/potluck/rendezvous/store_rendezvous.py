@@ -88,7 +88,9 @@ class StoreRendezvous:
         members = [self.worker_id]
         deadline = started + cfg.join_timeout
         while len(members) < cfg.expected and time.monotonic() < deadline:
-            waiting = self.pending_joiners()[: cfg.expected - len(members)]
+            # accepted joiners get their verdict only at publication: skip them here
+            waiting = [j for j in self.pending_joiners() if j not in members]
+            waiting = waiting[: cfg.expected - len(members)]
             if waiting:
                 accepted, _ = admission.check_answers(
                     self._store, waiting, token, timeout=cfg.admission_timeout,
