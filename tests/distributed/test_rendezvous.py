@@ -181,7 +181,9 @@ def test_a_graceful_leave_forms_the_next_generation_at_once(port: int) -> None:
         assert time.monotonic() - started < 2.0
         assert gen1.members == (r1.worker_id, r2.worker_id) and gen1.left == (r0.worker_id,)
         r2.announce_leave()  # at a boundary, the survivors drop it through admit()
+        started = time.monotonic()
         gen2 = r1.admit()
+        assert time.monotonic() - started < 1.0  # nobody left in the join queue to ask
         assert (gen2.generation, gen2.members, gen2.reason) == (2, (r1.worker_id,), "leave")
     finally:
         _close(workers)

@@ -270,10 +270,8 @@ class StoreRendezvous:
         winner = Record.decode(raw)
         if winner == record and not record.error:
             self._store.set(keys.CURRENT, str(record.generation))
-            for joiner in record.joined:
-                if joiner != self.worker_id:
-                    self._store.set(keys.verdict(joiner),
-                                    f"{admission.ADMITTED}{record.generation}")
+            for joiner in record.joined:  # the founder too: it then never looks pending
+                self._store.set(keys.verdict(joiner), f"{admission.ADMITTED}{record.generation}")
             log.info("published generation %d: %s", record.generation, record.encode())
         return winner
 
