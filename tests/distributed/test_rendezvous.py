@@ -207,3 +207,22 @@ def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_but_live_member_is_waited_for_and_leads_once_it_arrives(port: int) -> None:
+    config = replace(FAST, heartbeat_timeout=20.0, settle_timeout=5.0)
+    workers = _form(port, ["w-a", "w-b", "w-c"], config)
+    try:
+        r0, r1, r2 = workers
+
+        def late() -> Membership:
+            time.sleep(0.5)  # still inside its failed collective
+            return r0.next_generation("peer lost")
+
+        gen1 = _same(_together([late, lambda: r1.next_generation("peer lost"),
+                                lambda: r2.next_generation("peer lost")]))
+        assert gen1.members == tuple(w.worker_id for w in workers)
+        assert gen1.leader == r0.worker_id and gen1.left == ()
+    finally:
+        _close(workers)

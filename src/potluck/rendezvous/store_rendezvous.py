@@ -207,16 +207,24 @@ class StoreRendezvous:
         n = current.generation + 1
         self._store.set(keys.registration(n, self.worker_id), reason)
         cfg = self.config
-        bound = cfg.settle_timeout + cfg.heartbeat_timeout + 2 * cfg.poll_interval + 1.0
+        # A follower's patience restarts whenever the leader changes: each leader
+        # publishes within settle_timeout, and a dead one is replaced once its beat ages.
+        bound = cfg.settle_timeout + cfg.heartbeat_timeout + 1.0
+        leader, since = self.worker_id, started
         while not self._store.check([keys.generation(n)]):
             registered = {m for m in current.members
                           if self._store.check([keys.registration(n, m)])}
             alive = self._alive(current.members) | {self.worker_id}
             alive -= set(suspected) - registered
-            if pick_leader(current.members, alive) == self.worker_id:
+            # The lowest-ranked member that is alive AND already here leads: a member
+            # still stuck in a collective cannot hold the others up past settle_timeout.
+            now_leader = pick_leader(current.members, registered & alive) or self.worker_id
+            if now_leader != leader:
+                leader, since = now_leader, time.monotonic()
+            if leader == self.worker_id:
                 self._lead(current, reason, registered & alive, alive, started)
-            elif time.monotonic() - started > bound:
-                raise self._timeout(f"generation {n} to be published", bound)
+            elif time.monotonic() - since > bound:
+                raise self._timeout(f"generation {n} to be published by {leader}", bound)
             else:
                 time.sleep(cfg.poll_interval)
         return self._adopt(Record.decode(self._store.get(keys.generation(n))), started)
