@@ -11,9 +11,10 @@ Every operation is a short, bounded protocol on the store (keys in ``keys.py``):
                       joiners and drops the members that announced leaving, or answers
                       "same": then the generation does not change.
 ``next_generation()`` every survivor calls it after a collective failed. Each registers
-                      for g+1; the leader waits until every live member of g registered
-                      (or ``settle_timeout``) and publishes g+1. If the leader is dead,
-                      its heartbeat goes stale and the next member in rank order decides.
+                      for g+1; the leader (lowest-ranked member that is registered and
+                      alive) waits until every live member of g registered (or
+                      ``settle_timeout``) and publishes g+1. If the leader dies, its
+                      heartbeat goes stale and the next registered member decides.
 ``announce_leave()``  a graceful exit: the next generation forms without waiting for
                       this worker's heartbeat to go stale.
 
