@@ -73,7 +73,9 @@ def check_answers(
     while len(answers) < len(joiners) and clock() < deadline:
         for joiner in joiners:
             if joiner not in answers and store.check([keys.response(joiner)]):
-                answers[joiner] = store.get(keys.response(joiner)).decode()
+                nonce, _, answer = store.get(keys.response(joiner)).decode().partition(":")
+                if nonce == challenges[joiner]:  # else a late answer to an older nonce
+                    answers[joiner] = answer
         if len(answers) < len(joiners):
             time.sleep(poll)
     accepted: list[str] = []
@@ -95,9 +97,14 @@ def check_answers(
 
 
 def answer_challenge(store: Store, joiner_id: str, token: str | None) -> None:
-    """Sign the challenge waiting under ``adm/<id>/challenge`` (call once it exists)."""
+    """Sign the challenge waiting under ``adm/<id>/challenge`` (call once it exists).
+
+    The response is ``<nonce>:<mac>``: naming the nonce lets the admitter ignore a late
+    answer to a challenge it has since replaced.
+    """
     nonce = store.get(keys.challenge(joiner_id)).decode()
-    store.set(keys.response(joiner_id), sign(token, nonce, joiner_id) if token else NO_TOKEN)
+    answer = sign(token, nonce, joiner_id) if token else NO_TOKEN
+    store.set(keys.response(joiner_id), f"{nonce}:{answer}")
 
 
 def read_verdict(store: Store, joiner_id: str) -> int | None:

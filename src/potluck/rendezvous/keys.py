@@ -8,7 +8,7 @@
 ``hb/<id>``                 id's last heartbeat (wall-clock seconds)
 ``join/count``, ``join/<i>`` the join queue: i-th join request is worker id
 ``adm/<id>/challenge``      nonce the admitter asks id to sign
-``adm/<id>/response``       HMAC-SHA256(token, challenge + id), hex
+``adm/<id>/response``       ``<challenge>:<HMAC-SHA256(token, challenge + id), hex>``
 ``adm/<id>/verdict``        ``admitted:<n>`` or ``refused:<reason>``
 """
 
