@@ -73,9 +73,9 @@ def check_answers(
     while len(answers) < len(joiners) and clock() < deadline:
         for joiner in joiners:
             if joiner not in answers and store.check([keys.response(joiner)]):
-                nonce, _, answer = store.get(keys.response(joiner)).decode().partition(":")
+                nonce, _, mac = store.get(keys.response(joiner)).decode().partition(":")
                 if nonce == challenges[joiner]:  # else a late answer to an older nonce
-                    answers[joiner] = answer
+                    answers[joiner] = mac
         if len(answers) < len(joiners):
             time.sleep(poll)
     accepted: list[str] = []
