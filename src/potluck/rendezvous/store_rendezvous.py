@@ -63,6 +63,11 @@ class StoreRendezvous:
 
     def join(self) -> Membership:
         """Enter the cohort: found generation 0, or wait to be admitted at a boundary."""
+        if self.membership is not None:
+            raise ConfigError(
+                f"worker {self.worker_id!r} is already in generation "
+                f"{self.membership.generation}; join() once per worker id"
+            )
         self._start_heartbeat()
         started = time.monotonic()
         slot = int(self._store.add(keys.JOIN_COUNT, 1)) - 1
@@ -161,7 +166,10 @@ class StoreRendezvous:
         self._boundary += 1
         bound = self.config.settle_timeout + self.config.heartbeat_timeout + \
             self.config.admission_timeout
+        moved_on = keys.generation(current.generation + 1)
         while not self._store.check([key]):
+            if self._store.check([moved_on]):  # e.g. it was frozen while the others healed
+                return self._adopt(Record.decode(self._store.get(moved_on)), started)
             if self._leader(current.members) == self.worker_id:
                 self._store.compare_set(key, "", self._decide_boundary(current))
             elif time.monotonic() - started > bound:
