@@ -9,6 +9,7 @@ from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, r
 from potluck.cohort import Cohort, init
 from potluck.data import DataCursor, ShardedLoader
 from potluck.errors import (
+    AdmissionError,
     CheckpointError,
     CommunicationError,
     ConfigError,
@@ -26,6 +27,7 @@ from potluck.step import GuardedOptimizer, accumulate
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdmissionError",
     "Bucket",
     "CheckpointError",
     "CheckpointManager",

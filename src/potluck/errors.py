@@ -44,6 +44,10 @@ class RendezvousError(CommunicationError):
     """The workers could not meet: the store was unreachable or a peer never joined."""
 
 
+class AdmissionError(RendezvousError):
+    """A worker was refused entry to the cohort: it lacks the job's token or holds another."""
+
+
 class CursorError(PotluckError):
     """The data iterator and the committed cursor disagree (a missed or extra commit)."""
 

@@ -1,0 +1,88 @@
+"""Heartbeats: a daemon thread that says "still here", and a reader that judges freshness.
+
+The writer puts ``hb/<id> = <wall-clock seconds>`` every ``interval`` seconds on its own
+store connection (a ``clone()`` of the caller's store: a c10d client must not be shared
+across threads). A worker that dies or is frozen (SIGSTOP) stops writing, so its last
+beat ages past ``timeout`` and it counts as gone. The reader compares a beat with its
+own wall clock: clocks of different hosts must agree to well within ``timeout``
+(NTP does), which is why the timeout is seconds, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from torch._C._distributed_c10d import Store
+
+from potluck.errors import ConfigError
+from potluck.rendezvous import keys
+
+log = logging.getLogger(__name__)
+
+
+def fresh(now: float, beats: Mapping[str, float], timeout: float) -> set[str]:
+    """Workers whose last beat is at most ``timeout`` seconds old at ``now``."""
+    return {worker for worker, last in beats.items() if now - last <= timeout}
+
+
+def read_beats(store: Store, workers: Iterable[str]) -> dict[str, float]:
+    """The last beat of each worker that ever beat (a worker that never did is absent)."""
+    beats: dict[str, float] = {}
+    for worker in workers:
+        key = keys.heartbeat(worker)
+        if store.check([key]):
+            beats[worker] = float(store.get(key).decode())
+    return beats
+
+
+class Heartbeat:
+    """Beats for ``worker_id`` every ``interval`` s on a thread of its own until ``stop()``."""
+
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        interval: float,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not interval > 0:
+            raise ConfigError(f"heartbeat interval={interval!r} must be > 0 seconds, e.g. 1.0")
+        self.worker_id = worker_id
+        self.interval = interval
+        self._clock = clock
+        # This thread's own connection (torch's stubs lack ``Store.clone``).
+        self._store: Store = getattr(store, "clone")()  # noqa: B009
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"potluck-heartbeat-{worker_id}", daemon=True
+        )
+
+    def start(self) -> Heartbeat:
+        self.beat()  # the first beat is synchronous: fresh from the moment start() returns
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        self._store.set(keys.heartbeat(self.worker_id), f"{self._clock():.6f}")
+
+    def stop(self) -> None:
+        """Stop beating (the last beat then ages); safe to call twice."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(1.0, 2 * self.interval))
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except (RuntimeError, OSError) as exc:  # store gone: the job is ending anyway
+                log.warning("heartbeat of %s stopped: %s", self.worker_id, exc)
+                return

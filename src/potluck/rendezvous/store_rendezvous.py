@@ -1,0 +1,332 @@
+"""``StoreRendezvous``: forming generation after generation through the job's store.
+
+Every operation is a short, bounded protocol on the store (keys in ``keys.py``):
+
+``join()``            a worker enters the join queue. The first worker holding the token
+                      claims ``founder``, admits the next ``expected - 1`` queued workers
+                      by challenge-response and publishes generation 0. Later joiners
+                      wait until the cohort admits them at a step boundary.
+``admit()``           every member calls it at the same step boundary. The leader
+                      (lowest-ranked member with a fresh heartbeat) admits the verified
+                      joiners and drops the members that announced leaving, or answers
+                      "same": then the generation does not change.
+``next_generation()`` every survivor calls it after a collective failed. Each registers
+                      for g+1; the leader (lowest-ranked member that is registered and
+                      alive) waits until every live member of g registered (or
+                      ``settle_timeout``) and publishes g+1. If the leader dies, its
+                      heartbeat goes stale and the next registered member decides.
+``announce_leave()``  a graceful exit: the next generation forms without waiting for
+                      this worker's heartbeat to go stale.
+
+Decisions are published with ``compare_set``, so the first publication of a generation
+wins and every worker returns the same membership, even if two believed they led.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from potluck.errors import ConfigError, RendezvousError
+from potluck.rendezvous import admission, keys
+from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
+from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
+from potluck.rendezvous.state import Action, decide, pick_leader
+
+log = logging.getLogger(__name__)
+
+FOUNDER = "founder"
+SAME = "same"
+NEXT = "next:"
+
+
+class StoreRendezvous:
+    """The membership of ``worker_id`` in the cohort that meets in ``store``."""
+
+    def __init__(self, store: Store, worker_id: str, config: RendezvousConfig) -> None:
+        if not worker_id or "/" in worker_id:
+            raise ConfigError(
+                f"worker_id={worker_id!r} must be a non-empty string without '/', "
+                "e.g. 'host:pid:nonce'"
+            )
+        self.worker_id = worker_id
+        self.config = config
+        self._store: Store = PrefixStore(config.prefix, store)
+        self._heartbeat: Heartbeat | None = None
+        self._boundary = 0  # step boundaries passed in the current generation
+        self.membership: Membership | None = None
+
+    # ------------------------------------------------------------------ joining
+
+    def join(self) -> Membership:
+        """Enter the cohort: found generation 0, or wait to be admitted at a boundary."""
+        if self.membership is not None:
+            raise ConfigError(
+                f"worker {self.worker_id!r} is already in generation "
+                f"{self.membership.generation}; join() once per worker id"
+            )
+        self._start_heartbeat()
+        started = time.monotonic()
+        slot = int(self._store.add(keys.JOIN_COUNT, 1)) - 1
+        self._store.set(keys.join_slot(slot), self.worker_id)
+        try:
+            if self._claim_founder():
+                record = self._found_generation_zero(started)
+            else:
+                record = self._await_admission(started)
+        except RendezvousError:
+            self.close()
+            raise
+        return self._adopt(record, started)
+
+    def _claim_founder(self) -> bool:
+        if self.config.token is None:  # a worker without the token can admit nobody
+            return False
+        won = self._store.compare_set(FOUNDER, "", self.worker_id)
+        return won.decode() == self.worker_id and not self._store.check([keys.CURRENT])
+
+    def _found_generation_zero(self, started: float) -> Record:
+        cfg = self.config
+        token = _require_token(cfg.token)
+        members = [self.worker_id]
+        deadline = started + cfg.join_timeout
+        while len(members) < cfg.expected and time.monotonic() < deadline:
+            # accepted joiners get their verdict only at publication: skip them here
+            waiting = [j for j in self.pending_joiners() if j not in members]
+            waiting = waiting[: cfg.expected - len(members)]
+            if waiting:
+                accepted, _ = admission.check_answers(
+                    self._store, waiting, token, timeout=cfg.admission_timeout,
+                    poll=cfg.poll_interval)
+                members.extend(accepted)
+            else:
+                time.sleep(cfg.poll_interval)
+        error = ""
+        if len(members) < cfg.min_size:
+            error = (
+                f"generation 0 got {len(members)} of {cfg.expected} expected workers within "
+                f"join_timeout={cfg.join_timeout:g} s, fewer than min_size={cfg.min_size}; "
+                "start the missing workers with the job's token, or lower min_size"
+            )
+        elif len(members) < cfg.expected:
+            log.warning("generation 0 formed with %d of %d workers after %g s",
+                        len(members), cfg.expected, cfg.join_timeout)
+        record = Record(0, tuple(members), self.worker_id, "formed",
+                        joined=tuple(members), error=error)
+        return self._publish(record)
+
+    def _await_admission(self, started: float) -> Record:
+        cfg = self.config
+        answered = ""
+        while True:
+            admitted = admission.read_verdict(self._store, self.worker_id)
+            if admitted is not None:
+                return Record.decode(self._store.get(keys.generation(admitted)))
+            if self._store.check([keys.challenge(self.worker_id)]):
+                nonce = self._store.get(keys.challenge(self.worker_id)).decode()
+                if nonce != answered:
+                    admission.answer_challenge(self._store, self.worker_id, cfg.token)
+                    answered = nonce
+            if time.monotonic() - started > cfg.join_timeout:
+                raise RendezvousError(
+                    f"worker {self.worker_id!r} waited join_timeout={cfg.join_timeout:g} s "
+                    "to be admitted and nobody admitted it; the cohort admits joiners when "
+                    "its members call admit() at a step boundary: check that the job is "
+                    "running and calls it, or raise join_timeout"
+                )
+            time.sleep(cfg.poll_interval)
+
+    def pending_joiners(self) -> list[str]:
+        """Workers in the join queue that were neither admitted nor refused, in order."""
+        count = int(self._store.add(keys.JOIN_COUNT, 0))
+        current = set(self.membership.members) if self.membership else {self.worker_id}
+        pending: list[str] = []
+        for slot in range(count):
+            if not self._store.check([keys.join_slot(slot)]):
+                continue  # added but not yet written: seen at the next call
+            joiner = self._store.get(keys.join_slot(slot)).decode()
+            if joiner in current or self._store.check([keys.verdict(joiner)]):
+                continue
+            pending.append(joiner)
+        return pending
+
+    # ---------------------------------------------------------------- boundaries
+
+    def admit(self) -> Membership:
+        """At a step boundary (every member calls it): admit joiners, drop leavers.
+
+        Returns the current membership unchanged when nobody joined or left.
+        """
+        current = self._require_membership("admit")
+        started = time.monotonic()
+        key = keys.boundary(current.generation, self._boundary)
+        self._boundary += 1
+        bound = self.config.settle_timeout + self.config.heartbeat_timeout + \
+            self.config.admission_timeout
+        moved_on = keys.generation(current.generation + 1)
+        while not self._store.check([key]):
+            if self._store.check([moved_on]):  # e.g. it was frozen while the others healed
+                return self._adopt(Record.decode(self._store.get(moved_on)), started)
+            if self._leader(current.members) == self.worker_id:
+                self._store.compare_set(key, "", self._decide_boundary(current))
+            elif time.monotonic() - started > bound:
+                raise self._timeout(f"the leader's answer to boundary {key}", bound)
+            else:
+                time.sleep(self.config.poll_interval)
+        answer = self._store.get(key).decode()
+        if answer == SAME:
+            return current
+        generation = int(answer[len(NEXT):])
+        return self._adopt(Record.decode(self._store.get(keys.generation(generation))),
+                           started)
+
+    def _decide_boundary(self, current: Membership) -> str:
+        leavers = tuple(m for m in current.members if self._store.check([keys.leave(m)]))
+        pending = self.pending_joiners()
+        accepted: list[str] = []
+        if pending:
+            accepted, _ = admission.check_answers(
+                self._store, pending, _require_token(self.config.token),
+                timeout=self.config.admission_timeout, poll=self.config.poll_interval)
+        if not accepted and not leavers:
+            return SAME
+        kept = tuple(m for m in current.members if m not in leavers)
+        reason = "admit" if accepted else "leave"
+        record = Record(current.generation + 1, kept + tuple(accepted), self.worker_id,
+                        reason, joined=tuple(accepted), left=leavers)
+        winner = self._publish(record)
+        return f"{NEXT}{winner.generation}"
+
+    # ------------------------------------------------------------------ failures
+
+    def next_generation(
+        self, reason: str, suspected: Collection[str] = frozenset()
+    ) -> Membership:
+        """Form the next generation with every member that is still alive.
+
+        Every survivor calls this (after a failed collective). ``suspected``: members
+        this worker believes lost; the leader does not wait for them unless they
+        register. Raises ``RendezvousError`` if this worker was left out.
+        """
+        current = self._require_membership("next_generation")
+        started = time.monotonic()
+        n = current.generation + 1
+        self._store.set(keys.registration(n, self.worker_id), reason)
+        cfg = self.config
+        # A follower's patience restarts whenever the leader changes: each leader
+        # publishes within settle_timeout, and a dead one is replaced once its beat ages.
+        bound = cfg.settle_timeout + cfg.heartbeat_timeout + 1.0
+        leader, since = self.worker_id, started
+        while not self._store.check([keys.generation(n)]):
+            registered = {m for m in current.members
+                          if self._store.check([keys.registration(n, m)])}
+            alive = self._alive(current.members) | {self.worker_id}
+            alive -= set(suspected) - registered
+            # The lowest-ranked member that is alive AND already here leads: a member
+            # still stuck in a collective cannot hold the others up past settle_timeout.
+            now_leader = pick_leader(current.members, registered & alive) or self.worker_id
+            if now_leader != leader:
+                leader, since = now_leader, time.monotonic()
+            if leader == self.worker_id:
+                self._lead(current, reason, registered & alive, alive, started)
+            elif time.monotonic() - since > bound:
+                raise self._timeout(f"generation {n} to be published by {leader}", bound)
+            else:
+                time.sleep(cfg.poll_interval)
+        return self._adopt(Record.decode(self._store.get(keys.generation(n))), started)
+
+    def _lead(self, current: Membership, reason: str, registered: set[str],
+              alive: set[str], started: float) -> None:
+        cfg = self.config
+        decision = decide(time.monotonic(), members=current.members, registered=registered,
+                          alive=alive, deadline=started + cfg.settle_timeout,
+                          min_size=cfg.min_size)
+        if decision.action is Action.WAIT:
+            time.sleep(cfg.poll_interval)
+            return
+        left = tuple(m for m in current.members if m not in decision.members)
+        error = "" if decision.action is Action.FORM else (
+            f"generation {current.generation + 1} could not form: {decision.why}; "
+            "restart the lost workers (potluck run --max-restarts K) or lower min_size")
+        self._publish(Record(current.generation + 1, decision.members, self.worker_id,
+                             reason, left=left, error=error))
+
+    def announce_leave(self) -> None:
+        """Leave gracefully: the next generation forms without this worker at once."""
+        self._store.set(keys.leave(self.worker_id), f"{time.time():.6f}")
+        self.close()
+        self.membership = None
+
+    def close(self) -> None:
+        """Stop this worker's heartbeat (its store keys stay); safe to call twice."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
+    # ------------------------------------------------------------------- helpers
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(self._store, self.worker_id,
+                                        self.config.heartbeat_interval).start()
+
+    def _alive(self, members: Collection[str]) -> set[str]:
+        """Members with a fresh heartbeat that did not announce leaving."""
+        beats = read_beats(self._store, members)
+        live = fresh(time.time(), beats, self.config.heartbeat_timeout)
+        return {m for m in live if not self._store.check([keys.leave(m)])}
+
+    def _leader(self, members: tuple[str, ...]) -> str | None:
+        return pick_leader(members, self._alive(members) | {self.worker_id})
+
+    def _publish(self, record: Record) -> Record:
+        raw = self._store.compare_set(keys.generation(record.generation), "", record.encode())
+        winner = Record.decode(raw)
+        if winner == record and not record.error:
+            self._store.set(keys.CURRENT, str(record.generation))
+            for joiner in record.joined:  # the founder too: it then never looks pending
+                self._store.set(keys.verdict(joiner), f"{admission.ADMITTED}{record.generation}")
+            log.info("published generation %d: %s", record.generation, record.encode())
+        return winner
+
+    def _adopt(self, record: Record, started: float) -> Membership:
+        if record.error:
+            raise RendezvousError(record.error)
+        if self.worker_id not in record.members:
+            raise RendezvousError(
+                f"worker {self.worker_id!r} was left out of generation {record.generation} "
+                f"(members {list(record.members)}, decided by {record.leader}): its "
+                "heartbeat was stale or it registered after the leader's settle deadline; "
+                "join() again as a new worker (with a new id) to be admitted"
+            )
+        membership = record.membership(self.worker_id, time.monotonic() - started)
+        self.membership, self._boundary = membership, 0
+        log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
+        return membership
+
+    def _require_membership(self, operation: str) -> Membership:
+        if self.membership is None:
+            raise ConfigError(
+                f"{operation}() needs a membership, but worker {self.worker_id!r} has none: "
+                "call join() first (after announce_leave(), start a new worker)"
+            )
+        return self.membership
+
+    def _timeout(self, what: str, waited: float) -> RendezvousError:
+        return RendezvousError(
+            f"worker {self.worker_id!r} waited {waited:g} s for {what} and it did not come; "
+            "the store may be unreachable or every worker able to lead is gone: check the "
+            "launcher's store and the other workers' logs, or raise settle_timeout"
+        )
+
+
+def _require_token(token: str | None) -> str:
+    if not token:
+        raise ConfigError(
+            "this worker must admit others but has no token; pass the job's shared token "
+            "(RendezvousConfig(token=...)) to every worker"
+        )
+    return token

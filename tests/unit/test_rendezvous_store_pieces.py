@@ -1,0 +1,102 @@
+"""Admission exchange and heartbeats on an in-memory store (HashStore: no sockets)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from torch.distributed import HashStore
+
+from potluck.errors import AdmissionError
+from potluck.rendezvous import keys
+from potluck.rendezvous.admission import (
+    answer_challenge,
+    check_answers,
+    read_verdict,
+    sign,
+)
+from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _answer_when_challenged(store: HashStore, joiner: str, token: str | None) -> None:
+    deadline = time.monotonic() + 5
+    while not store.check([keys.challenge(joiner)]) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    answer_challenge(store, joiner, token)
+
+
+def _exchange(store: HashStore, answers: dict[str, str | None]) -> tuple[list[str], dict[str, str]]:
+    threads = [threading.Thread(target=_answer_when_challenged, args=(store, j, t))
+               for j, t in answers.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        return check_answers(store, list(answers), "good", timeout=3.0, poll=0.005)
+    finally:
+        for thread in threads:
+            thread.join()
+
+
+def test_right_token_is_accepted_and_others_refused_with_a_reason() -> None:
+    store = HashStore()
+    accepted, refused = _exchange(store, {"ok": "good", "bad": "evil", "none": None})
+    assert accepted == ["ok"]
+    assert "wrong token" in refused["bad"] and "no token" in refused["none"]
+    assert read_verdict(store, "ok") is None  # the caller writes it once published
+    with pytest.raises(AdmissionError, match=r"'bad' was refused.*wrong token"):
+        read_verdict(store, "bad")
+    for key in ("ok", "bad", "none"):  # the token itself never reaches the store
+        assert b"good" not in store.get(keys.response(key))
+
+
+def _forge(store: HashStore, joiner: str, make: Callable[[str], str]) -> threading.Thread:
+    def run() -> None:
+        deadline = time.monotonic() + 5
+        while not store.check([keys.challenge(joiner)]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        store.set(keys.response(joiner), make(store.get(keys.challenge(joiner)).decode()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_an_answer_cannot_be_replayed_for_another_id_or_nonce() -> None:
+    store = HashStore()
+    other_id = _forge(store, "thief", lambda n: f"{n}:{sign('good', n, 'victim')}")
+    old_nonce = _forge(store, "late", lambda n: f"older:{sign('good', 'older', 'late')}")
+    accepted, refused = check_answers(store, ["thief", "late"], "good", timeout=0.3,
+                                      poll=0.005)
+    other_id.join()
+    old_nonce.join()
+    assert accepted == []
+    assert "wrong token" in refused["thief"]  # a valid MAC, but bound to another id
+    assert "no answer" in refused["late"]  # an answer to a replaced nonce is ignored
+
+
+def test_silent_joiner_is_refused_after_the_timeout() -> None:
+    started = time.monotonic()
+    accepted, refused = check_answers(HashStore(), ["mute"], "good", timeout=0.2, poll=0.01)
+    assert accepted == [] and "no answer" in refused["mute"]
+    assert time.monotonic() - started < 2.0
+
+
+def test_heartbeat_beats_until_stopped_then_ages() -> None:
+    store = HashStore()
+    beat = Heartbeat(store, "w", interval=0.05).start()
+    try:
+        first = read_beats(store, ["w", "never"])
+        assert set(first) == {"w"}
+        time.sleep(0.2)
+        assert read_beats(store, ["w"])["w"] > first["w"]
+    finally:
+        beat.stop()
+    assert not beat.running
+    last = read_beats(store, ["w"])["w"]
+    time.sleep(0.15)
+    assert read_beats(store, ["w"])["w"] == last
+    assert fresh(last + 0.1, {"w": last}, timeout=0.05) == set()
