@@ -83,4 +83,5 @@ while step < args.steps:
 checkpoints.wait()
 if cohort.rank == 0 and args.out:
     torch.save({k: v.clone() for k, v in net.state_dict().items()}, args.out)
+cohort.barrier()  # nobody tears the group down while a peer still uses it
 cohort.close()
