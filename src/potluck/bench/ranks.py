@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -44,12 +44,14 @@ def run_ranks(
     threads: int = 1,
     collective_timeout: float = 60.0,
     init_group: bool = True,
+    may_die: Collection[int] = (),
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results.
 
     With ``init_group`` the default process group is initialized (Gloo, loopback) before
     ``fn`` runs and destroyed after. ``fn`` and its results must be picklable; tensors
-    in results travel through ``torch.save``.
+    in results travel through ``torch.save``. Ranks in ``may_die`` (fault-injection
+    tests) may die without reporting: their result is None.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])
@@ -68,7 +70,7 @@ def run_ranks(
     for _, writer in pipes:
         writer.close()  # the children hold the write ends now
     try:
-        return _collect(procs, [reader for reader, _ in pipes], timeout)
+        return _collect(procs, [reader for reader, _ in pipes], timeout, set(may_die))
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -79,7 +81,8 @@ def run_ranks(
             reader.close()
 
 
-def _collect(procs: list[Any], readers: list[Any], timeout: float) -> list[Any]:
+def _collect(procs: list[Any], readers: list[Any], timeout: float,
+             may_die: set[int]) -> list[Any]:
     results: dict[int, Any] = {}
     waiting = dict(enumerate(readers))
     deadline = time.monotonic() + timeout
@@ -94,6 +97,10 @@ def _collect(procs: list[Any], readers: list[Any], timeout: float) -> list[Any]:
             try:
                 ok, payload = reader.recv()
             except EOFError:  # the rank closed its pipe without a word: it died
+                if rank in may_die:
+                    results[rank] = None
+                    del waiting[rank]
+                    continue
                 procs[rank].join(timeout=5)
                 raise RankFailed(f"rank {rank} died with exit code {procs[rank].exitcode} "
                                  "before reporting") from None

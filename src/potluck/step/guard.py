@@ -69,7 +69,7 @@ class GuardedOptimizer:
         self.scaler = scaler
         self._group = group if group is not None else default_group()
         self._agree = agree
-        self._model = model  # a DataParallel whose failed steps must not be applied
+        self.model = model  # a DataParallel whose failed steps must not be applied
         self.steps = 0
         self.skipped = 0
         self.failed = 0
@@ -85,7 +85,7 @@ class GuardedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> StepResult:
-        if self._model is not None and getattr(self._model, "step_failed", False):
+        if self.model is not None and getattr(self.model, "step_failed", False):
             self.failed += 1
             log.warning("step not applied: its collectives failed (%d so far)", self.failed)
             return StepResult(committed=False, grad_norm=float("nan"), failed=True)

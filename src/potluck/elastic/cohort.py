@@ -1,0 +1,82 @@
+"""``ElasticCohort``: the rendezvous' membership plus one process group per generation.
+
+Generation 0 is formed by ``StoreRendezvous.join()``. After a failed step every
+survivor calls ``recover()``: the rendezvous agrees on generation g+1 without the lost
+workers, and a fresh Gloo group is built under that generation's own store prefix (the
+broken one is dropped, not reused: a failed collective may have left it half-way).
+Ranks and world size are the membership's, not the environment's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from potluck.errors import RendezvousError
+from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
+
+log = logging.getLogger(__name__)
+
+
+class ElasticCohort:
+    """This worker's place in the cohort, generation by generation."""
+
+    def __init__(self, store: Store, worker_id: str, config: RendezvousConfig, *,
+                 timeout: float = 60.0, host: str = "127.0.0.1",
+                 prefix: str = "potluck/elastic") -> None:
+        self._store, self._timeout, self._host, self._prefix = store, timeout, host, prefix
+        self.rendezvous = StoreRendezvous(store, worker_id, config)
+        self.events: list[dict[str, Any]] = []
+        self.membership = self.rendezvous.join()
+        self.group = self._build_group(self.membership)
+
+    @property
+    def rank(self) -> int:
+        return self.membership.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.membership.world_size
+
+    @property
+    def generation(self) -> int:
+        return self.membership.generation
+
+    def recover(self, reason: str) -> Membership:
+        """Form the next generation after a failed collective; every survivor calls it."""
+        started = time.monotonic()
+        self.membership = self.rendezvous.next_generation(reason)
+        self.group = self._build_group(self.membership)
+        event: dict[str, Any] = {"generation": self.generation, "cause": reason,
+                                 "left": list(self.membership.left),
+                                 "joined": list(self.membership.joined),
+                                 "recovery_s": time.monotonic() - started}
+        self.events.append(event)
+        log.warning("[rank %d] generation %d: %s (left %s, joined %s) in %.2f s",
+                    self.rank, self.generation, reason, list(self.membership.left),
+                    list(self.membership.joined), event["recovery_s"])
+        return self.membership
+
+    def close(self) -> None:
+        self.rendezvous.close()
+
+    def _build_group(self, membership: Membership) -> Any:
+        prefixed = PrefixStore(f"{self._prefix}/g{membership.generation}", self._store)
+        gloo: Any = dist.ProcessGroupGloo
+        options = gloo._Options()
+        options._timeout = timedelta(seconds=self._timeout)
+        options._devices = [gloo.create_device(hostname=self._host)]
+        try:
+            return gloo(prefixed, membership.rank, membership.world_size, options)
+        except RuntimeError as exc:
+            raise RendezvousError(
+                f"generation {membership.generation}: rank {membership.rank} of "
+                f"{membership.world_size} could not build its group within "
+                f"{self._timeout:g} s ({exc}); a member died during recovery: it will "
+                "be left out of the next generation"
+            ) from exc

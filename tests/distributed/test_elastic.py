@@ -1,0 +1,118 @@
+"""Lose a worker mid-run, lose nothing: 3 workers, one SIGKILLed, 2 finish the run.
+
+The store lives in the test process (as it lives in the launcher's agent), so no
+worker's death takes it along. Every step trains on the same global batch whatever the
+membership (equal shares, mean of per-sample losses), so the elastic run must equal one
+process training on the global batches, up to floating-point summation order (float64:
+1e-9 relative). The redone step is trained once: the ledger of committed samples holds
+every index of every epoch exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from potluck.bench.ranks import free_port, run_ranks
+from tests.distributed import models as M
+
+N, GLOBAL_BATCH, EPOCHS, KILL_AT = 48, M.GLOBAL_BATCH, 2, 3
+
+
+class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    def __init__(self) -> None:
+        self.x, self.y = M.batch(0, size=N)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i]
+
+
+def _elastic(rank: int, world_size: int, port: int, victim: int,
+             ledger_dir: str) -> dict[str, Any]:
+    from torch.distributed import TCPStore
+
+    from potluck import DataCursor, DataParallel
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.rendezvous import RendezvousConfig
+    from potluck.step import GuardedOptimizer
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    config = RendezvousConfig(token="secret", expected=world_size, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=30.0)
+    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=20.0)
+    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon")
+    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
+    opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                            momentum=0.9),
+                                            group=cohort.group),
+                           model, cohort, cursor)
+    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size))
+    step = 0
+    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:  # outlives a SIGKILL
+        for _ in range(EPOCHS):
+            for index, x, y in loader:
+                if step == KILL_AT and rank == victim:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                epoch = cursor.epoch
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if opt.step().committed:
+                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    ledger.flush()
+                    step += 1
+    cohort.close()
+    return {"params": M.params(model.module), "redone": opt.redone,
+            "world_size": cohort.world_size, "generation": cohort.generation,
+            "events": cohort.events}
+
+
+def _single_process() -> dict[str, torch.Tensor]:
+    from potluck import DataCursor
+
+    model = M.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cursor, data = DataCursor(N, GLOBAL_BATCH, seed=5), Indexed()
+    for _ in range(EPOCHS * (N // GLOBAL_BATCH)):
+        idx = cursor.global_indices()
+        opt.zero_grad()
+        ((model(data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+        opt.step()
+        cursor.commit()
+    return M.params(model)
+
+
+@pytest.mark.timeout(120)
+def test_killed_worker_survivors_redo_the_step_and_finish(tmp_path: Path) -> None:
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_elastic, 3, port, 2, str(tmp_path), init_group=False, may_die={2},
+                        timeout=100)
+    assert results[2] is None  # the victim died
+    survivors = results[:2]
+    expected = _single_process()
+    for result in survivors:
+        assert result["world_size"] == 2 and result["generation"] == 1
+        assert result["redone"] == 1
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+        assert result["events"][0]["recovery_s"] < 10
+    ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
+              for line in f.read_text().splitlines()]
+    for epoch in range(EPOCHS):
+        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
+        assert trained == list(range(N)), f"epoch {epoch}: every sample exactly once"
+    del store
