@@ -75,6 +75,22 @@ def allgather_object(obj: Any, group: Group, device: torch.device | None = None)
             for g, n in zip(gathered, lengths, strict=True)]
 
 
+def broadcast_object(obj: Any, group: Group, src: int = 0,
+                     device: torch.device | None = None) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None)."""
+    device = device or torch.device("cpu")
+    payload = pickle.dumps(obj) if group.rank() == src else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src
+    group.broadcast([length], opts).wait()
+    data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
+    if group.rank() == src:
+        data[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    group.broadcast([data], opts).wait()
+    return pickle.loads(data.cpu().numpy().tobytes())
+
+
 def group_rank_and_size(group: Group | None) -> tuple[int, int]:
     """(rank, world size) in ``group``; the default group if None; (0, 1) without one."""
     group = group if group is not None else default_group()

@@ -77,13 +77,13 @@ def _elastic(rank: int, world_size: int, port: int, victim: int,
             "events": cohort.events}
 
 
-def _single_process() -> dict[str, torch.Tensor]:
+def _single_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
     from potluck import DataCursor
 
     model = M.mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     cursor, data = DataCursor(N, GLOBAL_BATCH, seed=5), Indexed()
-    for _ in range(EPOCHS * (N // GLOBAL_BATCH)):
+    for _ in range(epochs * (N // GLOBAL_BATCH)):
         idx = cursor.global_indices()
         opt.zero_grad()
         ((model(data.x[idx]) - data.y[idx]) ** 2).mean().backward()
@@ -113,6 +113,79 @@ def test_killed_worker_survivors_redo_the_step_and_finish(tmp_path: Path) -> Non
     ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
               for line in f.read_text().splitlines()]
     for epoch in range(EPOCHS):
+        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
+        assert trained == list(range(N)), f"epoch {epoch}: every sample exactly once"
+    del store
+
+
+def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
+    import time
+
+    from torch.distributed import TCPStore
+
+    from potluck import DataCursor, DataParallel
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.rendezvous import RendezvousConfig
+    from potluck.step import GuardedOptimizer
+
+    if rank == 2:
+        time.sleep(1.5)  # a late worker: the cohort is already training
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    config = RendezvousConfig(token="secret", expected=2, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
+    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=20.0)
+    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
+    opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                            momentum=0.9),
+                                            group=cohort.group),
+                           model, cohort, cursor)
+    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
+                           stop=lambda: opt.left)
+    sizes = []
+    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+        while cursor.epoch < JOIN_EPOCHS and not opt.left:
+            for index, x, y in loader:
+                time.sleep(0.15)  # stand-in for real compute, so the joiner arrives mid-run
+                if rank == 1 and cohort.world_size == 3 and opt.steps >= 14:
+                    opt.request_leave()  # the owner wants the GPU back (SIGTERM)
+                epoch = cursor.epoch
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if opt.step().committed:
+                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    ledger.flush()
+                    sizes.append(cohort.world_size)
+    cohort.close()
+    return {"params": M.params(model.module), "left": opt.left, "sizes": sizes,
+            "events": cohort.events, "joined_late": cohort.joined_late}
+
+
+JOIN_EPOCHS = 6
+
+
+@pytest.mark.timeout(150)
+def test_worker_joins_with_live_state_and_another_leaves_gracefully(tmp_path: Path) -> None:
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    founder, leaver, joiner = run_ranks(_join_leave, 3, port, str(tmp_path),
+                                        init_group=False, timeout=130)
+    assert joiner["joined_late"] and not founder["joined_late"]
+    assert leaver["left"] and not founder["left"] and not joiner["left"]
+    assert 3 in founder["sizes"] and founder["sizes"][-1] == 2  # grew to 3, shrank to 2
+    left = [e for e in founder["events"] if e["left"]]
+    assert left and left[0]["recovery_s"] < 1.5, "a graceful leave needs no timeout"
+    expected = _single_process(epochs=JOIN_EPOCHS)
+    for result in (founder, joiner):
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
+              for line in f.read_text().splitlines()]
+    for epoch in range(JOIN_EPOCHS):
         trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
         assert trained == list(range(N)), f"epoch {epoch}: every sample exactly once"
     del store

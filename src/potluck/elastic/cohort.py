@@ -33,6 +33,9 @@ class ElasticCohort:
         self.rendezvous = StoreRendezvous(store, worker_id, config)
         self.events: list[dict[str, Any]] = []
         self.membership = self.rendezvous.join()
+        # Admitted into a running cohort (not a founder): it must receive the live state.
+        self.joined_late = self.membership.generation > 0 and \
+            worker_id in self.membership.joined
         self.group = self._build_group(self.membership)
 
     @property
@@ -47,20 +50,39 @@ class ElasticCohort:
     def generation(self) -> int:
         return self.membership.generation
 
+
+    def boundary(self) -> Membership:
+        """At a step boundary (every member calls it): admit joiners, drop leavers."""
+        started, before = time.monotonic(), self.membership.generation
+        self.membership = self.rendezvous.admit()
+        if self.membership.generation != before:
+            self.group = self._build_group(self.membership)
+            self._record("boundary", started)
+        return self.membership
+
+    def leave(self) -> None:
+        """Announce a graceful departure; the others form the next generation at once."""
+        self.rendezvous.announce_leave()
+
     def recover(self, reason: str) -> Membership:
         """Form the next generation after a failed collective; every survivor calls it."""
         started = time.monotonic()
         self.membership = self.rendezvous.next_generation(reason)
         self.group = self._build_group(self.membership)
-        event: dict[str, Any] = {"generation": self.generation, "cause": reason,
+        self._record(reason, started)
+        return self.membership
+
+    def _record(self, cause: str, started: float) -> None:
+        """Log one membership change as an event (generation, cause, who, how long)."""
+        event: dict[str, Any] = {"generation": self.generation, "cause": cause,
                                  "left": list(self.membership.left),
                                  "joined": list(self.membership.joined),
+                                 "world_size": self.world_size,
                                  "recovery_s": time.monotonic() - started}
         self.events.append(event)
         log.warning("[rank %d] generation %d: %s (left %s, joined %s) in %.2f s",
-                    self.rank, self.generation, reason, list(self.membership.left),
-                    list(self.membership.joined), event["recovery_s"])
-        return self.membership
+                    self.rank, self.generation, cause, event["left"], event["joined"],
+                    event["recovery_s"])
 
     def close(self) -> None:
         self.rendezvous.close()

@@ -25,15 +25,16 @@ class ElasticLoader:
 
     def __init__(self, dataset: Any, cursor: DataCursor, membership: Membership, *,
                  collate: Callable[[list[Any]], Any] = default_collate,
-                 max_repeats: int = 100) -> None:
+                 max_repeats: int = 100, stop: Callable[[], bool] | None = None) -> None:
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
+        self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.cursor.epoch
         last, repeats = None, 0
-        while self.cursor.epoch == epoch and not self._epoch_done():
+        while self.cursor.epoch == epoch and not self._epoch_done() and not self.stop():
             state = self.cursor.state
             repeats = repeats + 1 if state == last else 0
             if repeats > self.max_repeats:

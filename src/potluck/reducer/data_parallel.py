@@ -51,6 +51,7 @@ class DataParallel(nn.Module):
         comm_hook: CommHook | None = None,
         comm_state: Any = None,
         check_model: bool = True,
+        init_sync: bool = True,
         on_failure: str = "raise",
         **torch_ddp_compat: Any,
     ) -> None:
@@ -80,7 +81,7 @@ class DataParallel(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = list(module.buffers()) if broadcast_buffers else []
         self._device = _module_device(module)
-        if self.world_size > 1:
+        if self.world_size > 1 and init_sync:  # a late joiner gets the state another way
             if check_model:
                 verify_same_model(module, self._group, self._device)
             state = [p.detach() for _, p in module.named_parameters()]
@@ -165,7 +166,7 @@ class DataParallel(nn.Module):
 _COMPAT_ARGS = {
     "output_device", "dim", "find_unused_parameters", "check_reduction",
     "gradient_as_bucket_view", "static_graph", "delay_all_reduce_named_params",
-    "param_to_hook_all_reduce", "mixed_precision", "device_mesh", "init_sync",
+    "param_to_hook_all_reduce", "mixed_precision", "device_mesh",
 }
 
 
@@ -175,7 +176,8 @@ def _check_compat_kwargs(kwargs: dict[str, Any]) -> None:
         raise ConfigError(
             f"DataParallel got unexpected argument(s) {unknown}; it takes group=, "
             "bucket_cap_mb=, first_bucket_cap_mb=, broadcast_buffers=, comm_hook=, "
-            f"comm_state=, check_model= and torch DDP's {sorted(_COMPAT_ARGS)}"
+            "comm_state=, check_model=, init_sync=, on_failure= and torch DDP's "
+            f"{sorted(_COMPAT_ARGS)}"
         )
     if kwargs.get("mixed_precision") is not None or kwargs.get("device_mesh") is not None:
         raise ConfigError(

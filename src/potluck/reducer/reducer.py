@@ -164,6 +164,20 @@ class Reducer:
         self._buckets = buckets
         self._members = assignment
 
+    def bucket_order(self) -> list[int] | None:
+        """The parameter order of the buckets once rebuilt (None before): hand it to a
+        late joiner's ``adopt_bucket_order`` so that its buckets match the cohort's."""
+        return [i for m in self._members for i in m] if self._rebuilt else None
+
+    def adopt_bucket_order(self, order: list[int] | None) -> None:
+        """Take the cohort's bucket layout without a collective (a joiner, from a peer)."""
+        if order is None:
+            return
+        self._rebuilt = True
+        if order != [i for m in self._members for i in m]:
+            self._build(order)
+        self._reset_window()
+
     def _rebuild_from_ready_order(self) -> None:
         """Rebuild buckets once in rank 0's observed ready order (every rank agrees)."""
         self._rebuilt = True
