@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from potluck.bench.ranks import free_port, run_ranks
 from tests.distributed import models as M
 
 N, GLOBAL_BATCH, EPOCHS, KILL_AT = 48, M.GLOBAL_BATCH, 2, 3
+COLLECTIVE_TIMEOUT = 4.0  # a frozen peer is given up on after this long
 
 
 class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
@@ -39,7 +41,7 @@ class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
 
 
 def _elastic(rank: int, world_size: int, port: int, victim: int,
-             ledger_dir: str) -> dict[str, Any]:
+             ledger_dir: str, fault: str = "kill") -> dict[str, Any]:
     from torch.distributed import TCPStore
 
     from potluck import DataCursor, DataParallel
@@ -50,7 +52,7 @@ def _elastic(rank: int, world_size: int, port: int, victim: int,
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
     config = RendezvousConfig(token="secret", expected=world_size, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=30.0)
-    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=20.0)
+    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=COLLECTIVE_TIMEOUT)
     model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon")
     cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
     opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
@@ -58,21 +60,24 @@ def _elastic(rank: int, world_size: int, port: int, victim: int,
                                             group=cohort.group),
                            model, cohort, cursor)
     loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size))
-    step = 0
+    step, detected_s = 0, None
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:  # outlives a SIGKILL
         for _ in range(EPOCHS):
             for index, x, y in loader:
                 if step == KILL_AT and rank == victim:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                epoch = cursor.epoch
+                    sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+                    os.kill(os.getpid(), sig)
+                epoch, started = cursor.epoch, time.monotonic()
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
+                if model.step_failed and detected_s is None:
+                    detected_s = time.monotonic() - started
                 if opt.step().committed:
                     ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
                     ledger.flush()
                     step += 1
     cohort.close()
-    return {"params": M.params(model.module), "redone": opt.redone,
+    return {"params": M.params(model.module), "redone": opt.redone, "detected_s": detected_s,
             "world_size": cohort.world_size, "generation": cohort.generation,
             "events": cohort.events}
 
@@ -93,14 +98,15 @@ def _single_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(120)
-def test_killed_worker_survivors_redo_the_step_and_finish(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_lost_worker_survivors_redo_the_step_and_finish(tmp_path: Path, fault: str) -> None:
     from torch.distributed import TCPStore
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=30))
-    results = run_ranks(_elastic, 3, port, 2, str(tmp_path), init_group=False, may_die={2},
-                        timeout=100)
+    results = run_ranks(_elastic, 3, port, 2, str(tmp_path), fault, init_group=False,
+                        may_die={2}, timeout=100)
     assert results[2] is None  # the victim died
     survivors = results[:2]
     expected = _single_process()
@@ -109,7 +115,10 @@ def test_killed_worker_survivors_redo_the_step_and_finish(tmp_path: Path) -> Non
         assert result["redone"] == 1
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-        assert result["events"][0]["recovery_s"] < 10
+        # Recovery: the rendezvous waits for the lost worker's heartbeat to go stale
+        # (1.5 s); a frozen peer is first noticed at the collective timeout.
+        assert result["events"][0]["recovery_s"] < 5
+        assert result["detected_s"] < (COLLECTIVE_TIMEOUT + 3 if fault == "stop" else 3)
     ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
               for line in f.read_text().splitlines()]
     for epoch in range(EPOCHS):
@@ -143,13 +152,15 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
                            model, cohort, cursor)
     loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
                            stop=lambda: opt.left)
-    sizes = []
+    opt.leave_on_sigterm()
+    sizes, asked = [], False
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < JOIN_EPOCHS and not opt.left:
             for index, x, y in loader:
                 time.sleep(0.15)  # stand-in for real compute, so the joiner arrives mid-run
-                if rank == 1 and cohort.world_size == 3 and opt.steps >= 14:
-                    opt.request_leave()  # the owner wants the GPU back (SIGTERM)
+                if rank == 1 and cohort.world_size == 3 and opt.steps >= 14 and not asked:
+                    os.kill(os.getpid(), signal.SIGTERM)  # the owner wants the GPU back
+                    asked = True
                 epoch = cursor.epoch
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()

@@ -51,7 +51,8 @@ def run_ranks(
     With ``init_group`` the default process group is initialized (Gloo, loopback) before
     ``fn`` runs and destroyed after. ``fn`` and its results must be picklable; tensors
     in results travel through ``torch.save``. Ranks in ``may_die`` (fault-injection
-    tests) may die without reporting: their result is None.
+    tests) may die without reporting, or hang: their result is None, and once every
+    other rank has reported they are killed.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])
@@ -87,6 +88,11 @@ def _collect(procs: list[Any], readers: list[Any], timeout: float,
     waiting = dict(enumerate(readers))
     deadline = time.monotonic() + timeout
     while waiting:
+        if set(waiting) <= may_die:  # only expendable ranks left (e.g. a frozen one)
+            for rank in waiting:
+                procs[rank].kill()
+                results[rank] = None
+            break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise RankFailed(f"ranks {sorted(waiting)} did not finish within {timeout:.0f} s")

@@ -17,6 +17,7 @@ the new generation: no disk checkpoint is needed to grow the cohort.
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 import torch
@@ -51,6 +52,10 @@ class ElasticOptimizer:
     def request_leave(self) -> None:
         """Leave at the next step boundary (e.g. from a SIGTERM handler)."""
         self._leave_requested = True
+
+    def leave_on_sigterm(self) -> None:
+        """SIGTERM (the owner wants the GPU back) finishes the step, then leaves."""
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
 
     def step(self) -> StepResult:
         result = self.optimizer.step()
