@@ -30,3 +30,4 @@ try:
 except potluck.PeerLostError as exc:
     print(json.dumps({"error": type(exc).__name__, "at": time.time(), "rank": exc.rank,
                       "generation": exc.generation, "cause": exc.cause[:200]}), flush=True)
+cohort.close()  # a clean exit: the retired group is already torn down

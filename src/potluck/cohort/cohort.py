@@ -19,8 +19,9 @@ from torch._C._distributed_c10d import Store
 
 from potluck.cohort.groups import choose_backend, make_group, wait_collective
 from potluck.cohort.store import connect_store, local_address
+from potluck.collectives import retire_group
 from potluck.env import WorkerEnv, read_worker_env
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, PeerLostError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Cohort:
         self.generation = 0
         self._store: Store | None = store  # the next generation builds its group here
         self._group: Any = group
+        self._lost: str | None = None  # why the group was retired, if it was
 
     # ------------------------------------------------------------------- who am I
 
@@ -67,14 +69,30 @@ class Cohort:
     def group(self) -> Any:
         """The backend object of this generation (``rank()``, ``size()``, collectives)."""
         if self._group is None:
+            if self._lost is not None:
+                raise ConfigError(
+                    f"generation {self.generation}'s group was retired after a lost peer "
+                    f"({self._lost}); it cannot be used again: stop, or recover into a "
+                    "new generation with potluck.elastic"
+                )
             raise ConfigError("this cohort is closed; call potluck.init() for a new one")
         return self._group
 
     # ---------------------------------------------------------------- collectives
 
     def wait(self, work: Any, what: str = "collective") -> Any:
-        """Wait for a collective of ``group``; a failure raises ``PeerLostError``."""
-        return wait_collective(work, rank=self.rank, generation=self.generation, what=what)
+        """Wait for a collective of ``group``; a failure raises ``PeerLostError``.
+
+        The group is retired at once on a failure: it cannot be used again, and tearing
+        it down now (not at interpreter exit) keeps the process from aborting later.
+        """
+        try:
+            return wait_collective(work, rank=self.rank, generation=self.generation,
+                                   what=what)
+        except PeerLostError as exc:
+            group, self._group, self._lost = self._group, None, exc.cause
+            retire_group(group)
+            raise
 
     def barrier(self) -> None:
         """Return once every rank got here; a lost peer raises ``PeerLostError``."""

@@ -17,6 +17,7 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from potluck.collectives import retire_group
 from potluck.errors import RendezvousError
 from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
 
@@ -67,6 +68,7 @@ class ElasticCohort:
     def recover(self, reason: str) -> Membership:
         """Form the next generation after a failed collective; every survivor calls it."""
         started = time.monotonic()
+        retire_group(self.group)  # broken: tear it down now, not at interpreter exit
         self.membership = self.rendezvous.next_generation(reason)
         self.group = self._build_group(self.membership)
         self._record(reason, started)

@@ -46,7 +46,14 @@ class ElasticLoader:
             last = state
             rank, world_size = self.membership()
             indices = self.cursor.rank_indices(rank, world_size=world_size)
-            yield self.collate([self.dataset[i] for i in indices]) if indices else None
+            if not indices:
+                raise CursorError(
+                    f"rank {rank} of {world_size} has no sample in the step at sample "
+                    f"{state.cursor} (a block of {len(self.cursor.global_indices())}); every "
+                    "rank must train on at least one sample per step: use a global batch "
+                    "of at least the world size and DataCursor(drop_last=True)"
+                )
+            yield self.collate([self.dataset[i] for i in indices])
 
     def _epoch_done(self) -> bool:
         return not self.cursor.global_indices()

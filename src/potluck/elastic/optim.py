@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from potluck.collectives import broadcast_object
+from potluck.collectives import allgather_tensor, broadcast_object
 from potluck.data import DataCursor
 from potluck.elastic.cohort import ElasticCohort
 from potluck.step import GuardedOptimizer, StepResult
@@ -38,6 +38,7 @@ class ElasticOptimizer:
                  cursor: DataCursor, *, admit_every: int = 1) -> None:
         self.optimizer, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         optimizer.model = model  # a failed step must never be applied
+        optimizer.set_group(cohort.group)
         self.admit_every = admit_every
         self.steps = 0  # committed global steps, the same on every member
         self.redone = 0
@@ -63,6 +64,7 @@ class ElasticOptimizer:
             self.redone += 1
             self.cohort.recover("a collective of the step failed")
             self._use_group()
+            self._realign()
             return result
         self.cursor.commit()  # committed, or skipped for a non-finite gradient: done
         self.steps += 1
@@ -80,8 +82,8 @@ class ElasticOptimizer:
         try:
             self.cohort.group.allreduce([flags], opts).wait()
         except RuntimeError:  # a peer died right after the step: the next step recovers
-            return
-        if self._leave_requested:
+            flags.zero_()
+        if self._leave_requested:  # gone whatever the vote said: it announced already
             self.left = True
             log.warning("[rank %d] left the cohort after step %d", self.cohort.rank,
                         self.steps)
@@ -104,15 +106,33 @@ class ElasticOptimizer:
                 "cursor": self.cursor.state_dict(), "steps": self.steps,
                 "bucket_order": self.model.reducer.bucket_order()}
 
+    def _realign(self) -> None:
+        """Members of the new generation may be one step apart: a peer that died after
+        some members had finished the step's last collective (they committed) but before
+        others had (they abandoned). The most advanced member's state wins."""
+        steps = torch.tensor([self.steps], dtype=torch.int64)
+        counts = [int(t.item()) for t in allgather_tensor(steps, self.cohort.group)]
+        if len(set(counts)) == 1:
+            return
+        source = counts.index(max(counts))
+        state = broadcast_object(self._state() if self.cohort.rank == source else None,
+                                 self.cohort.group, src=source)
+        if self.cohort.rank != source:
+            self._load(state)
+        log.warning("[rank %d] members were at steps %s after recovery; all take step %d",
+                    self.cohort.rank, counts, max(counts))
+
     def _send_state(self) -> None:
         broadcast_object(self._state() if self.cohort.rank == 0 else None, self.cohort.group)
 
     def _receive_state(self) -> None:
-        state = broadcast_object(None, self.cohort.group)
+        self._load(broadcast_object(None, self.cohort.group))
+        log.warning("[rank %d] joined at step %d with the cohort's live state",
+                    self.cohort.rank, self.steps)
+
+    def _load(self, state: dict[str, Any]) -> None:
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.cursor.load_state_dict(state["cursor"])
         self.steps = state["steps"]
         self.model.reducer.adopt_bucket_order(state["bucket_order"])
-        log.warning("[rank %d] joined at step %d with the cohort's live state",
-                    self.cohort.rank, self.steps)

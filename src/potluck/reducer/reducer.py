@@ -33,12 +33,13 @@ import torch.distributed as dist
 from potluck.collectives import Group, PendingBroadcast
 from potluck.errors import CommunicationError, ReducerError
 from potluck.reducer.buckets import assign_buckets
-from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, weighted_mean
+from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
 
 log = logging.getLogger(__name__)
 
-# Hooks that compute a scaled sum: zero bitmap entries stay zero, positive ones positive.
-_BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean, weighted_mean})
+# Hooks under which zero bitmap entries stay zero and positive ones positive. Not
+# weighted_mean: a rank with weight 0 would erase its own "used" bits.
+_BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean})
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,11 @@ class Reducer:
             shared = torch.tensor(order, dtype=torch.int64, device=device)
             opts = dist.BroadcastOptions()
             opts.rootRank = 0
-            self._wait(self._group.broadcast([shared], opts), "bucket order broadcast")
+            try:
+                work = self._group.broadcast([shared], opts)
+            except RuntimeError as exc:
+                raise CommunicationError(f"bucket order broadcast failed: {exc}") from exc
+            self._wait(work, "bucket order broadcast")
             order = [int(i) for i in shared.tolist()]
         if order != [i for members in self._members for i in members]:
             self._build(order)
@@ -207,6 +212,8 @@ class Reducer:
 
     def _reset_pass(self) -> None:
         """Start a new synchronized backward pass."""
+        if not self._rebuilt:  # a pass that failed before the rebuild left a partial order
+            self._ready_order = []
         self._ready = bytearray(len(self._params))
         self._pending = [len(m) for m in self._members]
         self._next_launch = 0
@@ -224,13 +231,13 @@ class Reducer:
         step. Once a gradient is a view (no_sync windows, zero_grad(set_to_none=False))
         autograd accumulates into the bucket in place.
         """
-        self.failure = None
         self._reset_pass()
 
     def on_backward_start(self) -> None:
         """Called from a hook on the forward's outputs: finalize even if no grad is local."""
         if self.require_sync and self.world_size > 1 and not self._finalize_queued:
             self._finalize_queued = True
+            self.failure = None  # a new step begins; a forward alone does not clear it
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 
     def _make_hook(self, index: int) -> Any:
@@ -330,13 +337,18 @@ class Reducer:
                 self._stage(i, param)
         for b in range(self._next_launch, len(self._buckets)):
             self._launch(b)
+        if self.failure is not None:  # a launch failed: nothing more on this group
+            raise self.failure
         produced_work = None
-        if self._tail is None and self._params:
-            produced = torch.frombuffer(bytearray(self._produced), dtype=torch.uint8).to(
-                device=self._buckets[0].buffer.device, dtype=torch.int32
-            )
-            produced_work = group.allreduce([produced])
-        buffers = PendingBroadcast(self._buffers, group) if self._buffers else None
+        try:
+            if self._tail is None and self._params:
+                produced = torch.frombuffer(bytearray(self._produced), dtype=torch.uint8).to(
+                    device=self._buckets[0].buffer.device, dtype=torch.int32
+                )
+                produced_work = group.allreduce([produced])
+            buffers = PendingBroadcast(self._buffers, group) if self._buffers else None
+        except RuntimeError as exc:
+            raise CommunicationError(f"the end-of-step collectives failed: {exc}") from exc
         for bucket, future in zip(self._buckets, self._futures, strict=True):
             assert future is not None
             result = self._value(future, f"bucket {bucket.index}")

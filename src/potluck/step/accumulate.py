@@ -45,6 +45,12 @@ def accumulate(model: Any, batch: Any, micro_batches: int) -> Iterator[tuple[Any
             (loss_fn(model(chunk[0]), chunk[1]) * weight).backward()
     """
     chunks = split_batch(batch, micro_batches)
+    if not chunks:
+        raise ConfigError(
+            "accumulate() got an empty batch: this rank would skip the synchronized "
+            "backward that every other rank waits for; give every rank at least one "
+            "sample per step"
+        )
     for index, (chunk, weight) in enumerate(chunks):
         last = index == len(chunks) - 1
         no_sync = getattr(model, "no_sync", None)

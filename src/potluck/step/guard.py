@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.collectives import Group, default_group
-from potluck.errors import ConfigError
+from potluck.errors import CommunicationError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,14 @@ class GuardedOptimizer:
         grads = [p.grad for p in self._parameters() if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         norm = float(total)
-        finite = self._agreed_finite(math.isfinite(norm))
+        try:
+            finite = self._agreed_finite(math.isfinite(norm))
+        except RuntimeError as exc:  # a peer died between backward and step
+            if self.model is None:
+                raise CommunicationError(f"the step's finiteness vote failed: {exc}") from exc
+            self.failed += 1
+            log.warning("step not applied: the finiteness vote failed: %s", exc)
+            return StepResult(committed=False, grad_norm=norm, failed=True)
         self.steps += 1
         if not finite:
             self.skipped += 1
@@ -116,11 +123,14 @@ class GuardedOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
-                "skipped": self.skipped}
+                "skipped": self.skipped,
+                "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps, self.skipped = int(state["steps"]), int(state["skipped"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
 
     def _parameters(self) -> Iterable[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
