@@ -1,0 +1,64 @@
+"""The elastic loader's redo semantics and the guards added for empty shares."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from potluck.data import DataCursor
+from potluck.elastic import ElasticLoader
+from potluck.errors import ConfigError, CursorError
+from potluck.step import GuardedOptimizer, accumulate
+
+
+def test_a_failed_step_is_handed_out_again_split_for_the_new_membership() -> None:
+    data = TensorDataset(torch.arange(12).float())
+    cursor = DataCursor(12, 4, seed=1)
+    world = [2]
+    seen = []
+    for step, (batch,) in enumerate(ElasticLoader(data, cursor, lambda: (0, world[0]))):
+        seen.append([int(i) for i in batch.tolist()])
+        if step == 1:
+            world[0] = 1  # the step failed and the cohort shrank: no commit
+            continue
+        cursor.commit()
+    block = cursor.permutation(0)[4:8].tolist()
+    assert seen[1] == block[:2]  # rank 0 of 2
+    assert seen[2] == block  # the same step again, now all of it on rank 0 of 1
+    # rank 0's half of step 0, half of step 1 (failed), all of step 1, all of step 2
+    assert [len(s) for s in seen] == [2, 2, 4, 4] and cursor.epoch == 1
+
+
+def test_a_rank_without_a_sample_is_a_clear_error() -> None:
+    data = TensorDataset(torch.arange(10).float())
+    cursor = DataCursor(10, 2, seed=0)
+    with pytest.raises(CursorError, match="at least one sample"):
+        next(iter(ElasticLoader(data, cursor, lambda: (2, 3))))
+
+
+def test_a_step_handed_out_forever_without_commit_is_a_clear_error() -> None:
+    data = TensorDataset(torch.arange(8).float())
+    loader = ElasticLoader(data, DataCursor(8, 4), lambda: (0, 1), max_repeats=3)
+    with pytest.raises(CursorError, match="without a commit"):
+        for _ in loader:
+            pass
+
+
+def test_accumulate_refuses_an_empty_batch() -> None:
+    with pytest.raises(ConfigError, match="empty batch"):
+        list(accumulate(None, torch.zeros(0, 3), 2))
+
+
+def test_guarded_optimizer_state_carries_the_grad_scaler() -> None:
+    params = [torch.nn.Parameter(torch.ones(2))]
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guard = GuardedOptimizer(torch.optim.SGD(params, lr=0.1), scaler=scaler)
+    scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+    scaler.update(64.0)
+    state = guard.state_dict()
+    other_scaler = torch.amp.GradScaler("cpu", init_scale=65536.0)
+    other_scaler.scale(torch.ones(()))
+    other = GuardedOptimizer(torch.optim.SGD(params, lr=0.1), scaler=other_scaler)
+    other.load_state_dict(state)
+    assert other_scaler.get_scale() == 64.0
