@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from potluck.errors import ConfigError
 
@@ -34,6 +34,7 @@ RUN_ID = "TORCHELASTIC_RUN_ID"
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 # potluck's own: where the worker bootstrap writes an uncaught exception, and the agent.
 ERROR_FILE = "POTLUCK_ERROR_FILE"
+TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
 AGENT_PID = "POTLUCK_AGENT_PID"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 
@@ -57,6 +58,8 @@ class WorkerEnv:
     gloo_ifname: str | None = None
     source: str = "none"
     """Who described the job: "torchrun" (potluck run or torchrun), "slurm" or "none"."""
+    token: str | None = field(default=None, repr=False)
+    """The shared secret that admits a worker to an elastic cohort (never printed)."""
 
     @property
     def distributed(self) -> bool:
@@ -120,6 +123,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         agent_store=env.get(AGENT_STORE, "").lower() in ("1", "true"),
         gloo_ifname=env.get(GLOO_SOCKET_IFNAME) or None,
         source="slurm" if slurm else ("torchrun" if RANK in env else "none"),
+        token=env.get(TOKEN) or None,
     )
 
 

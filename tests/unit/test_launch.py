@@ -156,3 +156,14 @@ def test_store_port_default() -> None:
     assert LaunchConfig("t.py").port_to_host() == 0
     assert LaunchConfig("t.py", nnodes=2).port_to_host() == 29500
     assert LaunchConfig("t.py", master_port=7000).port_to_host() == 7000
+
+
+def test_elastic_flags_hand_the_token_to_workers_and_never_show_it() -> None:
+    config = cli.config_from_args(_parse("--elastic", "--token", "hush", "--nproc-per-node",
+                                         "2", "t.py"))
+    assert config.elastic and config.token == "hush"
+    assert "hush" not in repr(config)
+    env = read_worker_env(_environ(config, 0))
+    assert env.token == "hush" and "hush" not in repr(env)
+    plain = cli.config_from_args(_parse("t.py"))
+    assert not plain.elastic and read_worker_env(_environ(plain, 0)).token is None

@@ -6,7 +6,8 @@ whose collectives all succeeded; otherwise recover and let the loader redo the s
 """
 
 from potluck.elastic.cohort import ElasticCohort
+from potluck.elastic.init import init
 from potluck.elastic.loader import ElasticLoader
 from potluck.elastic.optim import ElasticOptimizer
 
-__all__ = ["ElasticCohort", "ElasticLoader", "ElasticOptimizer"]
+__all__ = ["ElasticCohort", "ElasticLoader", "ElasticOptimizer", "init"]

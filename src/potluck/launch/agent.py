@@ -98,6 +98,13 @@ class Agent:
                 name = signal.Signals(self._signal).name
                 self._emit(f"potluck run: got {name}, stopped {len(results)} worker(s)")
                 return 128 + self._signal
+            if cfg.elastic:  # workers were restarted one by one inside the attempt
+                if outcome is Outcome.SUCCEEDED:
+                    self._finish(store)
+                    return 0
+                self._emit(format_report(results, host=socket.gethostname(),
+                                         node_rank=cfg.node_rank))
+                return 1
             action = next_action(outcome, restarts, cfg.max_restarts)
             if action is Action.FINISH:
                 self._finish(store)
@@ -130,7 +137,10 @@ class Agent:
             try:
                 for local_rank in range(self.config.nproc_per_node):
                     workers.append(self._spawn(local_rank, port, restarts, tmp))
-                outcome = self._monitor(workers)
+                if self.config.elastic:
+                    outcome = self._monitor_elastic(workers, port, tmp)
+                else:
+                    outcome = self._monitor(workers)
             finally:
                 self._stop(workers)
             results = [_result(w) for w in workers]
@@ -184,6 +194,44 @@ class Agent:
                     return Outcome.FAILED
             if running == 0:
                 return Outcome.SUCCEEDED
+            time.sleep(_POLL)
+
+    def _monitor_elastic(self, workers: list[_Worker], port: int, tmp: str) -> Outcome:
+        """A dead worker is reported and restarted alone; it rejoins the running cohort
+        as a new member. With no restarts left it is reported and the others go on; the
+        job succeeded if any worker saw it through."""
+        restarts_left, reported = self.config.max_restarts, set()
+        while True:
+            if self._signal is not None:
+                return Outcome.INTERRUPTED
+            running = 0
+            for index, worker in enumerate(workers):
+                code = worker.proc.poll()
+                if code is None:
+                    running += 1
+                elif code != 0 and restarts_left == 0 and worker.proc.pid not in reported:
+                    reported.add(worker.proc.pid)  # lost for good; the others go on
+                    self._emit(format_report([_result(worker)], host=socket.gethostname(),
+                                             node_rank=self.config.node_rank,
+                                             title="a worker was lost (elastic: the others "
+                                                   "train on)"))
+                elif code != 0 and restarts_left > 0:
+                    restarts_left -= 1
+                    worker.seen_at = worker.seen_at or time.time()
+                    self._stop([worker])
+                    self._emit(format_report([_result(worker)], host=socket.gethostname(),
+                                             node_rank=self.config.node_rank,
+                                             title="a worker was lost (elastic: the others "
+                                                   "train on)"))
+                    restarts = self.config.max_restarts - restarts_left
+                    self._emit(f"potluck run: restarting local rank {worker.local_rank} "
+                               f"as a new member ({restarts} of {self.config.max_restarts} "
+                               "restarts); the others train on")
+                    workers[index] = self._spawn(worker.local_rank, port, restarts, tmp)
+                    running += 1
+            if running == 0:  # the job is done if any member saw it through
+                finished = any(w.proc.returncode == 0 for w in workers)
+                return Outcome.SUCCEEDED if finished else Outcome.FAILED
             time.sleep(_POLL)
 
     def _stop(self, workers: list[_Worker]) -> None:

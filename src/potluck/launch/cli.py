@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="seconds between SIGTERM and SIGKILL when stopping workers (default 5)")
     flag("join-timeout", type=float, default=300.0, metavar="S",
          help="seconds to wait for node 0's store and the other nodes (default 300)")
+    flag("elastic", action="store_true",
+         help="restart a dead worker alone as a new member (--max-restarts in total) while "
+              "the others train on; the script uses potluck.elastic")
+    flag("token", default=None, metavar="SECRET",
+         help="the job's shared secret: a worker must prove it to join an elastic cohort")
     flag("standalone", action="store_true",
          help="accepted for torchrun compatibility: a single node on a free port")
     parser.add_argument("-m", "--module", action="store_true",
@@ -70,6 +75,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         run_id=args.run_id,
         grace_period=args.grace_period,
         join_timeout=args.join_timeout,
+        elastic=args.elastic,
+        token=args.token,
     ).validated()
 
 

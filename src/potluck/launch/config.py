@@ -8,7 +8,7 @@ runs under potluck unchanged, and the reverse).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from potluck import env as names
 from potluck.errors import ConfigError
@@ -35,6 +35,10 @@ class LaunchConfig:
     """Seconds between SIGTERM and SIGKILL when stopping workers."""
     join_timeout: float = 300.0
     """Seconds an agent waits for the store and for the other nodes' agents."""
+    elastic: bool = False
+    """A dead worker is restarted alone (a new member) while the others train on."""
+    token: str | None = field(default=None, repr=False)
+    """The job's shared secret, handed to the workers for admission (never printed)."""
 
     @property
     def world_size(self) -> int:
@@ -107,6 +111,8 @@ def worker_environ(
         names.ERROR_FILE: error_file,
         names.AGENT_PID: str(agent_pid),
     })
+    if config.token:
+        env[names.TOKEN] = config.token
     # Several workers share the cores: one thread each unless the user chose (as torchrun).
     if config.nproc_per_node > 1:
         env.setdefault("OMP_NUM_THREADS", "1")

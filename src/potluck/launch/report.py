@@ -86,11 +86,12 @@ def describe_exit(exitcode: int) -> str:
     return f"killed by {name} (exit code {exitcode})"
 
 
-def format_report(results: list[WorkerResult], *, host: str, node_rank: int) -> str:
+def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
+                  title: str = "the job failed") -> str:
     """A human report of a failed attempt: the root cause first, then everyone else."""
     root = root_cause(results)
     bar = "=" * 72
-    lines = [bar, "potluck run: the job failed", bar]
+    lines = [bar, f"potluck run: {title}", bar]
     if root is None:
         lines.append("no worker failed on its own (every worker was stopped)")
     else:
