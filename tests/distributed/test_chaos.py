@@ -23,7 +23,7 @@ import torch
 
 from potluck.bench.ranks import free_port, run_ranks
 from tests.distributed import models as M
-from tests.distributed.test_elastic import GLOBAL_BATCH, Indexed, N, _single_process
+from tests.distributed.test_elastic import _elastic_worker, _single_process, assert_exactly_once
 
 EPOCHS = 4
 TRIALS = [11, 29]  # seeds; a few in CI
@@ -37,26 +37,10 @@ def _plan(seed: int) -> dict[str, Any]:
 
 def _chaos(rank: int, world_size: int, port: int, ledger_dir: str,
            plan: dict[str, Any]) -> dict[str, Any]:
-    from torch.distributed import TCPStore
-
-    from potluck import DataCursor, DataParallel
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
-    from potluck.rendezvous import RendezvousConfig
-    from potluck.step import GuardedOptimizer
-
     if rank == 3:
         time.sleep(plan["join_after"])
-    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    config = RendezvousConfig(token="chaos", expected=3, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
-    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=4.0)
-    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
-    opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                            momentum=0.9)),
-                           model, cohort, cursor)
-    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size))
+    cohort, model, cursor, opt, loader = _elastic_worker(rank, port, expected=3,
+                                                         token="chaos", timeout=4.0)
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < EPOCHS:
             for index, x, y in loader:
@@ -93,9 +77,5 @@ def test_random_faults_and_joins_lose_nothing(tmp_path: Path, seed: int) -> None
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9,
                                        atol=1e-12, msg=f"{plan}: {name}")
-    ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
-              for line in f.read_text().splitlines()]
-    for epoch in range(EPOCHS):
-        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
-        assert trained == list(range(N)), f"{plan}: epoch {epoch} not exactly once"
+    assert_exactly_once(tmp_path, EPOCHS, str(plan))
     del store

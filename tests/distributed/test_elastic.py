@@ -40,8 +40,9 @@ class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
         return i, self.x[i], self.y[i]
 
 
-def _elastic(rank: int, world_size: int, port: int, victim: int,
-             ledger_dir: str, fault: str = "kill") -> dict[str, Any]:
+def _elastic_worker(rank: int, port: int, *, expected: int, token: str = "secret",
+                    timeout: float = 20.0) -> tuple[Any, Any, Any, Any, Any]:
+    """One worker's cohort, model, cursor, optimizer and loader (the store is the test's)."""
     from torch.distributed import TCPStore
 
     from potluck import DataCursor, DataParallel
@@ -50,16 +51,33 @@ def _elastic(rank: int, world_size: int, port: int, victim: int,
     from potluck.step import GuardedOptimizer
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    config = RendezvousConfig(token="secret", expected=world_size, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=30.0)
-    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=COLLECTIVE_TIMEOUT)
-    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon")
+    config = RendezvousConfig(token=token, expected=expected, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
+    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=timeout)
+    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
     cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
     opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                            momentum=0.9),
-                                            group=cohort.group),
+                                                            momentum=0.9)),
                            model, cohort, cursor)
-    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size))
+    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
+                           stop=lambda: opt.left)
+    return cohort, model, cursor, opt, loader
+
+
+def assert_exactly_once(ledger_dir: Path, epochs: int, context: str = "") -> None:
+    """Every sample of every epoch in the committed-sample ledgers exactly once."""
+    ledger = [json.loads(line) for f in sorted(ledger_dir.glob("rank*.jsonl"))
+              for line in f.read_text().splitlines()]
+    for epoch in range(epochs):
+        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
+        assert trained == list(range(N)), f"{context} epoch {epoch}: not exactly once"
+
+
+def _elastic(rank: int, world_size: int, port: int, victim: int,
+             ledger_dir: str, fault: str = "kill") -> dict[str, Any]:
+    cohort, model, cursor, opt, loader = _elastic_worker(rank, port, expected=world_size,
+                                                         timeout=COLLECTIVE_TIMEOUT)
     step, detected_s = 0, None
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:  # outlives a SIGKILL
         for _ in range(EPOCHS):
@@ -119,39 +137,14 @@ def test_lost_worker_survivors_redo_the_step_and_finish(tmp_path: Path, fault: s
         # (1.5 s); a frozen peer is first noticed at the collective timeout.
         assert result["events"][0]["recovery_s"] < 5
         assert result["detected_s"] < (COLLECTIVE_TIMEOUT + 3 if fault == "stop" else 3)
-    ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
-              for line in f.read_text().splitlines()]
-    for epoch in range(EPOCHS):
-        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
-        assert trained == list(range(N)), f"epoch {epoch}: every sample exactly once"
+    assert_exactly_once(tmp_path, EPOCHS)
     del store
 
 
 def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
-    import time
-
-    from torch.distributed import TCPStore
-
-    from potluck import DataCursor, DataParallel
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
-    from potluck.rendezvous import RendezvousConfig
-    from potluck.step import GuardedOptimizer
-
     if rank == 2:
         time.sleep(1.5)  # a late worker: the cohort is already training
-    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    config = RendezvousConfig(token="secret", expected=2, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
-    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=20.0)
-    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
-    opt = ElasticOptimizer(GuardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                            momentum=0.9),
-                                            group=cohort.group),
-                           model, cohort, cursor)
-    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
-                           stop=lambda: opt.left)
+    cohort, model, cursor, opt, loader = _elastic_worker(rank, port, expected=2)
     opt.leave_on_sigterm()
     sizes, asked = [], False
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
@@ -194,9 +187,5 @@ def test_worker_joins_with_live_state_and_another_leaves_gracefully(tmp_path: Pa
     for result in (founder, joiner):
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    ledger = [json.loads(line) for f in sorted(tmp_path.glob("rank*.jsonl"))
-              for line in f.read_text().splitlines()]
-    for epoch in range(JOIN_EPOCHS):
-        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
-        assert trained == list(range(N)), f"epoch {epoch}: every sample exactly once"
+    assert_exactly_once(tmp_path, JOIN_EPOCHS)
     del store
