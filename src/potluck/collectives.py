@@ -58,6 +58,14 @@ def allgather_tensor(tensor: torch.Tensor, group: Group) -> list[torch.Tensor]:
     return outputs
 
 
+def allreduce_max(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` across ranks, in place (flags, votes)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
+    group.allreduce([tensor], opts).wait()
+    return tensor
+
+
 def allgather_object(obj: Any, group: Group, device: torch.device | None = None) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order, over an explicit group object.
 

@@ -21,9 +21,8 @@ import signal
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from potluck.collectives import allgather_tensor, broadcast_object
+from potluck.collectives import allgather_tensor, allreduce_max, broadcast_object
 from potluck.data import DataCursor
 from potluck.elastic.cohort import ElasticCohort
 from potluck.step import GuardedOptimizer, StepResult
@@ -77,10 +76,8 @@ class ElasticOptimizer:
         pending = (self.cohort.rank == 0 and self.steps % self.admit_every == 0
                    and bool(self.cohort.rendezvous.pending_joiners()))
         flags = torch.tensor([float(self._leave_requested), float(pending)])
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
         try:
-            self.cohort.group.allreduce([flags], opts).wait()
+            allreduce_max(flags, self.cohort.group)
         except RuntimeError:  # a peer died right after the step: the next step recovers
             flags.zero_()
         if self._leave_requested:  # gone whatever the vote said: it announced already

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from potluck.collectives import Group, allgather_tensor
+from potluck.collectives import Group, allgather_object, allgather_tensor
 from potluck.errors import ModelMismatchError
 
 Entry = tuple[str, str, tuple[int, ...], str]  # (kind, name, shape, dtype)
@@ -42,14 +42,7 @@ def verify_same_model(module: torch.nn.Module, group: Group, device: torch.devic
     headers = allgather_tensor(header, group)
     if all(torch.equal(h, headers[0]) for h in headers):
         return
-    longest = max(int(h[0]) for h in headers)
-    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[: len(local)] = torch.frombuffer(bytearray(local), dtype=torch.uint8).to(device)
-    gathered = allgather_tensor(padded, group)
-    signatures = [
-        _decode(bytes(g[: int(h[0])].cpu().tolist()))
-        for g, h in zip(gathered, headers, strict=True)
-    ]
+    signatures = allgather_object(model_signature(module), group, device)
     raise ModelMismatchError(describe_mismatch(signatures))
 
 
@@ -83,14 +76,3 @@ def _encode(entries: Iterable[Entry]) -> bytes:
     lines = [f"{kind}\t{name}\t{','.join(map(str, shape))}\t{dtype}" for kind, name, shape, dtype
              in entries]
     return "\n".join(lines).encode()
-
-
-def _decode(raw: bytes) -> list[Entry]:
-    entries: list[Entry] = []
-    for line in raw.decode().split("\n"):
-        if not line:
-            continue
-        kind, name, shape, dtype = line.split("\t")
-        dims = tuple(int(d) for d in shape.split(",") if d)
-        entries.append((kind, name, dims, dtype))
-    return entries

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from potluck.collectives import Group, default_group
+from potluck.collectives import Group, allreduce_max, default_group
 from potluck.errors import CommunicationError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -140,8 +139,5 @@ class GuardedOptimizer:
         if not self._agree or group is None or group.size() == 1:
             return finite
         device = next(iter(self._parameters()), torch.empty(0)).device
-        flag = torch.tensor([0.0 if finite else 1.0], device=device)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
-        group.allreduce([flag], opts).wait()
+        flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group)
         return bool(flag.item() == 0.0)
