@@ -6,6 +6,11 @@
 Kill a worker (`kill -9 <pid>`): the others redo the step without it, the launcher
 restarts it, and it rejoins with the cohort's live state. `kill -TERM <pid>` makes a
 worker finish its step and leave. Rank 0 saves the final parameters with --out.
+
+With `potluck run --min-workers N`, a cohort that shrinks below N waits for joiners
+(`--min-workers-timeout`), then saves a checkpoint in --checkpoint-dir and stops (exit
+code 3); run the same command with --resume to continue from it. With
+`--nnodes MIN:MAX`, nodes beyond MIN join the running job whenever they start.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--global-batch", type=int, default=12)
 parser.add_argument("--out", default=None, help="rank 0 saves the final parameters here")
 parser.add_argument("--step-time", type=float, default=0.1, help="extra seconds per step")
+parser.add_argument("--checkpoint-dir", default="checkpoints/elastic",
+                    help="where the cohort checkpoints if it stops below --min-workers")
+parser.add_argument("--resume", action="store_true",
+                    help="start from the newest checkpoint in --checkpoint-dir")
 parser.add_argument("--fail-at", type=int, default=None,
                     help="(tests) launch rank 1's first incarnation dies at this step")
 args = parser.parse_args()
@@ -46,7 +55,8 @@ model = DataParallel(net, group=cohort.group, on_failure="abandon",
 cursor = DataCursor(len(data), args.global_batch, seed=3)
 opt = potluck.elastic.ElasticOptimizer(
     GuardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)),
-    model, cohort, cursor)  # a late joiner receives the live state here
+    model, cohort, cursor, checkpoint_dir=args.checkpoint_dir,
+    resume=args.resume)  # a late joiner receives the live state here
 opt.leave_on_sigterm()
 loader = potluck.elastic.ElasticLoader(data, cursor, lambda: (cohort.rank, cohort.world_size),
                                        stop=lambda: opt.left)
@@ -61,10 +71,16 @@ while cursor.epoch < args.epochs and not opt.left:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+    if cohort.rank == 0 and not opt.left:
+        print(f"epoch {cursor.epoch - 1} done at step {opt.steps} with "
+              f"{cohort.world_size} workers", flush=True)
 
 if cohort.rank == 0 and not opt.left:
     print(f"done: {opt.steps} steps, generation {cohort.generation}, "
           f"{cohort.world_size} workers, events {cohort.events}", flush=True)
     if args.out:
         torch.save({k: v.clone() for k, v in net.state_dict().items()}, args.out)
-cohort.close()
+if opt.left:
+    cohort.close()
+else:
+    cohort.finish()  # a worker still waiting to join is told the run is over

@@ -36,6 +36,11 @@ AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 ERROR_FILE = "POTLUCK_ERROR_FILE"
 TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
 AGENT_PID = "POTLUCK_AGENT_PID"
+# Elastic runs: how many workers found the cohort (the others join later), and below
+# how many it stops training to wait for joiners (then checkpoints and exits).
+FOUNDERS = "POTLUCK_FOUNDERS"
+MIN_WORKERS = "POTLUCK_MIN_WORKERS"
+MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 
 
@@ -60,6 +65,10 @@ class WorkerEnv:
     """Who described the job: "torchrun" (potluck run or torchrun), "slurm" or "none"."""
     token: str | None = field(default=None, repr=False)
     """The shared secret that admits a worker to an elastic cohort (never printed)."""
+    founders: int | None = None
+    """Elastic: generation 0 forms with this many workers (None: ``world_size``)."""
+    min_workers: int = 1
+    min_workers_timeout: float = 60.0
 
     @property
     def distributed(self) -> bool:
@@ -124,6 +133,9 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         gloo_ifname=env.get(GLOO_SOCKET_IFNAME) or None,
         source="slurm" if slurm else ("torchrun" if RANK in env else "none"),
         token=env.get(TOKEN) or None,
+        founders=_int(env, FOUNDERS, None, minimum=1),
+        min_workers=_int(env, MIN_WORKERS, 1, minimum=1) or 1,
+        min_workers_timeout=_seconds(env, MIN_WORKERS_TIMEOUT, 60.0),
     )
 
 
@@ -175,6 +187,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int
         ) from None
     if value < minimum:
         raise ConfigError(f"{name}={value} must be at least {minimum}; fix or unset it")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be a positive number of seconds, e.g. 60")
     return value
 
 

@@ -48,6 +48,13 @@ class AdmissionError(RendezvousError):
     """A worker was refused entry to the cohort: it lacks the job's token or holds another."""
 
 
+class JobFinishedError(RendezvousError):
+    """A joiner arrived after the run it wanted to join had finished: nothing to do.
+
+    Under ``potluck run`` the worker says so and exits with code 0.
+    """
+
+
 class CursorError(PotluckError):
     """The data iterator and the committed cursor disagree (a missed or extra commit)."""
 
@@ -58,3 +65,16 @@ class CheckpointError(PotluckError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint file is truncated or fails its checksum (``load_latest`` skips it)."""
+
+
+class BelowMinimumError(PotluckError):
+    """The elastic cohort stayed below its minimum size: it checkpointed and stopped.
+
+    Under ``potluck run`` the worker exits with ``EXIT_CODE`` and is not restarted.
+    """
+
+    EXIT_CODE = 3
+
+    def __init__(self, message: str, *, checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint

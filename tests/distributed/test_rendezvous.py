@@ -13,7 +13,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from potluck.bench.ranks import free_port
-from potluck.errors import AdmissionError, RendezvousError
+from potluck.errors import AdmissionError, JobFinishedError, RendezvousError
 from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
 
 TOKEN = "s3cret-token"
@@ -228,3 +228,16 @@ def test_a_slow_but_live_member_is_waited_for_and_leads_once_it_arrives(port: in
         assert gen1.leader == r0.worker_id and gen1.left == ()
     finally:
         _close(workers)
+
+
+@pytest.mark.timeout(30)
+def test_a_joiner_arriving_after_the_run_finished_is_told_at_once(port: int) -> None:
+    founders = _form(port, ["a", "b"])
+    for worker in founders:
+        worker.mark_finished()
+        worker.close()
+    late = _worker(port, "late")  # join_timeout is 10 s: the answer must come sooner
+    started = time.monotonic()
+    with pytest.raises(JobFinishedError, match="arrived after the run had finished"):
+        late.join()
+    assert time.monotonic() - started < 2.0

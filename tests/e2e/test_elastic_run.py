@@ -9,6 +9,9 @@ floating-point summation order (float64: 1e-9 relative).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,13 +19,14 @@ import torch
 from torch.utils.data import TensorDataset
 
 from potluck import DataCursor
+from potluck.bench.ranks import free_port
 from tests.e2e.helpers import ROOT, potluck_run
 
 SCRIPT = ROOT / "examples" / "elastic.py"
 EPOCHS = 3
 
 
-def _one_process() -> dict[str, torch.Tensor]:
+def _one_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(96, 8, generator=gen, dtype=torch.float64),
                          torch.randn(96, 1, generator=gen, dtype=torch.float64))
@@ -31,7 +35,7 @@ def _one_process() -> dict[str, torch.Tensor]:
                               torch.nn.Linear(32, 1)).double()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     cursor = DataCursor(len(data), 12, seed=3)
-    while cursor.epoch < EPOCHS:
+    while cursor.epoch < epochs:
         x, y = data[cursor.global_indices()]
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
@@ -55,3 +59,70 @@ def test_killed_worker_is_restarted_and_rejoins_with_live_state(tmp_path: Path) 
     final, expected = torch.load(out), _one_process()
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
+
+
+def _assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
+    final, expected = torch.load(path), _one_process(epochs)
+    for name, value in expected.items():
+        torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.timeout(150)
+def test_below_min_workers_checkpoints_exits_3_and_resumes(tmp_path: Path) -> None:
+    out, checkpoints = tmp_path / "final.pt", tmp_path / "ckpt"
+    common = ("--nproc-per-node", "2", "--elastic", "--token", "s3cret", "--min-workers", "2",
+              "--min-workers-timeout", "1", str(SCRIPT), "--epochs", str(EPOCHS),
+              "--step-time", "0.02", "--checkpoint-dir", str(checkpoints), "--out", str(out))
+    stopped = potluck_run(*common, "--fail-at", "5", timeout=120)
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    assert "a worker was lost (elastic: the others train on)" in stopped.stderr
+    assert "below min_workers=2, and nobody joined within 1 s" in stopped.stderr
+    assert "the cohort stopped below --min-workers 2" in stopped.stderr
+    assert "Traceback" not in stopped.stderr  # a planned stop, told plainly
+    assert [p.name for p in checkpoints.iterdir()] == ["step-00000005.pt"] or \
+        len(list(checkpoints.iterdir())) == 1
+    assert not out.exists()
+
+    resumed = potluck_run(*common, "--resume", timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed at step 5" in resumed.stderr
+    _assert_equal_to_one_process(out)
+
+
+def _node(rank: int, port: int, nproc: int, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nnodes", "1:2", "--node-rank", str(rank),
+         "--master-port", str(port), "--nproc-per-node", str(nproc), "--elastic",
+         "--token", "s3cret", "--run-id", "late", "--join-timeout", "60", str(SCRIPT),
+         "--step-time", "0.05", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+@pytest.mark.timeout(150)
+def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
+    """--nnodes 1:2: node 0 starts the job alone; node 1 joins it at a step boundary."""
+    port, out, epochs = free_port(), tmp_path / "final.pt", 40  # long enough to join
+    first = _node(0, port, 2, "--epochs", str(epochs), "--out", str(out))
+    nodes = [first]
+    try:
+        assert first.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # node 0 trains alone for an epoch first
+            line = first.stdout.readline()
+            seen.append(line)
+            if "epoch 0 done" in line or not line:
+                break
+        assert any("with 2 workers" in line for line in seen), "".join(seen)
+        nodes.append(_node(1, port, 1, "--epochs", str(epochs)))
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    (out0, err0), (out1, err1) = outputs
+    assert first.returncode == 0 and nodes[1].returncode == 0, err0[-2000:] + err1[-2000:]
+    assert "joined at step" in out1 + err1, err1[-2000:]  # not "arrived after the run"
+    assert f"epoch {epochs - 1} done" in out0 and "with 3 workers" in out0
+    _assert_equal_to_one_process(out, epochs)

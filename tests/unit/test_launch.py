@@ -134,7 +134,15 @@ def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
         (("--node-rank", "2", "--nnodes", "2", "t.py"), "--node-rank 2 with --nnodes 2"),
         (("--nproc-per-node", "0", "t.py"), "--nproc-per-node 0 must be at least 1"),
         (("--nproc-per-node", "many", "t.py"), "neither a number nor auto"),
-        (("--nnodes", "1:4", "t.py"), "elastic ranges are not supported"),
+        (("--nnodes", "1:4", "t.py"), "needs --elastic"),
+        (("--nnodes", "3:2", "--elastic", "t.py"), "MIN must not exceed MAX"),
+        (("--nnodes", "0:2", "--elastic", "t.py"), "MIN must be between 1 and MAX"),
+        (("--nnodes", "two", "t.py"), "neither a count nor MIN:MAX"),
+        (("--min-workers", "2", "t.py"), "only applies to --elastic"),
+        (("--min-workers", "0", "--elastic", "t.py"), "--min-workers 0 must be at least 1"),
+        (("--min-workers", "5", "--elastic", "--nproc-per-node", "2", "t.py"),
+         "more than the job can ever have"),
+        (("--min-workers-timeout", "0", "--elastic", "t.py"), "positive number of seconds"),
         (("--master-port", "99999", "t.py"), "not a TCP port"),
         (("--rdzv-endpoint", "nohost", "t.py"), "HOST:PORT"),
     ],
@@ -142,6 +150,21 @@ def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
 def test_bad_flags_name_the_value(argv: tuple[str, ...], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         cli.config_from_args(_parse(*argv))
+
+
+def test_elastic_range_and_minimum_reach_the_workers() -> None:
+    args = _parse("--nnodes", "1:3", "--nproc-per-node", "2", "--elastic", "--token", "t",
+                  "--min-workers", "3", "--min-workers-timeout", "7.5", "t.py")
+    config = cli.config_from_args(args)
+    assert (config.min_nodes, config.nnodes, config.founders) == (1, 3, 2)
+    environ = worker_environ(config, local_rank=1, master_port=5000, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1)
+    assert (environ["POTLUCK_FOUNDERS"], environ["POTLUCK_MIN_WORKERS"],
+            environ["POTLUCK_MIN_WORKERS_TIMEOUT"]) == ("2", "3", "7.5")
+    worker = read_worker_env(environ)
+    assert (worker.founders, worker.min_workers, worker.min_workers_timeout) == (2, 3, 7.5)
+    fixed = cli.config_from_args(_parse("--nnodes", "2", "--elastic", "t.py"))
+    assert (fixed.min_nodes, fixed.founders) == (None, 2)
 
 
 def test_nproc_auto() -> None:

@@ -29,8 +29,12 @@ class ElasticCohort:
 
     def __init__(self, store: Store, worker_id: str, config: RendezvousConfig, *,
                  timeout: float = 60.0, host: str = "127.0.0.1",
-                 prefix: str = "potluck/elastic") -> None:
+                 prefix: str = "potluck/elastic", min_workers: int = 1,
+                 min_workers_timeout: float = 60.0) -> None:
         self._store, self._timeout, self._host, self._prefix = store, timeout, host, prefix
+        # Below this size the cohort stops training and waits for joiners (the optimizer
+        # enforces it; see ElasticOptimizer).
+        self.min_workers, self.min_workers_timeout = min_workers, min_workers_timeout
         self.rendezvous = StoreRendezvous(store, worker_id, config)
         self.events: list[dict[str, Any]] = []
         self.membership = self.rendezvous.join()
@@ -50,7 +54,6 @@ class ElasticCohort:
     @property
     def generation(self) -> int:
         return self.membership.generation
-
 
     def boundary(self) -> Membership:
         """At a step boundary (every member calls it): admit joiners, drop leavers."""
@@ -85,6 +88,11 @@ class ElasticCohort:
         log.warning("[rank %d] generation %d: %s (left %s, joined %s) in %.2f s",
                     self.rank, self.generation, cause, event["left"], event["joined"],
                     event["recovery_s"])
+
+    def finish(self) -> None:
+        """The run is complete: workers still waiting to join are told so, and stop."""
+        self.rendezvous.mark_finished()
+        self.close()
 
     def close(self) -> None:
         self.rendezvous.close()

@@ -46,10 +46,13 @@ def init(*, timeout: float = 60.0, heartbeat_interval: float = 0.5,
             "is the launcher's agent on node 0 still running?"
         ) from exc
     config = RendezvousConfig(
-        token=env.token, expected=env.world_size, heartbeat_interval=heartbeat_interval,
-        heartbeat_timeout=heartbeat_timeout, settle_timeout=settle_timeout,
+        token=env.token, expected=env.founders or env.world_size,
+        heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+        settle_timeout=settle_timeout,
         join_timeout=join_timeout, prefix=f"potluck/{env.run_id}/rdzv",
     )
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     return ElasticCohort(store, worker_id, config, timeout=timeout, host=local_address(env),
-                         prefix=f"potluck/{env.run_id}/elastic")
+                         prefix=f"potluck/{env.run_id}/elastic",
+                         min_workers=env.min_workers,
+                         min_workers_timeout=env.min_workers_timeout)

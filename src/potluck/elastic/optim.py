@@ -12,20 +12,33 @@ decides the boundary sees it; rank 0 looks for joiners every ``admit_every`` ste
 Only when a flag is up does every member call the rendezvous' ``admit()``; joiners then
 receive the live state (model, optimizer, cursor, step, bucket order) from rank 0 of
 the new generation: no disk checkpoint is needed to grow the cohort.
+
+Below ``min_workers`` (after a loss or a leave) the cohort does not train: it polls for
+joiners (one tiny all-reduce per poll keeps the members in step) and admits them as at
+a boundary. If none came within ``min_workers_timeout`` seconds, rank 0 writes the live
+state as a checkpoint and every member raises ``BelowMinimumError``; a later run with
+``resume=True`` starts from that checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from potluck.checkpoint import CheckpointManager
 from potluck.collectives import allgather_tensor, allreduce_max, broadcast_object
 from potluck.data import DataCursor
 from potluck.elastic.cohort import ElasticCohort
+from potluck.errors import BelowMinimumError, ConfigError
 from potluck.step import GuardedOptimizer, StepResult
+
+DEFAULT_CHECKPOINT_DIR = "potluck-elastic-checkpoints"
+_POLL = 0.25  # seconds between polls for joiners while below the minimum
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +47,36 @@ class ElasticOptimizer:
     """Wraps a ``GuardedOptimizer``; call ``step()`` once per batch, as usual."""
 
     def __init__(self, optimizer: GuardedOptimizer, model: Any, cohort: ElasticCohort,
-                 cursor: DataCursor, *, admit_every: int = 1) -> None:
+                 cursor: DataCursor, *, admit_every: int = 1, min_workers: int | None = None,
+                 min_workers_timeout: float | None = None,
+                 checkpoint_dir: str | Path | None = None, resume: bool = False) -> None:
+        """``min_workers`` / ``min_workers_timeout`` default to the cohort's (from
+        ``potluck run --min-workers``); ``resume`` starts the founders from the newest
+        checkpoint in ``checkpoint_dir`` (written when the cohort stopped below its
+        minimum), if there is one."""
         self.optimizer, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         optimizer.model = model  # a failed step must never be applied
         optimizer.set_group(cohort.group)
         self.admit_every = admit_every
+        self.min_workers = cohort.min_workers if min_workers is None else min_workers
+        self.min_workers_timeout = (cohort.min_workers_timeout if min_workers_timeout is None
+                                    else min_workers_timeout)
+        if self.min_workers < 1 or not self.min_workers_timeout > 0:
+            raise ConfigError(
+                f"min_workers={self.min_workers} and min_workers_timeout="
+                f"{self.min_workers_timeout} must be >= 1 and > 0 s, e.g. 2 and 60"
+            )
+        self.checkpoint_dir = Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR)
         self.steps = 0  # committed global steps, the same on every member
         self.redone = 0
+        self.waited_s = 0.0  # time spent below min_workers, waiting for joiners
         self.left = False  # this worker has left the cohort: stop training
         self._leave_requested = False
         if cohort.joined_late:
             self._receive_state()
+        elif resume:
+            self._resume()
+        self._hold_minimum()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -64,6 +96,7 @@ class ElasticOptimizer:
             self.cohort.recover("a collective of the step failed")
             self._use_group()
             self._realign()
+            self._hold_minimum()
             return result
         self.cursor.commit()  # committed, or skipped for a non-finite gradient: done
         self.steps += 1
@@ -86,12 +119,76 @@ class ElasticOptimizer:
                         self.steps)
             return
         if flags.any():
-            before = self.cohort.generation
-            membership = self.cohort.boundary()
-            if membership.generation != before:
+            self._admit()
+            self._hold_minimum()
+
+    def _admit(self) -> None:
+        """Every member: admit the joiners, drop the leavers, hand joiners the state."""
+        before = self.cohort.generation
+        membership = self.cohort.boundary()
+        if membership.generation != before:
+            self._use_group()
+            if membership.joined:
+                self._send_state()
+
+    def _hold_minimum(self) -> None:
+        """Below ``min_workers``: wait for joiners; at the deadline checkpoint and stop.
+
+        Rank 0's clock and rank 0's view of the join queue decide, and every poll is one
+        MAX all-reduce of ``[joiners pending, time is up]``, so all members act alike.
+        """
+        if self.cohort.world_size >= self.min_workers:
+            return
+        started = time.monotonic()
+        deadline = started + self.min_workers_timeout
+        log.warning("[rank %d] %d worker(s), below min_workers=%d: waiting up to %g s for "
+                    "workers to join", self.cohort.rank, self.cohort.world_size,
+                    self.min_workers, self.min_workers_timeout)
+        while self.cohort.world_size < self.min_workers:
+            time.sleep(_POLL)
+            leader = self.cohort.rank == 0
+            flags = torch.tensor([
+                float(leader and bool(self.cohort.rendezvous.pending_joiners())),
+                float(leader and time.monotonic() > deadline)])
+            try:
+                allreduce_max(flags, self.cohort.group)
+            except RuntimeError:  # another member died while waiting
+                self.cohort.recover("a collective failed while waiting for workers")
                 self._use_group()
-                if membership.joined:
-                    self._send_state()
+                continue
+            if flags[0]:
+                self._admit()
+            elif flags[1]:
+                self.waited_s += time.monotonic() - started
+                self._stop_below_minimum()
+        self.waited_s += time.monotonic() - started
+        log.warning("[rank %d] %d workers again after %.1f s: training goes on",
+                    self.cohort.rank, self.cohort.world_size, time.monotonic() - started)
+
+    def _stop_below_minimum(self) -> None:
+        manager = CheckpointManager(self.checkpoint_dir, rank=self.cohort.rank)
+        saved = manager.save(self.steps, self._state()).path
+        done = torch.zeros(1)
+        allreduce_max(done, self.cohort.group)  # nobody exits before the file is complete
+        where = str(saved) if saved else f"{self.checkpoint_dir} (written by rank 0)"
+        raise BelowMinimumError(
+            f"the cohort had {self.cohort.world_size} worker(s), below min_workers="
+            f"{self.min_workers}, and nobody joined within {self.min_workers_timeout:g} s; "
+            f"step {self.steps} is saved in {where}: start the job again with at least "
+            f"{self.min_workers} workers and resume from it (ElasticOptimizer(resume=True, "
+            "checkpoint_dir=...)), or lower --min-workers",
+            checkpoint=str(saved) if saved else None)
+
+    def _resume(self) -> None:
+        """Founders start from the newest checkpoint, as read by rank 0."""
+        checkpoint = None
+        if self.cohort.rank == 0:
+            checkpoint = CheckpointManager(self.checkpoint_dir, rank=0).load_latest()
+        state = broadcast_object(checkpoint.state if checkpoint else None, self.cohort.group)
+        if state is not None:
+            self._load(state)
+            log.warning("[rank %d] resumed at step %d from %s", self.cohort.rank,
+                        self.steps, self.checkpoint_dir)
 
     def _use_group(self) -> None:
         self.model.set_group(self.cohort.group)

@@ -27,11 +27,11 @@ from typing import IO
 from torch._C._distributed_c10d import TCPStore
 
 from potluck import env as potluck_env
-from potluck.errors import RendezvousError
+from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import WorkerResult, format_report, read_error_file
-from potluck.launch.store import check_in, host_store, join_store, meet
+from potluck.launch.store import check_in, count, host_store, join_store, meet, wait_for_count
 
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -87,6 +87,8 @@ class Agent:
     def _run(self) -> int:
         cfg = self.config
         store = host_store(cfg) if cfg.node_rank == 0 else join_store(cfg, self._stopping)
+        if cfg.elastic:
+            return self._run_elastic(store)
         port = store.port
         restarts = 0
         while True:
@@ -95,16 +97,7 @@ class Agent:
                 meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
             outcome, results = self._attempt(port, restarts)
             if self._signal is not None:
-                name = signal.Signals(self._signal).name
-                self._emit(f"potluck run: got {name}, stopped {len(results)} worker(s)")
-                return 128 + self._signal
-            if cfg.elastic:  # workers were restarted one by one inside the attempt
-                if outcome is Outcome.SUCCEEDED:
-                    self._finish(store)
-                    return 0
-                self._emit(format_report(results, host=socket.gethostname(),
-                                         node_rank=cfg.node_rank))
-                return 1
+                return self._interrupted(results)
             action = next_action(outcome, restarts, cfg.max_restarts)
             if action is Action.FINISH:
                 self._finish(store)
@@ -116,6 +109,42 @@ class Agent:
             restarts += 1
             self._emit(f"potluck run: restarting the workers ({restarts} of "
                        f"{cfg.max_restarts} restarts)")
+
+    def _run_elastic(self, store: TCPStore) -> int:
+        """One attempt in which dead workers are restarted one by one. Nodes do not meet
+        first: the cohort's rendezvous admits each worker whenever it arrives (a node of
+        ``--nnodes MIN:MAX`` beyond MIN joins the running job)."""
+        cfg = self.config
+        started, done = (f"potluck/{cfg.run_id}/agents/{name}" for name in ("started", "done"))
+        check_in(store, started)
+        try:
+            outcome, results = self._attempt(store.port, 0)
+        finally:
+            check_in(store, done)
+        if self._signal is not None:
+            return self._interrupted(results)
+        if cfg.node_rank == 0:  # keep the store up until every node's workers are done
+            try:
+                wait_for_count(store, done, lambda: count(store, started),
+                               cfg.join_timeout, self._stopping)
+            except RendezvousError as exc:  # this node's outcome stands; say why we quit
+                self._emit(f"potluck run: closing the store anyway: {exc}")
+        if outcome is Outcome.SUCCEEDED:
+            return 0
+        if outcome is Outcome.STOPPED:
+            self._emit(f"potluck run: the cohort stopped below --min-workers "
+                       f"{cfg.min_workers} after waiting {cfg.min_workers_timeout:g} s for "
+                       "workers to join; its checkpoint is named above: start the job "
+                       "again with enough workers to resume from it")
+            return BelowMinimumError.EXIT_CODE
+        self._emit(format_report(results, host=socket.gethostname(), node_rank=cfg.node_rank))
+        return 1
+
+    def _interrupted(self, results: list[WorkerResult]) -> int:
+        assert self._signal is not None
+        name = signal.Signals(self._signal).name
+        self._emit(f"potluck run: got {name}, stopped {len(results)} worker(s)")
+        return 128 + self._signal
 
     def _finish(self, store: TCPStore) -> None:
         # Node 0 keeps the store up until every node's workers are done with it; the
@@ -198,8 +227,9 @@ class Agent:
 
     def _monitor_elastic(self, workers: list[_Worker], port: int, tmp: str) -> Outcome:
         """A dead worker is reported and restarted alone; it rejoins the running cohort
-        as a new member. With no restarts left it is reported and the others go on; the
-        job succeeded if any worker saw it through."""
+        as a new member. With no restarts left it is reported and the others go on. A
+        worker that stopped below ``--min-workers`` is not restarted. The job succeeded
+        if any worker saw it through."""
         restarts_left, reported = self.config.max_restarts, set()
         while True:
             if self._signal is not None:
@@ -209,30 +239,35 @@ class Agent:
                 code = worker.proc.poll()
                 if code is None:
                     running += 1
-                elif code != 0 and restarts_left == 0 and worker.proc.pid not in reported:
+                elif code in (0, BelowMinimumError.EXIT_CODE) or worker.proc.pid in reported:
+                    continue
+                elif restarts_left == 0:
                     reported.add(worker.proc.pid)  # lost for good; the others go on
-                    self._emit(format_report([_result(worker)], host=socket.gethostname(),
-                                             node_rank=self.config.node_rank,
-                                             title="a worker was lost (elastic: the others "
-                                                   "train on)"))
-                elif code != 0 and restarts_left > 0:
+                    self._report_lost(worker)
+                else:
                     restarts_left -= 1
                     worker.seen_at = worker.seen_at or time.time()
                     self._stop([worker])
-                    self._emit(format_report([_result(worker)], host=socket.gethostname(),
-                                             node_rank=self.config.node_rank,
-                                             title="a worker was lost (elastic: the others "
-                                                   "train on)"))
+                    self._report_lost(worker)
                     restarts = self.config.max_restarts - restarts_left
                     self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                f"as a new member ({restarts} of {self.config.max_restarts} "
                                "restarts); the others train on")
                     workers[index] = self._spawn(worker.local_rank, port, restarts, tmp)
                     running += 1
-            if running == 0:  # the job is done if any member saw it through
-                finished = any(w.proc.returncode == 0 for w in workers)
-                return Outcome.SUCCEEDED if finished else Outcome.FAILED
+            if running == 0:
+                codes = [w.proc.returncode for w in workers]
+                if 0 in codes:  # the job is done if any member saw it through
+                    return Outcome.SUCCEEDED
+                if BelowMinimumError.EXIT_CODE in codes:
+                    return Outcome.STOPPED
+                return Outcome.FAILED
             time.sleep(_POLL)
+
+    def _report_lost(self, worker: _Worker) -> None:
+        self._emit(format_report([_result(worker)], host=socket.gethostname(),
+                                 node_rank=self.config.node_rank,
+                                 title="a worker was lost (elastic: the others train on)"))
 
     def _stop(self, workers: list[_Worker]) -> None:
         """SIGTERM every live worker's group, SIGKILL after the grace period, reap all."""

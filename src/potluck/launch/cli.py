@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     flag("nproc-per-node", default="1", metavar="N",
          help="workers on this node: a number, or auto/cpu/gpu (default 1)")
-    flag("nnodes", default="1", metavar="N", help="nodes in the job (default 1)")
+    flag("nnodes", default="1", metavar="N",
+         help="nodes in the job (default 1); MIN:MAX with --elastic: MIN nodes start the "
+              "job, up to MAX join while it runs")
     flag("node-rank", type=int, default=0, metavar="R",
          help="this node's rank, 0..nnodes-1 (default 0); node 0 hosts the store")
     flag("master-addr", default="127.0.0.1", metavar="ADDR",
@@ -41,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("elastic", action="store_true",
          help="restart a dead worker alone as a new member (--max-restarts in total) while "
               "the others train on; the script uses potluck.elastic")
+    flag("min-workers", type=int, default=1, metavar="N",
+         help="--elastic: below N workers the cohort stops training and waits for "
+              "joiners, then checkpoints and exits (default 1)")
+    flag("min-workers-timeout", type=float, default=60.0, metavar="S",
+         help="seconds to wait for joiners below --min-workers (default 60)")
     flag("token", default=None, metavar="SECRET",
          help="the job's shared secret: a worker must prove it to join an elastic cohort")
     flag("standalone", action="store_true",
@@ -62,12 +69,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
                 "e.g. 10.0.0.1:29500"
             )
         port = int(port_text)
+    min_nodes, nnodes = parse_nnodes(args.nnodes)
     return LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),
         module=args.module,
         nproc_per_node=parse_nproc(args.nproc_per_node),
-        nnodes=parse_nnodes(args.nnodes),
+        nnodes=nnodes,
+        min_nodes=min_nodes,
         node_rank=args.node_rank,
         master_addr=addr,
         master_port=port,
@@ -77,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         join_timeout=args.join_timeout,
         elastic=args.elastic,
         token=args.token,
+        min_workers=args.min_workers,
+        min_workers_timeout=args.min_workers_timeout,
     ).validated()
 
 
@@ -98,14 +109,17 @@ def parse_nproc(value: str, *, gpus: int | None = None, cpus: int | None = None)
     )
 
 
-def parse_nnodes(value: str) -> int:
-    """A count; torchrun's ``MIN:MAX`` only with MIN == MAX (elastic sizes come later)."""
-    low, _, high = value.partition(":")
-    if low.isdigit() and (not high or high == low):
-        return int(low)
+def parse_nnodes(value: str) -> tuple[int | None, int]:
+    """``(MIN, MAX)`` from a count ``N`` (None, N) or torchrun's range ``MIN:MAX``."""
+    low, colon, high = value.partition(":")
+    if low.isdigit() and not colon:
+        return None, int(low)
+    if low.isdigit() and high.isdigit():
+        if int(low) > int(high):
+            raise ConfigError(f"--nnodes {value!r}: MIN must not exceed MAX, e.g. 1:4")
+        return int(low), int(high)
     raise ConfigError(
-        f"--nnodes {value!r}: potluck takes a fixed number of nodes (e.g. 2, or 2:2); "
-        "elastic ranges are not supported yet"
+        f"--nnodes {value!r} is neither a count nor MIN:MAX; e.g. 2, or 1:4 with --elastic"
     )
 
 

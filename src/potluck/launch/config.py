@@ -25,6 +25,9 @@ class LaunchConfig:
     module: bool = False
     nproc_per_node: int = 1
     nnodes: int = 1
+    """The most nodes (``--nnodes MIN:MAX``'s MAX)."""
+    min_nodes: int | None = None
+    """Elastic: the nodes that found the cohort (MIN); more join later. None: ``nnodes``."""
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
@@ -39,10 +42,18 @@ class LaunchConfig:
     """A dead worker is restarted alone (a new member) while the others train on."""
     token: str | None = field(default=None, repr=False)
     """The job's shared secret, handed to the workers for admission (never printed)."""
+    min_workers: int = 1
+    """Elastic: below this many workers the cohort waits for joiners, then checkpoints."""
+    min_workers_timeout: float = 60.0
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+    @property
+    def founders(self) -> int:
+        """Workers that form generation 0 (the MIN nodes' workers)."""
+        return self.nproc_per_node * (self.nnodes if self.min_nodes is None else self.min_nodes)
 
     def validated(self) -> LaunchConfig:
         """Self, after checking every field; raises ``ConfigError`` naming the bad one."""
@@ -62,9 +73,40 @@ class LaunchConfig:
                 f"grace period {self.grace_period} s and join timeout {self.join_timeout} s "
                 "must be positive"
             )
+        self._validate_elastic()
         if not self.script:
             raise ConfigError("no script to run: potluck run [options] script.py [args...]")
         return self
+
+    def _validate_elastic(self) -> None:
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
+            raise ConfigError(
+                f"--nnodes {self.min_nodes}:{self.nnodes}: MIN must be between 1 and MAX, "
+                "e.g. 1:4"
+            )
+        if self.min_nodes not in (None, self.nnodes) and not self.elastic:
+            raise ConfigError(
+                f"--nnodes {self.min_nodes}:{self.nnodes} lets nodes join a running job, "
+                "which needs --elastic (and a script using potluck.elastic); or give a "
+                f"fixed count, e.g. --nnodes {self.nnodes}"
+            )
+        _at_least("--min-workers", self.min_workers, 1)
+        if self.min_workers > 1 and not self.elastic:
+            raise ConfigError(
+                f"--min-workers {self.min_workers} only applies to --elastic runs (a fixed "
+                "job stops at the first lost worker); add --elastic or drop it"
+            )
+        if self.min_workers > self.world_size:
+            raise ConfigError(
+                f"--min-workers {self.min_workers} is more than the job can ever have "
+                f"({self.nnodes} node(s) x {self.nproc_per_node} = {self.world_size}); "
+                "lower it or raise --nnodes / --nproc-per-node"
+            )
+        if not self.min_workers_timeout > 0:
+            raise ConfigError(
+                f"--min-workers-timeout {self.min_workers_timeout} must be a positive "
+                "number of seconds, e.g. 60"
+            )
 
     def port_to_host(self) -> int:
         """The port node 0 binds the store to (0 lets the OS pick one on a single node)."""
@@ -113,6 +155,10 @@ def worker_environ(
     })
     if config.token:
         env[names.TOKEN] = config.token
+    if config.elastic:
+        env[names.FOUNDERS] = str(config.founders)
+        env[names.MIN_WORKERS] = str(config.min_workers)
+        env[names.MIN_WORKERS_TIMEOUT] = f"{config.min_workers_timeout:g}"
     # Several workers share the cores: one thread each unless the user chose (as torchrun).
     if config.nproc_per_node > 1:
         env.setdefault("OMP_NUM_THREADS", "1")

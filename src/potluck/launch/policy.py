@@ -13,6 +13,7 @@ class Outcome(Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"  # elastic: the cohort checkpointed and stopped below its minimum
 
 
 class Action(Enum):

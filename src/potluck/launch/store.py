@@ -85,6 +85,27 @@ def check_in(store: Store, key: str) -> None:
     _count(store, key, 1)
 
 
+def wait_for_count(store: Store, key: str, target: Callable[[], int], timeout: float,
+                   stopping: Callable[[], bool]) -> None:
+    """Wait until ``key``'s count reaches ``target()`` (re-read: it may grow), or raise."""
+    deadline = time.monotonic() + timeout
+    while (arrived := _count(store, key)) < (wanted := target()):
+        if stopping():
+            return
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"only {arrived} of {wanted} node agents reached {key!r} within "
+                f"{timeout:g} s; a node's workers are still running or its agent hangs: "
+                "see that node's output"
+            )
+        time.sleep(0.05)
+
+
+def count(store: Store, key: str) -> int:
+    """The count at ``key`` (0 if nobody checked in yet)."""
+    return _count(store, key)
+
+
 def _count(store: Store, key: str, add: int = 0) -> int:
     try:
         return int(store.add(key, add))

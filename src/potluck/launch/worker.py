@@ -2,7 +2,10 @@
 
 Runs the user's script as ``__main__`` (``sys.argv`` as if it were started directly) and,
 on an uncaught exception, writes it to the error file the launcher named before the
-usual traceback goes to stderr, so the launcher's report can quote it. It also asks the
+usual traceback goes to stderr, so the launcher's report can quote it. An elastic cohort
+that stopped below its minimum size (``BelowMinimumError``) is a planned stop: its
+message, no traceback, and exit code 3, which the launcher does not restart. A joiner
+that arrived after the run finished (``JobFinishedError``) says so and exits with 0. It also asks the
 kernel to kill this worker if the launcher dies, so no worker outlives its agent.
 """
 
@@ -16,6 +19,7 @@ import sys
 from types import TracebackType
 
 from potluck import env
+from potluck.errors import BelowMinimumError, JobFinishedError
 from potluck.launch.report import write_error_file
 
 _PR_SET_PDEATHSIG = 1
@@ -51,6 +55,12 @@ def main(argv: list[str]) -> None:
             runpy.run_path(target, run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise
+    except BelowMinimumError as exc:  # a planned stop, not a crash: no traceback
+        print(f"potluck: {exc}", file=sys.stderr, flush=True)
+        sys.exit(BelowMinimumError.EXIT_CODE)
+    except JobFinishedError as exc:  # came too late to help: nothing failed
+        print(f"potluck: {exc}", file=sys.stderr, flush=True)
+        sys.exit(0)
     except BaseException as exc:
         exc.with_traceback(_user_frames(exc.__traceback__))
         path = env.error_file()

@@ -10,12 +10,14 @@
 ``adm/<id>/challenge``      nonce the admitter asks id to sign
 ``adm/<id>/response``       ``<challenge>:<HMAC-SHA256(token, challenge + id), hex>``
 ``adm/<id>/verdict``        ``admitted:<n>`` or ``refused:<reason>``
+``finished``                the run is complete (set by its members): joiners stop waiting
 """
 
 from __future__ import annotations
 
 CURRENT = "current"
 JOIN_COUNT = "join/count"
+FINISHED = "finished"
 
 
 def generation(n: int) -> str:

@@ -17,6 +17,8 @@ Every operation is a short, bounded protocol on the store (keys in ``keys.py``):
                       heartbeat goes stale and the next registered member decides.
 ``announce_leave()``  a graceful exit: the next generation forms without waiting for
                       this worker's heartbeat to go stale.
+``mark_finished()``   the run is complete: workers still waiting to be admitted give up
+                      at once with ``JobFinishedError`` instead of at ``join_timeout``.
 
 Decisions are published with ``compare_set``, so the first publication of a generation
 wins and every worker returns the same membership, even if two believed they led.
@@ -30,7 +32,7 @@ from collections.abc import Collection
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from potluck.errors import ConfigError, RendezvousError
+from potluck.errors import ConfigError, JobFinishedError, RendezvousError
 from potluck.rendezvous import admission, keys
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
@@ -130,6 +132,11 @@ class StoreRendezvous:
                 if nonce != answered:
                     admission.answer_challenge(self._store, self.worker_id, cfg.token)
                     answered = nonce
+            if self._store.check([keys.FINISHED]):
+                raise JobFinishedError(
+                    f"worker {self.worker_id!r} arrived after the run had finished: there "
+                    "is nothing left to train; start a new run to train more"
+                )
             if time.monotonic() - started > cfg.join_timeout:
                 raise RendezvousError(
                     f"worker {self.worker_id!r} waited join_timeout={cfg.join_timeout:g} s "
@@ -259,6 +266,10 @@ class StoreRendezvous:
         self._store.set(keys.leave(self.worker_id), f"{time.time():.6f}")
         self.close()
         self.membership = None
+
+    def mark_finished(self) -> None:
+        """The run is complete: tell the workers still waiting to be admitted."""
+        self._store.set(keys.FINISHED, self.worker_id)
 
     def close(self) -> None:
         """Stop this worker's heartbeat (its store keys stay); safe to call twice."""

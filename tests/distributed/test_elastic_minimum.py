@@ -1,0 +1,158 @@
+"""Below ``min_workers`` the cohort stops training and waits for joiners.
+
+Two endings. A worker joins in time: it is admitted with the live state and the run
+goes on (equal to one process, every sample exactly once). Nobody joins: rank 0 writes a
+checkpoint, every member raises ``BelowMinimumError`` naming it, and a new run started
+with ``resume=True`` finishes the job from there, again equal to one uninterrupted
+process (float64, 1e-9: only the summation order of the gradient all-reduce differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from potluck.bench.ranks import free_port, run_ranks
+from tests.distributed import models as M
+from tests.distributed.test_elastic import (
+    EPOCHS,
+    GLOBAL_BATCH,
+    N,
+    Indexed,
+    _single_process,
+    assert_exactly_once,
+)
+
+KILL_AT = 3
+
+
+def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: float,
+            checkpoint_dir: str, resume: bool = False) -> tuple[Any, Any, Any, Any, Any]:
+    from potluck import DataCursor, DataParallel
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.rendezvous import RendezvousConfig
+    from potluck.step import GuardedOptimizer
+
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
+                                       timeout=timedelta(seconds=30))
+    config = RendezvousConfig(token="min", expected=expected, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
+    cohort = ElasticCohort(store, f"worker-{rank}-{os.getpid()}", config, timeout=10.0)
+    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor,
+                           min_workers=min_workers, min_workers_timeout=wait_s,
+                           checkpoint_dir=checkpoint_dir, resume=resume)
+    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
+                           stop=lambda: opt.left)
+    return cohort, model, cursor, opt, loader
+
+
+def _train(rank: int, opt: Any, model: Any, cursor: Any, loader: Any, ledger_dir: str,
+           victim: int | None) -> None:
+    with Path(ledger_dir, f"rank{rank}-{os.getpid()}.jsonl").open("a") as ledger:
+        while cursor.epoch < EPOCHS:
+            for index, x, y in loader:
+                if rank == victim and opt.steps == KILL_AT:
+                    Path(ledger_dir, "killed").touch()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                epoch = cursor.epoch
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if opt.step().committed:
+                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    ledger.flush()
+
+
+def _joiner_in_time(rank: int, world_size: int, port: int, ledger_dir: str,
+                    checkpoint_dir: str) -> dict[str, Any]:
+    if rank == 3:  # arrives only after the victim is gone: the cohort must be waiting
+        while not Path(ledger_dir, "killed").exists():
+            time.sleep(0.05)
+        time.sleep(0.5)
+    cohort, model, cursor, opt, loader = _worker(rank, port, expected=3, min_workers=3,
+                                                 wait_s=60.0, checkpoint_dir=checkpoint_dir)
+    _train(rank, opt, model, cursor, loader, ledger_dir, victim=2)
+    cohort.close()
+    return {"params": M.params(model.module), "world_size": cohort.world_size,
+            "waited_s": opt.waited_s, "steps": opt.steps}
+
+
+@pytest.mark.timeout(120)
+def test_cohort_below_minimum_waits_and_a_joiner_lets_it_go_on(tmp_path: Path) -> None:
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=30))
+    results = run_ranks(_joiner_in_time, 4, port, str(tmp_path), str(tmp_path / "ckpt"),
+                        init_group=False, may_die={2}, timeout=100)
+    assert results[2] is None
+    expected = _single_process()
+    for rank in (0, 1, 3):
+        result = results[rank]
+        assert result["world_size"] == 3 and result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert results[0]["waited_s"] > 0.4  # the survivors did wait below the minimum
+    assert_exactly_once(tmp_path, EPOCHS)
+    assert not (tmp_path / "ckpt").exists()  # a joiner came: no checkpoint, no stop
+    del store
+
+
+def _nobody_joins(rank: int, world_size: int, port: int, ledger_dir: str,
+                  checkpoint_dir: str, resume: bool) -> dict[str, Any]:
+    from potluck.errors import BelowMinimumError
+
+    cohort, model, cursor, opt, loader = _worker(rank, port, expected=2, min_workers=2,
+                                                 wait_s=1.5, checkpoint_dir=checkpoint_dir,
+                                                 resume=resume)
+    started_at = opt.steps
+    try:
+        _train(rank, opt, model, cursor, loader, ledger_dir, victim=None if resume else 1)
+    except BelowMinimumError as exc:
+        return {"stopped": str(exc), "checkpoint": exc.checkpoint, "steps": opt.steps}
+    finally:
+        cohort.close()
+    return {"params": M.params(model.module), "started_at": started_at, "steps": opt.steps}
+
+
+@pytest.mark.timeout(150)
+def test_nobody_joins_checkpoint_and_stop_then_resume_equals_one_run(tmp_path: Path) -> None:
+    checkpoints, ledgers = tmp_path / "ckpt", tmp_path / "ledger"
+    ledgers.mkdir()
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=30))
+    first = run_ranks(_nobody_joins, 2, port, str(ledgers), str(checkpoints), False,
+                      init_group=False, may_die={1}, timeout=100)
+    assert first[1] is None
+    stopped = first[0]
+    assert stopped["steps"] == KILL_AT
+    assert "below min_workers=2" in stopped["stopped"]
+    assert "nobody joined within 1.5 s" in stopped["stopped"]
+    assert stopped["checkpoint"] and stopped["checkpoint"] in stopped["stopped"]
+    assert Path(stopped["checkpoint"]).is_file()
+    del store
+
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=30))
+    second = run_ranks(_nobody_joins, 2, port, str(ledgers), str(checkpoints), True,
+                       init_group=False, timeout=100)
+    expected = _single_process()
+    for result in second:
+        assert result["started_at"] == KILL_AT
+        assert result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert_exactly_once(ledgers, EPOCHS)
+    del store
