@@ -25,8 +25,8 @@ from tests.distributed import models as M
 from tests.distributed.test_elastic import (
     EPOCHS,
     GLOBAL_BATCH,
-    N,
     Indexed,
+    N,
     _single_process,
     assert_exactly_once,
 )

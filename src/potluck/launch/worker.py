@@ -5,8 +5,9 @@ on an uncaught exception, writes it to the error file the launcher named before 
 usual traceback goes to stderr, so the launcher's report can quote it. An elastic cohort
 that stopped below its minimum size (``BelowMinimumError``) is a planned stop: its
 message, no traceback, and exit code 3, which the launcher does not restart. A joiner
-that arrived after the run finished (``JobFinishedError``) says so and exits with 0. It also asks the
-kernel to kill this worker if the launcher dies, so no worker outlives its agent.
+that arrived after the run finished (``JobFinishedError``) says so and exits with 0.
+It also asks the kernel to kill this worker if the launcher dies, so no worker outlives
+its agent.
 """
 
 from __future__ import annotations
