@@ -46,17 +46,21 @@ def _one_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(150)
 def test_killed_worker_is_restarted_and_rejoins_with_live_state(tmp_path: Path) -> None:
-    out = tmp_path / "final.pt"
+    # --min-workers 3: the two survivors wait for the restarted worker (however slow it
+    # is to start on a loaded machine) instead of finishing the run without it.
+    out, epochs = tmp_path / "final.pt", EPOCHS
     result = potluck_run("--nproc-per-node", "3", "--elastic", "--max-restarts", "1",
-                         "--token", "s3cret", str(SCRIPT), "--epochs", str(EPOCHS),
+                         "--min-workers", "3", "--token", "s3cret", str(SCRIPT),
+                         "--epochs", str(epochs),
                          "--fail-at", "4", "--step-time", "0.05", "--out", str(out),
                          timeout=140)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "a worker was lost (elastic: the others train on)" in result.stderr
     assert "restarting local rank 1 as a new member" in result.stderr
-    assert "joined at step" in result.stdout + result.stderr
+    assert "joined at step 4 with the cohort's live state" in result.stderr
+    assert "below min_workers=3: waiting" in result.stderr
     assert "s3cret" not in result.stdout + result.stderr  # the token is never printed
-    final, expected = torch.load(out), _one_process()
+    final, expected = torch.load(out), _one_process(epochs)
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
 

@@ -27,6 +27,7 @@ from typing import IO
 from torch._C._distributed_c10d import TCPStore
 
 from potluck import env as potluck_env
+from potluck.elastic.init import mark_exited
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
@@ -89,13 +90,12 @@ class Agent:
         store = host_store(cfg) if cfg.node_rank == 0 else join_store(cfg, self._stopping)
         if cfg.elastic:
             return self._run_elastic(store)
-        port = store.port
         restarts = 0
         while True:
             if cfg.nnodes > 1:
                 key = f"potluck/{cfg.run_id}/agents/attempt{restarts}"
                 meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
-            outcome, results = self._attempt(port, restarts)
+            outcome, results = self._attempt(store, restarts)
             if self._signal is not None:
                 return self._interrupted(results)
             action = next_action(outcome, restarts, cfg.max_restarts)
@@ -118,7 +118,7 @@ class Agent:
         started, done = (f"potluck/{cfg.run_id}/agents/{name}" for name in ("started", "done"))
         check_in(store, started)
         try:
-            outcome, results = self._attempt(store.port, 0)
+            outcome, results = self._attempt(store, 0)
         finally:
             check_in(store, done)
         if self._signal is not None:
@@ -160,14 +160,15 @@ class Agent:
 
     # ------------------------------------------------------------------- one attempt
 
-    def _attempt(self, port: int, restarts: int) -> tuple[Outcome, list[WorkerResult]]:
+    def _attempt(self, store: TCPStore, restarts: int) -> tuple[Outcome, list[WorkerResult]]:
+        port = store.port
         workers: list[_Worker] = []
         with tempfile.TemporaryDirectory(prefix="potluck-run-") as tmp:
             try:
                 for local_rank in range(self.config.nproc_per_node):
                     workers.append(self._spawn(local_rank, port, restarts, tmp))
                 if self.config.elastic:
-                    outcome = self._monitor_elastic(workers, port, tmp)
+                    outcome = self._monitor_elastic(workers, store, tmp)
                 else:
                     outcome = self._monitor(workers)
             finally:
@@ -225,7 +226,7 @@ class Agent:
                 return Outcome.SUCCEEDED
             time.sleep(_POLL)
 
-    def _monitor_elastic(self, workers: list[_Worker], port: int, tmp: str) -> Outcome:
+    def _monitor_elastic(self, workers: list[_Worker], store: TCPStore, tmp: str) -> Outcome:
         """A dead worker is reported and restarted alone; it rejoins the running cohort
         as a new member. With no restarts left it is reported and the others go on. A
         worker that stopped below ``--min-workers`` is not restarted. The job succeeded
@@ -243,8 +244,10 @@ class Agent:
                     continue
                 elif restarts_left == 0:
                     reported.add(worker.proc.pid)  # lost for good; the others go on
+                    self._count_out(store, worker)
                     self._report_lost(worker)
                 else:
+                    self._count_out(store, worker)
                     restarts_left -= 1
                     worker.seen_at = worker.seen_at or time.time()
                     self._stop([worker])
@@ -253,7 +256,7 @@ class Agent:
                     self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                f"as a new member ({restarts} of {self.config.max_restarts} "
                                "restarts); the others train on")
-                    workers[index] = self._spawn(worker.local_rank, port, restarts, tmp)
+                    workers[index] = self._spawn(worker.local_rank, store.port, restarts, tmp)
                     running += 1
             if running == 0:
                 codes = [w.proc.returncode for w in workers]
@@ -263,6 +266,12 @@ class Agent:
                     return Outcome.STOPPED
                 return Outcome.FAILED
             time.sleep(_POLL)
+
+    def _count_out(self, store: TCPStore, worker: _Worker) -> None:
+        """Tell the cohort at once that this worker died, so nobody waits for its
+        heartbeat to go stale (which stays the fallback if the store cannot be told)."""
+        with contextlib.suppress(RuntimeError):
+            mark_exited(store, self.config.run_id, worker.proc.pid)
 
     def _report_lost(self, worker: _Worker) -> None:
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
