@@ -37,7 +37,7 @@ KILL_AT = 3
 def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: float,
             checkpoint_dir: str, resume: bool = False) -> tuple[Any, Any, Any, Any, Any]:
     from potluck import DataCursor, DataParallel
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer, MinimumSize
     from potluck.rendezvous import RendezvousConfig
     from potluck.step import GuardedOptimizer
 
@@ -51,7 +51,7 @@ def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: fl
     cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor,
-                           min_workers=min_workers, min_workers_timeout=wait_s,
+                           minimum=MinimumSize(min_workers, wait_s),
                            checkpoint_dir=checkpoint_dir, resume=resume)
     loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
                            stop=lambda: opt.left)

@@ -113,7 +113,7 @@ def test_next_member_takes_over_when_the_leader_dies(port: int) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_worker_the_agent_saw_exit_is_not_waited_for(port: int) -> None:
-    from potluck.elastic.init import _process_key, mark_exited
+    from potluck.elastic.init import mark_exited, process_key
 
     config = replace(FAST, heartbeat_timeout=20.0, prefix="potluck/job7/rdzv")
     workers = _form(port, ["w-a", "w-b", "w-c"], config)
@@ -121,7 +121,7 @@ def test_a_worker_the_agent_saw_exit_is_not_waited_for(port: int) -> None:
         r0, r1, r2 = workers
         r2.close()  # "killed": only the agent's word can end the wait
         store = _client(port)
-        store.set(_process_key("job7", 4242), r2.worker_id)  # as init() writes it
+        store.set(process_key("job7", 4242), r2.worker_id)  # as init() writes it
         mark_exited(store, "job7", 4242)
         mark_exited(store, "job7", 999)  # a process that never joined: ignored
         started = time.monotonic()

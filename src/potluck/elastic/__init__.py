@@ -8,6 +8,7 @@ whose collectives all succeeded; otherwise recover and let the loader redo the s
 from potluck.elastic.cohort import ElasticCohort
 from potluck.elastic.init import init
 from potluck.elastic.loader import ElasticLoader
+from potluck.elastic.minimum import MinimumSize
 from potluck.elastic.optim import ElasticOptimizer
 
-__all__ = ["ElasticCohort", "ElasticLoader", "ElasticOptimizer", "init"]
+__all__ = ["ElasticCohort", "ElasticLoader", "ElasticOptimizer", "MinimumSize", "init"]

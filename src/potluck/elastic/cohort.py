@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.collectives import retire_group
+from potluck.elastic.minimum import MinimumSize
 from potluck.errors import RendezvousError
 from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
 
@@ -29,12 +30,12 @@ class ElasticCohort:
 
     def __init__(self, store: Store, worker_id: str, config: RendezvousConfig, *,
                  timeout: float = 60.0, host: str = "127.0.0.1",
-                 prefix: str = "potluck/elastic", min_workers: int = 1,
-                 min_workers_timeout: float = 60.0) -> None:
+                 prefix: str = "potluck/elastic",
+                 minimum: MinimumSize | None = None) -> None:
         self._store, self._timeout, self._host, self._prefix = store, timeout, host, prefix
         # Below this size the cohort stops training and waits for joiners (the optimizer
         # enforces it; see ElasticOptimizer).
-        self.min_workers, self.min_workers_timeout = min_workers, min_workers_timeout
+        self.minimum = minimum or MinimumSize()
         self.rendezvous = StoreRendezvous(store, worker_id, config)
         self.events: list[dict[str, Any]] = []
         self.membership = self.rendezvous.join()

@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import Store, TCPStore
 
 from potluck.cohort.store import local_address
 from potluck.elastic.cohort import ElasticCohort
+from potluck.elastic.minimum import MinimumSize
 from potluck.env import WorkerEnv, read_worker_env
 from potluck.errors import ConfigError, RendezvousError
 from potluck.rendezvous import RendezvousConfig, keys
@@ -54,11 +55,10 @@ def init(*, timeout: float = 60.0, heartbeat_interval: float = 0.5,
     )
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     # The agent that started this process reports its death under this key (mark_exited).
-    store.set(_process_key(env.run_id, os.getpid()), worker_id)
+    store.set(process_key(env.run_id, os.getpid()), worker_id)
     return ElasticCohort(store, worker_id, config, timeout=timeout, host=local_address(env),
                          prefix=f"potluck/{env.run_id}/elastic",
-                         min_workers=env.min_workers,
-                         min_workers_timeout=env.min_workers_timeout)
+                         minimum=MinimumSize(env.min_workers, env.min_workers_timeout))
 
 
 def mark_exited(store: Store, run_id: str, pid: int) -> None:
@@ -67,7 +67,7 @@ def mark_exited(store: Store, run_id: str, pid: int) -> None:
     Its member id gets a leave key, so the survivors' next generation forms without
     waiting for its heartbeat to go stale. A process that never joined is ignored.
     """
-    key = _process_key(run_id, pid)
+    key = process_key(run_id, pid)
     if store.check([key]):
         worker_id = store.get(key).decode()
         store.set(f"{_rendezvous_prefix(run_id)}/{keys.leave(worker_id)}", "exited")
@@ -77,5 +77,6 @@ def _rendezvous_prefix(run_id: str) -> str:
     return f"potluck/{run_id}/rdzv"
 
 
-def _process_key(run_id: str, pid: int) -> str:
+def process_key(run_id: str, pid: int) -> str:
+    """Where ``init()`` writes the member id of worker process ``pid`` on this host."""
     return f"potluck/{run_id}/process/{socket.gethostname()}/{pid}"

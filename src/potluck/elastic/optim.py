@@ -13,9 +13,9 @@ Only when a flag is up does every member call the rendezvous' ``admit()``; joine
 receive the live state (model, optimizer, cursor, step, bucket order) from rank 0 of
 the new generation: no disk checkpoint is needed to grow the cohort.
 
-Below ``min_workers`` (after a loss or a leave) the cohort does not train: it polls for
+Below ``MinimumSize.workers`` (after a loss or a leave) the cohort does not train: it polls for
 joiners (one tiny all-reduce per poll keeps the members in step) and admits them as at
-a boundary. If none came within ``min_workers_timeout`` seconds, rank 0 writes the live
+a boundary. If none came within ``MinimumSize.timeout`` seconds, rank 0 writes the live
 state as a checkpoint and every member raises ``BelowMinimumError``; a later run with
 ``resume=True`` starts from that checkpoint.
 """
@@ -34,7 +34,8 @@ from potluck.checkpoint import CheckpointManager
 from potluck.collectives import allgather_tensor, allreduce_max, broadcast_object
 from potluck.data import DataCursor
 from potluck.elastic.cohort import ElasticCohort
-from potluck.errors import BelowMinimumError, ConfigError
+from potluck.elastic.minimum import MinimumSize
+from potluck.errors import BelowMinimumError
 from potluck.step import GuardedOptimizer, StepResult
 
 DEFAULT_CHECKPOINT_DIR = "potluck-elastic-checkpoints"
@@ -47,25 +48,17 @@ class ElasticOptimizer:
     """Wraps a ``GuardedOptimizer``; call ``step()`` once per batch, as usual."""
 
     def __init__(self, optimizer: GuardedOptimizer, model: Any, cohort: ElasticCohort,
-                 cursor: DataCursor, *, admit_every: int = 1, min_workers: int | None = None,
-                 min_workers_timeout: float | None = None,
-                 checkpoint_dir: str | Path | None = None, resume: bool = False) -> None:
-        """``min_workers`` / ``min_workers_timeout`` default to the cohort's (from
-        ``potluck run --min-workers``); ``resume`` starts the founders from the newest
-        checkpoint in ``checkpoint_dir`` (written when the cohort stopped below its
-        minimum), if there is one."""
+                 cursor: DataCursor, *, admit_every: int = 1,
+                 minimum: MinimumSize | None = None, checkpoint_dir: str | Path | None = None,
+                 resume: bool = False) -> None:
+        """``minimum`` defaults to the cohort's (``potluck run --min-workers``); ``resume``
+        starts the founders from the newest checkpoint in ``checkpoint_dir`` (written
+        when the cohort stopped below its minimum), if there is one."""
         self.optimizer, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         optimizer.model = model  # a failed step must never be applied
         optimizer.set_group(cohort.group)
         self.admit_every = admit_every
-        self.min_workers = cohort.min_workers if min_workers is None else min_workers
-        self.min_workers_timeout = (cohort.min_workers_timeout if min_workers_timeout is None
-                                    else min_workers_timeout)
-        if self.min_workers < 1 or not self.min_workers_timeout > 0:
-            raise ConfigError(
-                f"min_workers={self.min_workers} and min_workers_timeout="
-                f"{self.min_workers_timeout} must be >= 1 and > 0 s, e.g. 2 and 60"
-            )
+        self.minimum = cohort.minimum if minimum is None else minimum
         self.checkpoint_dir = Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR)
         self.steps = 0  # committed global steps, the same on every member
         self.redone = 0
@@ -137,14 +130,14 @@ class ElasticOptimizer:
         Rank 0's clock and rank 0's view of the join queue decide, and every poll is one
         MAX all-reduce of ``[joiners pending, time is up]``, so all members act alike.
         """
-        if self.cohort.world_size >= self.min_workers:
+        if self.cohort.world_size >= self.minimum.workers:
             return
         started = time.monotonic()
-        deadline = started + self.min_workers_timeout
+        deadline = started + self.minimum.timeout
         log.warning("[rank %d] %d worker(s), below min_workers=%d: waiting up to %g s for "
                     "workers to join", self.cohort.rank, self.cohort.world_size,
-                    self.min_workers, self.min_workers_timeout)
-        while self.cohort.world_size < self.min_workers:
+                    self.minimum.workers, self.minimum.timeout)
+        while self.cohort.world_size < self.minimum.workers:
             time.sleep(_POLL)
             leader = self.cohort.rank == 0
             flags = torch.tensor([
@@ -172,11 +165,7 @@ class ElasticOptimizer:
         allreduce_max(done, self.cohort.group)  # nobody exits before the file is complete
         where = str(saved) if saved else f"{self.checkpoint_dir} (written by rank 0)"
         raise BelowMinimumError(
-            f"the cohort had {self.cohort.world_size} worker(s), below min_workers="
-            f"{self.min_workers}, and nobody joined within {self.min_workers_timeout:g} s; "
-            f"step {self.steps} is saved in {where}: start the job again with at least "
-            f"{self.min_workers} workers and resume from it (ElasticOptimizer(resume=True, "
-            "checkpoint_dir=...)), or lower --min-workers",
+            self.minimum.stop_message(self.cohort.world_size, self.steps, where),
             checkpoint=str(saved) if saved else None)
 
     def _resume(self) -> None:

@@ -1,0 +1,32 @@
+"""``MinimumSize``: below how many workers an elastic cohort stops training, and for how long
+it then waits for joiners before it checkpoints and stops (``potluck run --min-workers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from potluck.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MinimumSize:
+    workers: int = 1
+    """Below this many members the cohort does not train; 1 never stops it."""
+    timeout: float = 60.0
+    """Seconds to wait for joiners below ``workers`` before checkpointing and stopping."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or not self.timeout > 0:
+            raise ConfigError(
+                f"MinimumSize(workers={self.workers}, timeout={self.timeout}): workers must "
+                "be >= 1 and timeout > 0 seconds, e.g. MinimumSize(2, 60.0)"
+            )
+
+    def stop_message(self, world_size: int, steps: int, where: str) -> str:
+        return (
+            f"the cohort had {world_size} worker(s), below min_workers={self.workers}, and "
+            f"nobody joined within {self.timeout:g} s; step {steps} is saved in {where}: "
+            f"start the job again with at least {self.workers} workers and resume from it "
+            "(ElasticOptimizer(resume=True, checkpoint_dir=...)), or lower --min-workers"
+        )
