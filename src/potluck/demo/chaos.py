@@ -51,7 +51,7 @@ from potluck.launch.config import LaunchConfig
 from potluck.metrics.jsonl import JsonlWriter
 
 WORKER_MODULE = "potluck.demo.elastic_worker"
-VICTIM = 1  # launch rank 1: rank 0 founds the cohort and writes the step records
+VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
 RELEASE_AFTER_S = 10.0  # a restarted worker still not admitted this long after the end
 
 

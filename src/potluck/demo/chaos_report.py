@@ -284,7 +284,7 @@ def throughput_rows(
         rows.append([f"throughput, {_workers(size)}",
                      f"{rate:,.1f} samples/s, {rate * tokens_per_sample:,.0f} tokens/s",
                      f"global batch / median step time ({step_s * 1e3:.1f} ms over "
-                     f"{len(times)} steps)"])
+                     f"{len(times)} step{'s' if len(times) > 1 else ''})"])
     return rows
 
 

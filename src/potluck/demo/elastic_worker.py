@@ -129,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     data = Windows(vocab.encode(text), args.steps, args.batch_size, args.context, args.seed)
     torch.manual_seed(args.seed)  # the founders start equal; a joiner receives the state
     net = CharTransformer(ModelConfig(vocab.size, args.context, args.d_model, args.n_layers))
+    # Built before joining: the first optimizer a process makes imports a lot of torch
+    # (seconds), and between admission and receiving the state the cohort waits for us.
+    adamw = torch.optim.AdamW(net.parameters(), lr=PEAK_LR, weight_decay=0.01)
 
     cohort = potluck.elastic.init(timeout=30.0, heartbeat_interval=0.4,
                                   heartbeat_timeout=args.heartbeat_timeout)
@@ -138,7 +141,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = DataParallel(net, group=cohort.group, on_failure="abandon",
                          init_sync=not cohort.joined_late)
     cursor = DataCursor(len(data), args.batch_size, seed=args.seed, drop_last=True)
-    adamw = torch.optim.AdamW(net.parameters(), lr=PEAK_LR, weight_decay=0.01)
     opt = ElasticOptimizer(GuardedOptimizer(adamw, clip_grad_norm=1.0), model, cohort,
                            cursor)  # a restarted worker receives the live state here
     opt.leave_on_sigterm()  # the launcher stopping us (Ctrl-C): finish the step, leave
