@@ -31,6 +31,7 @@ from typing import Any
 
 from potluck.demo.chaos_report import (
     ChaosRun,
+    Incarnation,
     events_table,
     figures,
     format_event,
@@ -72,7 +73,7 @@ class ChaosPreset:
 
 CHAOS_FULL = ChaosPreset(steps=600, global_batch=32, corpus_chars=2_000_000, context=64,
                          d_model=128, n_layers=2, sample_chars=300, warmup_steps=10)
-CHAOS_QUICK = ChaosPreset(steps=300, global_batch=16, corpus_chars=200_000, context=64,
+CHAOS_QUICK = ChaosPreset(steps=360, global_batch=16, corpus_chars=200_000, context=64,
                           d_model=64, n_layers=2, sample_chars=80, warmup_steps=10)
 
 
@@ -215,15 +216,23 @@ class ChaosDriver:
         elif kind == "event" and self._first("event", int(record["generation"])):
             event = next(e for e in run.events if e.generation == record["generation"])
             self.out(format_event(event, run))
+            for pid, incarnation in run.incarnations.items():
+                if run.members.get(pid) in event.joined:
+                    self._show_join(incarnation, run)
         elif kind == "hello" and int(record["restart"]) > 0:
             self.out(f"the launcher restarted worker {record['launch_rank']} as pid "
                      f"{record['pid']} (restart {record['restart']} of 1); it asks to join "
                      "the running cohort")
-        elif kind == "joined" and int(record["pid"]) in run.incarnations:
-            self.out(format_join(run.incarnations[int(record["pid"])], int(record["step"])))
+        elif kind == "joined" and ("event", int(record["generation"])) in self._shown:
+            self._show_join(run.incarnations[int(record["pid"])], run)
         elif kind == "kill" and run.kill is not None:
             victim = run.incarnations.get(run.kill.pid)
             self.out(format_kill(run.kill, victim.label if victim else f"pid {run.kill.pid}"))
+
+    def _show_join(self, incarnation: Incarnation, run: ChaosRun) -> None:
+        """Once its generation was shown, and once it said it has the state."""
+        if incarnation.pid in run.joins and self._first("join", incarnation.pid):
+            self.out(format_join(incarnation, run.joins[incarnation.pid]))
 
     def _first(self, kind: str, key: int) -> bool:
         seen = (kind, key) in self._shown

@@ -89,6 +89,8 @@ class StepWatch:
 
     def after_step(self, loss: float) -> None:
         step_s = time.perf_counter() - self.started
+        for event in self.cohort.events[self._events:]:  # the new generation first
+            self.journal.write("event", **event)
         if self.opt.redone > self._redone:  # abandoned: the loader hands it out again
             self.journal.write("redo", step=self.opt.steps, generation=self._generation,
                                workers=self._world_size)
@@ -96,8 +98,6 @@ class StepWatch:
             # Membership as it was when the step trained (a boundary may follow it).
             self.journal.write("step", step=self.opt.steps - 1, loss=loss, step_s=step_s,
                                workers=self._world_size, generation=self._generation)
-        for event in self.cohort.events[self._events:]:
-            self.journal.write("event", **event)
         self._steps, self._redone, self._events = (self.opt.steps, self.opt.redone,
                                                    len(self.cohort.events))
         self._generation, self._world_size = self.cohort.generation, self.cohort.world_size
