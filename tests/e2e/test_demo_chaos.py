@@ -27,7 +27,7 @@ def test_chaos_demo_kills_restores_and_carries_on(tmp_path: Path) -> None:
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     steps = CHAOS_QUICK.steps
 
-    kill = re.search(r"chaos: SIGKILL to worker 1 \(pid (\d+)\) after step (\d+) had "
+    kill = re.search(r"chaos: SIGKILL to worker 1 \(pid (\d+)\) once step (\d+) had "
                      r"committed", out)
     assert kill is not None, out
     victim, after = int(kill.group(1)), int(kill.group(2))

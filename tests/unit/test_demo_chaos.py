@@ -90,7 +90,7 @@ def test_kill_line_and_events_table() -> None:
     run = parse_run(_records())
     assert run.kill is not None
     assert format_kill(run.kill, "worker 1 (pid 101)").startswith(
-        "chaos: SIGKILL to worker 1 (pid 101) after step 3 had committed")
+        "chaos: SIGKILL to worker 1 (pid 101) once step 3 had committed")
     table = events_table(run).splitlines()
     assert table[0] == "membership events:"
     assert table[1].split() == ["gen", "cause", "left", "joined", "workers", "recovery",

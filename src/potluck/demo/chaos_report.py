@@ -151,7 +151,7 @@ def format_step(record: Mapping[str, Any], total: int) -> str:
 
 
 def format_kill(kill: Kill, label: str) -> str:
-    return (f"chaos: SIGKILL to {label} after step {kill.after_step + 1} had committed; "
+    return (f"chaos: SIGKILL to {label} once step {kill.after_step + 1} had committed; "
             "no warning, no goodbye")
 
 
