@@ -34,7 +34,7 @@ def _records() -> list[dict[str, Any]]:
         {"kind": "member", "pid": 101, "worker_id": VICTIM, "time": 1.0},
         {"kind": "kill", "pid": 7, "target": 101, "launch_rank": 1, "after_step": 2,
          "time": 10.0},
-        {"kind": "redo", "pid": 100, "step": 3, "generation": 0, "workers": 2, "time": 10.1},
+        {"kind": "redo", "pid": 100, "step": 3, "generation": 1, "workers": 1, "time": 11.6},
         # Every member records the generation; the slowest member's recovery counts.
         {"kind": "event", "pid": 100, "generation": 1, "cause": "a collective of the step "
          "failed", "left": [VICTIM], "joined": [], "world_size": 1, "recovery_s": 1.5,

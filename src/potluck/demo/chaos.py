@@ -212,7 +212,7 @@ class ChaosDriver:
             if step == 0 or (step + 1) % every == 0 or step + 1 == total:
                 self.out(format_step(record, total))
         elif kind == "redo" and self._first("redo", int(record["step"])):
-            self.out(format_redo(int(record["step"]), int(record["workers"]) - 1))
+            self.out(format_redo(int(record["step"]), int(record["workers"])))
         elif kind == "event" and self._first("event", int(record["generation"])):
             event = next(e for e in run.events if e.generation == record["generation"])
             self.out(format_event(event, run))

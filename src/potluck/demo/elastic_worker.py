@@ -9,7 +9,7 @@ because the launcher passes nothing back but exit codes. Records, by ``kind``:
 ``member``  in the cohort: worker id, generation, rank, world size, joined late or not
 ``joined``  a restarted worker received the live state: at which step
 ``step``    a committed step, written by the cohort's rank 0 (loss of its own share)
-``redo``    a step whose collectives failed, written by every survivor: not applied
+``redo``    a step whose collectives failed (every survivor; world size of those who redo it)
 ``event``   a membership change (every member): generation, cause, left, joined, ...
 ``done``    the loop ended: steps, redone steps, and on rank 0 a sample of generated text
 
@@ -92,8 +92,9 @@ class StepWatch:
         for event in self.cohort.events[self._events:]:  # the new generation first
             self.journal.write("event", **event)
         if self.opt.redone > self._redone:  # abandoned: the loader hands it out again
-            self.journal.write("redo", step=self.opt.steps, generation=self._generation,
-                               workers=self._world_size)
+            # Who redoes it: the new generation the optimizer recovered into.
+            self.journal.write("redo", step=self.opt.steps, generation=self.cohort.generation,
+                               workers=self.cohort.world_size)
         elif self.opt.steps > self._steps and self.cohort.rank == 0:
             # Membership as it was when the step trained (a boundary may follow it).
             self.journal.write("step", step=self.opt.steps - 1, loss=loss, step_s=step_s,
