@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps between checkpoints; 0 saves only at the end (100)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest good checkpoint in --checkpoint-dir")
+    parser.add_argument("--chaos", action="store_true",
+                        help="train elastically under the launcher and SIGKILL worker 1 a "
+                             "third of the way through: it is restarted and rejoins, the run "
+                             "carries on, every membership change is shown (no baseline, no "
+                             "checkpoints; needs --workers 2 or more)")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -138,6 +143,10 @@ def _require(ok: bool, message: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
+    if args.chaos:
+        from potluck.demo import chaos
+
+        return chaos.main(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:

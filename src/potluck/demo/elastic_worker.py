@@ -1,0 +1,179 @@
+"""The chaos demo's worker: ``potluck demo --chaos`` starts it under ``potluck run --elastic``.
+
+One process (one incarnation of one worker) joins or founds the cohort with
+``potluck.elastic.init()``, trains the demo's character transformer on its share of
+every global step, and appends what happened to ``<run dir>/worker-<rank>-<pid>.jsonl``,
+because the launcher passes nothing back but exit codes. Records, by ``kind``:
+
+``hello``   before joining: launch rank, restart count, pid (what the chaos driver kills)
+``member``  in the cohort: worker id, generation, rank, world size, joined late or not
+``joined``  a restarted worker received the live state: at which step
+``step``    a committed step, written by the cohort's rank 0 (loss of its own share)
+``redo``    a step whose collectives failed (every survivor; world size of those who redo it)
+``event``   a membership change (every member): generation, cause, left, joined, ...
+``done``    the loop ended: steps, redone steps, and on rank 0 a sample of generated text
+
+Every record carries ``time`` (wall clock, seconds) and the writer's ``pid``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+import potluck.elastic
+from potluck.data import DataCursor
+from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
+from potluck.demo.text import Vocabulary, batch_offsets, load_corpus
+from potluck.demo.train import learning_rate
+from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+from potluck.env import read_worker_env
+from potluck.metrics.jsonl import JsonlWriter
+from potluck.reducer import DataParallel
+from potluck.step import GuardedOptimizer
+
+PEAK_LR, WARMUP_STEPS, SAMPLE_PROMPT = 3e-3, 20, "def "
+
+
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The windows of the plain demo's steps 0..steps-1, as one dataset: item i is
+    ``(inputs, next-character targets)`` of window i. The data cursor permutes them."""
+
+    def __init__(self, tokens: torch.Tensor, steps: int, global_batch: int, context: int,
+                 seed: int) -> None:
+        self.tokens, self.context = tokens, context
+        self.offsets = torch.cat([batch_offsets(step, seed, tokens.numel(), context,
+                                                global_batch) for step in range(steps)])
+
+    def __len__(self) -> int:
+        return self.offsets.numel()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = int(self.offsets[index])
+        window = self.tokens[start : start + self.context + 1]
+        return window[:-1], window[1:]
+
+
+class Journal:
+    """This incarnation's record file; one JSON line per record, flushed as written."""
+
+    def __init__(self, run_dir: Path, launch_rank: int) -> None:
+        self.pid = os.getpid()
+        self._writer = JsonlWriter(run_dir / f"worker-{launch_rank}-{self.pid}.jsonl")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        self._writer.write({"kind": kind, "time": time.time(), "pid": self.pid, **fields})
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class StepWatch:
+    """After each ``opt.step()``: records the committed step, a failed one, new events."""
+
+    def __init__(self, journal: Journal, cohort: ElasticCohort, opt: ElasticOptimizer) -> None:
+        self.journal, self.cohort, self.opt = journal, cohort, opt
+        self._steps, self._redone, self._events = opt.steps, opt.redone, len(cohort.events)
+        self._generation, self._world_size = cohort.generation, cohort.world_size
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def after_step(self, loss: float) -> None:
+        step_s = time.perf_counter() - self.started
+        for event in self.cohort.events[self._events:]:  # the new generation first
+            self.journal.write("event", **event)
+        if self.opt.redone > self._redone:  # abandoned: the loader hands it out again
+            # Who redoes it: the new generation the optimizer recovered into.
+            self.journal.write("redo", step=self.opt.steps, generation=self.cohort.generation,
+                               workers=self.cohort.world_size)
+        elif self.opt.steps > self._steps and self.cohort.rank == 0:
+            # Membership as it was when the step trained (a boundary may follow it).
+            self.journal.write("step", step=self.opt.steps - 1, loss=loss, step_s=step_s,
+                               workers=self._world_size, generation=self._generation)
+        self._steps, self._redone, self._events = (self.opt.steps, self.opt.redone,
+                                                   len(self.cohort.events))
+        self._generation, self._world_size = self.cohort.generation, self.cohort.world_size
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="potluck.demo.elastic_worker")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True, help="global batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus-chars", type=int, required=True)
+    parser.add_argument("--context", type=int, required=True)
+    parser.add_argument("--d-model", type=int, required=True)
+    parser.add_argument("--n-layers", type=int, required=True)
+    parser.add_argument("--sample-chars", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    me = read_worker_env()
+    journal = Journal(args.run_dir, me.rank)
+    journal.write("hello", launch_rank=me.rank, restart=me.restart_count)
+    text = load_corpus(args.corpus_chars, args.seed)
+    vocab = Vocabulary.from_text(text)
+    data = Windows(vocab.encode(text), args.steps, args.batch_size, args.context, args.seed)
+    torch.manual_seed(args.seed)  # the founders start equal; a joiner receives the state
+    net = CharTransformer(ModelConfig(vocab.size, args.context, args.d_model, args.n_layers))
+    # Built before joining: the first optimizer a process makes imports a lot of torch
+    # (seconds), and between admission and receiving the state the cohort waits for us.
+    adamw = torch.optim.AdamW(net.parameters(), lr=PEAK_LR, weight_decay=0.01)
+
+    cohort = potluck.elastic.init(timeout=30.0, heartbeat_interval=0.4,
+                                  heartbeat_timeout=args.heartbeat_timeout)
+    journal.write("member", worker_id=cohort.rendezvous.worker_id, rank=cohort.rank,
+                  generation=cohort.generation, workers=cohort.world_size,
+                  joined_late=cohort.joined_late)
+    model = DataParallel(net, group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(len(data), args.batch_size, seed=args.seed, drop_last=True)
+    opt = ElasticOptimizer(GuardedOptimizer(adamw, clip_grad_norm=1.0), model, cohort,
+                           cursor)  # a restarted worker receives the live state here
+    opt.leave_on_sigterm()  # the launcher stopping us (Ctrl-C): finish the step, leave
+    if cohort.joined_late:
+        journal.write("joined", step=opt.steps, rank=cohort.rank,
+                      generation=cohort.generation, workers=cohort.world_size)
+    loader = ElasticLoader(data, cursor, lambda: (cohort.rank, cohort.world_size),
+                           stop=lambda: opt.left)
+    watch = StepWatch(journal, cohort, opt)
+
+    while cursor.epoch < 1 and not opt.left:  # one epoch is exactly --steps steps
+        for x, y in loader:
+            watch.start()
+            for group in adamw.param_groups:
+                group["lr"] = learning_rate(opt.steps, args.steps, PEAK_LR, WARMUP_STEPS)
+            opt.zero_grad()
+            loss = language_model_loss(model(x), y)
+            loss.backward()  # type: ignore[no-untyped-call]  # a lost peer marks the step failed
+            opt.step()  # applied and committed only if every collective succeeded
+            watch.after_step(float(loss.detach()))
+
+    sample = None
+    if cohort.rank == 0 and not opt.left and args.sample_chars > 0:
+        out = generate(net, vocab.encode(SAMPLE_PROMPT), args.sample_chars,
+                       generator=torch.Generator().manual_seed(args.seed))
+        sample = vocab.decode(out)
+    journal.write("done", steps=opt.steps, redone=opt.redone, left=opt.left,
+                  rank=cohort.rank, generation=cohort.generation, workers=cohort.world_size,
+                  n_params=sum(p.numel() for p in net.parameters()), sample=sample)
+    journal.close()
+    cohort.close()
+
+
+if __name__ == "__main__":
+    main()

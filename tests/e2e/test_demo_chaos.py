@@ -1,0 +1,67 @@
+"""``potluck demo --chaos --quick`` as a user runs it: a worker is SIGKILLed a third of the
+way through, the launcher restarts it, it rejoins, and the run ends with every step."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from potluck.demo.chaos import CHAOS_QUICK
+from potluck.metrics.jsonl import read_jsonl
+from tests.e2e.helpers import pid_alive
+
+
+@pytest.mark.timeout(170)
+def test_chaos_demo_kills_restores_and_carries_on(tmp_path: Path) -> None:
+    metrics = tmp_path / "runs" / "metrics.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--chaos", "--quick", "--metrics",
+         str(metrics)],
+        capture_output=True, text=True, timeout=160, cwd=tmp_path,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    steps = CHAOS_QUICK.steps
+
+    kill = re.search(r"chaos: SIGKILL to worker 1 \(pid (\d+)\) once step (\d+) had "
+                     r"committed", out)
+    assert kill is not None, out
+    victim, after = int(kill.group(1)), int(kill.group(2))
+    assert steps // 3 <= after < steps
+    assert f"step {after + 1} was in flight: not applied, redone" in out
+
+    left = re.search(rf"generation (\d+): a collective of the step failed; left: worker 1 "
+                     rf"\(pid {victim}\); now 1 worker; recovery [\d.]+ s", out)
+    joined = re.search(r"generation (\d+): admitted at a step boundary with the live state; "
+                       r"joined: worker 1 \(pid (\d+), restart 1\); now 2 workers", out)
+    assert left is not None and joined is not None, out
+    assert int(joined.group(1)) > int(left.group(1))
+    reborn = int(joined.group(2))
+    assert reborn != victim
+    assert f"steps: {steps} of {steps} committed; steps lost: 0" in out
+    assert "membership events:" in out and "throughput, 2 workers" in out
+
+    records = read_jsonl(metrics)
+    assert [r["step"] for r in records] == list(range(steps))  # each step exactly once
+    assert {r["workers"] for r in records} == {1, 2}
+    first = sum(r["loss"] for r in records[:20]) / 20
+    last = sum(r["loss"] for r in records[-20:]) / 20
+    assert last < first
+    assert not pid_alive(victim) and not pid_alive(reborn)  # nothing left running
+
+
+@pytest.mark.timeout(60)
+def test_chaos_with_one_worker_is_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--chaos", "--quick", "--workers", "1",
+         "--metrics", str(tmp_path / "m.jsonl")],
+        capture_output=True, text=True, timeout=50,
+    )
+    assert done.returncode == 2
+    assert "--chaos with --workers 1" in done.stderr
+    assert "at least 2 workers" in done.stderr and "use --chaos --workers 2" in done.stderr
+    assert not (tmp_path / "chaos").exists()  # nothing was started

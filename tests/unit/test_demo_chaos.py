@@ -1,0 +1,174 @@
+"""The chaos demo's pure pieces: records -> run, event lines, tables, flag checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from potluck.demo.chaos import CHAOS_QUICK, RecordFollower, config_from_args, launch_config
+from potluck.demo.chaos_report import (
+    describe_cause,
+    events_table,
+    format_event,
+    format_kill,
+    loss_milestones,
+    parse_run,
+    steps_line,
+    throughput_rows,
+)
+from potluck.errors import ConfigError
+
+FOUNDER, VICTIM, REBORN = "vm:100:aa", "vm:101:bb", "vm:102:cc"
+
+
+def _records() -> list[dict[str, Any]]:
+    """A 9-step run: worker 1 killed after step 2, step 3 redone, back from step 5."""
+    records: list[dict[str, Any]] = [
+        {"kind": "hello", "pid": 100, "launch_rank": 0, "restart": 0, "time": 0.0},
+        {"kind": "hello", "pid": 101, "launch_rank": 1, "restart": 0, "time": 0.0},
+        {"kind": "member", "pid": 100, "worker_id": FOUNDER, "time": 1.0},
+        {"kind": "member", "pid": 101, "worker_id": VICTIM, "time": 1.0},
+        {"kind": "kill", "pid": 7, "target": 101, "launch_rank": 1, "after_step": 2,
+         "time": 10.0},
+        {"kind": "redo", "pid": 100, "step": 3, "generation": 1, "workers": 1, "time": 11.6},
+        # Every member records the generation; the slowest member's recovery counts.
+        {"kind": "event", "pid": 100, "generation": 1, "cause": "a collective of the step "
+         "failed", "left": [VICTIM], "joined": [], "world_size": 1, "recovery_s": 1.5,
+         "time": 11.5},
+        {"kind": "hello", "pid": 102, "launch_rank": 1, "restart": 1, "time": 12.0},
+        {"kind": "member", "pid": 102, "worker_id": REBORN, "time": 15.0},
+        {"kind": "joined", "pid": 102, "step": 5, "time": 15.0},
+        {"kind": "event", "pid": 100, "generation": 2, "cause": "boundary", "left": [],
+         "joined": [REBORN], "world_size": 2, "recovery_s": 0.02, "time": 15.0},
+        {"kind": "done", "pid": 100, "steps": 9, "redone": 1, "left": False,
+         "n_params": 1234, "sample": "def x"},
+        {"kind": "done", "pid": 102, "steps": 9, "redone": 0, "left": False,
+         "n_params": 1234, "sample": None},
+    ]
+    for step in range(9):
+        workers, generation = (2, 0) if step < 3 else (1, 1) if step < 5 else (2, 2)
+        records.append({"kind": "step", "pid": 100, "step": step, "loss": 4.0 - 0.25 * step,
+                        "step_s": 0.1 * workers, "workers": workers,
+                        "generation": generation, "time": float(step)})
+    return records
+
+
+@pytest.mark.timeout(30)
+def test_parse_run_names_processes_and_dedupes_events() -> None:
+    run = parse_run(reversed(_records()))  # order of arrival does not matter
+    assert run.label(VICTIM) == "worker 1 (pid 101)"
+    assert run.label(REBORN) == "worker 1 (pid 102, restart 1)"
+    assert run.label("not-an-id") == "not-an-id"
+    assert [e.generation for e in run.events] == [1, 2]
+    assert run.kill is not None and run.kill.after_step == 2
+    assert run.redone == [3] and run.joins == {102: 5}
+    assert run.final_steps == 9 and run.sample == "def x" and run.n_params == 1234
+    assert run.pending_joiners() == []
+    slower = {**_records()[6], "pid": 102, "recovery_s": 2.5}
+    assert parse_run([*_records(), slower]).events[0].recovery_s == 2.5
+
+
+@pytest.mark.timeout(30)
+def test_event_line_says_generation_cause_who_size_and_recovery() -> None:
+    run = parse_run(_records())
+    failure, join = run.events
+    assert format_event(failure, run) == (
+        "generation 1: a collective of the step failed; left: worker 1 (pid 101); "
+        "now 1 worker; recovery 1.50 s; 1.5 s after the kill")
+    assert format_event(join, run) == (
+        "generation 2: admitted at a step boundary with the live state; joined: worker 1 "
+        "(pid 102, restart 1); now 2 workers; recovery 0.02 s; 5.0 s after the kill")
+    assert describe_cause(failure) == "a collective of the step failed"
+
+
+@pytest.mark.timeout(30)
+def test_kill_line_and_events_table() -> None:
+    run = parse_run(_records())
+    assert run.kill is not None
+    assert format_kill(run.kill, "worker 1 (pid 101)").startswith(
+        "chaos: SIGKILL to worker 1 (pid 101) once step 3 had committed")
+    table = events_table(run).splitlines()
+    assert table[0] == "membership events:"
+    assert table[1].split() == ["gen", "cause", "left", "joined", "workers", "recovery",
+                                "after", "kill"]
+    assert "worker 1 (pid 101)" in table[3] and "1.50 s" in table[3]
+    assert "worker 1 (pid 102, restart 1)" in table[4] and "5.0 s" in table[4]
+    assert events_table(parse_run([])) == "membership events: none (the cohort never changed)"
+
+
+@pytest.mark.timeout(30)
+def test_steps_line_counts_lost_steps_and_names_the_redone_one() -> None:
+    run = parse_run(_records())
+    line = steps_line(run, requested=9)
+    assert line.startswith("steps: 9 of 9 committed; steps lost: 0 (step 4 was in flight")
+    short = parse_run([r for r in _records() if r["kind"] != "done"]
+                      + [{"kind": "done", "pid": 100, "steps": 7, "left": False}])
+    assert "steps lost: 2" in steps_line(short, requested=9)
+
+
+@pytest.mark.timeout(30)
+def test_loss_milestones_follow_the_run_through_the_kill_and_the_rejoin() -> None:
+    line = loss_milestones(parse_run(_records()), window=2)
+    assert line == ("loss, mean of 2 steps of rank 0's share: 3.875 start (steps 1-2) -> "
+                    "3.625 before the kill (steps 2-3) -> 2.625 after the rejoin (steps 6-7) "
+                    "-> 2.125 end (steps 8-9)")
+
+
+@pytest.mark.timeout(30)
+def test_throughput_per_cohort_size_skips_warmup_redone_and_fresh_generations() -> None:
+    rows = throughput_rows(parse_run(_records()), global_batch=8, tokens_per_sample=4,
+                           warmup=1)
+    # 2 workers: steps 1, 2 (gen 0 after warm-up), 6, 7, 8 (gen 2 without its first);
+    # 1 worker: step 4 only (3 was redone and is gen 1's first).
+    assert [row[0] for row in rows] == ["throughput, 2 workers", "throughput, 1 worker"]
+    assert rows[0][1] == "40.0 samples/s, 160 tokens/s" and "over 5 steps" in rows[0][2]
+    assert rows[1][1] == "80.0 samples/s, 320 tokens/s" and "over 1 step)" in rows[1][2]
+
+
+@pytest.mark.timeout(30)
+def test_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
+    follower = RecordFollower(tmp_path)
+    path = tmp_path / "worker-0-1.jsonl"
+    path.write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
+    assert follower.poll() == [{"a": 1}]
+    with path.open("a") as file:
+        file.write('2}\n')
+    assert follower.poll() == [{"b": 2}]
+    assert follower.poll() == []
+
+
+def _args(**overrides: Any) -> argparse.Namespace:
+    values: dict[str, Any] = {"workers": 2, "steps": None, "batch_size": None, "seed": 0,
+                              "metrics": Path("runs/demo/metrics.jsonl"), "quick": True,
+                              "no_progress": False, "resume": False}
+    return argparse.Namespace(**{**values, **overrides})
+
+
+@pytest.mark.timeout(30)
+def test_config_kills_a_third_of_the_way_and_launches_elastically() -> None:
+    config = config_from_args(_args())
+    assert config.preset.steps == CHAOS_QUICK.steps
+    assert config.kill_at == CHAOS_QUICK.steps // 3
+    assert config.run_dir == Path("runs/demo/chaos")
+    launch = launch_config(config, token="s3cret")
+    assert launch.elastic and launch.max_restarts == 1 and launch.module
+    assert launch.script == "potluck.demo.elastic_worker" and launch.nproc_per_node == 2
+    assert "s3cret" not in repr(launch) and "s3cret" not in " ".join(launch.script_args)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"workers": 1}, "--chaos with --workers 1: .* at least 2 workers; use --chaos --workers 2"),
+    ({"steps": 2}, "--chaos with --steps 2: .* at least 3 steps"),
+    ({"workers": 3, "batch_size": 16}, "global batch 16 .* --workers 3: .* multiple of "
+                                       "both; use e.g. --batch-size 12"),
+    ({"resume": True}, "--resume with --chaos"),
+])
+def test_bad_chaos_flags_say_value_rule_and_fix(overrides: dict[str, Any],
+                                                expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        config_from_args(_args(**overrides))
