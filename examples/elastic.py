@@ -48,13 +48,16 @@ data = TensorDataset(torch.randn(96, 8, generator=gen, dtype=torch.float64),
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 net = net.double()
+# Built before joining: a process's first optimizer imports much of torch (seconds), and
+# once admitted, a joiner keeps the cohort waiting until it takes the live state.
+sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 
 cohort = potluck.elastic.init(timeout=20.0, heartbeat_timeout=2.0)
 model = DataParallel(net, group=cohort.group, on_failure="abandon",
                      init_sync=not cohort.joined_late)
 cursor = DataCursor(len(data), args.global_batch, seed=3)
 opt = potluck.elastic.ElasticOptimizer(
-    GuardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)),
+    GuardedOptimizer(sgd),
     model, cohort, cursor, checkpoint_dir=args.checkpoint_dir,
     resume=args.resume)  # a late joiner receives the live state here
 opt.leave_on_sigterm()

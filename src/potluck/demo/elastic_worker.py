@@ -172,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                   rank=cohort.rank, generation=cohort.generation, workers=cohort.world_size,
                   n_params=sum(p.numel() for p in net.parameters()), sample=sample)
     journal.close()
-    cohort.close()
+    if opt.left:
+        cohort.close()
+    else:
+        cohort.finish()  # a restarted worker still waiting to be admitted is told it is over
 
 
 if __name__ == "__main__":
