@@ -156,7 +156,7 @@ def _check(trial: TrialResult, results: list[Any], workdir: Path, job: ElasticJo
         for name, value in expected.items():
             if not torch.allclose(r["params"][name], value, rtol=RTOL, atol=ATOL):
                 trial.problems.append(f"{name} differs from one process")
-    reporter = max(finishers, key=lambda r: len(r["events"]))  # a founder saw the most
+    reporter = max(finishers, key=lambda r: len(r["events"]))  # a surviving founder
     trial.recovery_s = [(_cause(e), round(e["recovery_s"], 3)) for e in reporter["events"]]
 
 
