@@ -20,6 +20,7 @@ _COMMANDS = [
 _BENCHES = [
     ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
     ("allreduce", "potluck.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
+    ("chaos", "potluck.bench.chaos", "random kill / freeze / leave / join trials, checked"),
 ]
 
 

@@ -20,18 +20,13 @@ from typing import Any
 import pytest
 import torch
 
+from potluck.bench.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.bench.ranks import free_port, run_ranks
-from tests.distributed import models as M
-from tests.distributed.test_elastic import (
-    EPOCHS,
-    GLOBAL_BATCH,
-    Indexed,
-    N,
-    _single_process,
-    assert_exactly_once,
-)
+from tests.distributed.test_elastic import assert_exactly_once
 
 KILL_AT = 3
+JOB = ElasticJob(epochs=2)
+EPOCHS, N, GLOBAL_BATCH = JOB.epochs, JOB.samples, JOB.global_batch
 
 
 def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: float,
@@ -41,19 +36,20 @@ def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: fl
     from potluck.rendezvous import RendezvousConfig
     from potluck.step import GuardedOptimizer
 
+    net = mlp()  # model and optimizer first: an admitted joiner keeps the cohort waiting
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
                                        timeout=timedelta(seconds=30))
     config = RendezvousConfig(token="min", expected=expected, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
     cohort = ElasticCohort(store, f"worker-{rank}-{os.getpid()}", config, timeout=10.0)
-    model = DataParallel(M.mlp(), group=cohort.group, on_failure="abandon",
+    model = DataParallel(net, group=cohort.group, on_failure="abandon",
                          init_sync=not cohort.joined_late)
-    cursor = DataCursor(N, GLOBAL_BATCH, seed=5)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cursor = DataCursor(N, GLOBAL_BATCH, seed=JOB.data_seed)
     opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor,
                            minimum=MinimumSize(min_workers, wait_s),
                            checkpoint_dir=checkpoint_dir, resume=resume)
-    loader = ElasticLoader(Indexed(), cursor, lambda: (cohort.rank, cohort.world_size),
+    loader = ElasticLoader(Indexed(N), cursor, lambda: (cohort.rank, cohort.world_size),
                            stop=lambda: opt.left)
     return cohort, model, cursor, opt, loader
 
@@ -84,7 +80,7 @@ def _joiner_in_time(rank: int, world_size: int, port: int, ledger_dir: str,
                                                  wait_s=60.0, checkpoint_dir=checkpoint_dir)
     _train(rank, opt, model, cursor, loader, ledger_dir, victim=2)
     cohort.close()
-    return {"params": M.params(model.module), "world_size": cohort.world_size,
+    return {"params": params(model.module), "world_size": cohort.world_size,
             "waited_s": opt.waited_s, "steps": opt.steps}
 
 
@@ -96,14 +92,14 @@ def test_cohort_below_minimum_waits_and_a_joiner_lets_it_go_on(tmp_path: Path) -
     results = run_ranks(_joiner_in_time, 4, port, str(tmp_path), str(tmp_path / "ckpt"),
                         init_group=False, may_die={2}, timeout=100)
     assert results[2] is None
-    expected = _single_process()
+    expected = single_process(JOB)
     for rank in (0, 1, 3):
         result = results[rank]
         assert result["world_size"] == 3 and result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
     assert results[0]["waited_s"] > 0.4  # the survivors did wait below the minimum
-    assert_exactly_once(tmp_path, EPOCHS)
+    assert_exactly_once(tmp_path, JOB)
     assert not (tmp_path / "ckpt").exists()  # a joiner came: no checkpoint, no stop
     del store
 
@@ -122,7 +118,7 @@ def _nobody_joins(rank: int, world_size: int, port: int, ledger_dir: str,
         return {"stopped": str(exc), "checkpoint": exc.checkpoint, "steps": opt.steps}
     finally:
         cohort.close()
-    return {"params": M.params(model.module), "started_at": started_at, "steps": opt.steps}
+    return {"params": params(model.module), "started_at": started_at, "steps": opt.steps}
 
 
 @pytest.mark.timeout(150)
@@ -148,11 +144,11 @@ def test_nobody_joins_checkpoint_and_stop_then_resume_equals_one_run(tmp_path: P
                                        wait_for_workers=False, timeout=timedelta(seconds=30))
     second = run_ranks(_nobody_joins, 2, port, str(ledgers), str(checkpoints), True,
                        init_group=False, timeout=100)
-    expected = _single_process()
+    expected = single_process(JOB)
     for result in second:
         assert result["started_at"] == KILL_AT
         assert result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(ledgers, EPOCHS)
+    assert_exactly_once(ledgers, JOB)
     del store

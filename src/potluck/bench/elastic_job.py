@@ -1,0 +1,229 @@
+"""A small elastic training job whose outcome can be checked exactly (chaos bench, tests).
+
+Every worker trains a float64 MLP through ``ElasticCohort`` / ``ElasticOptimizer`` /
+``ElasticLoader`` on the store its caller hosts (as the launcher's agent hosts it), and
+appends each committed step's sample indices to its own ledger file. Three checks follow
+from the step transaction:
+
+- ``single_process(job)``: one process training on the same global batches. Every step
+  trains on the same global batch whatever the membership, so an elastic run ends with
+  these parameters, up to summation order (float64: ``rtol=1e-9``).
+- ``ledger_problems(dir, job)``: every sample of every epoch committed exactly once.
+- ``leftover_processes(dir)``: no worker process outlived its run (pid files).
+
+``fault_hook`` is called before every step with the committed step count: fault
+injection (kill, freeze, leave, cut the link) happens there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from potluck.data import DataCursor
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """What every worker of the job agrees on (the data, the batch, the timeouts)."""
+
+    samples: int = 48
+    global_batch: int = 12  # divisible by 1, 2, 3 and 4: equal shares for any membership
+    epochs: int = 2
+    data_seed: int = 5  # the epoch permutation
+    token: str = "secret"
+    expected: int = 3  # founders of generation 0
+    collective_timeout: float = 20.0  # a silent (frozen, cut-off) peer is given up on after
+    heartbeat_interval: float = 0.2
+    heartbeat_timeout: float = 1.5
+    settle_timeout: float = 10.0
+    join_timeout: float = 60.0
+    store_timeout: float = 30.0
+    step_pause: float = 0.0  # a stand-in for compute, so events land mid-run
+
+
+class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    """``(index, x, y)``: the index lets the ledger record what was trained."""
+
+    def __init__(self, samples: int) -> None:
+        gen = torch.Generator().manual_seed(1000)
+        self.x = torch.randn(samples, 8, generator=gen, dtype=torch.float64)
+        self.y = torch.randn(samples, 4, generator=gen, dtype=torch.float64)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i]
+
+
+def mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4)).double()
+
+
+def params(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+@dataclass
+class Worker:
+    """One worker's pieces, as a training script would hold them."""
+
+    cohort: Any
+    model: Any
+    cursor: DataCursor
+    optimizer: Any
+    loader: Any
+
+
+def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
+                 host: str = "127.0.0.1", token: str | None = None,
+                 before_join: Callable[[], None] | None = None) -> Worker:
+    """Join (or found) the cohort on the caller's store; ``host``: where Gloo binds.
+
+    ``before_join`` runs once the slow local setup is done, just before joining (a
+    late worker waits there for its moment).
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    from potluck import DataParallel
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.rendezvous import RendezvousConfig
+    from potluck.step import GuardedOptimizer
+
+    # Everything slow and local comes before joining. Once admitted, a late joiner is in
+    # the cohort's group and the members wait for it in the state broadcast, bounded by
+    # the collective timeout; a process's first torch optimizer takes seconds to build
+    # (it imports torch._dynamo), enough to time that broadcast out on a busy machine.
+    net = mlp()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    if before_join is not None:
+        before_join()
+    store = TCPStore(store_addr, port, is_master=False,
+                     timeout=timedelta(seconds=job.store_timeout))
+    config = RendezvousConfig(token=job.token if token is None else token,
+                              expected=job.expected,
+                              heartbeat_interval=job.heartbeat_interval,
+                              heartbeat_timeout=job.heartbeat_timeout,
+                              settle_timeout=job.settle_timeout,
+                              join_timeout=job.join_timeout)
+    cohort = ElasticCohort(store, worker_id, config, timeout=job.collective_timeout,
+                           host=host)
+    model = DataParallel(net, group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(job.samples, job.global_batch, seed=job.data_seed)
+    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
+    loader = ElasticLoader(Indexed(job.samples), cursor,
+                           lambda: (cohort.rank, cohort.world_size), stop=lambda: opt.left)
+    return Worker(cohort, model, cursor, opt, loader)
+
+
+def train(worker: Worker, job: ElasticJob, ledger: Path,
+          fault_hook: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train ``job.epochs`` epochs (or until this worker leaves); append to ``ledger``.
+
+    The ledger is flushed after every committed step, so it outlives a SIGKILL.
+    Returns the final parameters, the cohort's events and what this worker saw.
+    """
+    cohort, model, cursor, opt = worker.cohort, worker.model, worker.cursor, worker.optimizer
+    detected_s: float | None = None  # the first failed step: how long it took to fail
+    detected_at: float | None = None  # ... and when it failed (wall clock)
+    with ledger.open("a") as out:
+        while cursor.epoch < job.epochs and not opt.left:
+            for index, x, y in worker.loader:
+                if fault_hook is not None:
+                    fault_hook(opt.steps)
+                if job.step_pause:
+                    time.sleep(job.step_pause)
+                epoch, started = cursor.epoch, time.monotonic()
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if model.step_failed and detected_s is None:
+                    detected_s, detected_at = time.monotonic() - started, time.time()
+                if opt.step().committed:
+                    out.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    out.flush()
+    cohort.close()
+    return {"params": params(model.module), "events": cohort.events, "redone": opt.redone,
+            "detected_s": detected_s, "detected_at": detected_at, "left": opt.left,
+            "steps": opt.steps, "world_size": cohort.world_size, "generation": cohort.generation,
+            "joined_late": cohort.joined_late}
+
+
+def single_process(job: ElasticJob) -> dict[str, torch.Tensor]:
+    """The reference: one process, the same global batches, plain SGD."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cursor, data = DataCursor(job.samples, job.global_batch, seed=job.data_seed), \
+        Indexed(job.samples)
+    for _ in range(job.epochs * (job.samples // job.global_batch)):
+        idx = cursor.global_indices()
+        opt.zero_grad()
+        ((model(data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+        opt.step()
+        cursor.commit()
+    return params(model)
+
+
+def max_param_diff(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two sets of parameters."""
+    return max(float((got[name] - value).abs().max()) for name, value in expected.items())
+
+
+def ledger_problems(ledger_dir: Path, job: ElasticJob) -> list[str]:
+    """Every epoch whose committed samples are not each sample exactly once (empty: ok)."""
+    ledger = [json.loads(line) for f in sorted(Path(ledger_dir).glob("*.jsonl"))
+              for line in f.read_text().splitlines()]
+    problems = []
+    for epoch in range(job.epochs):
+        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
+        if trained != list(range(job.samples)):
+            missing = sorted(set(range(job.samples)) - set(trained))
+            twice = sorted({i for i in trained if trained.count(i) > 1})
+            problems.append(f"epoch {epoch}: missing {missing}, more than once {twice}")
+    return problems
+
+
+def write_pid(directory: Path, name: str) -> None:
+    """Record this process (pid and start time), for ``leftover_processes``."""
+    Path(directory, f"{name}.pid").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
+
+
+def leftover_processes(directory: Path) -> list[int]:
+    """Recorded processes that are still running (a zombie counts as gone)."""
+    alive = []
+    for path in sorted(Path(directory).glob("*.pid")):
+        pid, started = path.read_text().split()
+        if _start_time(int(pid)) == started and _state(int(pid)) not in ("Z", "X", None):
+            alive.append(int(pid))
+    return alive
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # fields after the command name
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields else None  # field 22 of proc(5)
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[0] if fields else None
