@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -84,13 +85,19 @@ def allgather_object(obj: Any, group: Group, device: torch.device | None = None)
 
 
 def broadcast_object(obj: Any, group: Group, src: int = 0,
-                     device: torch.device | None = None) -> Any:
-    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None)."""
+                     device: torch.device | None = None,
+                     timeout: timedelta | None = None) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None).
+
+    ``timeout`` replaces the group's own for this call (e.g. to wait for a slow joiner).
+    """
     device = device or torch.device("cpu")
     payload = pickle.dumps(obj) if group.rank() == src else b""
     length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     opts = dist.BroadcastOptions()
     opts.rootRank = src
+    if timeout is not None:
+        opts.timeout = timeout
     group.broadcast([length], opts).wait()
     data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
     if group.rank() == src:

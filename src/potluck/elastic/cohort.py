@@ -10,7 +10,9 @@ Ranks and world size are the membership's, not the environment's.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -59,7 +61,7 @@ class ElasticCohort:
     def boundary(self) -> Membership:
         """At a step boundary (every member calls it): admit joiners, drop leavers."""
         started, before = time.monotonic(), self.membership.generation
-        self.membership = self.rendezvous.admit()
+        self.membership = self._cut_off_guard(self.rendezvous.admit)
         if self.membership.generation != before:
             self.group = self._build_group(self.membership)
             self._record("boundary", started)
@@ -73,10 +75,45 @@ class ElasticCohort:
         """Form the next generation after a failed collective; every survivor calls it."""
         started = time.monotonic()
         retire_group(self.group)  # broken: tear it down now, not at interpreter exit
-        self.membership = self.rendezvous.next_generation(reason)
+        self.membership = self._cut_off_guard(lambda: self.rendezvous.next_generation(reason))
         self.group = self._build_group(self.membership)
         self._record(reason, started)
         return self.membership
+
+    def _cut_off_guard(self, call: Callable[[], Membership]) -> Membership:
+        """Run a rendezvous call, but give up once the store stops answering this worker.
+
+        A store request over a link that went down blocks until TCP gives up (minutes),
+        whatever the store's timeout. The call runs on a daemon thread; if no heartbeat
+        got through for ``heartbeat_timeout`` meanwhile, the others have already counted
+        this worker out, so it raises instead of hanging.
+        """
+        outcome: list[Membership | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as exc:  # handed to the caller's thread below
+                outcome.append(exc)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=run, name="potluck-rendezvous", daemon=True)
+        thread.start()
+        limit = self.rendezvous.config.heartbeat_timeout
+        while thread.is_alive():
+            thread.join(timeout=0.05)
+            silent = self.rendezvous.store_silent_since(started)
+            if thread.is_alive() and silent > limit:
+                raise RendezvousError(
+                    f"worker {self.rendezvous.worker_id!r} cannot reach the job's store: no "
+                    f"heartbeat got through for {silent:.1f} s (heartbeat_timeout={limit:g} "
+                    "s), so the cohort has gone on without it; check this host's network "
+                    "link, then start it again to rejoin as a new member"
+                )
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _record(self, cause: str, started: float) -> None:
         """Log one membership change as an event (generation, cause, who, how long)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,14 @@ from potluck.collectives import allgather_tensor, allreduce_max, broadcast_objec
 from potluck.data import DataCursor
 from potluck.elastic.cohort import ElasticCohort
 from potluck.elastic.minimum import MinimumSize
-from potluck.errors import BelowMinimumError
+from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.step import GuardedOptimizer, StepResult
 
 DEFAULT_CHECKPOINT_DIR = "potluck-elastic-checkpoints"
+# How long members wait for an admitted joiner to take the live state: its own setup
+# between joining and building the ElasticOptimizer (say, a first optimizer's imports)
+# may take seconds. A joiner that dies meanwhile is noticed at once (closed connection).
+STATE_TIMEOUT = timedelta(seconds=120)
 _POLL = 0.25  # seconds between polls for joiners while below the minimum
 
 log = logging.getLogger(__name__)
@@ -124,6 +129,16 @@ class ElasticOptimizer:
             if membership.joined:
                 self._send_state()
 
+    def _send_state(self) -> None:
+        """Rank 0 hands the joiners the live state; if that fails (a joiner died or
+        stalled past ``STATE_TIMEOUT``), the members go on without them."""
+        try:
+            broadcast_object(self._state() if self.cohort.rank == 0 else None,
+                             self.cohort.group, timeout=STATE_TIMEOUT)
+        except RuntimeError:
+            self.cohort.recover("a joiner did not take the live state")
+            self._use_group()
+
     def _hold_minimum(self) -> None:
         """Below ``min_workers``: wait for joiners; at the deadline checkpoint and stop.
 
@@ -205,11 +220,17 @@ class ElasticOptimizer:
         log.warning("[rank %d] members were at steps %s after recovery; all take step %d",
                     self.cohort.rank, counts, max(counts))
 
-    def _send_state(self) -> None:
-        broadcast_object(self._state() if self.cohort.rank == 0 else None, self.cohort.group)
-
     def _receive_state(self) -> None:
-        self._load(broadcast_object(None, self.cohort.group))
+        try:
+            state = broadcast_object(None, self.cohort.group, timeout=STATE_TIMEOUT)
+        except RuntimeError as exc:
+            raise RendezvousError(
+                f"[rank {self.cohort.rank}] admitted, but the live state did not arrive "
+                f"within {STATE_TIMEOUT.total_seconds():g} s ({exc}); the cohort went on "
+                "without this worker: start it again to rejoin (and build the model and "
+                "optimizer before potluck.elastic.init(), so joining is quick)"
+            ) from exc
+        self._load(state)
         log.warning("[rank %d] joined at step %d with the cohort's live state",
                     self.cohort.rank, self.steps)
 

@@ -57,6 +57,7 @@ class Heartbeat:
         # This thread's own connection (torch's stubs lack ``Store.clone``).
         self._store: Store = getattr(store, "clone")()  # noqa: B009
         self._stop = threading.Event()
+        self.last_ok = time.monotonic()  # when a beat last reached the store
         self._thread = threading.Thread(
             target=self._run, name=f"potluck-heartbeat-{worker_id}", daemon=True
         )
@@ -67,7 +68,12 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
-        self._store.set(keys.heartbeat(self.worker_id), f"{self._clock():.6f}")
+        key = keys.heartbeat(self.worker_id)
+        self._store.set(key, f"{self._clock():.6f}")
+        # ``set`` gets no reply (it "succeeds" into a dead link's socket buffer); the
+        # answer to ``check`` proves the store heard this beat.
+        self._store.check([key])
+        self.last_ok = time.monotonic()
 
     def stop(self) -> None:
         """Stop beating (the last beat then ages); safe to call twice."""

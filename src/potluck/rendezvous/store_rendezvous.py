@@ -271,6 +271,14 @@ class StoreRendezvous:
         """The run is complete: tell the workers still waiting to be admitted."""
         self._store.set(keys.FINISHED, self.worker_id)
 
+    def store_silent_since(self, since: float) -> float:
+        """Seconds since ``since`` (monotonic) or this worker's last beat that reached
+        the store, whichever is later: over ``heartbeat_timeout``, the others count it
+        gone, and the store is not answering it (a cut link, a frozen store)."""
+        if self._heartbeat is None:  # not beating (closed): nothing to judge by
+            return 0.0
+        return time.monotonic() - max(self._heartbeat.last_ok, since)
+
     def close(self) -> None:
         """Stop this worker's heartbeat (its store keys stay); safe to call twice."""
         if self._heartbeat is not None:

@@ -1,0 +1,80 @@
+"""An admitted joiner that is slow to take the live state does not break the cohort.
+
+Between joining (``ElasticCohort``) and receiving the state (``ElasticOptimizer``) a
+joiner runs its own setup, which may take longer than the collective timeout (a first
+optimizer's imports take seconds). The members wait for it up to ``STATE_TIMEOUT``
+instead; the run then equals one process (float64, 1e-9) with every sample once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from potluck.bench.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.bench.ranks import free_port, run_ranks
+from tests.distributed.test_elastic import assert_exactly_once
+
+JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
+SETUP_S = 4.0  # the joiner's setup after joining: well past the collective timeout
+
+
+def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
+    from potluck import DataCursor, DataParallel
+    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck.rendezvous import RendezvousConfig
+    from potluck.step import GuardedOptimizer
+
+    if rank == 2:
+        time.sleep(1.0)  # the founders are training when it arrives
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
+                                       timeout=timedelta(seconds=30))
+    config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
+    net = mlp()
+    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=JOB.collective_timeout)
+    if cohort.joined_late:
+        time.sleep(SETUP_S)  # slow setup while the members wait to send the state
+    model = DataParallel(net, group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(JOB.samples, JOB.global_batch, seed=JOB.data_seed)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
+    loader = ElasticLoader(Indexed(JOB.samples), cursor,
+                           lambda: (cohort.rank, cohort.world_size))
+    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+        while cursor.epoch < JOB.epochs:
+            for index, x, y in loader:
+                time.sleep(0.1)
+                epoch = cursor.epoch
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if opt.step().committed:
+                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    ledger.flush()
+    cohort.finish()
+    return {"params": params(model.module), "world_size": cohort.world_size,
+            "redone": opt.redone, "pid": os.getpid(), "late": cohort.joined_late}
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_joiner_is_waited_for_not_dropped(tmp_path: Path) -> None:
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=30))
+    results = run_ranks(_worker, 3, port, str(tmp_path), init_group=False, timeout=100)
+    assert results[2]["late"]
+    expected = single_process(JOB)
+    for result in results:
+        assert result["world_size"] == 3 and result["redone"] == 0
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert_exactly_once(tmp_path, JOB)
+    del store
