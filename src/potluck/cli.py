@@ -20,6 +20,8 @@ _COMMANDS = [
 _BENCHES = [
     ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
     ("allreduce", "potluck.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
+    ("faults", "potluck.bench.faults",
+     "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
 ]
 
 
