@@ -59,7 +59,7 @@ class FaultsConfig:
     rounds: int = 1
     heartbeat_timeout: float = 1.5
     collective_timeout: float = 5.0
-    end_margin: float = 4.0
+    end_margin: float = 2.0
     """No kill when the job is expected to end within this many seconds."""
     seed: int = 0
     logs: str | None = None
