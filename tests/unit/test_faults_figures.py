@@ -111,3 +111,18 @@ def test_goodput_and_summary() -> None:
     assert summary["goodput"] == pytest.approx((9 / 13 + 9 / 10.5) / 2)
     assert math.isnan(summarize(clean)["goodput"])
     assert math.isnan(summarize(clean)["recovery_median_s"])
+
+
+@pytest.mark.timeout(10)
+def test_every_worker_logs_and_each_step_counts_once() -> None:
+    # Worker A (killed at 1.45) logged steps 1-4 but died before logging step 5, which
+    # the survivors B and C committed (and logged, later) in the same generation.
+    a = steady(range(1, 5), 1.0)
+    b = [*steady(range(1, 6), 1.01), {"redo": 6, "generation": 1, "t": 3.0},
+         *steady(range(6, 8), 3.1, generation=1, world=2)]
+    c = [*steady(range(1, 6), 1.02), {"redo": 6, "generation": 1, "t": 3.01},
+         *steady(range(6, 8), 3.12, generation=1, world=2), {"done": 7, "t": 3.3}]
+    figures = run_figures([*a, *b, *c], [1.45], world_size=3)
+    assert (figures.steps, figures.commits, figures.steps_lost, figures.redone) == (7, 7, 0, 1)
+    assert figures.kills[0].recovery_s == pytest.approx(3.1 - 1.45)
+    assert figures.wall_s == pytest.approx(3.2 - 1.0)

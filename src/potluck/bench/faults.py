@@ -237,8 +237,7 @@ def run_contender(name: str, config: FaultsConfig, run_dir: Path,
         _drive(launcher, name, config, run_dir, kills, victims)
     finally:
         workers = _reap(launcher, run_dir)
-    figures = run_figures(_records(run_dir / "commits.jsonl"), kills,
-                          world_size=config.workers)
+    figures = run_figures(_commit_records(run_dir), kills, world_size=config.workers)
     if not figures.done or figures.steps != config.steps:
         raise BenchError(f"{name}: the job committed {figures.steps} of {config.steps} steps "
                          f"(launcher exit code {launcher.returncode}); its output ends with:"
@@ -285,12 +284,12 @@ def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
         if now - started > limit:
             raise BenchError(f"{name}: the job did not finish within {limit:g} s; "
                              f"its output ends with:\n{_tail(run_dir / 'launcher.log')}")
-        records = _records(run_dir / "commits.jsonl")
+        records = _commit_records(run_dir)
         if done_at is None and any("done" in r for r in records):
             done_at = now
         if done_at is not None and now - done_at > _FINISH_GRACE_S:
             return  # _reap stops a restarted worker still waiting to be admitted
-        commits = [r for r in records if "step" in r]
+        commits = sorted((r for r in records if "step" in r), key=lambda r: float(r["t"]))
         if name.endswith("+kills") and commits and done_at is None:
             _maybe_kill(config, run_dir, commits, kills, victims)
         time.sleep(_POLL)
@@ -306,10 +305,9 @@ def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any
     whole_since = max(t for _, t in training.values()) if kills else float(commits[0]["t"])
     if time.time() < whole_since + config.kill_every:
         return
-    recent = [float(r["t"]) for r in commits[-11:]]
-    step_s = (recent[-1] - recent[0]) / (len(recent) - 1) if len(recent) > 1 else 0.0
-    left = config.steps - max(int(r["step"]) for r in commits)
-    if left * step_s < config.end_margin:
+    latest = sorted({int(r["step"]): float(r["t"]) for r in commits}.items())[-11:]
+    step_s = (latest[-1][1] - latest[0][1]) / max(1, len(latest) - 1)  # roughly
+    if (config.steps - latest[-1][0]) * step_s < config.end_margin:
         return
     pid = training[victims.randrange(config.workers)][0]
     with contextlib.suppress(ProcessLookupError):  # only that process: a crash
@@ -347,6 +345,11 @@ def _reap(launcher: subprocess.Popen[bytes], run_dir: Path) -> list[int]:
     while any(_ours(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(_POLL)
     return pids
+
+
+def _commit_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every worker's commit log, one list (``faults_figures`` counts each step once)."""
+    return [r for path in sorted(run_dir.glob("commits-*.jsonl")) for r in _records(path)]
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

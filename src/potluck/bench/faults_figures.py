@@ -1,9 +1,11 @@
 """The figures of ``potluck bench faults``, computed from a run's logs alone (pure).
 
-Input: the commit log of one run (``{"step", "t", "generation", "world"}`` per committed
-global step, ``{"redo", "t"}`` per in-flight step abandoned and redone, ``{"done", "t"}``
-at the end) and the times the bench killed a worker. A *generation* is the job's
-membership epoch: potluck's cohort generation, or torchrun's restart count.
+Input: the commit logs of every worker of one run (``{"step", "t", "generation",
+"world"}`` per committed global step, ``{"redo", "generation", "t"}`` per in-flight step
+abandoned and redone, ``{"done", "t"}`` at the end) and the times the bench killed a
+worker. A *generation* is the job's membership epoch: potluck's cohort generation, or
+torchrun's restart count. The same step (or redo) of the same generation, logged by
+several workers, is one event at the earliest of their times.
 
 - **steps lost**: commits of a step that was committed again later: work thrown away
   (torchrun: the steps since the last checkpoint, at each kill). Goal for potluck: 0.
@@ -56,7 +58,7 @@ class RunFigures:
 def run_figures(records: Sequence[Mapping[str, Any]], kill_times: Sequence[float],
                 *, world_size: int) -> RunFigures:
     """The figures of one run: ``records`` from its commit log, the kills' times."""
-    commits = sorted((r for r in records if "step" in r), key=lambda r: float(r["t"]))
+    commits = _events(records, "step")
     first_of: dict[int, float] = {}
     for record in commits:
         first_of.setdefault(int(record["step"]), float(record["t"]))
@@ -65,11 +67,23 @@ def run_figures(records: Sequence[Mapping[str, Any]], kill_times: Sequence[float
         steps=len(first_of),
         commits=len(commits),
         steps_lost=len(commits) - len(first_of),
-        redone=sum(1 for r in records if "redo" in r),
+        redone=len(_events(records, "redo")),
         wall_s=wall,
         done=any("done" in r for r in records),
         kills=tuple(_kill(commits, at, world_size) for at in sorted(kill_times)),
     )
+
+
+def _events(records: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    """One record per (``kind`` value, generation), the earliest; sorted by time."""
+    earliest: dict[tuple[int, int], Mapping[str, Any]] = {}
+    for record in records:
+        if kind not in record:
+            continue
+        key = (int(record[kind]), int(record.get("generation", 0)))
+        if key not in earliest or float(record["t"]) < float(earliest[key]["t"]):
+            earliest[key] = record
+    return sorted(earliest.values(), key=lambda r: float(r["t"]))
 
 
 def _kill(commits: Sequence[Mapping[str, Any]], at: float, world_size: int) -> KillFigures:

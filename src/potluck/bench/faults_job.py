@@ -13,8 +13,10 @@ every worker. Both train the same float32 MLP on the same global batches.
 
 What the bench reads (``DIR``): ``started.jsonl``, every worker process's pid;
 ``workers.jsonl``, one line per worker once it trains (pid, launch rank);
-``commits.jsonl``, one line per committed global step (written by the current rank 0),
-one per abandoned step (elastic) and a final "done" (see ``faults_figures``).
+``commits-<pid>.jsonl``, every worker's own log: a line per global step it committed,
+one per step it abandoned (elastic) and a final "done" (see ``faults_figures``). Every
+worker logs, so a step is on record even if the worker that logged first was killed
+between its commit and its write.
 """
 
 from __future__ import annotations
@@ -96,23 +98,21 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
     # (a restarted worker received the live state just now)
     loader = potluck.elastic.ElasticLoader(data, cursor,
                                            lambda: (cohort.rank, cohort.world_size))
-    commits = RunLog(run_dir / "commits.jsonl")
+    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
     RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=read_worker_env().rank,
                                             admitted=admitted)
     while opt.steps < args.steps:
         for x, y in loader:
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
-            result = opt.step()
-            if cohort.rank == 0 and result.failed:  # rank 0 of the new generation
+            if opt.step().failed:  # the cohort is in its next generation now
                 commits.write(redo=opt.steps + 1, generation=cohort.generation)
-            elif cohort.rank == 0:
+            else:
                 commits.write(step=opt.steps, generation=cohort.generation,
                               world=cohort.world_size)
             if opt.steps >= args.steps:
                 break
-    if cohort.rank == 0:
-        commits.write(done=opt.steps)
+    commits.write(done=opt.steps)
     cohort.close()
 
 
@@ -132,7 +132,7 @@ def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:
     state = {"model": net, "optimizer": opt, "cursor": cursor}
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep=2, rank=rank)
     step = checkpoints.restore_latest(state) or 0  # after a restart: the newest one
-    commits = RunLog(run_dir / "commits.jsonl")
+    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
     RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=rank, resumed=step)
     while step < args.steps:
         x, y = data[cursor.rank_indices(rank, world_size=world_size)]
@@ -141,13 +141,11 @@ def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:
         opt.step()
         cursor.commit()
         step += 1
-        if rank == 0:
-            commits.write(step=step, generation=generation, world=world_size)
+        commits.write(step=step, generation=generation, world=world_size)
         if step % args.checkpoint_every == 0:
             checkpoints.save(step, state, blocking=False)  # written in the background
     checkpoints.wait()
-    if rank == 0:
-        commits.write(done=step)
+    commits.write(done=step)
     dist.destroy_process_group()
 
 
