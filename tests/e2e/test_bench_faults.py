@@ -25,10 +25,11 @@ def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(300)
 def test_quick_run_reports_every_contender_and_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
-    result = bench("--quick", "--steps", str(STEPS), "--kill-every", "1.5",
+    result = bench("--quick", "--steps", str(STEPS), "--kill-every", "3",
+                   "--checkpoint-every", "5",
                    "--json", str(out), timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert result.stdout.startswith("potluck bench faults: 3 workers, gloo, kill every 1.5 s")
+    assert result.stdout.startswith("potluck bench faults: 3 workers, gloo, kill every 3 s")
     report = json.loads(out.read_text())
     for name in CONTENDERS:
         figures = report["contenders"][name]

@@ -93,11 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="global steps every job commits (default 200; --quick 60)")
     parser.add_argument("--kill-every", type=float, default=None, metavar="T",
                         help="seconds of full-strength training between two kills "
-                             "(default 8; --quick 2)")
+                             "(default 8; --quick 4)")
     parser.add_argument("--checkpoint-every", type=int, default=10, metavar="C",
                         help="torchrun contender: checkpoint every C steps (default 10)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="interleaved rounds of the four contenders (default 2; --quick 1)")
+                        help="interleaved rounds of the four contenders (default 1; 3 or more "
+                             "for figures that hold on a noisy machine)")
     parser.add_argument("--heartbeat-timeout", type=float, default=1.5, metavar="S",
                         help="potluck job: seconds until a silent worker counts as gone")
     parser.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
@@ -110,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> FaultsConfig:
     """Flags -> config; ``--quick`` picks short defaults for the flags not given."""
-    steps, kill_every, rounds = (60, 2.0, 1) if args.quick else (200, 8.0, 2)
+    steps, kill_every, rounds = (60, 4.0, 1) if args.quick else (200, 8.0, 1)
     return FaultsConfig(
         workers=args.workers,
         steps=steps if args.steps is None else args.steps,
