@@ -21,6 +21,8 @@ _BENCHES = [
     ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
     ("allreduce", "potluck.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
     ("chaos", "potluck.bench.chaos", "random kill / freeze / leave / join trials, checked"),
+    ("faults", "potluck.bench.faults",
+     "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
 ]
 
 

@@ -1,0 +1,394 @@
+"""potluck elastic vs torchrun restart-from-checkpoint, with a worker SIGKILLed every T s.
+
+Four contenders run the same job (``faults_job``: a float32 MLP, a constant global
+batch, a fixed number of global steps) one after the other, interleaved over rounds:
+
+- ``potluck``, ``potluck+kills``: ``potluck run --elastic``; a killed worker's step is
+  redone by the survivors, the launcher restarts it alone and it rejoins live.
+- ``torchrun``, ``torchrun+kills``: ``torch.distributed.run`` with plain DDP, a
+  checkpoint every C steps; on a kill torchrun restarts every worker from the newest.
+
+This process is the killer: it waits until every worker trains (``workers.jsonl``),
+then SIGKILLs one (the same sequence of launch ranks for both systems) every T seconds,
+and stops a few seconds before the end. The figures come from the logs
+(``faults_figures``). Every process is reaped on success, failure and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from potluck import env as potluck_env
+from potluck.bench.common import interleaved, table, write_json
+from potluck.bench.faults_figures import RunFigures, run_figures, summarize
+from potluck.errors import ConfigError, PotluckError
+
+CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
+_JOB = "potluck.bench.faults_job"
+_POLL = 0.05
+_FINISH_GRACE_S = 4.0  # after "done": a restarted worker may wait for a finished cohort
+_MAX_RESTARTS = 50
+
+
+class BenchError(PotluckError):
+    """A contender's job failed or did not finish; the message says where its logs are."""
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    workers: int = 3
+    steps: int = 200
+    kill_every: float = 8.0
+    checkpoint_every: int = 10
+    rounds: int = 1
+    heartbeat_timeout: float = 1.5
+    collective_timeout: float = 5.0
+    end_margin: float = 2.0
+    """No kill when the job is expected to end within this many seconds."""
+    seed: int = 0
+    logs: str | None = None
+
+    @property
+    def global_batch(self) -> int:
+        return 64 * self.workers
+
+    def validated(self) -> FaultsConfig:
+        if self.workers < 2:
+            raise ConfigError(f"--workers {self.workers}: a kill must leave a survivor, so "
+                              "use at least 2 (e.g. --workers 3)")
+        for flag, value in (("--steps", self.steps), ("--checkpoint-every",
+                            self.checkpoint_every), ("--rounds", self.rounds)):
+            if value < 1:
+                raise ConfigError(f"{flag} {value} must be at least 1")
+        if not self.kill_every > 0:
+            raise ConfigError(f"--kill-every {self.kill_every:g} must be a positive number of "
+                              "seconds between kills, e.g. --kill-every 8")
+        for flag, seconds in (("--heartbeat-timeout", self.heartbeat_timeout),
+                              ("--collective-timeout", self.collective_timeout)):
+            if not seconds > 0:
+                raise ConfigError(f"{flag} {seconds:g} must be a positive number of "
+                                  "seconds, e.g. 2")
+        return self
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=3, help="workers per job (default 3)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="global steps every job commits (default 200; --quick 60)")
+    parser.add_argument("--kill-every", type=float, default=None, metavar="T",
+                        help="seconds of full-strength training between two kills "
+                             "(default 8; --quick 4)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="C",
+                        help="torchrun contender: checkpoint every C steps (default 10)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds of the four contenders (default 1; 3 or more "
+                             "for figures that hold on a noisy machine)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=1.5, metavar="S",
+                        help="potluck job: seconds until a silent worker counts as gone")
+    parser.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
+                        help="potluck job: seconds before a collective fails (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="which workers get killed")
+    parser.add_argument("--logs", metavar="DIR", help="keep every run's logs here")
+    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+
+
+def config_from_args(args: argparse.Namespace) -> FaultsConfig:
+    """Flags -> config; ``--quick`` picks short defaults for the flags not given."""
+    steps, kill_every, rounds = (60, 4.0, 1) if args.quick else (200, 8.0, 1)
+    return FaultsConfig(
+        workers=args.workers,
+        steps=steps if args.steps is None else args.steps,
+        kill_every=kill_every if args.kill_every is None else args.kill_every,
+        checkpoint_every=args.checkpoint_every,
+        rounds=rounds if args.rounds is None else args.rounds,
+        heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
+        seed=args.seed, logs=args.logs,
+    ).validated()
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"potluck bench faults: {exc}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-faults-"))
+    try:
+        runs = run_all(config, logs)
+    except KeyboardInterrupt:
+        print("potluck bench faults: interrupted; every job was stopped", file=sys.stderr)
+        return 130
+    except PotluckError as exc:
+        print(f"potluck bench faults: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not config.logs:
+        shutil.rmtree(logs, ignore_errors=True)
+    report(config, runs, args.json)
+    return 0
+
+
+def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | None) -> None:
+    """The table, the ratio lines, and the JSON (every run's figures too)."""
+    figures = {name: [r["figures"] for r in runs if r["contender"] == name]
+               for name in CONTENDERS}
+    summary = {name: summarize(figures[name], figures[name.split("+")[0]]
+                               if name.endswith("+kills") else ())
+               for name in CONTENDERS}
+    print(f"potluck bench faults: {config.workers} workers, gloo, kill every "
+          f"{config.kill_every:g} s, {config.steps} steps of {config.global_batch} samples, "
+          f"torchrun checkpoint every {config.checkpoint_every} steps, "
+          f"{config.rounds} interleaved round(s)")
+    print(table(["contender", "kills", "steps lost", "redone", "recovery (s)",
+                 "max (s)", f"back to {config.workers} (s)", "wall (s)", "steps/s",
+                 "goodput"],
+                [[name, s["kills"], s["steps_lost"], s["redone"], s["recovery_median_s"],
+                  s["recovery_max_s"], s["whole_median_s"], s["wall_s"], s["steps_per_s"],
+                  s["goodput"]] for name, s in summary.items()]))
+    ours, theirs = summary["potluck+kills"], summary["torchrun+kills"]
+    ratios = {
+        "goodput_potluck_over_torchrun": _ratio(ours["goodput"], theirs["goodput"]),
+        "recovery_potluck_over_torchrun": _ratio(ours["recovery_median_s"],
+                                                 theirs["recovery_median_s"]),
+        "steps_per_s_potluck_over_torchrun_kills": _ratio(ours["steps_per_s"],
+                                                          theirs["steps_per_s"]),
+        "steps_per_s_potluck_over_torchrun_no_kills": _ratio(
+            summary["potluck"]["steps_per_s"], summary["torchrun"]["steps_per_s"]),
+    }
+    print(f"with kills, potluck/torchrun: goodput {_fmt(ratios['goodput_potluck_over_torchrun'])}"
+          f", recovery time {_fmt(ratios['recovery_potluck_over_torchrun'])}, steps/s "
+          f"{_fmt(ratios['steps_per_s_potluck_over_torchrun_kills'])}")
+    print(f"without kills, potluck/torchrun: steps/s "
+          f"{_fmt(ratios['steps_per_s_potluck_over_torchrun_no_kills'])}")
+    if json_path:
+        write_json(json_path, _finite({
+            "config": {**asdict(config), "global_batch": config.global_batch},
+            "contenders": summary, "ratios": ratios,
+            "runs": [{"contender": r["contender"], "round": r["round"], "job_s": r["job_s"],
+                      "launcher_pid": r["launcher_pid"], "worker_pids": r["worker_pids"],
+                      **asdict(r["figures"]), "steps_per_s": r["figures"].steps_per_s}
+                     for r in runs]}))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def _fmt(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}"
+
+
+def _finite(value: Any) -> Any:
+    """NaN (a figure with nothing to measure) becomes null: valid JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM: stop the jobs the same way as Ctrl-C
+
+
+def run_all(config: FaultsConfig, logs: Path) -> list[dict[str, Any]]:
+    """Every contender ``rounds`` times, interleaved; one dict per run."""
+    runs = []
+    for index, name in enumerate(interleaved(CONTENDERS, config.rounds)):
+        round_ = index // len(CONTENDERS)
+        run_dir = logs / f"{round_}-{name.replace('+', '-')}"
+        victims = random.Random(config.seed * 1000 + round_)  # same sequence per system
+        figures, pids = run_contender(name, config, run_dir, victims)
+        runs.append({"contender": name, "round": round_, "figures": figures, **pids})
+    return runs
+
+
+def run_contender(name: str, config: FaultsConfig, run_dir: Path,
+                  victims: random.Random) -> tuple[RunFigures, dict[str, Any]]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    kills: list[float] = []
+    started = time.monotonic()
+    with (run_dir / "launcher.log").open("wb") as out:
+        launcher = subprocess.Popen(_command(name, config, run_dir), env=_environ(),
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # its own group, to reap
+    try:
+        _drive(launcher, name, config, run_dir, kills, victims)
+    finally:
+        workers = _reap(launcher, run_dir)
+    figures = run_figures(_commit_records(run_dir), kills, world_size=config.workers)
+    if not figures.done or figures.steps != config.steps:
+        raise BenchError(f"{name}: the job committed {figures.steps} of {config.steps} steps "
+                         f"(launcher exit code {launcher.returncode}); its output ends with:"
+                         f"\n{_tail(run_dir / 'launcher.log')}\nlogs: {run_dir}")
+    return figures, {"job_s": time.monotonic() - started, "launcher_pid": launcher.pid,
+                     "worker_pids": workers}
+
+
+def _command(name: str, config: FaultsConfig, run_dir: Path) -> list[str]:
+    job = ["-m", _JOB, "--run-dir", str(run_dir), "--steps", str(config.steps),
+           "--global-batch", str(config.global_batch)]
+    workers, restarts = str(config.workers), str(_MAX_RESTARTS)
+    if name.startswith("potluck"):
+        return [sys.executable, "-m", "potluck", "run", "--elastic",
+                "--token", secrets.token_hex(8), "--nproc-per-node", workers,
+                "--max-restarts", restarts, "--grace-period", "2", *job,
+                "--mode", "elastic", "--heartbeat-timeout", str(config.heartbeat_timeout),
+                "--collective-timeout", str(config.collective_timeout)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", workers, "--max-restarts", restarts, *job,
+            "--mode", "checkpoint", "--checkpoint-every", str(config.checkpoint_every)]
+
+
+def _environ() -> dict[str, str]:
+    environ = potluck_env.environ_copy()
+    # torchrun shares its rendezvous store with the workers by default, and a restarted
+    # Gloo group then reads the previous attempt's peer addresses: every restart fails
+    # with "connectFullMesh ... Connection refused" (pytorch/pytorch#135712, still so in
+    # torch 2.13). Users turn the sharing off; so does the bench.
+    environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return environ
+
+
+def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
+           run_dir: Path, kills: list[float], victims: random.Random) -> None:
+    """Wait for the job to end; with kills, SIGKILL a worker once the job has trained
+    at full strength for ``kill_every`` seconds (since its first step, or since every
+    worker trains again after the last kill). A fixed wall-clock rate instead would
+    never let a job whose restart takes longer than the period make progress."""
+    limit = 60.0 + 1.5 * config.steps  # far beyond any sane run: a stuck job
+    started, done_at = time.monotonic(), None
+    while launcher.poll() is None:
+        now = time.monotonic()
+        if now - started > limit:
+            raise BenchError(f"{name}: the job did not finish within {limit:g} s; "
+                             f"its output ends with:\n{_tail(run_dir / 'launcher.log')}")
+        records = _commit_records(run_dir)
+        if done_at is None and any("done" in r for r in records):
+            done_at = now
+        if done_at is not None and now - done_at > _FINISH_GRACE_S:
+            return  # _reap stops a restarted worker still waiting to be admitted
+        commits = sorted((r for r in records if "step" in r), key=lambda r: float(r["t"]))
+        if name.endswith("+kills") and commits and done_at is None:
+            _maybe_kill(config, run_dir, commits, kills, victims)
+        time.sleep(_POLL)
+
+
+def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any]],
+                kills: list[float], victims: random.Random) -> None:
+    """SIGKILL one worker if the job trained whole for ``kill_every`` s and is not about
+    to end (a worker restarted then could find the job gone)."""
+    training = _training_workers(run_dir)
+    if len(training) < config.workers:  # still recovering from the last kill
+        return
+    whole_since = max(t for _, t in training.values()) if kills else float(commits[0]["t"])
+    if time.time() < whole_since + config.kill_every:
+        return
+    latest = sorted({int(r["step"]): float(r["t"]) for r in commits}.items())[-11:]
+    step_s = (latest[-1][1] - latest[0][1]) / max(1, len(latest) - 1)  # roughly
+    if (config.steps - latest[-1][0]) * step_s < config.end_margin:
+        return
+    pid = training[victims.randrange(config.workers)][0]
+    with contextlib.suppress(ProcessLookupError):  # only that process: a crash
+        os.kill(pid, signal.SIGKILL)
+    kills.append(time.time())
+    with (run_dir / "kills.jsonl").open("a") as log:  # for a look at the run afterwards
+        log.write(json.dumps({"pid": pid, "t": kills[-1]}) + "\n")
+
+
+def _training_workers(run_dir: Path) -> dict[int, tuple[int, float]]:
+    """Launch rank -> (pid, since when it trains) of the live workers that train."""
+    found = {}
+    for record in _records(run_dir / "workers.jsonl"):
+        if _ours(int(record["pid"])):
+            found[int(record["rank"])] = (int(record["pid"]), float(record["t"]))
+    return found
+
+
+def _reap(launcher: subprocess.Popen[bytes], run_dir: Path) -> list[int]:
+    """Stop the launcher (it stops its workers), then any worker it left behind."""
+    if launcher.poll() is None:
+        _signal_group(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            _signal_group(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    _signal_group(launcher.pid, signal.SIGKILL)  # anything left in its group
+    pids = [int(r["pid"]) for r in _records(run_dir / "started.jsonl")]
+    for pid in pids:
+        if _ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_ours(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(_POLL)
+    return pids
+
+
+def _commit_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every worker's commit log, one list (``faults_figures`` counts each step once)."""
+    return [r for path in sorted(run_dir.glob("commits-*.jsonl")) for r in _records(path)]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a log that may still be written (none if not there yet)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):  # a line being written: read it next time
+            records.append(json.loads(line))
+    return records
+
+
+def _ours(pid: int) -> bool:
+    """A live process of the bench's job (not a zombie, not a reused pid)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "zombie" not in status and _JOB in _cmdline(pid)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"

@@ -1,0 +1,165 @@
+"""The training job of ``potluck bench faults``, in two flavours over the same workload.
+
+    potluck run --elastic --token T --nproc-per-node 3 -m potluck.bench.faults_job \\
+        --mode elastic --run-dir DIR --steps 200
+    python -m torch.distributed.run --standalone --nproc-per-node 3 --max-restarts 9 \\
+        -m potluck.bench.faults_job --mode checkpoint --run-dir DIR --steps 200
+
+``elastic``: potluck.elastic; a dead worker's step is redone by the survivors and the
+restarted worker rejoins with the live state. ``checkpoint``: what users do today,
+plain ``torch.nn.parallel.DistributedDataParallel`` on Gloo, a checkpoint every
+``--checkpoint-every`` steps and a resume from the newest one after torchrun restarted
+every worker. Both train the same float32 MLP on the same global batches.
+
+What the bench reads (``DIR``): ``started.jsonl``, every worker process's pid;
+``workers.jsonl``, one line per worker once it trains (pid, launch rank);
+``commits-<pid>.jsonl``, every worker's own log: a line per global step it committed,
+one per step it abandoned (elastic) and a final "done" (see ``faults_figures``). Every
+worker logs, so a step is on record even if the worker that logged first was killed
+between its commit and its write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from potluck.data import DataCursor
+from potluck.env import read_worker_env
+
+INPUTS, WIDTH, DEPTH = 256, 1024, 4
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("elastic", "checkpoint"), required=True)
+    parser.add_argument("--run-dir", required=True, help="where the logs go")
+    parser.add_argument("--steps", type=int, default=200, help="global steps to commit")
+    parser.add_argument("--global-batch", type=int, default=192)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
+                        help="elastic: seconds until a silent worker counts as gone")
+    parser.add_argument("--collective-timeout", type=float, default=5.0,
+                        help="elastic: seconds a collective may take before it fails")
+    return parser
+
+
+def workload() -> tuple[nn.Module, TensorDataset]:
+    """The same model (seed 0) and synthetic regression data on every worker."""
+    gen = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(3072, INPUTS, generator=gen),
+                         torch.randn(3072, 1, generator=gen))
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(INPUTS, WIDTH), nn.Tanh()]
+    for _ in range(DEPTH - 1):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+    layers.append(nn.Linear(WIDTH, 1))
+    return nn.Sequential(*layers), data
+
+
+class RunLog:
+    """Appends one JSON line per record with a single ``write`` (O_APPEND: no tearing)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **record: Any) -> None:
+        os.write(self._fd, (json.dumps({**record, "t": time.time()}) + "\n").encode())
+
+
+def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
+    import potluck.elastic
+    from potluck import DataParallel
+    from potluck.step import GuardedOptimizer
+
+    net, data = workload()
+    # Built before joining: the first optimizer imports torch._dynamo (about 2 s), and
+    # the cohort would wait that long at the boundary that admits a restarted worker.
+    sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    # The survivors wait for a dead worker's heartbeat to go stale (heartbeat_timeout);
+    # a survivor whose pending collective was not with the dead worker is released only
+    # by the collective timeout, hence a short one.
+    cohort = potluck.elastic.init(timeout=args.collective_timeout,
+                                  heartbeat_interval=args.heartbeat_timeout / 5,
+                                  heartbeat_timeout=args.heartbeat_timeout)
+    admitted = time.time()
+    model = DataParallel(net, group=cohort.group, on_failure="abandon",
+                         init_sync=not cohort.joined_late)
+    cursor = DataCursor(len(data), args.global_batch, seed=1)
+    opt = potluck.elastic.ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
+    # (a restarted worker received the live state just now)
+    loader = potluck.elastic.ElasticLoader(data, cursor,
+                                           lambda: (cohort.rank, cohort.world_size))
+    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
+    RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=read_worker_env().rank,
+                                            admitted=admitted)
+    while opt.steps < args.steps:
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
+            if opt.step().failed:  # the cohort is in its next generation now
+                commits.write(redo=opt.steps + 1, generation=cohort.generation)
+            else:
+                commits.write(step=opt.steps, generation=cohort.generation,
+                              world=cohort.world_size)
+            if opt.steps >= args.steps:
+                break
+    commits.write(done=opt.steps)
+    cohort.close()
+
+
+def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from potluck.checkpoint import CheckpointManager
+
+    net, data = workload()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    generation = read_worker_env().restart_count  # torchrun restarts every worker
+    model = DistributedDataParallel(net)
+    cursor = DataCursor(len(data), args.global_batch, seed=1)
+    state = {"model": net, "optimizer": opt, "cursor": cursor}
+    checkpoints = CheckpointManager(run_dir / "checkpoints", keep=2, rank=rank)
+    step = checkpoints.restore_latest(state) or 0  # after a restart: the newest one
+    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
+    RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=rank, resumed=step)
+    while step < args.steps:
+        x, y = data[cursor.rank_indices(rank, world_size=world_size)]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        cursor.commit()
+        step += 1
+        commits.write(step=step, generation=generation, world=world_size)
+        if step % args.checkpoint_every == 0:
+            checkpoints.save(step, state, blocking=False)  # written in the background
+    checkpoints.wait()
+    commits.write(done=step)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    torch.set_num_threads(1)
+    run_dir = Path(args.run_dir)
+    # Every process the bench may have to clean up, even one that never got to train.
+    RunLog(run_dir / "started.jsonl").write(pid=os.getpid())
+    if args.mode == "elastic":
+        train_elastic(args, run_dir)
+    else:
+        train_checkpoint(args, run_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``potluck bench faults`` as a user runs it: a short run, and a bad flag."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import ROOT, pid_alive
+
+CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
+FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
+          "whole_median_s", "wall_s", "steps_per_s", "goodput")
+STEPS = 50
+
+
+def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "potluck", "bench", "faults", *argv],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_reports_every_contender_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    out = tmp_path / "faults.json"
+    result = bench("--quick", "--steps", str(STEPS), "--kill-every", "3",
+                   "--checkpoint-every", "5",
+                   "--json", str(out), timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.startswith("potluck bench faults: 3 workers, gloo, kill every 3 s")
+    report = json.loads(out.read_text())
+    for name in CONTENDERS:
+        figures = report["contenders"][name]
+        assert set(FIELDS) <= set(figures), name
+        assert figures["steps"] == STEPS, name  # every job committed every step
+    for name in ("potluck+kills", "torchrun+kills"):
+        assert report["contenders"][name]["kills"] >= 1, name
+    assert report["contenders"]["potluck+kills"]["steps_lost"] == 0
+    assert report["contenders"]["potluck"]["kills"] == 0
+    pids = [pid for run in report["runs"] for pid in [run["launcher_pid"], *run["worker_pids"]]]
+    assert len(pids) >= 4 * 4  # a launcher and 3 workers per run, more after restarts
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+
+@pytest.mark.timeout(60)
+def test_bad_flag_is_a_clear_error() -> None:
+    result = bench("--kill-every", "0", timeout=50)
+    assert result.returncode == 2
+    assert "--kill-every 0 must be a positive number of seconds" in result.stderr
+    assert "e.g. --kill-every 8" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = bench("--workers", "1", timeout=50)
+    assert result.returncode == 2
+    assert "--workers 1: a kill must leave a survivor" in result.stderr
