@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.collectives import retire_group
+from potluck.elastic.failure_watch import FailureWatch
 from potluck.elastic.minimum import MinimumSize
 from potluck.errors import RendezvousError
 from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
@@ -45,6 +46,7 @@ class ElasticCohort:
         self.joined_late = self.membership.generation > 0 and \
             worker_id in self.membership.joined
         self.group = self._build_group(self.membership)
+        self._failures = FailureWatch(store, prefix, lambda: self.generation)
 
     @property
     def rank(self) -> int:
@@ -66,6 +68,15 @@ class ElasticCohort:
             self.group = self._build_group(self.membership)
             self._record("boundary", started)
         return self.membership
+
+    def mark_step_failed(self) -> None:
+        """Tell the other members that this generation's step failed here: a member
+        still waiting in a collective for data from this one gives up at once."""
+        self._failures.mark(self.generation)
+
+    def step_failed_elsewhere(self) -> bool:
+        """Whether a member gave up on this generation's step (no I/O: see FailureWatch)."""
+        return self._failures.seen(self.generation)
 
     def leave(self) -> None:
         """Announce a graceful departure; the others form the next generation at once."""
@@ -133,6 +144,7 @@ class ElasticCohort:
         self.close()
 
     def close(self) -> None:
+        self._failures.stop()
         self.rendezvous.close()
 
     def _build_group(self, membership: Membership) -> Any:

@@ -62,6 +62,8 @@ class ElasticOptimizer:
         self.optimizer, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         optimizer.model = model  # a failed step must never be applied
         optimizer.set_group(cohort.group)
+        # A member that gave up on a step says so; the others stop waiting for it.
+        model.reducer.abandoned_elsewhere = cohort.step_failed_elsewhere
         self.admit_every = admit_every
         self.minimum = cohort.minimum if minimum is None else minimum
         self.checkpoint_dir = Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR)
@@ -91,6 +93,7 @@ class ElasticOptimizer:
         result = self.optimizer.step()
         if result.failed:
             self.redone += 1
+            self.cohort.mark_step_failed()
             self.cohort.recover("a collective of the step failed")
             self._use_group()
             self._realign()

@@ -23,7 +23,8 @@ default group.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # Hooks under which zero bitmap entries stay zero and positive ones positive. Not
 # weighted_mean: a rank with weight 0 would erase its own "used" bits.
 _BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean})
+_ABANDON_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ class Reducer:
         self._hook_state: Any = None
         self.require_sync = True
         self.failure: CommunicationError | None = None  # set when a step was abandoned
+        # Elastic: "has a peer already abandoned this step?" While it waits for a
+        # collective, the reducer asks every ``_ABANDON_POLL_S`` and gives up at a yes: a
+        # live peer that gave up never sends, and Gloo would wait out its whole timeout.
+        self.abandoned_elsewhere: Callable[[], bool] | None = None
         self._rebuilt = not config.rebuild_buckets
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
@@ -381,8 +387,22 @@ class Reducer:
 
     # ------------------------------------------------------------------------ errors
 
-    @staticmethod
-    def _value(future: torch.futures.Future[Any], what: str) -> torch.Tensor:
+    def _settle(self, done: Callable[[], bool], what: str) -> None:
+        """Return once ``done()``; raise if a peer abandoned the step meanwhile."""
+        check = self.abandoned_elsewhere
+        if check is None or done():
+            return
+        pause, next_check = 0.0002, time.monotonic() + _ABANDON_POLL_S
+        while not done():
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+            if time.monotonic() >= next_check:
+                if check():
+                    raise CommunicationError(f"{what}: a peer abandoned the step")
+                next_check = time.monotonic() + _ABANDON_POLL_S
+
+    def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
+        self._settle(future.done, what)
         try:
             value = future.wait()
         except RuntimeError as exc:
@@ -396,8 +416,9 @@ class Reducer:
             )
         return value
 
-    @staticmethod
-    def _wait(work: Any, what: str) -> None:
+    def _wait(self, work: Any, what: str) -> None:
+        if hasattr(work, "is_completed"):
+            self._settle(work.is_completed, what)
         try:
             work.wait()
         except RuntimeError as exc:
