@@ -14,7 +14,7 @@ from tests.e2e.helpers import ROOT, pid_alive
 CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
 FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
           "whole_median_s", "wall_s", "steps_per_s", "goodput")
-STEPS = 50
+STEPS = 80  # long enough for a kill 2 s in, more than 2 s (end_margin) before the end
 
 
 def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -25,11 +25,11 @@ def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(300)
 def test_quick_run_reports_every_contender_and_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
-    result = bench("--quick", "--steps", str(STEPS), "--kill-every", "3",
+    result = bench("--quick", "--steps", str(STEPS), "--kill-every", "2",
                    "--checkpoint-every", "5",
                    "--json", str(out), timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert result.stdout.startswith("potluck bench faults: 3 workers, gloo, kill every 3 s")
+    assert result.stdout.startswith("potluck bench faults: 3 workers, gloo, kill every 2 s")
     report = json.loads(out.read_text())
     for name in CONTENDERS:
         figures = report["contenders"][name]

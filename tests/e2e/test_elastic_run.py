@@ -105,7 +105,7 @@ def _node(rank: int, port: int, nproc: int, *args: str) -> subprocess.Popen[str]
 @pytest.mark.timeout(150)
 def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
     """--nnodes 1:2: node 0 starts the job alone; node 1 joins it at a step boundary."""
-    port, out, epochs = free_port(), tmp_path / "final.pt", 40  # long enough to join
+    port, out, epochs = free_port(), tmp_path / "final.pt", 25  # long enough to join
     first = _node(0, port, 2, "--epochs", str(epochs), "--out", str(out))
     nodes = [first]
     try:

@@ -23,7 +23,10 @@ class FailureWatch:
 
     def __init__(self, store: Store, prefix: str, generation: Callable[[], int], *,
                  interval: float = 0.05) -> None:
+        # Two connections of their own: the thread's poll may be stuck on a dead link,
+        # and a request on a connection waits for the one in flight.
         self._store: Store = getattr(store, "clone")()  # noqa: B009  (stubs lack clone)
+        self._marker: Store = getattr(store, "clone")()  # noqa: B009
         self._prefix, self._generation, self._interval = prefix, generation, interval
         self._seen: set[int] = set()
         self._stop = threading.Event()
@@ -36,7 +39,7 @@ class FailureWatch:
         blocks on a dead link)."""
         self._seen.add(generation)
         with contextlib.suppress(RuntimeError):
-            self._store.set(self._key(generation), "1")
+            self._marker.set(self._key(generation), "1")
 
     def seen(self, generation: int) -> bool:
         return generation in self._seen

@@ -13,6 +13,7 @@ its agent.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import runpy
 import signal
@@ -57,17 +58,26 @@ def main(argv: list[str]) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BelowMinimumError as exc:  # a planned stop, not a crash: no traceback
-        print(f"potluck: {exc}", file=sys.stderr, flush=True)
-        sys.exit(BelowMinimumError.EXIT_CODE)
+        _planned_exit(str(exc), BelowMinimumError.EXIT_CODE)
     except JobFinishedError as exc:  # came too late to help: nothing failed
-        print(f"potluck: {exc}", file=sys.stderr, flush=True)
-        sys.exit(0)
+        _planned_exit(str(exc), 0)
     except BaseException as exc:
         exc.with_traceback(_user_frames(exc.__traceback__))
         path = env.error_file()
         if path is not None:
             write_error_file(path, exc)
         raise
+
+
+def _planned_exit(message: str, code: int) -> None:
+    """Say why and exit with ``code`` at once. The state is saved (or there was none to
+    train); tearing down a Gloo group whose peer died has been seen to abort the process
+    at interpreter exit ("terminate called without an active exception"), which would
+    turn a planned stop into a crash report."""
+    print(f"potluck: {message}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
