@@ -90,10 +90,10 @@ class FaultsConfig:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=3, help="workers per job (default 3)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="global steps every job commits (default 200; --quick 60)")
+                        help="global steps every job commits (default 300; --quick 100)")
     parser.add_argument("--kill-every", type=float, default=None, metavar="T",
                         help="seconds of full-strength training between two kills "
-                             "(default 8; --quick 4)")
+                             "(default 6; --quick 2)")
     parser.add_argument("--checkpoint-every", type=int, default=10, metavar="C",
                         help="torchrun contender: checkpoint every C steps (default 10)")
     parser.add_argument("--rounds", type=int, default=None,
@@ -111,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> FaultsConfig:
     """Flags -> config; ``--quick`` picks short defaults for the flags not given."""
-    steps, kill_every, rounds = (60, 4.0, 1) if args.quick else (200, 8.0, 1)
+    steps, kill_every, rounds = (100, 2.0, 1) if args.quick else (300, 6.0, 1)
     return FaultsConfig(
         workers=args.workers,
         steps=steps if args.steps is None else args.steps,
