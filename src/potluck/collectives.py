@@ -9,8 +9,9 @@ collectives used here.
 from __future__ import annotations
 
 import pickle
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -59,11 +60,37 @@ def allgather_tensor(tensor: torch.Tensor, group: Group) -> list[torch.Tensor]:
     return outputs
 
 
-def allreduce_max(tensor: torch.Tensor, group: Group) -> torch.Tensor:
-    """Element-wise maximum of ``tensor`` across ranks, in place (flags, votes)."""
+def wait_unless(done: Callable[[], bool], abandoned: Callable[[], bool] | None,
+                poll: float = 0.05) -> bool:
+    """Wait until ``done()``; False as soon as ``abandoned()`` (asked every ``poll`` s)
+    says a peer gave up, so nobody waits out a collective timeout for a peer that left
+    the collective on purpose. With no ``abandoned``, returns at once (the caller's
+    ``wait()`` then blocks as usual)."""
+    if abandoned is None or done():
+        return True
+    pause, next_check = 0.0002, time.monotonic() + poll
+    while not done():
+        time.sleep(pause)
+        pause = min(2 * pause, 0.005)
+        if time.monotonic() >= next_check:
+            if abandoned():
+                return False
+            next_check = time.monotonic() + poll
+    return True
+
+
+def allreduce_max(tensor: torch.Tensor, group: Group,
+                  abandoned: Callable[[], bool] | None = None) -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` across ranks, in place (flags, votes).
+
+    ``abandoned``: see ``wait_unless``; a yes raises ``RuntimeError`` as a failed
+    collective would."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
-    group.allreduce([tensor], opts).wait()
+    work = group.allreduce([tensor], opts)
+    if not wait_unless(work.is_completed, abandoned):
+        raise RuntimeError("a peer abandoned the step during this all-reduce")
+    work.wait()
     return tensor
 
 

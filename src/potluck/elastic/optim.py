@@ -64,6 +64,7 @@ class ElasticOptimizer:
         optimizer.set_group(cohort.group)
         # A member that gave up on a step says so; the others stop waiting for it.
         model.reducer.abandoned_elsewhere = cohort.step_failed_elsewhere
+        optimizer.abandoned = cohort.step_failed_elsewhere
         self.admit_every = admit_every
         self.minimum = cohort.minimum if minimum is None else minimum
         self.checkpoint_dir = Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR)
@@ -111,8 +112,9 @@ class ElasticOptimizer:
                    and bool(self.cohort.rendezvous.pending_joiners()))
         flags = torch.tensor([float(self._leave_requested), float(pending)])
         try:
-            allreduce_max(flags, self.cohort.group)
+            allreduce_max(flags, self.cohort.group, abandoned=self.cohort.step_failed_elsewhere)
         except RuntimeError:  # a peer died right after the step: the next step recovers
+            self.cohort.mark_step_failed()  # and nobody waits here for this member
             flags.zero_()
         if self._leave_requested:  # gone whatever the vote said: it announced already
             self.left = True

@@ -23,7 +23,6 @@ default group.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from potluck.collectives import Group, PendingBroadcast
+from potluck.collectives import Group, PendingBroadcast, wait_unless
 from potluck.errors import CommunicationError, ReducerError
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
@@ -389,17 +388,8 @@ class Reducer:
 
     def _settle(self, done: Callable[[], bool], what: str) -> None:
         """Return once ``done()``; raise if a peer abandoned the step meanwhile."""
-        check = self.abandoned_elsewhere
-        if check is None or done():
-            return
-        pause, next_check = 0.0002, time.monotonic() + _ABANDON_POLL_S
-        while not done():
-            time.sleep(pause)
-            pause = min(2 * pause, 0.005)
-            if time.monotonic() >= next_check:
-                if check():
-                    raise CommunicationError(f"{what}: a peer abandoned the step")
-                next_check = time.monotonic() + _ABANDON_POLL_S
+        if not wait_unless(done, self.abandoned_elsewhere, _ABANDON_POLL_S):
+            raise CommunicationError(f"{what}: a peer abandoned the step")
 
     def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
         self._settle(future.done, what)

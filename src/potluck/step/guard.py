@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,9 @@ class GuardedOptimizer:
         self._group = group if group is not None else default_group()
         self._agree = agree
         self.model = model  # a DataParallel whose failed steps must not be applied
+        # Elastic: "did a peer abandon this step?", so the finiteness vote never waits
+        # out a collective timeout for a peer that gave up (see collectives.wait_unless).
+        self.abandoned: Callable[[], bool] | None = None
         self.steps = 0
         self.skipped = 0
         self.failed = 0
@@ -139,5 +142,6 @@ class GuardedOptimizer:
         if not self._agree or group is None or group.size() == 1:
             return finite
         device = next(iter(self._parameters()), torch.empty(0)).device
-        flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group)
+        flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group,
+                             abandoned=self.abandoned)
         return bool(flag.item() == 0.0)
