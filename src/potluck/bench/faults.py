@@ -289,7 +289,7 @@ def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
         if done_at is None and any("done" in r for r in records):
             done_at = now
         if done_at is not None and now - done_at > _FINISH_GRACE_S:
-            return  # _reap stops a restarted worker still waiting to be admitted
+            return  # _reap stops whatever is left (the job calls finish(): nothing should be)
         commits = sorted((r for r in records if "step" in r), key=lambda r: float(r["t"]))
         if name.endswith("+kills") and commits and done_at is None:
             _maybe_kill(config, run_dir, commits, kills, victims)

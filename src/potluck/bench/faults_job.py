@@ -113,7 +113,7 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
             if opt.steps >= args.steps:
                 break
     commits.write(done=opt.steps)
-    cohort.close()
+    cohort.finish()  # a restarted worker still waiting to be admitted exits by itself
 
 
 def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:

@@ -53,7 +53,6 @@ from potluck.metrics.jsonl import JsonlWriter
 
 WORKER_MODULE = "potluck.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
-RELEASE_AFTER_S = 10.0  # a restarted worker still not admitted this long after the end
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,6 @@ class ChaosDriver:
         self._follower = RecordFollower(config.run_dir)
         self._journal = JsonlWriter(config.run_dir / "driver.jsonl")
         self._shown: set[tuple[str, int]] = set()
-        self._done_at: float | None = None
         self._killed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="potluck-chaos", daemon=True)
@@ -202,7 +200,6 @@ class ChaosDriver:
         for record in new:
             self._show(record, run)
         self._maybe_kill(run)
-        self._maybe_release(run)
 
     def _show(self, record: dict[str, Any], run: ChaosRun) -> None:
         kind, total = record.get("kind"), self.config.preset.steps
@@ -254,22 +251,6 @@ class ChaosDriver:
         self._journal.write({"kind": "kill", "pid": os.getpid(), "target": victim.pid,
                              "launch_rank": victim.launch_rank, "after_step": after,
                              "time": time.time()})
-
-    def _maybe_release(self, run: ChaosRun) -> None:
-        """A restarted worker that missed the last step boundary would wait for
-        admission until its join timeout: once the run is over, stop it."""
-        if run.final_steps < self.config.preset.steps:
-            return
-        now = time.monotonic()
-        self._done_at = self._done_at or now
-        if now - self._done_at < RELEASE_AFTER_S:
-            return
-        for waiting in run.pending_joiners():
-            if self._first("released", waiting.pid):
-                self.out(f"{waiting.label} was still waiting to be admitted when the run "
-                         "ended; stopping it")
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(waiting.pid, signal.SIGTERM)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -67,17 +67,9 @@ def meet(
 ) -> None:
     """Count this agent in at ``key``; return when ``count`` agents have, else raise."""
     check_in(store, key)
-    deadline = time.monotonic() + timeout
-    while (arrived := _count(store, key)) < count:
-        if stopping():
-            return
-        if time.monotonic() > deadline:
-            raise RendezvousError(
-                f"only {arrived} of {count} node agents reached {key!r} within "
-                f"{timeout:g} s; start `potluck run` on every node with the same "
-                "--nnodes, --master-addr, --master-port and --run-id"
-            )
-        time.sleep(0.05)
+    wait_for_count(store, key, lambda: count, timeout, stopping,
+                   fix="start `potluck run` on every node with the same --nnodes, "
+                       "--master-addr, --master-port and --run-id")
 
 
 def check_in(store: Store, key: str) -> None:
@@ -86,8 +78,11 @@ def check_in(store: Store, key: str) -> None:
 
 
 def wait_for_count(store: Store, key: str, target: Callable[[], int], timeout: float,
-                   stopping: Callable[[], bool]) -> None:
-    """Wait until ``key``'s count reaches ``target()`` (re-read: it may grow), or raise."""
+                   stopping: Callable[[], bool], *,
+                   fix: str = "a node's workers are still running or its agent hangs: "
+                              "see that node's output") -> None:
+    """Wait until ``key``'s count reaches ``target()`` (re-read: it may grow), or raise
+    naming ``fix``."""
     deadline = time.monotonic() + timeout
     while (arrived := _count(store, key)) < (wanted := target()):
         if stopping():
@@ -95,8 +90,7 @@ def wait_for_count(store: Store, key: str, target: Callable[[], int], timeout: f
         if time.monotonic() > deadline:
             raise RendezvousError(
                 f"only {arrived} of {wanted} node agents reached {key!r} within "
-                f"{timeout:g} s; a node's workers are still running or its agent hangs: "
-                "see that node's output"
+                f"{timeout:g} s; {fix}"
             )
         time.sleep(0.05)
 
