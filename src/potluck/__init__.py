@@ -21,8 +21,10 @@ from potluck.errors import (
     ReducerError,
     RendezvousError,
 )
+from potluck.group import GroupHandle
+from potluck.prepare import prepare
 from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
-from potluck.step import GuardedOptimizer, accumulate
+from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction, accumulate
 
 __version__ = "0.1.0"
 
@@ -39,18 +41,22 @@ __all__ = [
     "DataCursor",
     "DataParallel",
     "DistributedRng",
+    "GroupHandle",
     "GuardedOptimizer",
+    "MinimumSize",
     "ModelMismatchError",
     "PeerLostError",
     "PotluckError",
     "ReducerError",
     "RendezvousError",
     "ShardedLoader",
+    "StepTransaction",
     "__version__",
     "accumulate",
     "allreduce_mean",
     "capture_rng",
     "init",
+    "prepare",
     "restore_rng",
     "weighted_mean",
 ]

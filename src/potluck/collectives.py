@@ -18,7 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# A process group or a c10d backend object; both are used through the same methods.
+from potluck.errors import PeerLostError, PotluckError
+from potluck.group import GroupHandle
+
+# A process group, a c10d backend object or a ``GroupHandle``: used through the same
+# methods (``ProcessGroupLike``).
 Group = Any
 
 
@@ -29,12 +33,37 @@ def default_group() -> Group | None:
     return None
 
 
+def settle(work: Any, group: Group, what: str,
+           abandoned: Callable[[], bool] | None = None) -> Any:
+    """Wait for ``work`` of ``group``; a failure (or a peer that abandoned the step, when
+    ``group`` is a ``GroupHandle`` that can tell) raises ``PeerLostError``."""
+    if abandoned is None and isinstance(group, GroupHandle):
+        abandoned = group.step_abandoned
+    generation = group.generation if isinstance(group, GroupHandle) else 0
+    done = getattr(work, "is_completed", None) or getattr(work, "done", None)
+    if done is not None and not wait_unless(done, abandoned):
+        raise PeerLostError.from_failure(what, "a peer abandoned the step",
+                                         rank=_rank(group), generation=generation)
+    try:
+        return work.wait()
+    except RuntimeError as exc:
+        raise PeerLostError.from_failure(what, exc, rank=_rank(group),
+                                         generation=generation) from exc
+
+
+def _rank(group: Group) -> int:
+    try:
+        return int(group.rank())
+    except (RuntimeError, PotluckError):
+        return -1
+
+
 def broadcast_coalesced(tensors: Sequence[torch.Tensor], group: Group, src: int = 0) -> None:
     """Broadcast ``tensors`` from rank ``src`` in place, one flat message per dtype/device."""
     for flat, members in _flatten_groups(tensors):
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        group.broadcast([flat], opts).wait()
+        settle(group.broadcast([flat], opts), group, "broadcast")
         _unflatten_into(flat, members)
 
 
@@ -43,20 +72,21 @@ class PendingBroadcast:
 
     def __init__(self, tensors: Sequence[torch.Tensor], group: Group, src: int = 0) -> None:
         self._parts = _flatten_groups(tensors)
+        self._group = group
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         self._works = [group.broadcast([flat], opts) for flat, _ in self._parts]
 
-    def wait(self) -> None:
+    def wait(self, abandoned: Callable[[], bool] | None = None) -> None:
         for work, (flat, members) in zip(self._works, self._parts, strict=True):
-            work.wait()
+            settle(work, self._group, "buffer broadcast", abandoned)
             _unflatten_into(flat, members)
 
 
 def allgather_tensor(tensor: torch.Tensor, group: Group) -> list[torch.Tensor]:
     """Every rank's copy of ``tensor`` (same shape and dtype on every rank), in rank order."""
     outputs = [torch.empty_like(tensor) for _ in range(group.size())]
-    group.allgather([outputs], [tensor]).wait()
+    settle(group.allgather([outputs], [tensor]), group, "all-gather")
     return outputs
 
 
@@ -79,18 +109,12 @@ def wait_unless(done: Callable[[], bool], abandoned: Callable[[], bool] | None,
     return True
 
 
-def allreduce_max(tensor: torch.Tensor, group: Group,
-                  abandoned: Callable[[], bool] | None = None) -> torch.Tensor:
-    """Element-wise maximum of ``tensor`` across ranks, in place (flags, votes).
-
-    ``abandoned``: see ``wait_unless``; a yes raises ``RuntimeError`` as a failed
-    collective would."""
+def allreduce_max(tensor: torch.Tensor, group: Group, what: str = "vote") -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` across ranks, in place (flags, votes); a lost
+    peer (or one that abandoned the step) raises ``PeerLostError``."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
-    work = group.allreduce([tensor], opts)
-    if not wait_unless(work.is_completed, abandoned):
-        raise RuntimeError("a peer abandoned the step during this all-reduce")
-    work.wait()
+    settle(group.allreduce([tensor], opts), group, what)
     return tensor
 
 
@@ -125,11 +149,11 @@ def broadcast_object(obj: Any, group: Group, src: int = 0,
     opts.rootRank = src
     if timeout is not None:
         opts.timeout = timeout
-    group.broadcast([length], opts).wait()
+    settle(group.broadcast([length], opts), group, "state broadcast")
     data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
     if group.rank() == src:
         data[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    group.broadcast([data], opts).wait()
+    settle(group.broadcast([data], opts), group, "state broadcast")
     return pickle.loads(data.cpu().numpy().tobytes())
 
 

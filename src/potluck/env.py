@@ -38,6 +38,7 @@ TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
 AGENT_PID = "POTLUCK_AGENT_PID"
 # Elastic runs: how many workers found the cohort (the others join later), and below
 # how many it stops training to wait for joiners (then checkpoints and exits).
+ELASTIC = "POTLUCK_ELASTIC"  # "1" under `potluck run --elastic`
 FOUNDERS = "POTLUCK_FOUNDERS"
 MIN_WORKERS = "POTLUCK_MIN_WORKERS"
 MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
@@ -69,6 +70,8 @@ class WorkerEnv:
     """Elastic: generation 0 forms with this many workers (None: ``world_size``)."""
     min_workers: int = 1
     min_workers_timeout: float = 60.0
+    elastic: bool = False
+    """Started by ``potluck run --elastic``: ``potluck.init()`` joins an elastic cohort."""
 
     @property
     def distributed(self) -> bool:
@@ -136,6 +139,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         founders=_int(env, FOUNDERS, None, minimum=1),
         min_workers=_int(env, MIN_WORKERS, 1, minimum=1) or 1,
         min_workers_timeout=_seconds(env, MIN_WORKERS_TIMEOUT, 60.0),
+        elastic=env.get(ELASTIC, "") == "1",
     )
 
 

@@ -39,6 +39,22 @@ class PeerLostError(CommunicationError):
         self.generation = generation
         self.cause = cause
 
+    @classmethod
+    def from_failure(cls, what: str, exc: BaseException | str, *, rank: int,
+                     generation: int) -> PeerLostError:
+        """The error for a collective (``what``) that failed with ``exc``."""
+        text = str(exc).strip()
+        cause = text.splitlines()[0] if text else type(exc).__name__
+        kind = "timed out" if "timed out" in cause.lower() or "timeout" in cause.lower() \
+            else "failed"
+        return cls(
+            f"{what} {kind} on rank {rank} in generation {generation}: a peer died, froze "
+            f"or was cut off ({cause}); the step's collectives are void: an elastic "
+            "cohort redoes the step without it (potluck run --elastic), a static job must "
+            "be restarted (potluck run --max-restarts K)",
+            rank=rank, generation=generation, cause=text or cause,
+        )
+
 
 class RendezvousError(CommunicationError):
     """The workers could not meet: the store was unreachable or a peer never joined."""

@@ -17,8 +17,9 @@ COLLECTIVE_TIMEOUT = 20.0
 
 
 def _worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    from potluck import DataParallel
     from potluck.elastic import ElasticCohort
+
+    from potluck import DataParallel
     from potluck.rendezvous import RendezvousConfig
 
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,

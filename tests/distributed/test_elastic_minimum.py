@@ -31,8 +31,9 @@ EPOCHS, N, GLOBAL_BATCH = JOB.epochs, JOB.samples, JOB.global_batch
 
 def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: float,
             checkpoint_dir: str, resume: bool = False) -> tuple[Any, Any, Any, Any, Any]:
-    from potluck import DataCursor, DataParallel
     from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer, MinimumSize
+
+    from potluck import DataCursor, DataParallel
     from potluck.rendezvous import RendezvousConfig
     from potluck.step import GuardedOptimizer
 

@@ -27,8 +27,9 @@ SETUP_S = 4.0  # the joiner's setup after joining: well past the collective time
 
 
 def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
-    from potluck import DataCursor, DataParallel
     from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+
+    from potluck import DataCursor, DataParallel
     from potluck.rendezvous import RendezvousConfig
     from potluck.step import GuardedOptimizer
 

@@ -27,12 +27,11 @@ EPOCHS = 3
 
 
 def _one_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(96, 8, generator=gen, dtype=torch.float64),
-                         torch.randn(96, 1, generator=gen, dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)  # as examples/elastic.py makes them
+    data = TensorDataset(*torch.randn(2, 96, 8, dtype=torch.float64, generator=gen))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
-                              torch.nn.Linear(32, 1)).double()
+                              torch.nn.Linear(32, 8)).double()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     cursor = DataCursor(len(data), 12, seed=3)
     while cursor.epoch < epochs:

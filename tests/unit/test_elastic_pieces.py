@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from potluck.elastic import ElasticLoader
 from torch.utils.data import TensorDataset
 
 from potluck.data import DataCursor
-from potluck.elastic import ElasticLoader
 from potluck.errors import ConfigError, CursorError
 from potluck.step import GuardedOptimizer, accumulate
 

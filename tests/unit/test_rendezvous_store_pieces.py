@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from torch.distributed import HashStore
 
+from potluck import keys
 from potluck.errors import AdmissionError
-from potluck.rendezvous import keys
 from potluck.rendezvous.admission import (
     answer_challenge,
     check_answers,

@@ -84,6 +84,7 @@ def _human(nbytes: int) -> str:
 
 
 def _rank_main(rank: int, world_size: int, sizes: list[int], rounds: int) -> dict[int, Any]:
+    from potluck.group import GroupHandle
     from potluck.reducer import Reducer, ReducerConfig
 
     group = dist.distributed_c10d._get_default_group()
@@ -92,7 +93,8 @@ def _rank_main(rank: int, world_size: int, sizes: list[int], rounds: int) -> dic
         numel = size // 4
         pieces = [numel // 8] * 7 + [numel - 7 * (numel // 8)]
         params = [torch.nn.Parameter(torch.zeros(max(n, 1))) for n in pieces]
-        reducer = Reducer(params, [f"p{i}" for i in range(8)], group, ReducerConfig())
+        reducer = Reducer(params, [f"p{i}" for i in range(8)], GroupHandle(group),
+                          ReducerConfig())
         flat = torch.ones(numel)
         repeats = max(1, min(200, (8 * 1024 * 1024) // size))
         times: dict[str, list[float]] = {"potluck": [], "raw": []}

@@ -1,6 +1,13 @@
-"""The cohort: this worker's group right now (generation, rank, world size, group)."""
+"""The cohort: this worker's group right now (generation, rank, world size, group handle).
 
-from potluck.cohort.cohort import Cohort, init
-from potluck.cohort.groups import wait_collective
+``init()`` joins the job the launcher started (fixed or elastic); ``Cohort`` is the one
+class for both; ``GroupHandle`` is the stable handle every holder talks through.
+"""
 
-__all__ = ["Cohort", "init", "wait_collective"]
+from potluck.cohort.cohort import Cohort
+from potluck.cohort.groups import GroupSpec, wait_collective
+from potluck.cohort.init import init, join_elastic
+from potluck.group import GroupHandle, ProcessGroupLike, as_handle
+
+__all__ = ["Cohort", "GroupHandle", "GroupSpec", "ProcessGroupLike", "as_handle", "init",
+           "join_elastic", "wait_collective"]

@@ -1,61 +1,80 @@
-"""``potluck.init()`` and ``Cohort``: this worker's membership in the job, right now.
+"""``Cohort``: this worker's membership in the job, generation by
+generation.
 
-``init`` reads the launcher's variables (``potluck.env``), picks the backend (NCCL on a
-GPU, pinned to ``cuda:local_rank``; Gloo otherwise), reaches the job's store and builds
-an explicit process-group object for generation 0. Nothing touches torch's global
-default group, so a script may also call ``torch.distributed.init_process_group`` on its
-own. Every collective the cohort runs is bounded by ``timeout`` and a failure becomes a
-``PeerLostError`` naming the rank and generation.
+One class serves every mode. A fixed job (``potluck run``, torchrun, SLURM, one plain
+process) is the one-generation case: its membership comes from the launcher. An elastic
+job (``potluck run --elastic``) agrees on each generation through the store rendezvous.
+Either way the cohort builds each generation's group itself (Gloo, or NCCL on a GPU),
+under that generation's own store prefix, and points its one ``GroupHandle`` at it:
+the model, the reducer, the hooks and the optimizer hold that handle for life.
+
+Nothing touches torch's global default group, so a script may also call
+``torch.distributed.init_process_group`` on its own. Every collective the cohort runs
+is bounded by ``timeout``; a lost peer becomes ``PeerLostError`` on every survivor.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch._C._distributed_c10d import Store
 
-from potluck.cohort.groups import choose_backend, make_group, wait_collective
-from potluck.cohort.store import connect_store, local_address
+from potluck.cohort.groups import GroupSpec, make_group, wait_collective
+from potluck.cohort.membership import MembershipSource
 from potluck.collectives import retire_group
-from potluck.env import WorkerEnv, read_worker_env
-from potluck.errors import ConfigError, PeerLostError
+from potluck.env import WorkerEnv
+from potluck.group import GroupHandle
+from potluck.rendezvous import Membership
 
 log = logging.getLogger(__name__)
 
 
 class Cohort:
-    """The current generation's group of workers; use ``group`` with ``DataParallel``."""
+    """The current generation: rank, world size, and ``group`` (a stable handle)."""
 
-    def __init__(
-        self,
-        env: WorkerEnv,
-        backend: str,
-        device: torch.device,
-        store: Store,
-        group: Any,
-        timeout: float,
-    ) -> None:
-        self.env = env
-        self.backend = backend
-        self.device = device
-        self.timeout = timeout
-        self.generation = 0
-        self._store: Store | None = store  # the next generation builds its group here
-        self._group: Any = group
-        self._lost: str | None = None  # why the group was retired, if it was
+    def __init__(self, source: MembershipSource, store: Store, spec: GroupSpec,
+                 group_prefix: Callable[[int], str], *, device: torch.device | None = None,
+                 env: WorkerEnv | None = None) -> None:
+        self.env = env or WorkerEnv()
+        self.backend, self.timeout = spec.backend, spec.timeout
+        self.device = device or torch.device("cpu")
+        self.events: list[dict[str, Any]] = []  # membership changes, as this worker saw them
+        self._source, self._store, self._spec, self._prefix = source, store, spec, group_prefix
+        self.membership: Membership = source.join()
+        # Admitted into a running cohort (not a founder): it must receive the live state.
+        self.joined_late = self.membership.generation > 0 and \
+            source.worker_id in self.membership.joined
+        # Only an elastic cohort announces abandoned steps; a fixed one's waits block.
+        self.group = GroupHandle(self._build(self.membership), self.membership.generation,
+                                 abandoned=source.step_failed if source.elastic else None)
 
     # ------------------------------------------------------------------- who am I
 
     @property
     def rank(self) -> int:
-        return self.env.rank
+        return self.membership.rank
 
     @property
     def world_size(self) -> int:
-        return self.env.world_size
+        return self.membership.world_size
+
+    @property
+    def generation(self) -> int:
+        return self.membership.generation
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the cohort survives a lost worker (and admits joiners)."""
+        return self._source.elastic
+
+    @property
+    def worker_id(self) -> str:
+        return self._source.worker_id
 
     @property
     def local_rank(self) -> int:
@@ -65,34 +84,11 @@ class Cohort:
     def local_world_size(self) -> int:
         return self.env.local_world_size
 
-    @property
-    def group(self) -> Any:
-        """The backend object of this generation (``rank()``, ``size()``, collectives)."""
-        if self._group is None:
-            if self._lost is not None:
-                raise ConfigError(
-                    f"generation {self.generation}'s group was retired after a lost peer "
-                    f"({self._lost}); it cannot be used again: stop, or recover into a "
-                    "new generation with potluck.elastic"
-                )
-            raise ConfigError("this cohort is closed; call potluck.init() for a new one")
-        return self._group
-
     # ---------------------------------------------------------------- collectives
 
     def wait(self, work: Any, what: str = "collective") -> Any:
-        """Wait for a collective of ``group``; a failure raises ``PeerLostError``.
-
-        The group is retired at once on a failure: it cannot be used again, and tearing
-        it down now (not at interpreter exit) keeps the process from aborting later.
-        """
-        try:
-            return wait_collective(work, rank=self.rank, generation=self.generation,
-                                   what=what)
-        except PeerLostError as exc:
-            group, self._group, self._lost = self._group, None, exc.cause
-            retire_group(group)
-            raise
+        """Wait for a collective of ``group``; a failure raises ``PeerLostError``."""
+        return wait_collective(work, rank=self.rank, generation=self.generation, what=what)
 
     def barrier(self) -> None:
         """Return once every rank got here; a lost peer raises ``PeerLostError``."""
@@ -104,68 +100,87 @@ class Cohort:
         self.wait(self.group.allreduce([tensor]), "all-reduce")
         return tensor
 
+    # ----------------------------------------------------------------- membership
+
+    def pending_joiners(self) -> bool:
+        """Whether workers wait to be admitted (rank 0 asks; no I/O for a fixed job)."""
+        return self._source.pending_joiners()
+
+    def boundary(self) -> bool:
+        """At a step boundary (every member calls it): admit joiners, drop leavers.
+        True if the membership changed (the handle then points at the new group)."""
+        started, before = time.monotonic(), self.generation
+        self.membership = self._source.boundary()
+        if self.generation == before:
+            return False
+        self._move(started, "admitted at a step boundary")
+        return True
+
+    def recover(self, reason: str) -> Membership:
+        """Form the next generation after a failed collective; every survivor calls it.
+
+        The broken group is torn down now (not at interpreter exit); a fixed job cannot
+        go on and raises ``PeerLostError``."""
+        started = time.monotonic()
+        retire_group(self.group.release(reason))
+        self.membership = self._source.next_generation(reason)
+        self._move(started, reason)
+        return self.membership
+
+    def mark_step_failed(self) -> None:
+        """Tell the other members this generation's step failed here, so a member still
+        waiting in a collective for data from this one gives up at once."""
+        self._source.mark_step_failed(self.generation)
+
+    def leave(self) -> None:
+        """Announce a graceful departure; the others form the next generation at once."""
+        self._source.announce_leave()
+
+    def _move(self, started: float, cause: str) -> None:
+        old = self.group.release("replaced by the next generation")
+        if old is not None:
+            retire_group(old)
+        self.group.reconfigure(self._build(self.membership), self.generation)
+        event: dict[str, Any] = {"generation": self.generation, "cause": cause,
+                                 "left": list(self.membership.left),
+                                 "joined": list(self.membership.joined),
+                                 "world_size": self.world_size,
+                                 "recovery_s": time.monotonic() - started}
+        self.events.append(event)
+        log.warning("[rank %d] generation %d: %s (left %s, joined %s) in %.2f s",
+                    self.rank, self.generation, cause, event["left"], event["joined"],
+                    event["recovery_s"])
+
+    def _build(self, membership: Membership) -> Any:
+        return make_group(self._spec, self._store, self._prefix(membership.generation),
+                          membership.rank, membership.world_size, membership.generation)
+
     # ------------------------------------------------------------------ lifetime
+
+    def finish(self) -> None:
+        """The run is complete: workers still waiting to join are told so; then close."""
+        self._source.finish()
+        self.close()
 
     def close(self) -> None:
         """Release the group and the store connection; safe to call twice."""
-        group, self._group, self._store = self._group, None, None
+        group = self.group.release("the cohort was closed") if self.group.usable else None
         if group is not None and hasattr(group, "shutdown"):
             try:
                 group.shutdown()
             except RuntimeError as exc:  # a peer already gone; nothing left to release
                 log.debug("[rank %d] group shutdown: %s", self.rank, exc)
+        self._source.close()
 
     def __enter__(self) -> Cohort:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return (
-            f"Cohort(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
-            f"device={self.device}, generation={self.generation})"
-        )
-
-
-def init(
-    *,
-    timeout: float = 60.0,
-    backend: str | None = None,
-    env: WorkerEnv | None = None,
-) -> Cohort:
-    """Join the job this process was started in (by ``potluck run``, torchrun or SLURM).
-
-    ``timeout`` (seconds) bounds joining and every collective. Without launcher
-    variables this is a single-process cohort (world size 1). ``env`` overrides what the
-    environment says (tests, or a caller that knows better).
-    """
-    if not timeout > 0:
-        raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 60")
-    env = read_worker_env() if env is None else env
-    chosen = choose_backend(backend)
-    device = _device(chosen, env)
-    store = connect_store(env, timeout)
-    host = local_address(env) if env.distributed else "127.0.0.1"
-    group = make_group(chosen, store, env, 0, timeout, host)
-    cohort = Cohort(env, chosen, device, store, group, timeout)
-    log.info("[rank %d] joined: %r", env.rank, cohort)
-    return cohort
-
-
-def _device(backend: str, env: WorkerEnv) -> torch.device:
-    if backend != "nccl":
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    if env.local_rank >= count:
-        raise ConfigError(
-            f"LOCAL_RANK={env.local_rank} but this host sees {count} CUDA device(s); "
-            f"start at most {count} workers per node (--nproc-per-node {count})"
-        )
-    torch.cuda.set_device(env.local_rank)
-    return torch.device("cuda", env.local_rank)
+        mode = "elastic" if self.elastic else "fixed"
+        return (f"Cohort(rank={self.rank}, world_size={self.world_size}, "
+                f"backend={self.backend!r}, device={self.device}, "
+                f"generation={self.generation}, {mode})")

@@ -1,14 +1,15 @@
 """One membership generation's process group, and typed errors from its collectives.
 
-Each generation gets a fresh backend object under its own store prefix
-(``potluck/<run>/a<attempt>/g<generation>``), so keys of an earlier generation or an
-earlier restart of the job never collide with the current one. The group's timeout
+Each generation gets a fresh backend object under its own store prefix (``keys.py``), so
+keys of an earlier generation or an earlier restart never collide with the current one.
+Static and elastic cohorts build their groups here alike, Gloo or NCCL. The group's timeout
 bounds every collective: a dead peer fails the pending collective at once (its socket
 closes), a frozen or cut-off one at the timeout.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +17,6 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from potluck.env import WorkerEnv
 from potluck.errors import ConfigError, PeerLostError, RendezvousError
 
 BACKENDS = ("gloo", "nccl")
@@ -37,46 +37,47 @@ def choose_backend(requested: str | None) -> str:
     return backend
 
 
-def store_prefix(env: WorkerEnv, generation: int) -> str:
-    return f"potluck/{env.run_id}/a{env.restart_count}/g{generation}"
+@dataclass(frozen=True)
+class GroupSpec:
+    """How this worker builds every generation's group (the same for all generations)."""
+
+    backend: str
+    timeout: float
+    host: str  # the address Gloo binds to (what peers can dial)
+    ifname: str | None = None  # GLOO_SOCKET_IFNAME, if set
 
 
-def make_group(
-    backend: str,
-    store: Store,
-    env: WorkerEnv,
-    generation: int,
-    timeout: float,
-    host: str,
-) -> Any:
-    """Create the backend object; blocks until every rank of ``env`` has connected."""
-    prefixed = PrefixStore(store_prefix(env, generation), store)
-    delta = timedelta(seconds=timeout)
+def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
+               generation: int) -> Any:
+    """Create the backend object under ``prefix``; blocks until every rank connected."""
+    prefixed = PrefixStore(prefix, store)
+    delta = timedelta(seconds=spec.timeout)
     try:
-        if backend == "nccl":
+        if spec.backend == "nccl":
             nccl: Any = dist.ProcessGroupNCCL
             nccl_opts = nccl.Options()
             nccl_opts._timeout = delta
-            return nccl(prefixed, env.rank, env.world_size, nccl_opts)
+            return nccl(prefixed, rank, world_size, nccl_opts)
         # torch's stubs lag the bindings: the options class is ``_Options`` at runtime.
         gloo: Any = dist.ProcessGroupGloo
         gloo_opts = gloo._Options()
         gloo_opts._timeout = delta
-        gloo_opts._devices = [_gloo_device(env, host)]
-        return gloo(prefixed, env.rank, env.world_size, gloo_opts)
+        gloo_opts._devices = [_gloo_device(spec)]
+        return gloo(prefixed, rank, world_size, gloo_opts)
     except RuntimeError as exc:
         raise RendezvousError(
-            f"rank {env.rank} of {env.world_size} could not build the {backend} group of "
-            f"generation {generation} within {timeout:g} s ({exc}); a peer did not start "
-            "or cannot reach this host: check every worker's log and the network between "
-            "the nodes (set GLOO_SOCKET_IFNAME to pick the interface)"
+            f"rank {rank} of {world_size} could not build the {spec.backend} group of "
+            f"generation {generation} within {spec.timeout:g} s ({exc}); a peer did not "
+            "start, died meanwhile, or cannot reach this host: check every worker's log "
+            "and the network between the nodes (set GLOO_SOCKET_IFNAME to pick the "
+            "interface)"
         ) from exc
 
 
-def _gloo_device(env: WorkerEnv, host: str) -> Any:
-    if env.gloo_ifname:
-        return dist.ProcessGroupGloo.create_device(interface=env.gloo_ifname)
-    return dist.ProcessGroupGloo.create_device(hostname=host)
+def _gloo_device(spec: GroupSpec) -> Any:
+    if spec.ifname:
+        return dist.ProcessGroupGloo.create_device(interface=spec.ifname)
+    return dist.ProcessGroupGloo.create_device(hostname=spec.host)
 
 
 def wait_collective(work: Any, *, rank: int, generation: int, what: str) -> Any:
@@ -84,12 +85,5 @@ def wait_collective(work: Any, *, rank: int, generation: int, what: str) -> Any:
     try:
         return work.wait()
     except RuntimeError as exc:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        kind = "timed out" if "timed out" in cause.lower() or "timeout" in cause.lower() \
-            else "failed"
-        raise PeerLostError(
-            f"{what} {kind} on rank {rank} in generation {generation}: a peer died, froze "
-            f"or was cut off ({cause}); the step's collectives are void: rebuild the "
-            "cohort or restart the job (potluck run --max-restarts K)",
-            rank=rank, generation=generation, cause=str(exc),
-        ) from exc
+        raise PeerLostError.from_failure(what, exc, rank=rank, generation=generation) \
+            from exc

@@ -27,12 +27,20 @@ from typing import IO
 from torch._C._distributed_c10d import TCPStore
 
 from potluck import env as potluck_env
-from potluck.elastic.init import mark_exited
+from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import WorkerResult, format_report, read_error_file
-from potluck.launch.store import check_in, count, host_store, join_store, meet, wait_for_count
+from potluck.launch.store import (
+    check_in,
+    count,
+    host_store,
+    join_store,
+    mark_exited,
+    meet,
+    wait_for_count,
+)
 
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -93,7 +101,7 @@ class Agent:
         restarts = 0
         while True:
             if cfg.nnodes > 1:
-                key = f"potluck/{cfg.run_id}/agents/attempt{restarts}"
+                key = keys.agents(cfg.run_id, f"attempt{restarts}")
                 meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
             outcome, results = self._attempt(store, restarts)
             if self._signal is not None:
@@ -115,7 +123,7 @@ class Agent:
         first: the cohort's rendezvous admits each worker whenever it arrives (a node of
         ``--nnodes MIN:MAX`` beyond MIN joins the running job)."""
         cfg = self.config
-        started, done = (f"potluck/{cfg.run_id}/agents/{name}" for name in ("started", "done"))
+        started, done = (keys.agents(cfg.run_id, name) for name in ("started", "done"))
         check_in(store, started)
         try:
             outcome, results = self._attempt(store, 0)
@@ -152,7 +160,7 @@ class Agent:
         cfg = self.config
         if cfg.nnodes == 1:
             return
-        key = f"potluck/{cfg.run_id}/agents/done"
+        key = keys.agents(cfg.run_id, "done")
         if cfg.node_rank == 0:
             meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
         else:

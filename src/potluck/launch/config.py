@@ -156,6 +156,7 @@ def worker_environ(
     if config.token:
         env[names.TOKEN] = config.token
     if config.elastic:
+        env[names.ELASTIC] = "1"
         env[names.FOUNDERS] = str(config.founders)
         env[names.MIN_WORKERS] = str(config.min_workers)
         env[names.MIN_WORKERS_TIMEOUT] = f"{config.min_workers_timeout:g}"

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from torch._C._distributed_c10d import Store, TCPStore
 
+from potluck import keys
 from potluck.errors import ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig
 
@@ -113,3 +114,16 @@ def _count(store: Store, key: str, add: int = 0) -> int:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def mark_exited(store: Store, run_id: str, pid: int) -> None:
+    """The agent saw worker process ``pid`` die: count it out of the elastic cohort now.
+
+    Its member id (written by the worker under ``keys.process``) gets a leave key, so the
+    survivors' next generation forms without waiting for its heartbeat to go stale. A
+    process that never joined (or a static job) is ignored.
+    """
+    key = keys.process(run_id, pid)
+    if store.check([key]):
+        worker_id = store.get(key).decode()
+        store.set(f"{keys.rendezvous_root(run_id)}/{keys.leave(worker_id)}", "exited")

@@ -6,9 +6,10 @@ then takes rank 0's parameters and buffers. Buffers (BatchNorm statistics) are
 broadcast from rank 0 at the end of every synchronized backward, so replicas hold the
 same buffers between steps and every forward starts from rank 0's.
 
-Works on the default process group or on an explicit group object; ``set_group`` swaps
-the group between steps (a new membership generation). With one rank (or no process
-group at all) nothing is communicated.
+Works on the default process group, an explicit group object, or a cohort's
+``GroupHandle`` (``cohort.group``), which it holds for life: when an elastic cohort moves
+to a new generation, the handle follows and so does every step after. With one rank (or
+no process group at all) nothing is communicated.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 
 from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.errors import ConfigError
+from potluck.group import GroupHandle, as_handle
 from potluck.reducer.consistency import verify_same_model
 from potluck.reducer.hooks import Bucket, CommHook
 from potluck.reducer.reducer import Reducer, ReducerConfig
@@ -76,7 +78,7 @@ class DataParallel(nn.Module):
         self.device_ids = list(device_ids) if device_ids else None
         self.broadcast_buffers = broadcast_buffers
         explicit = group if group is not None else process_group
-        self._group = explicit if explicit is not None else default_group()
+        self._group = as_handle(explicit if explicit is not None else default_group())
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = list(module.buffers()) if broadcast_buffers else []
@@ -106,7 +108,7 @@ class DataParallel(nn.Module):
     # ------------------------------------------------------------------- properties
 
     @property
-    def group(self) -> Group | None:
+    def group(self) -> GroupHandle | None:
         return self._group
 
     @property
@@ -125,11 +127,6 @@ class DataParallel(nn.Module):
     def step_failed(self) -> bool:
         """True after a backward whose collectives failed (``on_failure="abandon"``)."""
         return self.reducer.failure is not None
-
-    def set_group(self, group: Group | None) -> None:
-        """Average over ``group`` from the next step on; call between steps only."""
-        self._group = group
-        self.reducer.set_group(group)
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce each bucket with ``hook(state, bucket) -> Future`` (see potluck.reducer)."""

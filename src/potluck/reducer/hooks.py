@@ -2,9 +2,10 @@
 
 A hook is ``hook(state, bucket) -> Future`` whose value is the reduced flat tensor
 (or a one-element list of it, as c10d futures give). ``state`` is whatever the user
-registered with the hook; ``bucket.group`` is the process group of the current
-membership generation, so a hook never holds on to a stale group. The reducer writes the
-result back into ``bucket.buffer`` if the hook returned another tensor.
+registered with the hook; ``bucket.group`` is the cohort's ``GroupHandle``, which always
+talks on the current membership generation's group, so a hook never holds a stale one.
+The reducer writes the result back into ``bucket.buffer`` if the hook returned another
+tensor.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 import torch
 
-from potluck.collectives import Group
 from potluck.errors import ConfigError
+from potluck.group import GroupHandle
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Bucket:
     index: int
     buffer: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
-    group: Group
+    group: GroupHandle
 
     @property
     def world_size(self) -> int:

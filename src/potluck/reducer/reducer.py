@@ -16,8 +16,8 @@ Contract, per synchronized backward pass:
 * After the first synchronized pass, buckets are rebuilt once in the order gradients
   actually became ready on rank 0 (broadcast, so every rank agrees).
 
-The group can be swapped between steps (``set_group``); the reducer never looks at the
-default group.
+The reducer holds one ``GroupHandle`` for life: a new membership generation is the
+handle's business, not the reducer's. A lost peer becomes ``PeerLostError``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from potluck.collectives import Group, PendingBroadcast, wait_unless
-from potluck.errors import CommunicationError, ReducerError
+from potluck.collectives import PendingBroadcast, wait_unless
+from potluck.errors import CommunicationError, PeerLostError, ReducerError
+from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
 
@@ -61,7 +62,7 @@ class Reducer:
         self,
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
-        group: Group | None,
+        group: GroupHandle | None,
         config: ReducerConfig,
         buffers: Sequence[torch.Tensor] = (),
     ) -> None:
@@ -74,10 +75,6 @@ class Reducer:
         self._hook_state: Any = None
         self.require_sync = True
         self.failure: CommunicationError | None = None  # set when a step was abandoned
-        # Elastic: "has a peer already abandoned this step?" While it waits for a
-        # collective, the reducer asks every ``_ABANDON_POLL_S`` and gives up at a yes: a
-        # live peer that gave up never sends, and Gloo would wait out its whole timeout.
-        self.abandoned_elsewhere: Callable[[], bool] | None = None
         self._rebuilt = not config.rebuild_buckets
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
@@ -101,15 +98,6 @@ class Reducer:
     @property
     def buckets(self) -> list[Bucket]:
         return list(self._buckets)
-
-    def set_group(self, group: Group | None) -> None:
-        """Use ``group`` from the next backward on (a new membership generation)."""
-        self._group = group
-        self._buckets = [
-            Bucket(b.index, b.buffer, b.parameters, group) for b in self._buckets
-        ]
-        self.failure = None
-        self._reset_window()
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         fused_before = self._fuse_bitmap
@@ -164,7 +152,7 @@ class Reducer:
                     param.grad = view
                 bucket_of[i], views[i] = b, view
             buckets.append(Bucket(b, buffer, tuple(self._params[i] for i in members),
-                                  self._group))
+                                  self._group or GroupHandle(None)))
         self._bucket_of = bucket_of
         self._views = [v for v in views if v is not None]
         self._buckets = buckets
@@ -199,7 +187,7 @@ class Reducer:
             try:
                 work = self._group.broadcast([shared], opts)
             except RuntimeError as exc:
-                raise CommunicationError(f"bucket order broadcast failed: {exc}") from exc
+                raise self._lost("the bucket order broadcast", exc) from exc
             self._wait(work, "bucket order broadcast")
             order = [int(i) for i in shared.tolist()]
         if order != [i for members in self._members for i in members]:
@@ -309,7 +297,7 @@ class Reducer:
             else:
                 self._futures[b] = self._hook(self._hook_state, bucket)
         except RuntimeError as exc:
-            error = CommunicationError(f"bucket {b} could not be launched: {exc}")
+            error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
                 raise error from exc
             self.failure = error
@@ -353,7 +341,7 @@ class Reducer:
                 produced_work = group.allreduce([produced])
             buffers = PendingBroadcast(self._buffers, group) if self._buffers else None
         except RuntimeError as exc:
-            raise CommunicationError(f"the end-of-step collectives failed: {exc}") from exc
+            raise self._lost("the end-of-step collectives", exc) from exc
         for bucket, future in zip(self._buckets, self._futures, strict=True):
             assert future is not None
             result = self._value(future, f"bucket {bucket.index}")
@@ -368,7 +356,7 @@ class Reducer:
                 if self._was_none[i]:
                     self._params[i].grad = None
         if buffers is not None:
-            self._wait(buffers, "buffer broadcast")
+            buffers.wait()  # settles on the handle: a lost peer is PeerLostError
         if not self._rebuilt:
             self._rebuild_from_ready_order()
 
@@ -386,17 +374,28 @@ class Reducer:
 
     # ------------------------------------------------------------------------ errors
 
+    def _lost(self, what: str, cause: BaseException | str) -> PeerLostError:
+        group = self._group
+        generation = 0 if group is None else group.generation
+        rank = group.rank() if group is not None and group.usable else -1
+        return PeerLostError.from_failure(what, cause, rank=rank, generation=generation)
+
     def _settle(self, done: Callable[[], bool], what: str) -> None:
-        """Return once ``done()``; raise if a peer abandoned the step meanwhile."""
-        if not wait_unless(done, self.abandoned_elsewhere, _ABANDON_POLL_S):
-            raise CommunicationError(f"{what}: a peer abandoned the step")
+        """Return once ``done()``; raise if a peer abandoned the step meanwhile.
+
+        Elastic: a live peer that gave up on the step never sends, and Gloo would wait
+        out its whole timeout; the handle says so without I/O, asked every
+        ``_ABANDON_POLL_S``."""
+        abandoned = None if self._group is None else self._group.step_abandoned
+        if not wait_unless(done, abandoned, _ABANDON_POLL_S):
+            raise self._lost(what, "a peer abandoned the step")
 
     def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
         self._settle(future.done, what)
         try:
             value = future.wait()
         except RuntimeError as exc:
-            raise CommunicationError(f"{what} failed to all-reduce: {exc}") from exc
+            raise self._lost(f"{what}'s all-reduce", exc) from exc
         if isinstance(value, (list, tuple)):
             value = value[0]
         if not isinstance(value, torch.Tensor):
@@ -412,4 +411,4 @@ class Reducer:
         try:
             work.wait()
         except RuntimeError as exc:
-            raise CommunicationError(f"{what} failed: {exc}") from exc
+            raise self._lost(what, exc) from exc

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 
 from torch._C._distributed_c10d import Store
 
+from potluck import keys
 from potluck.errors import AdmissionError, ConfigError
-from potluck.rendezvous import keys
 
 log = logging.getLogger(__name__)
 

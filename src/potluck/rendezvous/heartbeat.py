@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from torch._C._distributed_c10d import Store
 
+from potluck import keys
 from potluck.errors import ConfigError
-from potluck.rendezvous import keys
 
 log = logging.getLogger(__name__)
 

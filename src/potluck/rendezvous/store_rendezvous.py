@@ -32,8 +32,9 @@ from collections.abc import Collection
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from potluck import keys
 from potluck.errors import ConfigError, JobFinishedError, RendezvousError
-from potluck.rendezvous import admission, keys
+from potluck.rendezvous import admission
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
 from potluck.rendezvous.state import Action, decide, pick_leader

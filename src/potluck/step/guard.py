@@ -13,9 +13,10 @@ averaged gradients (potluck.DataParallel guarantees that), then:
    (a scaler backs off its scale identically on every rank);
 5. otherwise clips to ``clip_grad_norm`` (if set) and steps.
 
-With ``model=`` (a ``DataParallel`` built with ``on_failure="abandon"``), a step whose
-collectives failed is not applied at all: ``StepResult.failed`` is set and the caller
-redoes the step on the next membership generation.
+A step whose collectives failed (a ``DataParallel`` with ``on_failure="abandon"``) is
+not applied at all: the step transaction (``potluck.step.transaction``) checks that
+before it calls ``step()``, and a finiteness vote that fails on a recoverable (elastic)
+group returns ``StepResult.failed`` so the transaction redoes the step.
 
 The returned ``StepResult`` says whether the step committed; the data cursor advances
 either way (a NaN batch is skipped, counted and logged, not retried forever).
@@ -25,14 +26,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from potluck.collectives import Group, allreduce_max, default_group
-from potluck.errors import CommunicationError, ConfigError
+from potluck.errors import ConfigError, PeerLostError
+from potluck.group import GroupHandle, as_handle
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,10 @@ class GuardedOptimizer:
         scaler: torch.amp.GradScaler | None = None,
         group: Group | None = None,
         agree: bool = True,
-        model: Any = None,
+        recoverable: bool = False,
     ) -> None:
+        """``recoverable``: a failed finiteness vote returns ``StepResult(failed=True)``
+        (the elastic transaction redoes the step) instead of raising ``PeerLostError``."""
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(
                 f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}"
@@ -66,12 +70,10 @@ class GuardedOptimizer:
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
         self.scaler = scaler
-        self._group = group if group is not None else default_group()
+        self._group: GroupHandle | None = as_handle(
+            group if group is not None else default_group())
         self._agree = agree
-        self.model = model  # a DataParallel whose failed steps must not be applied
-        # Elastic: "did a peer abandon this step?", so the finiteness vote never waits
-        # out a collective timeout for a peer that gave up (see collectives.wait_unless).
-        self.abandoned: Callable[[], bool] | None = None
+        self._recoverable = recoverable
         self.steps = 0
         self.skipped = 0
         self.failed = 0
@@ -80,17 +82,10 @@ class GuardedOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
-    def set_group(self, group: Group | None) -> None:
-        self._group = group
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> StepResult:
-        if self.model is not None and getattr(self.model, "step_failed", False):
-            self.failed += 1
-            log.warning("step not applied: its collectives failed (%d so far)", self.failed)
-            return StepResult(committed=False, grad_norm=float("nan"), failed=True)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._parameters() if p.grad is not None]
@@ -98,9 +93,9 @@ class GuardedOptimizer:
         norm = float(total)
         try:
             finite = self._agreed_finite(math.isfinite(norm))
-        except RuntimeError as exc:  # a peer died between backward and step
-            if self.model is None:
-                raise CommunicationError(f"the step's finiteness vote failed: {exc}") from exc
+        except PeerLostError as exc:  # a peer died between backward and step
+            if not self._recoverable:
+                raise
             self.failed += 1
             log.warning("step not applied: the finiteness vote failed: %s", exc)
             return StepResult(committed=False, grad_norm=norm, failed=True)
@@ -143,5 +138,5 @@ class GuardedOptimizer:
             return finite
         device = next(iter(self._parameters()), torch.empty(0)).device
         flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group,
-                             abandoned=self.abandoned)
+                             "the finiteness vote")
         return bool(flag.item() == 0.0)

@@ -19,15 +19,16 @@ from torch._C._distributed_c10d import Store
 
 
 class FailureWatch:
-    """Marks and watches ``<prefix>/failed/g<generation>``; ``stop()`` ends the thread."""
+    """Marks and watches ``key(generation)`` (``keys.step_failed``); ``stop()`` ends the
+    thread."""
 
-    def __init__(self, store: Store, prefix: str, generation: Callable[[], int], *,
-                 interval: float = 0.05) -> None:
+    def __init__(self, store: Store, key: Callable[[int], str], generation: Callable[[], int],
+                 *, interval: float = 0.05) -> None:
         # Two connections of their own: the thread's poll may be stuck on a dead link,
         # and a request on a connection waits for the one in flight.
         self._store: Store = getattr(store, "clone")()  # noqa: B009  (stubs lack clone)
         self._marker: Store = getattr(store, "clone")()  # noqa: B009
-        self._prefix, self._generation, self._interval = prefix, generation, interval
+        self._key, self._generation, self._interval = key, generation, interval
         self._seen: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="potluck-failure-watch",
@@ -46,9 +47,6 @@ class FailureWatch:
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _key(self, generation: int) -> str:
-        return f"{self._prefix}/failed/g{generation}"
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

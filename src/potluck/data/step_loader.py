@@ -1,35 +1,44 @@
-"""The elastic data iterator: always this rank's part of the step the cursor points at.
+"""The step loader: always this rank's part of the step the cursor points at.
 
 Unlike a prefetching loader it reads the cursor and the current membership afresh
 before every step, so the user's ordinary ``for batch in loader`` loop redoes a failed
 step for free: the cursor did not advance (nothing committed), the membership changed,
 and the same slice of the epoch is split again among the survivors. Iteration ends at
-the end of the cursor's current epoch.
+the end of the cursor's current epoch. Each rank's part is its share of the block
+(``shares(world_size)``: a share policy's, equal by default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import default_collate
 
-from potluck.data import DataCursor
+from potluck.data.cursor import DataCursor
+from potluck.data.split import equal_shares
 from potluck.errors import CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
 
 
-class ElasticLoader:
+class StepLoader:
     """Yields ``collate([dataset[i] for i in this rank's indices])`` step by step."""
 
     def __init__(self, dataset: Any, cursor: DataCursor, membership: Membership, *,
-                 collate: Callable[[list[Any]], Any] = default_collate,
+                 collate: Callable[[list[Any]], Any] | None = None,
+                 shares: Callable[[int], Sequence[float]] = equal_shares,
                  max_repeats: int = 100, stop: Callable[[], bool] | None = None) -> None:
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
+        self.shares = shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
-        self.collate = collate
+        self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (the cursor's committed epoch)."""
+        return self.cursor.epoch
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.cursor.epoch
@@ -40,12 +49,12 @@ class ElasticLoader:
             if repeats > self.max_repeats:
                 raise CursorError(
                     f"step at sample {state.cursor} of epoch {state.epoch} was handed out "
-                    f"{repeats} times without a commit: call the elastic optimizer's "
-                    "step() (or cursor.commit()) once per batch"
+                    f"{repeats} times without a commit: call the optimizer's step() "
+                    "(potluck.prepare's, or cursor.commit()) once per batch"
                 )
             last = state
             rank, world_size = self.membership()
-            indices = self.cursor.rank_indices(rank, world_size=world_size)
+            indices = self.cursor.rank_indices(rank, self.shares(world_size))
             if not indices:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in the step at sample "

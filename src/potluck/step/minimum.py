@@ -28,5 +28,5 @@ class MinimumSize:
             f"the cohort had {world_size} worker(s), below min_workers={self.workers}, and "
             f"nobody joined within {self.timeout:g} s; step {steps} is saved in {where}: "
             f"start the job again with at least {self.workers} workers and resume from it "
-            "(ElasticOptimizer(resume=True, checkpoint_dir=...)), or lower --min-workers"
+            "(potluck.prepare(..., resume=True, checkpoint_dir=...)), or lower --min-workers"
         )

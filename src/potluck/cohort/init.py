@@ -1,0 +1,116 @@
+"""``potluck.init()``: join the job this process was started in, fixed or elastic.
+
+What the launcher says decides the mode. Under ``potluck run --elastic`` (token, agent
+store) the worker joins the elastic cohort as a new member with a fresh id (host, pid,
+nonce), so a restarted worker is admitted at a step boundary and receives the live
+state; its agent reports its death under ``keys.process``. Otherwise (``potluck run``,
+torchrun, SLURM, or a plain process) the launcher's ranks form one fixed generation.
+``join_elastic`` is the same join on a store the caller holds (tests, the chaos bench).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from datetime import timedelta
+
+import torch
+from torch._C._distributed_c10d import Store, TCPStore
+
+from potluck import keys
+from potluck.cohort.cohort import Cohort
+from potluck.cohort.groups import GroupSpec, choose_backend
+from potluck.cohort.membership import FixedMembership, RendezvousMembership
+from potluck.cohort.store import connect_store, local_address
+from potluck.env import WorkerEnv, read_worker_env
+from potluck.errors import ConfigError, RendezvousError
+from potluck.rendezvous import RendezvousConfig
+
+log = logging.getLogger(__name__)
+
+
+def init(*, timeout: float = 60.0, backend: str | None = None,
+         env: WorkerEnv | None = None, heartbeat_interval: float = 0.5,
+         heartbeat_timeout: float = 3.0, settle_timeout: float = 30.0,
+         join_timeout: float = 300.0) -> Cohort:
+    """Join the job this process was started in (potluck run, torchrun, SLURM, or none).
+
+    ``timeout`` (seconds) bounds joining and every collective. Without launcher
+    variables this is a one-process cohort. The heartbeat and rendezvous timeouts apply
+    to elastic jobs only. ``env`` overrides what the environment says (tests).
+    """
+    if not timeout > 0:
+        raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 60")
+    env = read_worker_env() if env is None else env
+    chosen = choose_backend(backend)
+    device = _device(chosen, env)
+    host = local_address(env) if env.distributed or env.elastic else "127.0.0.1"
+    spec = GroupSpec(chosen, timeout, host, env.gloo_ifname)
+    if env.elastic:
+        config = RendezvousConfig(
+            token=_token(env), expected=env.founders or env.world_size,
+            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            settle_timeout=settle_timeout, join_timeout=join_timeout,
+            prefix=keys.rendezvous_root(env.run_id))
+        store = _agent_store(env, timeout)
+        worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        # The agent that started this process reports its death under this key.
+        store.set(keys.process(env.run_id, os.getpid()), worker_id)
+        cohort = join_elastic(store, worker_id, config, spec, keys.elastic_root(env.run_id),
+                              device=device, env=env)
+    else:
+        store = connect_store(env, timeout)
+        cohort = Cohort(FixedMembership(env.rank, env.world_size), store, spec,
+                        lambda g: keys.static_group(env.run_id, env.restart_count, g),
+                        device=device, env=env)
+    log.info("[rank %d] joined: %r", cohort.rank, cohort)
+    return cohort
+
+
+def join_elastic(store: Store, worker_id: str, config: RendezvousConfig, spec: GroupSpec,
+                 root: str = "potluck/elastic", *, device: torch.device | None = None,
+                 env: WorkerEnv | None = None) -> Cohort:
+    """Join (or found) the elastic cohort that meets on ``store`` under ``root``."""
+    membership = RendezvousMembership(store, worker_id, config, root)
+    return Cohort(membership, store, spec, lambda g: keys.elastic_group(root, g),
+                  device=device, env=env)
+
+
+def _token(env: WorkerEnv) -> str:
+    if not env.token:
+        raise ConfigError(
+            "elastic training needs the job's shared secret: pass --token SECRET to "
+            "`potluck run` (every worker must hold it to be admitted)"
+        )
+    return env.token
+
+
+def _agent_store(env: WorkerEnv, timeout: float) -> Store:
+    if not env.agent_store or env.master_addr is None or env.master_port is None:
+        raise ConfigError(
+            "elastic training needs a store that outlives any worker: start the script "
+            "with `potluck run --elastic --token SECRET ...`"
+        )
+    try:
+        return TCPStore(env.master_addr, env.master_port, is_master=False,
+                        timeout=timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        raise RendezvousError(
+            f"cannot reach the job's store at {env.master_addr}:{env.master_port} ({exc}); "
+            "is the launcher's agent on node 0 still running?"
+        ) from exc
+
+
+def _device(backend: str, env: WorkerEnv) -> torch.device:
+    if backend != "nccl":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if env.local_rank >= count:
+        raise ConfigError(
+            f"LOCAL_RANK={env.local_rank} but this host sees {count} CUDA device(s); "
+            f"start at most {count} workers per node (--nproc-per-node {count})"
+        )
+    torch.cuda.set_device(env.local_rank)
+    return torch.device("cuda", env.local_rank)

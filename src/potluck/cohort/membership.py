@@ -1,0 +1,179 @@
+"""Where a cohort's membership comes from: fixed by the launcher, or agreed on the store.
+
+A ``Cohort`` asks its ``MembershipSource`` who is in, generation by generation, and
+builds the group of each generation itself (``groups.make_group``). Two sources:
+
+- ``FixedMembership``: the launcher's ranks (potluck run, torchrun, SLURM, one process).
+  One generation; a lost peer cannot be recovered from, so ``next_generation`` raises
+  ``PeerLostError`` (restart the job, or run it elastic).
+- ``RendezvousMembership``: the store rendezvous (join with a token, admit at step
+  boundaries, next generation after a loss, graceful leave). Every call runs under a
+  cut-off guard, and a ``FailureWatch`` tells, without I/O, whether a member gave up on
+  a generation's step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from torch._C._distributed_c10d import Store
+
+from potluck import keys
+from potluck.cohort.failure_watch import FailureWatch
+from potluck.errors import PeerLostError, RendezvousError
+from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
+
+
+class MembershipSource(Protocol):
+    """Who is in the cohort; every method is called by every member at the same point."""
+
+    elastic: bool
+    worker_id: str
+
+    def join(self) -> Membership: ...
+
+    def boundary(self) -> Membership: ...
+
+    def next_generation(self, reason: str) -> Membership: ...
+
+    def pending_joiners(self) -> bool: ...
+
+    def announce_leave(self) -> None: ...
+
+    def mark_step_failed(self, generation: int) -> None: ...
+
+    def step_failed(self, generation: int) -> bool: ...
+
+    def finish(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FixedMembership:
+    """The launcher's ranks, as one generation that never changes."""
+
+    elastic = False
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.worker_id = f"rank{rank}"
+        self._membership = Membership(0, tuple(f"rank{r}" for r in range(world_size)),
+                                      rank, "rank0", "started by the launcher")
+
+    def join(self) -> Membership:
+        return self._membership
+
+    def boundary(self) -> Membership:
+        return self._membership
+
+    def next_generation(self, reason: str) -> Membership:
+        raise PeerLostError(
+            f"{reason} on rank {self._membership.rank} of a fixed-size job, which cannot "
+            "go on without the lost worker: restart it (potluck run --max-restarts K, "
+            "resuming from a checkpoint) or run it elastic (potluck run --elastic)",
+            rank=self._membership.rank, generation=0, cause=reason)
+
+    def pending_joiners(self) -> bool:
+        return False
+
+    def announce_leave(self) -> None:
+        """Nobody to tell: a fixed job ends for everyone together."""
+
+    def mark_step_failed(self, generation: int) -> None:
+        """A fixed job does not redo steps: the failure is raised, not announced."""
+
+    def step_failed(self, generation: int) -> bool:
+        return False
+
+    def finish(self) -> None:
+        """Nothing waits to join a fixed job."""
+
+    def close(self) -> None:
+        """Holds no connection of its own."""
+
+
+class RendezvousMembership:
+    """The store rendezvous, guarded against a link that went down."""
+
+    elastic = True
+
+    def __init__(self, store: Store, worker_id: str, config: RendezvousConfig,
+                 root: str) -> None:
+        self.worker_id = worker_id
+        self.rendezvous = StoreRendezvous(store, worker_id, config)
+        self._store, self._root = store, root
+        self._failures: FailureWatch | None = None
+
+    def join(self) -> Membership:
+        membership = self.rendezvous.join()
+        self._failures = FailureWatch(self._store, lambda g: keys.step_failed(self._root, g),
+                                      self._generation)
+        return membership
+
+    def _generation(self) -> int:
+        current = self.rendezvous.membership
+        return -1 if current is None else current.generation
+
+    def boundary(self) -> Membership:
+        return self._cut_off_guard(self.rendezvous.admit)
+
+    def next_generation(self, reason: str) -> Membership:
+        return self._cut_off_guard(lambda: self.rendezvous.next_generation(reason))
+
+    def pending_joiners(self) -> bool:
+        return bool(self.rendezvous.pending_joiners())
+
+    def announce_leave(self) -> None:
+        self.rendezvous.announce_leave()
+
+    def mark_step_failed(self, generation: int) -> None:
+        if self._failures is not None:
+            self._failures.mark(generation)
+
+    def step_failed(self, generation: int) -> bool:
+        return self._failures is not None and self._failures.seen(generation)
+
+    def finish(self) -> None:
+        self.rendezvous.mark_finished()
+
+    def close(self) -> None:
+        if self._failures is not None:
+            self._failures.stop()
+        self.rendezvous.close()
+
+    def _cut_off_guard(self, call: Callable[[], Membership]) -> Membership:
+        """Run a rendezvous call, but give up once the store stops answering this worker.
+
+        A store request over a link that went down blocks until TCP gives up (minutes),
+        whatever the store's timeout. The call runs on a daemon thread; if no heartbeat
+        got through for ``heartbeat_timeout`` meanwhile, the others have already counted
+        this worker out, so it raises instead of hanging.
+        """
+        outcome: list[Membership | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as exc:  # handed to the caller's thread below
+                outcome.append(exc)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=run, name="potluck-rendezvous", daemon=True)
+        thread.start()
+        limit = self.rendezvous.config.heartbeat_timeout
+        while thread.is_alive():
+            thread.join(timeout=0.05)
+            silent = self.rendezvous.store_silent_since(started)
+            if thread.is_alive() and silent > limit:
+                raise RendezvousError(
+                    f"worker {self.worker_id!r} cannot reach the job's store: no "
+                    f"heartbeat got through for {silent:.1f} s (heartbeat_timeout={limit:g} "
+                    "s), so the cohort has gone on without it; check this host's network "
+                    "link, then start it again to rejoin as a new member"
+                )
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result

@@ -1,0 +1,104 @@
+"""Every key potluck writes on a job's store, in one place.
+
+Job-level keys live under ``potluck/<run id>/``; the launcher and the workers both name
+them from here (the launcher imports nothing else of the worker side):
+
+``potluck/<run>/a<restart>/g<n>``       prefix of a static job's group n (restart attempt)
+``potluck/<run>/elastic/g<n>``          prefix of an elastic cohort's group n
+``potluck/<run>/elastic/failed/g<n>``   a member abandoned generation n's step
+``potluck/<run>/rdzv/...``              the rendezvous (below)
+``potluck/<run>/process/<host>/<pid>``  member id of worker process pid (elastic)
+``potluck/<run>/agents/...``            the launchers' agents meeting each other
+
+The rendezvous's own keys, relative to its prefix:
+
+``current``                 number of the newest published generation
+``g/<n>``                   JSON record of generation n (set once, by compare_set)
+``g/<n>/reg/<id>``          id asks to be in generation n (survivors, after a failure)
+``g/<n>/b/<k>``             the leader's answer to boundary k of generation n
+``leave/<id>``              id announced a graceful departure
+``hb/<id>``                 id's last heartbeat (wall-clock seconds)
+``join/count``, ``join/<i>`` the join queue: i-th join request is worker id
+``adm/<id>/challenge``      nonce the admitter asks id to sign
+``adm/<id>/response``       ``<challenge>:<HMAC-SHA256(token, challenge + id), hex>``
+``adm/<id>/verdict``        ``admitted:<n>`` or ``refused:<reason>``
+``finished``                the run is complete (set by its members): joiners stop waiting
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def static_group(run_id: str, restart: int, generation: int) -> str:
+    """Prefix of a static job's process group (a restarted job never reuses keys)."""
+    return f"potluck/{run_id}/a{restart}/g{generation}"
+
+
+def elastic_root(run_id: str) -> str:
+    return f"potluck/{run_id}/elastic"
+
+
+def elastic_group(root: str, generation: int) -> str:
+    """Prefix of an elastic cohort's group of ``generation`` under ``root``."""
+    return f"{root}/g{generation}"
+
+
+def step_failed(root: str, generation: int) -> str:
+    """Set by a member that abandoned ``generation``'s step (see ``FailureWatch``)."""
+    return f"{root}/failed/g{generation}"
+
+
+def rendezvous_root(run_id: str) -> str:
+    return f"potluck/{run_id}/rdzv"
+
+
+def process(run_id: str, pid: int, host: str | None = None) -> str:
+    """Where an elastic worker writes its member id, so its agent can report its death."""
+    return f"potluck/{run_id}/process/{host or socket.gethostname()}/{pid}"
+
+
+def agents(run_id: str, name: str) -> str:
+    """The launchers' agents: ``started``, ``done``, ``attempt<k>`` ..."""
+    return f"potluck/{run_id}/agents/{name}"
+
+
+CURRENT = "current"
+JOIN_COUNT = "join/count"
+FINISHED = "finished"
+
+
+def generation(n: int) -> str:
+    return f"g/{n}"
+
+
+def registration(n: int, worker_id: str) -> str:
+    return f"g/{n}/reg/{worker_id}"
+
+
+def boundary(n: int, k: int) -> str:
+    return f"g/{n}/b/{k}"
+
+
+def leave(worker_id: str) -> str:
+    return f"leave/{worker_id}"
+
+
+def heartbeat(worker_id: str) -> str:
+    return f"hb/{worker_id}"
+
+
+def join_slot(i: int) -> str:
+    return f"join/{i}"
+
+
+def challenge(worker_id: str) -> str:
+    return f"adm/{worker_id}/challenge"
+
+
+def response(worker_id: str) -> str:
+    return f"adm/{worker_id}/response"
+
+
+def verdict(worker_id: str) -> str:
+    return f"adm/{worker_id}/verdict"

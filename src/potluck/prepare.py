@@ -1,0 +1,122 @@
+"""``potluck.prepare``: one setup call for a training script, whatever runs it.
+
+    model, optimizer, loader = potluck.prepare(model, optimizer, dataset, global_batch=64)
+
+returns the model wrapped for data parallelism, the optimizer as the step transaction
+(commit or redo, boundary, live state) and a loader that yields this rank's part of each
+global step. The same script then runs unchanged as one plain process, under
+``potluck run`` or ``torchrun`` (a fixed cohort), and under ``potluck run --elastic``
+(workers may die, freeze, leave or join mid-run; every sample is still trained on
+exactly once and the global batch never changes). What the mode needs is decided here,
+from the cohort, not by the user: a failed collective abandons the step only where it
+can be redone; a late joiner takes the live state instead of broadcasting its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.cohort import Cohort, init
+from potluck.data import DataCursor
+from potluck.data.step_loader import StepLoader
+from potluck.errors import ConfigError
+from potluck.reducer import DataParallel
+from potluck.step.guard import GuardedOptimizer
+from potluck.step.minimum import MinimumSize
+from potluck.step.parts import EqualShares, SharePolicy, StepPart
+from potluck.step.transaction import StepTransaction
+
+
+def prepare(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Any,
+    *,
+    global_batch: int,
+    seed: int = 0,
+    drop_last: bool = False,
+    collate: Callable[[list[Any]], Any] | None = None,
+    cohort: Cohort | None = None,
+    clip_grad_norm: float | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    shares: SharePolicy | None = None,
+    parts: Sequence[StepPart] = (),
+    minimum: MinimumSize | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    timeout: float = 60.0,
+    **data_parallel: Any,
+) -> tuple[DataParallel, StepTransaction, StepLoader]:
+    """Set up data-parallel training of ``model`` on ``dataset``; see the module doc.
+
+    ``global_batch`` samples make one step, all ranks together, in the order of a
+    seeded per-epoch permutation (``seed``). Build ``optimizer`` over ``model``'s
+    parameters before calling (a joiner then takes the cohort's state at once).
+    ``cohort`` defaults to ``potluck.init(timeout=timeout)``. ``clip_grad_norm`` and
+    ``scaler`` go to the ``GuardedOptimizer``; ``shares`` (equal by default) and
+    ``parts`` plug into the step transaction; ``minimum``, ``checkpoint_dir`` and
+    ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
+    where its checkpoint goes. Other keywords go to ``DataParallel``.
+    """
+    if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
+        raise ConfigError(
+            f"prepare() takes the plain model (an nn.Module), got {type(model).__name__}; "
+            "pass the module itself: prepare wraps it in potluck.DataParallel"
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"prepare() takes a torch.optim.Optimizer over the model's parameters, got "
+            f"{type(optimizer).__name__}"
+        )
+    if not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
+                          "per step, all workers together), e.g. global_batch=64")
+    for name in ("group", "process_group", "on_failure", "init_sync"):
+        if name in data_parallel:
+            raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
+                              f"drop {name}= (or build DataParallel yourself)")
+    cohort = cohort or init(timeout=timeout)
+    model.to(cohort.device)
+    wrapped = DataParallel(model, group=cohort.group,
+                           on_failure="abandon" if cohort.elastic else "raise",
+                           init_sync=not cohort.joined_late, **data_parallel)
+    guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
+                               group=cohort.group, recoverable=cohort.elastic)
+    cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
+    policy = shares or EqualShares()
+    transaction = StepTransaction(guarded, wrapped, cohort, cursor,
+                                  parts=(policy, *parts), minimum=minimum,
+                                  checkpoint_dir=checkpoint_dir, resume=resume)
+    loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
+                        collate=_on_device(collate, cohort.device), shares=policy.shares,
+                        stop=lambda: transaction.left)
+    return wrapped, transaction, loader
+
+
+def _on_device(collate: Callable[[list[Any]], Any] | None,
+               device: torch.device) -> Callable[[list[Any]], Any] | None:
+    if device.type == "cpu":
+        return collate
+    from torch.utils.data import default_collate
+
+    inner = collate or default_collate
+
+    def moved(items: list[Any]) -> Any:
+        return _to(inner(items), device)
+
+    return moved
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,129 @@
+"""The live state of a training job, and moving it between members.
+
+The live state is everything a worker needs to train on from the next step as if it
+had been there all along: model parameters and buffers, the optimizer (and scaler), the
+data cursor, the committed step count, the reducer's bucket order, and every step
+part's own state. A member sends it to joiners; after a recovery the most advanced
+member sends it to the others; a checkpoint stores it, and resume reads it back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from potluck.checkpoint import CheckpointManager
+from potluck.cohort import Cohort
+from potluck.collectives import allgather_tensor, broadcast_object
+from potluck.data import DataCursor
+from potluck.errors import RendezvousError
+from potluck.reducer import DataParallel
+from potluck.step.guard import GuardedOptimizer
+from potluck.step.parts import StepPart
+
+# How long members wait for an admitted joiner to take the live state: its own setup
+# between joining and building its optimizer (say, a first optimizer's imports) may take
+# seconds. A joiner that dies meanwhile is noticed at once (closed connection).
+STATE_TIMEOUT = timedelta(seconds=120)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Committed global steps (the same on every member) and steps redone here."""
+
+    steps: int = 0
+    redone: int = 0
+
+
+class LiveState:
+    """Gathers and applies the live state; sends, receives and realigns it."""
+
+    def __init__(self, model: DataParallel, optimizer: GuardedOptimizer, cursor: DataCursor,
+                 progress: Progress, parts: tuple[StepPart, ...]) -> None:
+        self._model, self._optimizer, self._cursor = model, optimizer, cursor
+        self._progress, self._parts = progress, parts
+
+    def capture(self) -> dict[str, Any]:
+        return {"model": self._model.module.state_dict(),
+                "optimizer": self._optimizer.state_dict(),
+                "cursor": self._cursor.state_dict(), "steps": self._progress.steps,
+                "bucket_order": self._model.reducer.bucket_order(),
+                "parts": {part.name: part.state_dict() for part in self._parts}}
+
+    def apply(self, state: dict[str, Any]) -> None:
+        self._model.module.load_state_dict(state["model"])
+        self._optimizer.load_state_dict(state["optimizer"])
+        self._cursor.load_state_dict(state["cursor"])
+        self._progress.steps = int(state["steps"])
+        self._model.reducer.adopt_bucket_order(state["bucket_order"])
+        saved = state.get("parts", {})
+        for part in self._parts:
+            if part.name in saved:
+                part.load_state_dict(saved[part.name])
+
+    # -------------------------------------------------------------- between members
+
+    def send(self, cohort: Cohort) -> None:
+        """Rank 0 hands the joiners of the new generation the live state."""
+        broadcast_object(self.capture() if cohort.rank == 0 else None, cohort.group,
+                         timeout=STATE_TIMEOUT)
+
+    def receive(self, cohort: Cohort) -> None:
+        """A joiner takes the cohort's live state (sent by ``send``)."""
+        try:
+            state = broadcast_object(None, cohort.group, timeout=STATE_TIMEOUT)
+        except RuntimeError as exc:
+            raise RendezvousError(
+                f"[rank {cohort.rank}] admitted, but the live state did not arrive within "
+                f"{STATE_TIMEOUT.total_seconds():g} s ({exc}); the cohort went on without "
+                "this worker: start it again to rejoin (and build the model and optimizer "
+                "before joining, so joining is quick)"
+            ) from exc
+        self.apply(state)
+        log.warning("[rank %d] joined at step %d with the cohort's live state", cohort.rank,
+                    self._progress.steps)
+
+    def realign(self, cohort: Cohort) -> None:
+        """Members of a new generation may be one step apart: a peer that died after
+        some members had finished the step's last collective (they committed) but before
+        others had (they abandoned). The most advanced member's state wins."""
+        steps = torch.tensor([self._progress.steps], dtype=torch.int64)
+        counts = [int(t.item()) for t in allgather_tensor(steps, cohort.group)]
+        if len(set(counts)) == 1:
+            return
+        source = counts.index(max(counts))
+        state = broadcast_object(self.capture() if cohort.rank == source else None,
+                                 cohort.group, src=source)
+        if cohort.rank != source:
+            self.apply(state)
+        log.warning("[rank %d] members were at steps %s after recovery; all take step %d",
+                    cohort.rank, counts, max(counts))
+
+    # ------------------------------------------------------------------ on disk
+
+    def save(self, cohort: Cohort, directory: Path) -> str | None:
+        """Rank 0 writes the live state; returns the file's path there (None elsewhere)."""
+        manager = CheckpointManager(directory, rank=cohort.rank)
+        saved = manager.save(self._progress.steps, self.capture()).path
+        return None if saved is None else str(saved)
+
+    def resume(self, cohort: Cohort, directory: Path) -> bool:
+        """Every member starts from the newest checkpoint in ``directory``, as rank 0
+        reads it; False (and nothing changed) if there is none."""
+        checkpoint = None
+        if cohort.rank == 0:
+            checkpoint = CheckpointManager(directory, rank=0).load_latest()
+        state = broadcast_object(checkpoint.state if checkpoint else None, cohort.group)
+        if state is None:
+            return False
+        self.apply(state)
+        log.warning("[rank %d] resumed at step %d from %s", cohort.rank,
+                    self._progress.steps, directory)
+        return True

@@ -1,0 +1,72 @@
+"""The seams of the step transaction: what a further part (a share policy, a sync
+strategy, an aggregation policy) implements to plug in without editing the others.
+
+The transaction (``transaction.py``) calls every part it was given, in order:
+
+- ``on_commit(steps)`` after a step committed (the cursor advanced; ``steps`` committed
+  so far): a sync strategy counts its inner steps here, a balancer its measurements;
+- ``on_membership(rank, world_size)`` after the membership changed (a loss, a join, a
+  leave): a share policy redistributes, a strategy resets what was per-member;
+- ``state_dict()`` / ``load_state_dict()``: the part's state travels with the live
+  state to a joiner, to a realigned survivor and into checkpoints, under ``name``.
+
+``SharePolicy`` is the part the data loader asks how to split each step's block; the
+only policy today is ``EqualShares``. Where the other kinds plug in is in
+``docs/design.md`` ("The step transaction and its parts").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from potluck.data.split import equal_shares
+
+
+@runtime_checkable
+class StepPart(Protocol):
+    """A part of the step transaction."""
+
+    name: str
+
+    def on_commit(self, steps: int) -> None: ...
+
+    def on_membership(self, rank: int, world_size: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class SharePolicy(StepPart, Protocol):
+    """How many of each step's samples each rank takes (weights, summing to anything)."""
+
+    def shares(self, world_size: int) -> Sequence[float]: ...
+
+
+class EqualShares:
+    """Every rank takes the same share (the cursor's largest-remainder split)."""
+
+    name = "shares"
+
+    def shares(self, world_size: int) -> Sequence[float]:
+        return equal_shares(world_size)
+
+    def on_commit(self, steps: int) -> None:
+        """Equal shares learn nothing from a step."""
+
+    def on_membership(self, rank: int, world_size: int) -> None:
+        """Equal for any membership: nothing to redistribute."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": "equal"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != "equal":
+            from potluck.errors import ConfigError
+            raise ConfigError(
+                f"the live state was made with share policy {state.get('policy')!r}, but "
+                "this worker uses equal shares: every worker of a job must run the same "
+                "script with the same potluck.prepare(...) arguments"
+            )

@@ -1,0 +1,146 @@
+"""``StepTransaction``: one global step, committed or redone; the optimizer a user holds.
+
+``step()`` is the commit point. A step whose collectives all succeeded is applied (by
+the ``GuardedOptimizer``: clip, agreed non-finite skip), the data cursor advances, every
+step part hears ``on_commit``, and the boundary runs (leave, admission, minimum size).
+A step whose collectives failed on an elastic cohort is neither applied nor committed:
+the cohort forms the next generation without the lost peer (the one ``GroupHandle``
+everybody holds now talks on the new group), the members realign to the most advanced
+one, the parts hear ``on_membership``, and the loader hands out the same slice again,
+split among the survivors. On a fixed cohort a failure raises ``PeerLostError``.
+
+The transaction is built of parts, each in its own module: ``live_state`` (capture,
+send, receive, realign, save, resume), ``boundary`` (vote, admission, leave, minimum)
+and the extension parts (``parts.StepPart``: a share policy today; sync strategies and
+aggregation policies next).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from potluck.cohort import Cohort
+from potluck.data import DataCursor
+from potluck.reducer import DataParallel
+from potluck.step.boundary import Boundary
+from potluck.step.guard import GuardedOptimizer, StepResult
+from potluck.step.live_state import LiveState, Progress
+from potluck.step.minimum import MinimumSize
+from potluck.step.parts import StepPart
+
+DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
+
+log = logging.getLogger(__name__)
+
+
+class StepTransaction:
+    """Call ``zero_grad()`` and ``step()`` as with any optimizer; ``.optimizer`` is the
+    torch optimizer (for LR schedulers)."""
+
+    def __init__(self, optimizer: GuardedOptimizer, model: DataParallel, cohort: Cohort,
+                 cursor: DataCursor, *, parts: tuple[StepPart, ...] = (),
+                 minimum: MinimumSize | None = None, admit_every: int = 1,
+                 checkpoint_dir: str | Path | None = None, resume: bool = False) -> None:
+        """``minimum`` defaults to the launcher's (``potluck run --min-workers``);
+        ``resume`` starts the founders from the newest checkpoint in ``checkpoint_dir``
+        (written when the cohort stopped below its minimum), if there is one."""
+        self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
+        self.parts = parts
+        self.progress = Progress()
+        self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
+        minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
+        self.boundary = Boundary(cohort, self.live_state, self.progress, minimum,
+                                 Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR),
+                                 admit_every=admit_every, changed=self._membership_changed)
+        if cohort.joined_late:
+            self.live_state.receive(cohort)
+        elif resume:
+            self.live_state.resume(cohort, self.boundary.checkpoint_dir)
+        self.boundary.hold_minimum()
+
+    # ------------------------------------------------------------ optimizer surface
+
+    @property
+    def optimizer(self) -> Any:
+        return self.guarded.optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.guarded.param_groups
+
+    @property
+    def steps(self) -> int:
+        """Committed global steps (the same on every member)."""
+        return self.progress.steps
+
+    @property
+    def redone(self) -> int:
+        """Steps this worker abandoned and redid after a membership change."""
+        return self.progress.redone
+
+    @property
+    def left(self) -> bool:
+        """This worker left the cohort (``request_leave``): stop training."""
+        return self.boundary.left
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.guarded.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole live state (model, optimizer, cursor, steps, parts)."""
+        return self.live_state.capture()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.live_state.apply(state)
+
+    # ------------------------------------------------------------------- the step
+
+    def step(self) -> StepResult:
+        if self.model.step_failed:  # a collective of backward failed: never apply it
+            result = StepResult(committed=False, grad_norm=float("nan"), failed=True)
+        else:
+            result = self.guarded.step()
+        if result.failed:
+            self._redo()
+            return result
+        self.cursor.commit()  # committed, or skipped for a non-finite gradient: done
+        self.progress.steps += 1
+        for part in self.parts:
+            part.on_commit(self.progress.steps)
+        self.boundary.after_commit()
+        return result
+
+    def _redo(self) -> None:
+        self.progress.redone += 1
+        log.warning("[rank %d] step %d not applied: a collective failed; redoing it",
+                    self.cohort.rank, self.progress.steps)
+        self.cohort.mark_step_failed()
+        self.cohort.recover("a collective of the step failed")
+        self._membership_changed()
+        self.boundary.hold_minimum()
+
+    def _membership_changed(self) -> None:
+        self.live_state.realign(self.cohort)
+        for part in self.parts:
+            part.on_membership(self.cohort.rank, self.cohort.world_size)
+
+    # ------------------------------------------------------------------- leaving
+
+    def request_leave(self) -> None:
+        """Leave at the next step boundary (e.g. from a SIGTERM handler)."""
+        self.boundary.request_leave()
+
+    def leave_on_sigterm(self) -> None:
+        """SIGTERM (the owner wants the GPU back) finishes the step, then leaves."""
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
+
+    def finish(self) -> None:
+        """The run is over for this worker: tell any joiner still waiting (unless this
+        worker left alone), then release the cohort."""
+        if self.left:
+            self.cohort.close()
+        else:
+            self.cohort.finish()
