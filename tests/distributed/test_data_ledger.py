@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from potluck.bench.ranks import run_ranks
 from potluck.data import DataCursor
+from potluck.harness.ranks import run_ranks
 
 N, GLOBAL_BATCH, SEED = 53, 8, 5  # 53 = 6 * 8 + 5: a remainder of 5
 

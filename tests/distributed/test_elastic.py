@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.bench.elastic_job import (
+from potluck.harness.elastic_job import (
     ElasticJob,
     ledger_problems,
     params,
@@ -30,7 +30,7 @@ from potluck.bench.elastic_job import (
     start_worker,
     train,
 )
-from potluck.bench.ranks import free_port, run_ranks
+from potluck.harness.ranks import free_port, run_ranks
 
 EPOCHS, KILL_AT = 2, 3
 COLLECTIVE_TIMEOUT = 4.0  # a frozen peer is given up on after this long

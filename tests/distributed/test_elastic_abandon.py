@@ -10,25 +10,25 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.bench.elastic_job import mlp
-from potluck.bench.ranks import free_port, run_ranks
+from potluck.harness.elastic_job import mlp
+from potluck.harness.ranks import free_port, run_ranks
 
 COLLECTIVE_TIMEOUT = 20.0
 
 
 def _worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    from potluck.elastic import ElasticCohort
-
     from potluck import DataParallel
+    from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
 
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
                                        timeout=timedelta(seconds=30))
     config = RendezvousConfig(token="t", expected=2, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0)
-    cohort = ElasticCohort(store, f"w{rank}", config, timeout=COLLECTIVE_TIMEOUT)
+    cohort = join_elastic(store, f"w{rank}", config,
+                          GroupSpec("gloo", COLLECTIVE_TIMEOUT, "127.0.0.1"))
+    # The model holds the cohort's handle, which knows when a peer gave up (no wiring).
     model = DataParallel(mlp(), group=cohort.group, on_failure="abandon")
-    model.reducer.abandoned_elsewhere = cohort.step_failed_elsewhere
     waited = None
     if rank == 1:  # gives up on the step before sending anything, but stays alive
         time.sleep(0.5)

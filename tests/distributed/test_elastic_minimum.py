@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.bench.elastic_job import ElasticJob, Indexed, mlp, params, single_process
-from potluck.bench.ranks import free_port, run_ranks
+from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.ranks import free_port, run_ranks
 from tests.distributed.test_elastic import assert_exactly_once
 
 KILL_AT = 3
@@ -31,11 +31,9 @@ EPOCHS, N, GLOBAL_BATCH = JOB.epochs, JOB.samples, JOB.global_batch
 
 def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: float,
             checkpoint_dir: str, resume: bool = False) -> tuple[Any, Any, Any, Any, Any]:
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer, MinimumSize
-
-    from potluck import DataCursor, DataParallel
+    from potluck import MinimumSize, prepare
+    from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
-    from potluck.step import GuardedOptimizer
 
     net = mlp()  # model and optimizer first: an admitted joiner keeps the cohort waiting
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -43,16 +41,13 @@ def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: fl
                                        timeout=timedelta(seconds=30))
     config = RendezvousConfig(token="min", expected=expected, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
-    cohort = ElasticCohort(store, f"worker-{rank}-{os.getpid()}", config, timeout=10.0)
-    model = DataParallel(net, group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(N, GLOBAL_BATCH, seed=JOB.data_seed)
-    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor,
-                           minimum=MinimumSize(min_workers, wait_s),
-                           checkpoint_dir=checkpoint_dir, resume=resume)
-    loader = ElasticLoader(Indexed(N), cursor, lambda: (cohort.rank, cohort.world_size),
-                           stop=lambda: opt.left)
-    return cohort, model, cursor, opt, loader
+    cohort = join_elastic(store, f"worker-{rank}-{os.getpid()}", config,
+                          GroupSpec("gloo", 10.0, "127.0.0.1"))
+    model, opt, loader = prepare(net, sgd, Indexed(N), cohort=cohort,
+                                 global_batch=GLOBAL_BATCH, seed=JOB.data_seed,
+                                 minimum=MinimumSize(min_workers, wait_s),
+                                 checkpoint_dir=checkpoint_dir, resume=resume)
+    return cohort, model, opt.cursor, opt, loader
 
 
 def _train(rank: int, opt: Any, model: Any, cursor: Any, loader: Any, ledger_dir: str,

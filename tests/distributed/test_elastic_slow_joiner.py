@@ -1,6 +1,6 @@
 """An admitted joiner that is slow to take the live state does not break the cohort.
 
-Between joining (``ElasticCohort``) and receiving the state (``ElasticOptimizer``) a
+Between joining (``join_elastic``) and receiving the state (``prepare``) a
 joiner runs its own setup, which may take longer than the collective timeout (a first
 optimizer's imports take seconds). The members wait for it up to ``STATE_TIMEOUT``
 instead; the run then equals one process (float64, 1e-9) with every sample once.
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.bench.elastic_job import ElasticJob, Indexed, mlp, params, single_process
-from potluck.bench.ranks import free_port, run_ranks
+from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.ranks import free_port, run_ranks
 from tests.distributed.test_elastic import assert_exactly_once
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
@@ -27,11 +27,9 @@ SETUP_S = 4.0  # the joiner's setup after joining: well past the collective time
 
 
 def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
-
-    from potluck import DataCursor, DataParallel
+    from potluck import prepare
+    from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
-    from potluck.step import GuardedOptimizer
 
     if rank == 2:
         time.sleep(1.0)  # the founders are training when it arrives
@@ -40,16 +38,14 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
     net = mlp()
-    cohort = ElasticCohort(store, f"worker-{rank}", config, timeout=JOB.collective_timeout)
+    cohort = join_elastic(store, f"worker-{rank}", config,
+                          GroupSpec("gloo", JOB.collective_timeout, "127.0.0.1"))
     if cohort.joined_late:
         time.sleep(SETUP_S)  # slow setup while the members wait to send the state
-    model = DataParallel(net, group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(JOB.samples, JOB.global_batch, seed=JOB.data_seed)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
-    loader = ElasticLoader(Indexed(JOB.samples), cursor,
-                           lambda: (cohort.rank, cohort.world_size))
+    model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                 global_batch=JOB.global_batch, seed=JOB.data_seed)
+    cursor = opt.cursor
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < JOB.epochs:
             for index, x, y in loader:
@@ -60,7 +56,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
                 if opt.step().committed:
                     ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
                     ledger.flush()
-    cohort.finish()
+    opt.finish()
     return {"params": params(model.module), "world_size": cohort.world_size,
             "redone": opt.redone, "pid": os.getpid(), "late": cohort.joined_late}
 

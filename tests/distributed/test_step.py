@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from potluck import DataParallel
-from potluck.bench.ranks import run_ranks
+from potluck.harness.ranks import run_ranks
 from potluck.step import GuardedOptimizer, accumulate, split_batch
 from tests.distributed import models as M
 from tests.distributed.test_data_parallel import assert_close, mse

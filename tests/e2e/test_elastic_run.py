@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from potluck import DataCursor
-from potluck.bench.ranks import free_port
+from potluck.harness.ranks import free_port
 from tests.e2e.helpers import ROOT, potluck_run
 
 SCRIPT = ROOT / "examples" / "elastic.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.bench.ranks import free_port
+from potluck.harness.ranks import free_port
 from tests.e2e.helpers import EXAMPLE, ROOT, SCRIPTS, pid_alive, pids_in, potluck_run
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.bench.common import interleaved, median, table, write_json
-from potluck.bench.ranks import run_ranks
+from potluck.harness.ranks import run_ranks
 
 _DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from potluck.bench.common import write_json
-from potluck.bench.elastic_job import (
+from potluck.harness.elastic_job import (
     ElasticJob,
     ledger_problems,
     leftover_processes,
@@ -43,7 +43,7 @@ from potluck.bench.elastic_job import (
     train,
     write_pid,
 )
-from potluck.bench.ranks import RankFailed, free_port, run_ranks
+from potluck.harness.ranks import RankFailed, free_port, run_ranks
 
 FOUNDERS = 3
 FAULTS = ("kill", "stop", "leave")

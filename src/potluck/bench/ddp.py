@@ -17,7 +17,7 @@ from torch import nn
 
 from potluck.bench import models
 from potluck.bench.common import interleaved, median, table, write_json
-from potluck.bench.ranks import run_ranks
+from potluck.harness.ranks import run_ranks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

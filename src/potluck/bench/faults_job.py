@@ -76,9 +76,7 @@ class RunLog:
 
 
 def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
-    import potluck.elastic
-    from potluck import DataParallel
-    from potluck.step import GuardedOptimizer
+    import potluck
 
     net, data = workload()
     # Built before joining: the first optimizer imports torch._dynamo (about 2 s), and
@@ -87,17 +85,13 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
     # The survivors wait for a dead worker's heartbeat to go stale (heartbeat_timeout);
     # a survivor whose pending collective was not with the dead worker is released only
     # by the collective timeout, hence a short one.
-    cohort = potluck.elastic.init(timeout=args.collective_timeout,
-                                  heartbeat_interval=args.heartbeat_timeout / 5,
-                                  heartbeat_timeout=args.heartbeat_timeout)
+    cohort = potluck.init(timeout=args.collective_timeout,
+                          heartbeat_interval=args.heartbeat_timeout / 5,
+                          heartbeat_timeout=args.heartbeat_timeout)
     admitted = time.time()
-    model = DataParallel(net, group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(len(data), args.global_batch, seed=1)
-    opt = potluck.elastic.ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
-    # (a restarted worker received the live state just now)
-    loader = potluck.elastic.ElasticLoader(data, cursor,
-                                           lambda: (cohort.rank, cohort.world_size))
+    # (a restarted worker receives the live state here)
+    model, opt, loader = potluck.prepare(net, sgd, data, cohort=cohort,
+                                         global_batch=args.global_batch, seed=1)
     commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
     RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=read_worker_env().rank,
                                             admitted=admitted)
@@ -113,7 +107,7 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
             if opt.steps >= args.steps:
                 break
     commits.write(done=opt.steps)
-    cohort.finish()  # a restarted worker still waiting to be admitted exits by itself
+    opt.finish()  # a restarted worker still waiting to be admitted exits by itself
 
 
 def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from potluck.bench.ranks import RankFailed, run_ranks
 from potluck.demo.model import ModelConfig
 from potluck.demo.report import (
     equivalence_line,
@@ -27,6 +26,7 @@ from potluck.demo.report import (
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult, train_worker
 from potluck.errors import ConfigError
+from potluck.harness.ranks import RankFailed, run_ranks
 from potluck.metrics.figures import scaling_figures
 
 

@@ -1,7 +1,7 @@
 """The chaos demo's worker: ``potluck demo --chaos`` starts it under ``potluck run --elastic``.
 
 One process (one incarnation of one worker) joins or founds the cohort with
-``potluck.elastic.init()``, trains the demo's character transformer on its share of
+``potluck.init()`` and ``potluck.prepare``, trains the demo's character transformer on its share of
 every global step, and appends what happened to ``<run dir>/worker-<rank>-<pid>.jsonl``,
 because the launcher passes nothing back but exit codes. Records, by ``kind``:
 
@@ -28,16 +28,14 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-import potluck.elastic
-from potluck.data import DataCursor
+import potluck
+from potluck.cohort import Cohort
 from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck.demo.text import Vocabulary, batch_offsets, load_corpus
 from potluck.demo.train import learning_rate
-from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
 from potluck.env import read_worker_env
 from potluck.metrics.jsonl import JsonlWriter
-from potluck.reducer import DataParallel
-from potluck.step import GuardedOptimizer
+from potluck.step import StepTransaction
 
 PEAK_LR, WARMUP_STEPS, SAMPLE_PROMPT = 3e-3, 20, "def "
 
@@ -78,7 +76,7 @@ class Journal:
 class StepWatch:
     """After each ``opt.step()``: records the committed step, a failed one, new events."""
 
-    def __init__(self, journal: Journal, cohort: ElasticCohort, opt: ElasticOptimizer) -> None:
+    def __init__(self, journal: Journal, cohort: Cohort, opt: StepTransaction) -> None:
         self.journal, self.cohort, self.opt = journal, cohort, opt
         self._steps, self._redone, self._events = opt.steps, opt.redone, len(cohort.events)
         self._generation, self._world_size = cohort.generation, cohort.world_size
@@ -134,25 +132,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     # (seconds), and between admission and receiving the state the cohort waits for us.
     adamw = torch.optim.AdamW(net.parameters(), lr=PEAK_LR, weight_decay=0.01)
 
-    cohort = potluck.elastic.init(timeout=30.0, heartbeat_interval=0.4,
-                                  heartbeat_timeout=args.heartbeat_timeout)
-    journal.write("member", worker_id=cohort.rendezvous.worker_id, rank=cohort.rank,
+    cohort = potluck.init(timeout=30.0, heartbeat_interval=0.4,
+                          heartbeat_timeout=args.heartbeat_timeout)
+    journal.write("member", worker_id=cohort.worker_id, rank=cohort.rank,
                   generation=cohort.generation, workers=cohort.world_size,
                   joined_late=cohort.joined_late)
-    model = DataParallel(net, group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(len(data), args.batch_size, seed=args.seed, drop_last=True)
-    opt = ElasticOptimizer(GuardedOptimizer(adamw, clip_grad_norm=1.0), model, cohort,
-                           cursor)  # a restarted worker receives the live state here
+    # A restarted worker receives the live state here.
+    model, opt, loader = potluck.prepare(net, adamw, data, cohort=cohort,
+                                         global_batch=args.batch_size, seed=args.seed,
+                                         drop_last=True, clip_grad_norm=1.0)
     opt.leave_on_sigterm()  # the launcher stopping us (Ctrl-C): finish the step, leave
     if cohort.joined_late:
         journal.write("joined", step=opt.steps, rank=cohort.rank,
                       generation=cohort.generation, workers=cohort.world_size)
-    loader = ElasticLoader(data, cursor, lambda: (cohort.rank, cohort.world_size),
-                           stop=lambda: opt.left)
     watch = StepWatch(journal, cohort, opt)
 
-    while cursor.epoch < 1 and not opt.left:  # one epoch is exactly --steps steps
+    while loader.epoch < 1 and not opt.left:  # one epoch is exactly --steps steps
         for x, y in loader:
             watch.start()
             for group in adamw.param_groups:
@@ -172,10 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   rank=cohort.rank, generation=cohort.generation, workers=cohort.world_size,
                   n_params=sum(p.numel() for p in net.parameters()), sample=sample)
     journal.close()
-    if opt.left:
-        cohort.close()
-    else:
-        cohort.finish()  # a restarted worker still waiting to be admitted is told it is over
+    opt.finish()  # a restarted worker still waiting to be admitted is told it is over
 
 
 if __name__ == "__main__":

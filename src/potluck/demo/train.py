@@ -1,7 +1,7 @@
 """The demo's worker: one rank's training loop under ``potluck.DataParallel``.
 
 ``train_worker(rank, world_size, text, config)`` runs in each process that
-``potluck.bench.ranks.run_ranks`` starts, with the default Gloo group initialized. The
+``potluck.harness.ranks.run_ranks`` starts, with the default Gloo group initialized. The
 loop is the ordinary forward / backward / step / zero_grad; potluck comes in only as
 the wrapped model. Rank 0 shows the progress bar and writes the per-step JSONL; every
 rank returns its timings, and rank 0 also a sample of generated text.

@@ -54,9 +54,10 @@ class StepTransaction:
         minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
         self.boundary = Boundary(cohort, self.live_state, self.progress, minimum,
                                  Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR),
-                                 admit_every=admit_every, changed=self._membership_changed)
+                                 admit_every=admit_every, changed=self._tell_parts)
         if cohort.joined_late:
             self.live_state.receive(cohort)
+            self._tell_parts()
         elif resume:
             self.live_state.resume(cohort, self.boundary.checkpoint_dir)
         self.boundary.hold_minimum()
@@ -119,11 +120,13 @@ class StepTransaction:
                     self.cohort.rank, self.progress.steps)
         self.cohort.mark_step_failed()
         self.cohort.recover("a collective of the step failed")
-        self._membership_changed()
+        self.live_state.realign(self.cohort)
+        self._tell_parts()
         self.boundary.hold_minimum()
 
-    def _membership_changed(self) -> None:
-        self.live_state.realign(self.cohort)
+    def _tell_parts(self) -> None:
+        """The membership changed (no collective here: every caller is at a different
+        point of the protocol)."""
         for part in self.parts:
             part.on_membership(self.cohort.rank, self.cohort.world_size)
 

@@ -1,8 +1,9 @@
 """A small elastic training job whose outcome can be checked exactly (chaos bench, tests).
 
-Every worker trains a float64 MLP through ``ElasticCohort`` / ``ElasticOptimizer`` /
-``ElasticLoader`` on the store its caller hosts (as the launcher's agent hosts it), and
-appends each committed step's sample indices to its own ledger file. Three checks follow
+Every worker joins an elastic cohort on the store its caller hosts (as the launcher's
+agent hosts it, ``potluck.cohort.join_elastic``), trains a float64 MLP set up by
+``potluck.prepare``, and appends each committed step's sample indices to its own ledger
+file. Three checks follow
 from the step transaction:
 
 - ``single_process(job)``: one process training on the same global batches. Every step
@@ -30,7 +31,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from potluck.cohort import Cohort
 from potluck.data import DataCursor
+from potluck.data.step_loader import StepLoader
+from potluck.reducer import DataParallel
+from potluck.step import MinimumSize, StepTransaction
 
 
 @dataclass(frozen=True)
@@ -81,16 +86,17 @@ def params(module: nn.Module) -> dict[str, torch.Tensor]:
 class Worker:
     """One worker's pieces, as a training script would hold them."""
 
-    cohort: Any
-    model: Any
+    cohort: Cohort
+    model: DataParallel
     cursor: DataCursor
-    optimizer: Any
-    loader: Any
+    optimizer: StepTransaction
+    loader: StepLoader
 
 
 def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
                  host: str = "127.0.0.1", token: str | None = None,
-                 before_join: Callable[[], None] | None = None) -> Worker:
+                 before_join: Callable[[], None] | None = None,
+                 minimum: MinimumSize | None = None) -> Worker:
     """Join (or found) the cohort on the caller's store; ``host``: where Gloo binds.
 
     ``before_join`` runs once the slow local setup is done, just before joining (a
@@ -98,10 +104,9 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
     """
     from torch._C._distributed_c10d import TCPStore
 
-    from potluck import DataParallel
-    from potluck.elastic import ElasticCohort, ElasticLoader, ElasticOptimizer
+    from potluck import prepare
+    from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
-    from potluck.step import GuardedOptimizer
 
     # Everything slow and local comes before joining. Once admitted, a late joiner is in
     # the cohort's group and the members wait for it in the state broadcast, bounded by
@@ -119,15 +124,12 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
                               heartbeat_timeout=job.heartbeat_timeout,
                               settle_timeout=job.settle_timeout,
                               join_timeout=job.join_timeout)
-    cohort = ElasticCohort(store, worker_id, config, timeout=job.collective_timeout,
-                           host=host)
-    model = DataParallel(net, group=cohort.group, on_failure="abandon",
-                         init_sync=not cohort.joined_late)
-    cursor = DataCursor(job.samples, job.global_batch, seed=job.data_seed)
-    opt = ElasticOptimizer(GuardedOptimizer(sgd), model, cohort, cursor)
-    loader = ElasticLoader(Indexed(job.samples), cursor,
-                           lambda: (cohort.rank, cohort.world_size), stop=lambda: opt.left)
-    return Worker(cohort, model, cursor, opt, loader)
+    cohort = join_elastic(store, worker_id, config,
+                          GroupSpec("gloo", job.collective_timeout, host))
+    model, opt, loader = prepare(net, sgd, Indexed(job.samples), cohort=cohort,
+                                 global_batch=job.global_batch, seed=job.data_seed,
+                                 minimum=minimum)
+    return Worker(cohort, model, opt.cursor, opt, loader)
 
 
 def train(worker: Worker, job: ElasticJob, ledger: Path,

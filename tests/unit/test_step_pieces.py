@@ -1,13 +1,13 @@
-"""The elastic loader's redo semantics and the guards added for empty shares."""
+"""The step loader's redo semantics and the guards added for empty shares."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from potluck.elastic import ElasticLoader
 from torch.utils.data import TensorDataset
 
 from potluck.data import DataCursor
+from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError, CursorError
 from potluck.step import GuardedOptimizer, accumulate
 
@@ -17,7 +17,7 @@ def test_a_failed_step_is_handed_out_again_split_for_the_new_membership() -> Non
     cursor = DataCursor(12, 4, seed=1)
     world = [2]
     seen = []
-    for step, (batch,) in enumerate(ElasticLoader(data, cursor, lambda: (0, world[0]))):
+    for step, (batch,) in enumerate(StepLoader(data, cursor, lambda: (0, world[0]))):
         seen.append([int(i) for i in batch.tolist()])
         if step == 1:
             world[0] = 1  # the step failed and the cohort shrank: no commit
@@ -34,12 +34,12 @@ def test_a_rank_without_a_sample_is_a_clear_error() -> None:
     data = TensorDataset(torch.arange(10).float())
     cursor = DataCursor(10, 2, seed=0)
     with pytest.raises(CursorError, match="at least one sample"):
-        next(iter(ElasticLoader(data, cursor, lambda: (2, 3))))
+        next(iter(StepLoader(data, cursor, lambda: (2, 3))))
 
 
 def test_a_step_handed_out_forever_without_commit_is_a_clear_error() -> None:
     data = TensorDataset(torch.arange(8).float())
-    loader = ElasticLoader(data, DataCursor(8, 4), lambda: (0, 1), max_repeats=3)
+    loader = StepLoader(data, DataCursor(8, 4), lambda: (0, 1), max_repeats=3)
     with pytest.raises(CursorError, match="without a commit"):
         for _ in loader:
             pass
