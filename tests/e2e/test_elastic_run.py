@@ -64,7 +64,7 @@ def test_killed_worker_is_restarted_and_rejoins_with_live_state(tmp_path: Path) 
         torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
 
 
-def _assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
+def assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
     final, expected = torch.load(path), _one_process(epochs)
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
@@ -89,7 +89,7 @@ def test_below_min_workers_checkpoints_exits_3_and_resumes(tmp_path: Path) -> No
     resumed = potluck_run(*common, "--resume", timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed at step 5" in resumed.stderr
-    _assert_equal_to_one_process(out)
+    assert_equal_to_one_process(out)
 
 
 def _node(rank: int, port: int, nproc: int, *args: str) -> subprocess.Popen[str]:
@@ -128,4 +128,4 @@ def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
     assert first.returncode == 0 and nodes[1].returncode == 0, err0[-2000:] + err1[-2000:]
     assert "joined at step" in out1 + err1, err1[-2000:]  # not "arrived after the run"
     assert f"epoch {epochs - 1} done" in out0 and "with 3 workers" in out0
-    _assert_equal_to_one_process(out, epochs)
+    assert_equal_to_one_process(out, epochs)

@@ -137,9 +137,7 @@ class Cohort:
         self._source.announce_leave()
 
     def _move(self, started: float, cause: str) -> None:
-        old = self.group.release("replaced by the next generation")
-        if old is not None:
-            retire_group(old)
+        _shut_down(self.group.release("replaced by the next generation"), self.rank)
         self.group.reconfigure(self._build(self.membership), self.generation)
         event: dict[str, Any] = {"generation": self.generation, "cause": cause,
                                  "left": list(self.membership.left),
@@ -164,12 +162,7 @@ class Cohort:
 
     def close(self) -> None:
         """Release the group and the store connection; safe to call twice."""
-        group = self.group.release("the cohort was closed") if self.group.usable else None
-        if group is not None and hasattr(group, "shutdown"):
-            try:
-                group.shutdown()
-            except RuntimeError as exc:  # a peer already gone; nothing left to release
-                log.debug("[rank %d] group shutdown: %s", self.rank, exc)
+        _shut_down(self.group.release("the cohort was closed"), self.rank)
         self._source.close()
 
     def __enter__(self) -> Cohort:
@@ -184,3 +177,13 @@ class Cohort:
         return (f"Cohort(rank={self.rank}, world_size={self.world_size}, "
                 f"backend={self.backend!r}, device={self.device}, "
                 f"generation={self.generation}, {mode})")
+
+
+def _shut_down(group: Any, rank: int) -> None:
+    """Release a healthy group that every member stops using at the same point (a
+    broken one is aborted instead: ``collectives.retire_group``)."""
+    if group is not None and hasattr(group, "shutdown"):
+        try:
+            group.shutdown()
+        except RuntimeError as exc:  # a peer already gone; nothing left to release
+            log.debug("[rank %d] group shutdown: %s", rank, exc)

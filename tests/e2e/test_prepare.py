@@ -1,0 +1,71 @@
+"""One script, every launcher: ``examples/elastic.py`` (written with ``potluck.prepare``)
+runs unchanged as one plain process, under ``potluck run`` (a fixed cohort) and under
+``torchrun``, and ends with the parameters of one process training on the same global
+batches (its elastic runs, with a worker killed mid-run, are in ``test_elastic_run``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from potluck.harness.ranks import free_port
+from tests.e2e.helpers import ROOT, potluck_run
+from tests.e2e.test_elastic_run import SCRIPT, assert_equal_to_one_process
+
+EPOCHS = 2
+ARGS = ("--epochs", str(EPOCHS), "--step-time", "0")
+
+
+@pytest.mark.timeout(90)
+def test_as_one_plain_process(tmp_path: Path) -> None:
+    out = tmp_path / "final.pt"
+    done = subprocess.run([sys.executable, str(SCRIPT), *ARGS, "--out", str(out)],
+                          capture_output=True, text=True, timeout=80, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 1 workers" in done.stdout
+    assert_equal_to_one_process(out, EPOCHS)
+
+
+@pytest.mark.timeout(120)
+def test_under_potluck_run_as_a_fixed_job(tmp_path: Path) -> None:
+    out = tmp_path / "final.pt"
+    done = potluck_run("--nproc-per-node", "2", str(SCRIPT), *ARGS, "--out", str(out),
+                       "--checkpoint-dir", str(tmp_path / "ckpt"), timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"[rank0]: epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 2 workers" \
+        in done.stdout
+    assert_equal_to_one_process(out, EPOCHS)
+
+
+@pytest.mark.timeout(120)
+def test_under_torchrun(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None, "torchrun ships with torch; the venv lacks it"
+    out = tmp_path / "final.pt"
+    done = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), str(SCRIPT),
+         *ARGS, "--out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=110, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 2 workers" in done.stdout
+    assert_equal_to_one_process(out, EPOCHS)
+
+
+def test_prepare_refuses_what_it_decides_itself() -> None:
+    from potluck import DataParallel, prepare
+    from potluck.errors import ConfigError
+
+    net = torch.nn.Linear(2, 1)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    with pytest.raises(ConfigError, match="on_failure="):
+        prepare(net, sgd, data, global_batch=4, on_failure="raise")
+    with pytest.raises(ConfigError, match="global_batch=0"):
+        prepare(net, sgd, data, global_batch=0)
+    with pytest.raises(ConfigError, match="plain model"):
+        prepare(DataParallel(net), sgd, data, global_batch=4)
