@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="seconds to wait for node 0's store and the other nodes (default 300)")
     flag("elastic", action="store_true",
          help="restart a dead worker alone as a new member (--max-restarts in total) while "
-              "the others train on; the script uses potluck.elastic")
+              "the others train on; the script uses potluck.prepare or potluck.init()")
     flag("min-workers", type=int, default=1, metavar="N",
          help="--elastic: below N workers the cohort stops training and waits for "
               "joiners, then checkpoints and exits (default 1)")

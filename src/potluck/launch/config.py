@@ -87,7 +87,7 @@ class LaunchConfig:
         if self.min_nodes not in (None, self.nnodes) and not self.elastic:
             raise ConfigError(
                 f"--nnodes {self.min_nodes}:{self.nnodes} lets nodes join a running job, "
-                "which needs --elastic (and a script using potluck.elastic); or give a "
+                "which needs --elastic (and a script using potluck.prepare or potluck.init()); or give a "
                 f"fixed count, e.g. --nnodes {self.nnodes}"
             )
         _at_least("--min-workers", self.min_workers, 1)
