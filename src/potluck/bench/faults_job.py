@@ -5,8 +5,8 @@
     python -m torch.distributed.run --standalone --nproc-per-node 3 --max-restarts 9 \\
         -m potluck.bench.faults_job --mode checkpoint --run-dir DIR --steps 200
 
-``elastic``: potluck.prepare under --elastic; a dead worker's step is redone by the survivors and the
-restarted worker rejoins with the live state. ``checkpoint``: what users do today,
+``elastic``: potluck.prepare under --elastic; a dead worker's step is redone by the
+survivors and the restarted worker rejoins with the live state. ``checkpoint``: what users do today,
 plain ``torch.nn.parallel.DistributedDataParallel`` on Gloo, a checkpoint every
 ``--checkpoint-every`` steps and a resume from the newest one after torchrun restarted
 every worker. Both train the same float32 MLP on the same global batches.

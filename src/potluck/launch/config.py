@@ -87,8 +87,8 @@ class LaunchConfig:
         if self.min_nodes not in (None, self.nnodes) and not self.elastic:
             raise ConfigError(
                 f"--nnodes {self.min_nodes}:{self.nnodes} lets nodes join a running job, "
-                "which needs --elastic (and a script using potluck.prepare or potluck.init()); or give a "
-                f"fixed count, e.g. --nnodes {self.nnodes}"
+                "which needs --elastic (and a script using potluck.prepare or "
+                f"potluck.init()); or give a fixed count, e.g. --nnodes {self.nnodes}"
             )
         _at_least("--min-workers", self.min_workers, 1)
         if self.min_workers > 1 and not self.elastic:
