@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import PeerLostError, PotluckError
-from potluck.group import GroupHandle
+from potluck.group import GroupHandle, ProcessGroupLike
 
 # A process group, a c10d backend object or a ``GroupHandle``: used through the same
 # methods (``ProcessGroupLike``).
-Group = Any
+Group = ProcessGroupLike
 
 
 def default_group() -> Group | None:

@@ -7,7 +7,7 @@ every holder talks on the new group at its next collective: nothing is pushed do
 through the objects, and no object writes attributes onto another.
 
 A handle looks like a process group to its holders (``rank()``, ``size()``,
-``allreduce``, ``broadcast``, ``allgather``), so a drop-in user's own
+``allreduce``, ``broadcast``, ``allgather``, ``barrier``), so a drop-in user's own
 ``ProcessGroup`` is wrapped in a fixed handle and code that takes a group takes either.
 ``step_abandoned`` answers, without I/O, whether a peer gave up on this generation's
 step, so a wait can stop at once instead of at the collective timeout.
@@ -35,6 +35,8 @@ class ProcessGroupLike(Protocol):
     def broadcast(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def allgather(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def barrier(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class GroupHandle:
@@ -91,6 +93,9 @@ class GroupHandle:
 
     def allgather(self, *args: Any, **kwargs: Any) -> Any:
         return self.current.allgather(*args, **kwargs)
+
+    def barrier(self, *args: Any, **kwargs: Any) -> Any:
+        return self.current.barrier(*args, **kwargs)
 
     # ------------------------------------------------------------------- the owner's
 

@@ -97,8 +97,8 @@ class DistributedRng:
     def state_dict(self) -> dict[str, Any]:
         _, world_size = group_rank_and_size(self.group)
         states: list[Any] = [capture_rng()]
-        if world_size > 1:
-            group = self.group if self.group is not None else default_group()
+        group = self.group if self.group is not None else default_group()
+        if world_size > 1 and group is not None:
             states = allgather_object(capture_rng(), group)
         return {"world_size": world_size, "ranks": states}
 

@@ -83,14 +83,16 @@ class DataParallel(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = list(module.buffers()) if broadcast_buffers else []
         self._device = _module_device(module)
-        if self.world_size > 1 and init_sync:  # a late joiner gets the state another way
+        group = self._group
+        # A late joiner (init_sync=False) gets the state from the cohort instead.
+        if group is not None and self.world_size > 1 and init_sync:
             if check_model:
-                verify_same_model(module, self._group, self._device)
+                verify_same_model(module, group, self._device)
             state = [p.detach() for _, p in module.named_parameters()]
             state += list(module.buffers())
             if state:
                 with torch.no_grad():
-                    broadcast_coalesced(state, self._group, src=0)
+                    broadcast_coalesced(state, group, src=0)
         self.reducer = Reducer(
             [p for _, p in named],
             [n for n, _ in named],
