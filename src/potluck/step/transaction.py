@@ -83,6 +83,11 @@ class StepTransaction:
         return self.progress.redone
 
     @property
+    def waited_s(self) -> float:
+        """Seconds spent below the minimum size, waiting for joiners."""
+        return self.boundary.waited_s
+
+    @property
     def left(self) -> bool:
         """This worker left the cohort (``request_leave``): stop training."""
         return self.boundary.left
