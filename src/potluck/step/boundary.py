@@ -82,7 +82,8 @@ class Boundary:
             cohort.leave()  # the key is in the store before the flag travels
         pending = (cohort.rank == 0 and self._progress.steps % self._admit_every == 0
                    and cohort.pending_joiners())
-        flags = torch.tensor([float(self._leave_requested), float(pending)])
+        flags = torch.tensor([float(self._leave_requested), float(pending)],
+                             device=cohort.device)
         try:
             allreduce_max(flags, cohort.group, "the boundary vote")
         except PeerLostError:  # a peer died right after the step: the next step recovers
@@ -111,7 +112,8 @@ class Boundary:
             time.sleep(_POLL)
             leader = cohort.rank == 0
             flags = torch.tensor([float(leader and cohort.pending_joiners()),
-                                  float(leader and time.monotonic() > deadline)])
+                                  float(leader and time.monotonic() > deadline)],
+                                 device=cohort.device)
             try:
                 allreduce_max(flags, cohort.group, "the wait for joiners")
             except PeerLostError:  # another member died while waiting
@@ -145,7 +147,8 @@ class Boundary:
     def _stop_below_minimum(self) -> None:
         cohort = self._cohort
         saved = self._state.save(cohort, self.checkpoint_dir)
-        allreduce_max(torch.zeros(1), cohort.group, "the stop")  # the file is complete
+        # Nobody exits before the file is complete.
+        allreduce_max(torch.zeros(1, device=cohort.device), cohort.group, "the stop")
         where = saved or f"{self.checkpoint_dir} (written by rank 0)"
         raise BelowMinimumError(
             self.minimum.stop_message(cohort.world_size, self._progress.steps, where),

@@ -73,12 +73,13 @@ class LiveState:
     def send(self, cohort: Cohort) -> None:
         """Rank 0 hands the joiners of the new generation the live state."""
         broadcast_object(self.capture() if cohort.rank == 0 else None, cohort.group,
-                         timeout=STATE_TIMEOUT)
+                         device=cohort.device, timeout=STATE_TIMEOUT)
 
     def receive(self, cohort: Cohort) -> None:
         """A joiner takes the cohort's live state (sent by ``send``)."""
         try:
-            state = broadcast_object(None, cohort.group, timeout=STATE_TIMEOUT)
+            state = broadcast_object(None, cohort.group, device=cohort.device,
+                                     timeout=STATE_TIMEOUT)
         except RuntimeError as exc:
             raise RendezvousError(
                 f"[rank {cohort.rank}] admitted, but the live state did not arrive within "
@@ -94,13 +95,13 @@ class LiveState:
         """Members of a new generation may be one step apart: a peer that died after
         some members had finished the step's last collective (they committed) but before
         others had (they abandoned). The most advanced member's state wins."""
-        steps = torch.tensor([self._progress.steps], dtype=torch.int64)
+        steps = torch.tensor([self._progress.steps], dtype=torch.int64, device=cohort.device)
         counts = [int(t.item()) for t in allgather_tensor(steps, cohort.group)]
         if len(set(counts)) == 1:
             return
         source = counts.index(max(counts))
         state = broadcast_object(self.capture() if cohort.rank == source else None,
-                                 cohort.group, src=source)
+                                 cohort.group, src=source, device=cohort.device)
         if cohort.rank != source:
             self.apply(state)
         log.warning("[rank %d] members were at steps %s after recovery; all take step %d",
@@ -120,7 +121,8 @@ class LiveState:
         checkpoint = None
         if cohort.rank == 0:
             checkpoint = CheckpointManager(directory, rank=0).load_latest()
-        state = broadcast_object(checkpoint.state if checkpoint else None, cohort.group)
+        state = broadcast_object(checkpoint.state if checkpoint else None, cohort.group,
+                                 device=cohort.device)
         if state is None:
             return False
         self.apply(state)
