@@ -44,15 +44,15 @@ def assert_exactly_once(ledger_dir: Path, job: ElasticJob, context: str = "") ->
 
 
 def _elastic(rank: int, world_size: int, port: int, victim: int,
-             ledger_dir: str, fault: str = "kill") -> dict[str, Any]:
-    worker = start_worker(JOB, f"worker-{rank}", "127.0.0.1", port)
+             ledger_dir: str, fault: str = "kill", job: ElasticJob = JOB) -> dict[str, Any]:
+    worker = start_worker(job, f"worker-{rank}", "127.0.0.1", port)
 
     def inject(steps: int) -> None:
         if steps == KILL_AT and rank == victim:
             os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
 
     # The ledger is flushed after every committed step: it outlives a SIGKILL.
-    return train(worker, JOB, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
+    return train(worker, job, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
 
 
 @pytest.mark.timeout(120)
@@ -78,6 +78,27 @@ def test_lost_worker_survivors_redo_the_step_and_finish(tmp_path: Path, fault: s
         assert result["events"][0]["recovery_s"] < 5
         assert result["detected_s"] < (COLLECTIVE_TIMEOUT + 3 if fault == "stop" else 3)
     assert_exactly_once(tmp_path, JOB)
+    del store  # the store outlives every worker, as the launcher's agent's does
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_survivor_trains_on_alone(tmp_path: Path) -> None:
+    """2 workers, one killed: the survivor's generation has one member, whose backward
+    never communicates; its steps must still be applied (the failure belonged to the
+    previous generation)."""
+    from torch.distributed import TCPStore
+
+    job = replace(JOB, expected=2)
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_elastic, 2, port, 1, str(tmp_path), "kill", job, init_group=False,
+                        may_die={1}, timeout=100)
+    survivor = results[0]
+    assert results[1] is None and survivor["world_size"] == 1 and survivor["redone"] == 1
+    for name, value in single_process(job).items():
+        torch.testing.assert_close(survivor["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert_exactly_once(tmp_path, job)
     del store
 
 

@@ -128,7 +128,7 @@ class DataParallel(nn.Module):
     @property
     def step_failed(self) -> bool:
         """True after a backward whose collectives failed (``on_failure="abandon"``)."""
-        return self.reducer.failure is not None
+        return self.reducer.step_failed
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce each bucket with ``hook(state, bucket) -> Future`` (see potluck.reducer)."""

@@ -75,6 +75,7 @@ class Reducer:
         self._hook_state: Any = None
         self.require_sync = True
         self.failure: CommunicationError | None = None  # set when a step was abandoned
+        self._failed_generation = -1  # ... in this generation of the handle
         self._rebuilt = not config.rebuild_buckets
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
@@ -300,7 +301,7 @@ class Reducer:
             error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
                 raise error from exc
-            self.failure = error
+            self._fail(error)
 
     def _finalize(self) -> None:
         """End of a synchronized backward: every bucket reduced before backward returns."""
@@ -310,11 +311,24 @@ class Reducer:
         except CommunicationError as exc:
             if not self._config.abandon_on_failure:
                 raise
-            self.failure = exc
+            self._fail(exc)
         finally:
             if self.failure is not None:
                 self._abandon()
             self._reset_window()
+
+    def _fail(self, error: CommunicationError) -> None:
+        self.failure = error
+        self._failed_generation = -1 if self._group is None else self._group.generation
+
+    @property
+    def step_failed(self) -> bool:
+        """The last synchronized backward's collectives failed in the current generation.
+
+        A new generation starts clean: with one member left, no backward of it ever
+        communicates (nor clears ``failure``), yet its steps must be applied."""
+        generation = -1 if self._group is None else self._group.generation
+        return self.failure is not None and self._failed_generation == generation
 
     def _abandon(self) -> None:
         """Drop every gradient of the failed step: a bucket may be half-reduced."""
