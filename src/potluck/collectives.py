@@ -157,24 +157,6 @@ def broadcast_object(obj: Any, group: Group, src: int = 0,
     return pickle.loads(data.cpu().numpy().tobytes())
 
 
-def retire_group(group: Group | None) -> None:
-    """Tear down a group whose peer was lost, now rather than at interpreter exit.
-
-    A Gloo group destroyed at exit after a peer died has been seen to abort the process
-    ("terminate called without an active exception"); aborting it at once joins its
-    threads while the process is still in control. A retired group is never used again.
-    """
-    for name in ("abort", "shutdown"):
-        method = getattr(group, name, None)
-        if method is None:
-            continue
-        try:
-            method()
-            return
-        except RuntimeError:
-            continue
-
-
 def group_rank_and_size(group: Group | None) -> tuple[int, int]:
     """(rank, world size) in ``group``; the default group if None; (0, 1) without one."""
     group = group if group is not None else default_group()

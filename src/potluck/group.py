@@ -11,14 +11,31 @@ A handle looks like a process group to its holders (``rank()``, ``size()``,
 ``ProcessGroup`` is wrapped in a fixed handle and code that takes a group takes either.
 ``step_abandoned`` answers, without I/O, whether a peer gave up on this generation's
 step, so a wait can stop at once instead of at the collective timeout.
+
+The handle is the only long-lived holder of the backend object, and ``release`` destroys
+it there and then. That is the one way to stop Gloo's threads (``shutdown()`` and
+``abort()`` leave them running in torch 2.13), and a Gloo thread alive at interpreter exit
+can abort the process: it may drop the last reference to a finished collective's work
+after ``wait()`` returned, the work's destructor frees Python objects (its tensors, the
+caller's saved thread-local state) and takes the GIL, and once the interpreter is
+finalizing Python ends that thread with ``pthread_exit`` inside the work's ``noexcept``
+destructor: "terminate called without an active exception". Destroying the backend while
+the interpreter is alive joins those threads first; handles still open at exit are
+released by an ``atexit`` hook, which runs before finalization, so a script that forgets
+``cohort.close()`` ends cleanly too.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from potluck.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -48,6 +65,8 @@ class GroupHandle:
         self._generation = generation
         self._abandoned = abandoned  # generation -> did a peer give up on its step?
         self._retired: str | None = None
+        if group is not None:
+            _open_handles.add(self)
 
     # ------------------------------------------------------------------ the group now
 
@@ -100,17 +119,60 @@ class GroupHandle:
     # ------------------------------------------------------------------- the owner's
 
     def reconfigure(self, group: Any, generation: int) -> None:
-        """Point every holder at ``group`` of ``generation`` (called by the cohort)."""
+        """Point every holder at ``group`` of ``generation`` (called by the cohort, after
+        ``release`` of the old one)."""
+        if self._group is not None:
+            self.release(f"replaced by generation {generation}")
         self._group, self._generation, self._retired = group, generation, None
+        _open_handles.add(self)
 
-    def release(self, why: str) -> Any:
-        """Detach the group (retired after a loss, or closed) and hand it to the caller."""
+    def release(self, why: str, *, abort: bool = False) -> bool:
+        """Destroy the group now, joining its threads; later use raises ``why``.
+
+        ``abort``: the group is broken (a peer was lost): abort it rather than shut it
+        down. False if there was nothing to release.
+        """
         group, self._group, self._retired = self._group, None, why
-        return group
+        _open_handles.discard(self)
+        if group is None:
+            return False
+        for name in (("abort", "shutdown") if abort else ("shutdown",)):
+            method = getattr(group, name, None)
+            try:  # frees what the backend frees here (NCCL's communicators)
+                if method is not None:
+                    method()
+                    break
+            except RuntimeError as exc:  # a peer already gone: nothing left to say bye to
+                log.debug("group %s: %s", name, exc)
+        alive = _weak(group)
+        del group  # the last reference: the destructor joins the backend's threads
+        if alive is not None and alive() is not None:
+            log.warning("generation %d's process group is still referenced outside its "
+                        "handle, so its threads keep running and the process may abort at "
+                        "exit; pass cohort.group around, not the object behind it",
+                        self._generation)
+        return True
 
     def __repr__(self) -> str:
         state = "usable" if self._group is not None else f"retired: {self._retired}"
         return f"GroupHandle(generation={self._generation}, {state})"
+
+
+def _weak(obj: Any) -> weakref.ref[Any] | None:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # an object without weak references: nothing to check
+        return None
+
+
+_open_handles: weakref.WeakSet[GroupHandle] = weakref.WeakSet()
+
+
+@atexit.register
+def release_open_handles() -> None:
+    """Release every handle still open: at interpreter exit, before finalization."""
+    for handle in list(_open_handles):
+        handle.release("the interpreter is exiting")
 
 
 def as_handle(group: Any) -> GroupHandle | None:

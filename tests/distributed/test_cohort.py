@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,3 +84,72 @@ def test_data_parallel_on_cohort_group_equals_one_process() -> None:
     for params in results:
         for key, value in reference.state_dict().items():
             assert torch.allclose(params[key], value, atol=1e-6), key
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's native Gloo threads (work loops and the transport loop)."""
+    names = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+    return sorted(name for name in names if "gloo" in name)
+
+
+def _train_then_close(rank: int, world_size: int,
+                      port: int) -> tuple[list[str], list[str], str]:
+    env = WorkerEnv(rank=rank, world_size=world_size, local_rank=rank,
+                    local_world_size=world_size, master_addr="127.0.0.1", master_port=port)
+    cohort = potluck.init(timeout=20, env=env)
+    ddp = potluck.DataParallel(_model(), group=cohort.group)  # holds the group from here on
+    _steps(ddp, rank, world_size)
+    cohort.barrier()
+    before = _gloo_threads()
+    cohort.close()
+    after = _gloo_threads()
+    try:
+        ddp(torch.randn(2, 4)).sum().backward()
+        afterwards = "the model communicated after close()"
+    except ConfigError as exc:
+        afterwards = str(exc)
+    return before, after, afterwards
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                                reason="reads thread names from /proc")
+
+
+@needs_proc
+@pytest.mark.timeout(60)
+def test_close_joins_the_group_threads_though_data_parallel_holds_the_group() -> None:
+    # A Gloo thread still alive at interpreter exit can abort the process: it may free a
+    # work's tensors after finalization began, and Python ends it inside a noexcept
+    # destructor ("terminate called without an active exception").
+    for before, after, afterwards in run_ranks(_train_then_close, 2, free_port(),
+                                               timeout=50, init_group=False):
+        assert "pt_gloo_runloop" in before and "gloo_tcp_loop" in before
+        assert after == []
+        assert "the cohort was closed" in afterwards
+
+
+_FORGETS_CLOSE = textwrap.dedent("""
+    import atexit, pathlib
+    def gloo_threads():
+        tasks = pathlib.Path("/proc/self/task").iterdir()
+        return sorted(n for n in ((t / "comm").read_text().strip() for t in tasks) if "gloo" in n)
+    # Registered before potluck is imported, so it runs after potluck's own exit hook.
+    atexit.register(lambda: print("at exit:", gloo_threads(), flush=True))
+    import torch, potluck
+    cohort = potluck.init()
+    model = potluck.DataParallel(torch.nn.Linear(4, 1), group=cohort.group)
+    model(torch.randn(2, 4)).sum().backward()
+    cohort.barrier()  # a collective ran on a Gloo thread, so it has its name by now
+    print("end of script:", gloo_threads(), flush=True)
+""")
+
+
+@needs_proc
+@pytest.mark.timeout(60)
+def test_a_cohort_left_open_is_closed_before_the_interpreter_finalizes() -> None:
+    done = subprocess.run([sys.executable, "-c", _FORGETS_CLOSE], capture_output=True,
+                          text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    running, at_exit = done.stdout.splitlines()
+    assert running.startswith("end of script:") and "'pt_gloo_runloop'" in running
+    assert at_exit == "at exit: []"

@@ -44,12 +44,11 @@ def test_every_holder_follows_the_handle_to_the_next_generation() -> None:
 
 
 def test_a_released_handle_says_why_it_cannot_be_used() -> None:
-    group = FakeGroup(0, 2)
-    handle = GroupHandle(group, generation=4)
-    assert handle.release("a peer was lost") is group and not handle.usable
+    handle = GroupHandle(FakeGroup(0, 2), generation=4)
+    assert handle.release("a peer was lost", abort=True) and not handle.usable
     with pytest.raises(ConfigError, match=r"generation 4.*a peer was lost"):
         handle.size()
-    assert handle.release("again") is None  # nothing left to release
+    assert not handle.release("again")  # nothing left to release
 
 
 def test_abandoned_steps_are_asked_for_the_current_generation_only() -> None:

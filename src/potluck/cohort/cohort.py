@@ -26,7 +26,6 @@ from torch._C._distributed_c10d import Store
 
 from potluck.cohort.groups import GroupSpec, make_group, wait_collective
 from potluck.cohort.membership import MembershipSource
-from potluck.collectives import retire_group
 from potluck.env import WorkerEnv
 from potluck.group import GroupHandle
 from potluck.rendezvous import Membership
@@ -122,7 +121,7 @@ class Cohort:
         The broken group is torn down now (not at interpreter exit); a fixed job cannot
         go on and raises ``PeerLostError``."""
         started = time.monotonic()
-        retire_group(self.group.release(reason))
+        self.group.release(reason, abort=True)
         self.membership = self._source.next_generation(reason)
         self._move(started, reason)
         return self.membership
@@ -137,7 +136,6 @@ class Cohort:
         self._source.announce_leave()
 
     def _move(self, started: float, cause: str) -> None:
-        _shut_down(self.group.release("replaced by the next generation"), self.rank)
         self.group.reconfigure(self._build(self.membership), self.generation)
         event: dict[str, Any] = {"generation": self.generation, "cause": cause,
                                  "left": list(self.membership.left),
@@ -161,8 +159,10 @@ class Cohort:
         self.close()
 
     def close(self) -> None:
-        """Release the group and the store connection; safe to call twice."""
-        _shut_down(self.group.release("the cohort was closed"), self.rank)
+        """Destroy the group (its threads are joined here) and release the store
+        connection; safe to call twice. Whoever holds ``group`` (``DataParallel`` too) can
+        no longer communicate through it. A cohort left open is closed at exit."""
+        self.group.release("the cohort was closed")
         self._source.close()
 
     def __enter__(self) -> Cohort:
@@ -178,12 +178,3 @@ class Cohort:
                 f"backend={self.backend!r}, device={self.device}, "
                 f"generation={self.generation}, {mode})")
 
-
-def _shut_down(group: Any, rank: int) -> None:
-    """Release a healthy group that every member stops using at the same point (a
-    broken one is aborted instead: ``collectives.retire_group``)."""
-    if group is not None and hasattr(group, "shutdown"):
-        try:
-            group.shutdown()
-        except RuntimeError as exc:  # a peer already gone; nothing left to release
-            log.debug("[rank %d] group shutdown: %s", rank, exc)
