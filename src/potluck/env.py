@@ -34,6 +34,7 @@ RUN_ID = "TORCHELASTIC_RUN_ID"
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 # potluck's own: where the worker bootstrap writes an uncaught exception, and the agent.
 ERROR_FILE = "POTLUCK_ERROR_FILE"
+FINISHED_FILE = "POTLUCK_FINISHED_FILE"  # written once the user's script ran to its end
 TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
 AGENT_PID = "POTLUCK_AGENT_PID"
 # Elastic runs: how many workers found the cohort (the others join later), and below
@@ -86,6 +87,12 @@ def environ_copy(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def error_file(environ: Mapping[str, str] | None = None) -> str | None:
     """Where this worker should write the traceback of an uncaught exception, if anywhere."""
     value = (os.environ if environ is None else environ).get(ERROR_FILE, "")
+    return value or None
+
+
+def finished_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where this worker records that its script ran to its end, if anywhere."""
+    value = (os.environ if environ is None else environ).get(FINISHED_FILE, "")
     return value or None
 
 

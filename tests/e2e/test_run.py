@@ -128,3 +128,27 @@ def test_port_in_use_is_a_clear_error() -> None:
     assert result.returncode == 2
     assert f"cannot host the store on port {port}" in result.stderr
     assert "--master-port" in result.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_crash_at_exit_after_the_script_finished_is_a_warning_not_a_restart() -> None:
+    result = potluck_run("--nproc-per-node", "2", "--max-restarts", "2",
+                         str(SCRIPTS / "finish_then_abort_at_exit.py"), timeout=80)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 (local rank 1, node rank 0" in result.stderr
+    assert "finished its script, then died at interpreter exit: killed by SIGABRT" \
+        in result.stderr
+    assert "the job failed" not in result.stderr
+    assert "restarting" not in result.stderr
+    assert result.stdout.count("[rank1]: rank 1 trained") == 1  # trained once, kept
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_inside_the_script_is_still_a_failure() -> None:
+    result = potluck_run("--nproc-per-node", "2", str(SCRIPTS / "finish_then_abort_at_exit.py"),
+                         "--in-script", timeout=50)
+    assert result.returncode == 1
+    report = result.stderr.split("potluck run: the job failed", 1)[1]
+    assert "rank      : 1 (local rank 1" in report
+    assert "killed by SIGABRT" in report
+    assert "finished its script" not in result.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.env import read_worker_env
+from potluck.env import finished_file, read_worker_env
 from potluck.errors import ConfigError
 from potluck.launch import cli
 from potluck.launch.config import LaunchConfig, worker_environ
@@ -17,9 +17,12 @@ from potluck.launch.report import (
     ErrorRecord,
     WorkerResult,
     format_report,
+    format_teardown_warning,
     read_error_file,
+    read_finished_file,
     root_cause,
     write_error_file,
+    write_finished_file,
 )
 
 
@@ -97,6 +100,35 @@ def test_format_report_names_rank_host_exit_and_traceback() -> None:
     assert "rank 2 (pid 102): killed by SIGKILL" in text
     dead = format_report([_result(0, -int(signal.SIGSEGV), 1.0)], host="h", node_rank=0)
     assert "SIGSEGV" in dead and "none recorded" in dead
+
+
+def test_a_worker_that_finished_then_died_at_exit_is_no_failure_but_is_named() -> None:
+    aborted = WorkerResult(1, 1, 101, -int(signal.SIGABRT), 2.0, finished_at=1.5)
+    assert aborted.died_after_finishing and not aborted.failed
+    assert root_cause([_result(0, 0, 1.0), aborted]) is None
+    warning = format_teardown_warning(aborted, host="node-a", node_rank=0)
+    assert "rank 1 (local rank 1, node rank 0, host node-a, pid 101)" in warning
+    assert "finished its script, then died at interpreter exit" in warning
+    assert "killed by SIGABRT (exit code -6)" in warning and "not restarted" in warning
+    report = format_report([_result(0, 1, 1.0, raised_at=1.0), aborted], host="h",
+                           node_rank=0)
+    assert "rank      : 0 (local rank 0" in report  # the real failure stays the root cause
+    assert "rank 1 (pid 101): finished its script, then killed by SIGABRT (exit code -6) " \
+        "at interpreter exit" in report
+    unfinished = WorkerResult(1, 1, 101, -int(signal.SIGABRT), 2.0)
+    assert unfinished.failed and not unfinished.died_after_finishing
+
+
+def test_finished_file_reaches_the_worker_and_round_trips(tmp_path: Path) -> None:
+    environ = worker_environ(LaunchConfig("t.py"), local_rank=0, master_port=1, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1,
+                             finished_file=str(tmp_path / "finished-0"))
+    path = finished_file(environ)
+    assert path == str(tmp_path / "finished-0")
+    assert read_finished_file(path) is None
+    write_finished_file(path)
+    assert read_finished_file(path) is not None
+    assert finished_file(_environ(LaunchConfig("t.py"), 0)) is None
 
 
 def test_error_file_round_trip(tmp_path: Path) -> None:

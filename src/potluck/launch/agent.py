@@ -5,6 +5,9 @@ process tree of a worker can be signalled at once), forwards their output line b
 with a ``[rankN]:`` prefix, and returns when every worker succeeded, one failed, or the
 launcher got a signal. Stopping sends SIGTERM to every worker's process group, then
 SIGKILL after the grace period, and reaps everything, so no worker outlives its agent.
+A worker whose script ran to its end counts as finished even if the process then died
+at interpreter exit: the agent warns about it by name and never restarts a finished
+training for it.
 The restart decision is ``policy.next_action``; the failure report is ``report``.
 """
 
@@ -31,7 +34,13 @@ from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action
-from potluck.launch.report import WorkerResult, format_report, read_error_file
+from potluck.launch.report import (
+    WorkerResult,
+    format_report,
+    format_teardown_warning,
+    read_error_file,
+    read_finished_file,
+)
 from potluck.launch.store import (
     check_in,
     count,
@@ -52,9 +61,14 @@ class _Worker:
     local_rank: int
     proc: subprocess.Popen[bytes]
     error_file: str
+    finished_file: str
     pumps: list[threading.Thread] = field(default_factory=list)
     seen_at: float | None = None
     stopped: bool = False
+
+    def ended_well(self, code: int) -> bool:
+        """Exit code 0, or its script ran to the end before the process died anyway."""
+        return code == 0 or read_finished_file(self.finished_file) is not None
 
 
 class Agent:
@@ -104,6 +118,7 @@ class Agent:
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
                 meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
             outcome, results = self._attempt(store, restarts)
+            self._warn_teardown_deaths(results)
             if self._signal is not None:
                 return self._interrupted(results)
             action = next_action(outcome, restarts, cfg.max_restarts)
@@ -129,6 +144,7 @@ class Agent:
             outcome, results = self._attempt(store, 0)
         finally:
             check_in(store, done)
+        self._warn_teardown_deaths(results)
         if self._signal is not None:
             return self._interrupted(results)
         if cfg.node_rank == 0:  # keep the store up until every node's workers are done
@@ -147,6 +163,12 @@ class Agent:
             return BelowMinimumError.EXIT_CODE
         self._emit(format_report(results, host=socket.gethostname(), node_rank=cfg.node_rank))
         return 1
+
+    def _warn_teardown_deaths(self, results: list[WorkerResult]) -> None:
+        for result in results:
+            if result.died_after_finishing:
+                self._emit(format_teardown_warning(result, host=socket.gethostname(),
+                                                   node_rank=self.config.node_rank))
 
     def _interrupted(self, results: list[WorkerResult]) -> int:
         assert self._signal is not None
@@ -187,9 +209,13 @@ class Agent:
     def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str) -> _Worker:
         cfg = self.config
         error_file = os.path.join(tmp, f"error-{local_rank}.json")
+        finished_file = os.path.join(tmp, f"finished-{local_rank}")
+        with contextlib.suppress(FileNotFoundError):  # left by a restarted worker's forebear
+            os.remove(finished_file)
         environ = worker_environ(
             cfg, local_rank=local_rank, master_port=port, restart_count=restarts,
             base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
+            finished_file=finished_file,
         )
         target = ["-m", cfg.script] if cfg.module else [cfg.script]
         cmd = [sys.executable, "-m", "potluck.launch.worker", *target, *cfg.script_args]
@@ -198,7 +224,7 @@ class Agent:
             stderr=subprocess.PIPE, start_new_session=True,
         )
         rank = cfg.node_rank * cfg.nproc_per_node + local_rank
-        worker = _Worker(rank, local_rank, proc, error_file)
+        worker = _Worker(rank, local_rank, proc, error_file, finished_file)
         prefix = f"[rank{rank}]: ".encode()
         for stream, sink in zip((proc.stdout, proc.stderr), self._sinks, strict=True):
             assert stream is not None  # PIPE was requested above
@@ -228,7 +254,7 @@ class Agent:
                     continue
                 if worker.seen_at is None:
                     worker.seen_at = time.time()
-                if code != 0:
+                if not worker.ended_well(code):
                     return Outcome.FAILED
             if running == 0:
                 return Outcome.SUCCEEDED
@@ -248,7 +274,8 @@ class Agent:
                 code = worker.proc.poll()
                 if code is None:
                     running += 1
-                elif code in (0, BelowMinimumError.EXIT_CODE) or worker.proc.pid in reported:
+                elif code == BelowMinimumError.EXIT_CODE or worker.proc.pid in reported \
+                        or worker.ended_well(code):
                     continue
                 elif restarts_left == 0:
                     reported.add(worker.proc.pid)  # lost for good; the others go on
@@ -268,8 +295,8 @@ class Agent:
                     running += 1
             if running == 0:
                 codes = [w.proc.returncode for w in workers]
-                if 0 in codes:  # the job is done if any member saw it through
-                    return Outcome.SUCCEEDED
+                if any(w.ended_well(w.proc.returncode) for w in workers):
+                    return Outcome.SUCCEEDED  # the job is done if any member saw it through
                 if BelowMinimumError.EXIT_CODE in codes:
                     return Outcome.STOPPED
                 return Outcome.FAILED
@@ -319,4 +346,5 @@ def _result(worker: _Worker) -> WorkerResult:
         seen_at=worker.seen_at or time.time(),
         stopped=worker.stopped,
         error=read_error_file(worker.error_file),
+        finished_at=read_finished_file(worker.finished_file),
     )

@@ -129,6 +129,7 @@ def worker_environ(
     base: Mapping[str, str],
     error_file: str,
     agent_pid: int,
+    finished_file: str | None = None,
 ) -> dict[str, str]:
     """The complete environment of one worker: ``base`` plus the launcher's variables."""
     rank = config.node_rank * config.nproc_per_node + local_rank
@@ -153,6 +154,8 @@ def worker_environ(
         names.ERROR_FILE: error_file,
         names.AGENT_PID: str(agent_pid),
     })
+    if finished_file is not None:
+        env[names.FINISHED_FILE] = finished_file
     if config.token:
         env[names.TOKEN] = config.token
     if config.elastic:

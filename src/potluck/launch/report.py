@@ -4,7 +4,10 @@ A worker started by ``potluck run`` writes an uncaught exception to its error fi
 (``write_error_file``); the agent reads it back (``read_error_file``) and picks the root
 cause: the earliest failure by the time the worker recorded, or by the time the agent
 saw the exit when no record exists. Workers the agent stopped itself are never the root
-cause. Everything here is pure except the two file functions.
+cause, and neither is a worker whose script ran to its end (the bootstrap records that
+with ``write_finished_file``) and which then died while the interpreter shut down: its
+training is complete, so the agent only warns (``format_teardown_warning``). Everything
+here is pure except the file functions.
 """
 
 from __future__ import annotations
@@ -41,10 +44,17 @@ class WorkerResult:
     stopped: bool = False
     """The agent stopped it (after another failure or a signal); not a root cause."""
     error: ErrorRecord | None = None
+    finished_at: float | None = None
+    """When its script ran to the end, if it did (recorded by the worker bootstrap)."""
 
     @property
     def failed(self) -> bool:
-        return self.exitcode != 0 and not self.stopped
+        return self.exitcode != 0 and not self.stopped and self.finished_at is None
+
+    @property
+    def died_after_finishing(self) -> bool:
+        """Its script completed, then the process died at interpreter exit."""
+        return self.exitcode != 0 and not self.stopped and self.finished_at is not None
 
 
 def write_error_file(path: str, exc: BaseException) -> None:
@@ -65,6 +75,18 @@ def read_error_file(path: str) -> ErrorRecord | None:
             str(data["traceback"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_finished_file(path: str) -> None:
+    Path(path).write_text(repr(time.time()))
+
+
+def read_finished_file(path: str) -> float | None:
+    """When the worker's script ran to its end, or None if it never did."""
+    try:
+        return float(Path(path).read_text())
+    except (OSError, ValueError):
         return None
 
 
@@ -116,7 +138,20 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
         lines.append("Other workers:")
     for other in sorted(others, key=lambda r: r.rank):
         how = "stopped by the launcher" if other.stopped else describe_exit(other.exitcode)
+        if other.died_after_finishing:
+            how = f"finished its script, then {how} at interpreter exit"
         error = f": {other.error.exc_type}: {other.error.message}" if other.error else ""
         lines.append(f"  rank {other.rank} (pid {other.pid}): {how}{error}")
     lines.append(bar)
     return "\n".join(lines)
+
+
+def format_teardown_warning(result: WorkerResult, *, host: str, node_rank: int) -> str:
+    """The warning for a worker that completed its script and then died at exit."""
+    return (
+        f"potluck run: WARNING: rank {result.rank} (local rank {result.local_rank}, node "
+        f"rank {node_rank}, host {host}, pid {result.pid}) finished its script, then died "
+        f"at interpreter exit: {describe_exit(result.exitcode)}. Its script had completed, "
+        "so it counts as finished and is not restarted; the crash came from tearing the "
+        "process down (a library's threads or destructors), not from training"
+    )

@@ -6,8 +6,10 @@ usual traceback goes to stderr, so the launcher's report can quote it. An elasti
 that stopped below its minimum size (``BelowMinimumError``) is a planned stop: its
 message, no traceback, and exit code 3, which the launcher does not restart. A joiner
 that arrived after the run finished (``JobFinishedError``) says so and exits with 0.
-It also asks the kernel to kill this worker if the launcher dies, so no worker outlives
-its agent.
+A script that ran to its end (or called ``sys.exit(0)``) is recorded in the finished file
+the launcher named, so that a crash while the interpreter shuts down afterwards is
+reported as that, and never restarts a completed training. It also asks the kernel to
+kill this worker if the launcher dies, so no worker outlives its agent.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from types import TracebackType
 
 from potluck import env
 from potluck.errors import BelowMinimumError, JobFinishedError
-from potluck.launch.report import write_error_file
+from potluck.launch.report import write_error_file, write_finished_file
 
 _PR_SET_PDEATHSIG = 1
 
@@ -55,7 +57,11 @@ def main(argv: list[str]) -> None:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(target, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit as exc:
+        if exc.code is None or exc.code == 0:
+            _record_finished()
+        raise
+    except KeyboardInterrupt:
         raise
     except BelowMinimumError as exc:  # a planned stop, not a crash: no traceback
         _planned_exit(str(exc), BelowMinimumError.EXIT_CODE)
@@ -67,6 +73,14 @@ def main(argv: list[str]) -> None:
         if path is not None:
             write_error_file(path, exc)
         raise
+    _record_finished()
+
+
+def _record_finished() -> None:
+    """The script is done; whatever kills the process from here on is teardown."""
+    path = env.finished_file()
+    if path is not None:
+        write_finished_file(path)
 
 
 def _planned_exit(message: str, code: int) -> None:
