@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from potluck.demo.chaos import CHAOS_QUICK, RecordFollower, config_from_args, launch_config
+from potluck.demo.chaos import (
+    CHAOS_QUICK,
+    ChaosDriver,
+    RecordFollower,
+    config_from_args,
+    launch_config,
+)
 from potluck.demo.chaos_report import (
+    RejoinWait,
     describe_cause,
     events_table,
     format_event,
     format_kill,
+    format_wait,
     loss_milestones,
     parse_run,
     steps_line,
@@ -48,6 +60,7 @@ def _records() -> list[dict[str, Any]]:
          "n_params": 1234, "sample": "def x"},
         {"kind": "done", "pid": 102, "steps": 9, "redone": 0, "left": False,
          "n_params": 1234, "sample": None},
+        {"kind": "held", "pid": 101, "step": 3, "time": 9.9},  # stopped for the kill
     ]
     for step in range(9):
         workers, generation = (2, 0) if step < 3 else (1, 1) if step < 5 else (2, 2)
@@ -65,7 +78,8 @@ def test_parse_run_names_processes_and_dedupes_events() -> None:
     assert run.label("not-an-id") == "not-an-id"
     assert [e.generation for e in run.events] == [1, 2]
     assert run.kill is not None and run.kill.after_step == 2
-    assert run.redone == [3] and run.joins == {102: 5}
+    assert run.redone == [3] and run.joins == {102: 5} and run.held == {101: 3}
+    assert run.rejoin_wait is None
     assert run.final_steps == 9 and run.sample == "def x" and run.n_params == 1234
     assert run.pending_joiners() == []
     slower = {**_records()[6], "pid": 102, "recovery_s": 2.5}
@@ -83,6 +97,55 @@ def test_event_line_says_generation_cause_who_size_and_recovery() -> None:
         "generation 2: admitted at a step boundary with the live state; joined: worker 1 "
         "(pid 102, restart 1); now 2 workers; recovery 0.02 s; 5.0 s after the kill")
     assert describe_cause(failure) == "a collective of the step failed"
+
+
+@pytest.mark.timeout(30)
+def test_wait_for_the_rejoin_is_parsed_and_told() -> None:
+    waited = {"kind": "waited", "pid": 100, "step": 4, "waited_s": 2.25, "asked": True,
+              "workers": 1, "time": 14.0}
+    run = parse_run([*_records(), waited])
+    assert run.rejoin_wait == RejoinWait(steps=4, waited_s=2.25, asked=True, workers=1)
+    assert format_wait(run.rejoin_wait, "worker 1") == (
+        "chaos: step 4 had committed and worker 1 was not back yet: the 1 worker left waited "
+        "2.2 s for it to ask to join, so that the run shows the rejoin")
+    gave_up = RejoinWait(steps=4, waited_s=60.0, asked=False, workers=2)
+    assert format_wait(gave_up, "worker 1").endswith(
+        "the 2 workers left waited 60.0 s, but it did not ask to join; the run goes on "
+        "without it")
+
+
+@pytest.mark.timeout(30)
+def test_driver_kills_the_victim_once_it_stopped_and_says_where(tmp_path: Path) -> None:
+    """Steps committed say nothing to the driver; the victim's ``held`` record does."""
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        config = config_from_args(_args(metrics=tmp_path / "metrics.jsonl",
+                                        no_progress=True))
+        config.run_dir.mkdir()
+        worker = config.run_dir / f"worker-1-{victim.pid}.jsonl"
+        lines: list[str] = []
+        driver = ChaosDriver(config, lines.append)
+
+        def append(**record: Any) -> None:
+            with worker.open("a") as file:
+                file.write(json.dumps({"pid": victim.pid, "time": 1.0, **record}) + "\n")
+
+        append(kind="hello", launch_rank=1, restart=0)
+        append(kind="member", worker_id=f"vm:{victim.pid}:aa")
+        for step in range(config.kill_at + 3):  # records of steps past kill_at: no cue
+            append(kind="step", step=step, loss=1.0, step_s=0.1, workers=2, generation=0)
+        driver.start()
+        time.sleep(0.3)  # a few polls
+        assert victim.poll() is None
+        append(kind="held", step=config.kill_at)
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+        run = driver.stop()
+        assert run.kill is not None and run.kill.pid == victim.pid
+        assert run.kill.after_step == config.kill_at - 1  # 0-based: step kill_at committed
+        assert lines == [format_kill(run.kill, f"worker 1 (pid {victim.pid})")]
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 @pytest.mark.timeout(30)
@@ -153,11 +216,16 @@ def test_config_kills_a_third_of_the_way_and_launches_elastically() -> None:
     config = config_from_args(_args())
     assert config.preset.steps == CHAOS_QUICK.steps
     assert config.kill_at == CHAOS_QUICK.steps // 3
+    assert config.rejoin_by == 2 * CHAOS_QUICK.steps // 3
+    tiny = config_from_args(_args(steps=3))  # the wait still comes before the last step
+    assert (tiny.kill_at, tiny.rejoin_by) == (1, 1)
     assert config.run_dir == Path("runs/demo/chaos")
     launch = launch_config(config, token="s3cret")
     assert launch.elastic and launch.max_restarts == 1 and launch.module
     assert launch.script == "potluck.demo.elastic_worker" and launch.nproc_per_node == 2
     assert "s3cret" not in repr(launch) and "s3cret" not in " ".join(launch.script_args)
+    args = " ".join(launch.script_args)
+    assert "--victim 1 --kill-at 120 --rejoin-by 240" in args
 
 
 @pytest.mark.timeout(30)

@@ -8,9 +8,12 @@ The workers are started by the launcher's agent, in this process, exactly as
 would start them: the agent hosts the store, restarts a dead worker alone, and on
 Ctrl-C or a failure stops and reaps every worker. Their output goes to
 ``<run dir>/workers.log``. A driver thread follows the records the workers append to
-the run dir, prints what happens as it happens, and SIGKILLs one worker (launch rank 1:
-never the last one alive) a third of the way through. The closing report is built from
-the same records by the pure functions of ``chaos_report``.
+the run dir and prints what happens as it happens. The victim (launch rank 1: never the
+last one alive) stops once a third of the steps have committed and says so; the driver
+then SIGKILLs it, so the kill lands at a known step, with the others inside the next
+one. If the restarted worker has not asked to join by two thirds of the way, the
+survivors wait for it there: the run always shows the rejoin. The closing report is
+built from the same records by the pure functions of ``chaos_report``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from potluck.demo.chaos_report import (
     format_kill,
     format_redo,
     format_step,
+    format_wait,
     loss_milestones,
     parse_run,
     steps_line,
@@ -53,6 +57,7 @@ from potluck.metrics.jsonl import JsonlWriter
 
 WORKER_MODULE = "potluck.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
+REJOIN_TIMEOUT_S = 60.0  # the longest the survivors wait for the restarted worker
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,8 @@ class ChaosConfig:
     workers: int
     seed: int
     preset: ChaosPreset
-    kill_at: int  # the victim is killed once this many steps have committed
+    kill_at: int  # the victim stops once this many steps have committed, and is killed
+    rejoin_by: int  # a cohort still short of the restarted worker waits for it here
     run_dir: Path
     metrics: Path
     progress: bool
@@ -119,11 +125,13 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
             "--resume with --chaos: the chaos demo keeps no checkpoints (a restarted worker "
             "receives the live state from the others); drop --resume or --chaos"
         )
+    kill_at = max(1, steps // 3)
     return ChaosConfig(
         workers=workers, seed=args.seed,
         preset=ChaosPreset(steps, batch, preset.corpus_chars, preset.context, preset.d_model,
                            preset.n_layers, preset.sample_chars, preset.warmup_steps),
-        kill_at=max(1, steps // 3), run_dir=args.metrics.parent / "chaos",
+        kill_at=kill_at, rejoin_by=max(kill_at, min(2 * steps // 3, steps - 2)),
+        run_dir=args.metrics.parent / "chaos",
         metrics=args.metrics, progress=not args.no_progress,
     )
 
@@ -136,7 +144,9 @@ def launch_config(config: ChaosConfig, token: str) -> LaunchConfig:
         "--batch-size", str(p.global_batch), "--seed", str(config.seed),
         "--corpus-chars", str(p.corpus_chars), "--context", str(p.context),
         "--d-model", str(p.d_model), "--n-layers", str(p.n_layers),
-        "--sample-chars", str(p.sample_chars),
+        "--sample-chars", str(p.sample_chars), "--victim", str(VICTIM),
+        "--kill-at", str(config.kill_at), "--rejoin-by", str(config.rejoin_by),
+        "--rejoin-timeout", f"{REJOIN_TIMEOUT_S:g}",
     )
     return LaunchConfig(script=WORKER_MODULE, script_args=worker_args, module=True,
                         nproc_per_node=config.workers, max_restarts=1, elastic=True,
@@ -165,7 +175,7 @@ class RecordFollower:
 
 
 class ChaosDriver:
-    """A thread that follows the run, prints it live, and kills the victim on time."""
+    """A thread that follows the run, prints it live, and kills the victim once it stopped."""
 
     def __init__(self, config: ChaosConfig, out: Callable[[str], None]) -> None:
         self.config, self.out = config, out
@@ -222,6 +232,8 @@ class ChaosDriver:
                      "the running cohort")
         elif kind == "joined" and ("event", int(record["generation"])) in self._shown:
             self._show_join(run.incarnations[int(record["pid"])], run)
+        elif kind == "waited" and run.rejoin_wait is not None:
+            self.out(format_wait(run.rejoin_wait, f"worker {VICTIM}"))
         elif kind == "kill" and run.kill is not None:
             victim = run.incarnations.get(run.kill.pid)
             self.out(format_kill(run.kill, victim.label if victim else f"pid {run.kill.pid}"))
@@ -237,20 +249,21 @@ class ChaosDriver:
         return not seen
 
     def _maybe_kill(self, run: ChaosRun) -> None:
-        if self._killed or not run.steps or max(run.steps) + 1 < self.config.kill_at:
+        """SIGKILL the victim once it has stopped after ``kill_at`` committed steps: the
+        run cannot move past that point without it, so the line printed is exact."""
+        if self._killed:
             return
-        after = max(run.steps)
         victim = next((inc for inc in run.incarnations.values()
                        if inc.launch_rank == VICTIM and inc.restart == 0
-                       and inc.pid in run.members), None)
-        if victim is None:  # not in the cohort yet: try again on the next poll
+                       and inc.pid in run.held), None)
+        if victim is None:  # not there yet: try again on the next poll
             return
         self._killed = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim.pid, signal.SIGKILL)
         self._journal.write({"kind": "kill", "pid": os.getpid(), "target": victim.pid,
-                             "launch_rank": victim.launch_rank, "after_step": after,
-                             "time": time.time()})
+                             "launch_rank": victim.launch_rank,
+                             "after_step": run.held[victim.pid] - 1, "time": time.time()})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -319,8 +332,12 @@ def _print_header(config: ChaosConfig, launch: LaunchConfig) -> None:
     print(f"  potluck run --elastic --max-restarts {launch.max_restarts} --token <random> "
           f"--nproc-per-node {launch.nproc_per_node} -m {launch.script} "
           f"{' '.join(launch.script_args)}")
-    print(f"chaos: worker {VICTIM} gets SIGKILL after step {config.kill_at} of {p.steps}; "
-          "the launcher restarts it and it rejoins with the live state", flush=True)
+    print(f"chaos: worker {VICTIM} stops once step {config.kill_at} of {p.steps} has "
+          f"committed and gets SIGKILL there, while the others are in step "
+          f"{config.kill_at + 1}")
+    print(f"chaos: the launcher restarts it and it rejoins with the live state; if it has "
+          f"not asked to join once step {config.rejoin_by} has committed, the others wait "
+          "for it there", flush=True)
 
 
 def _write_metrics(config: ChaosConfig, run: ChaosRun) -> None:
@@ -345,7 +362,8 @@ def _print_report(config: ChaosConfig, run: ChaosRun) -> None:
     print(events_table(run))
     if run.kill is not None and not run.joins:
         print(f"note: worker {run.kill.launch_rank} was not admitted again before the run "
-              "ended (its restart took longer than the rest of the run); use more --steps")
+              f"ended: its restart did not ask to join within {REJOIN_TIMEOUT_S:g} s of step "
+              f"{config.rejoin_by}; see {config.run_dir / 'workers.log'}")
     print()
     print(figures(throughput_rows(run, p.global_batch, p.context, p.warmup_steps)))
     if run.sample is not None:

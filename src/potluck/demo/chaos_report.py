@@ -2,8 +2,9 @@
 
 The workers (``potluck.demo.elastic_worker``) and the chaos driver append JSON records
 to files in the run dir; ``parse_run`` turns them, in any order, into a ``ChaosRun``:
-who each process was, the kill, the membership events (one per generation, however
-many members recorded it), the committed and the redone steps. The ``format_*``
+who each process was, where the victim stopped for the kill, the kill, the membership
+events (one per generation, however many members recorded it), the committed and the
+redone steps, and whether the survivors had to wait for the rejoin. The ``format_*``
 functions and tables turn that into the lines the demo prints. Nothing here reads a
 file, a clock or a process.
 """
@@ -38,8 +39,19 @@ class Kill:
 
     launch_rank: int
     pid: int
-    after_step: int  # the last step committed when the signal was sent (-1: none yet)
+    after_step: int  # the last step committed (0-based): the victim stopped after it
     time: float
+
+
+@dataclass(frozen=True)
+class RejoinWait:
+    """The survivors waited for the restarted worker to ask to join, so that the run
+    shows the rejoin however slowly the new process starts."""
+
+    steps: int  # steps committed when they began to wait
+    waited_s: float
+    asked: bool  # False: it did not ask within the timeout; the run went on without it
+    workers: int
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,9 @@ class ChaosRun:
     redone: list[int] = field(default_factory=list)  # steps abandoned and trained again
     events: list[MembershipEvent] = field(default_factory=list)  # by generation
     joins: dict[int, int] = field(default_factory=dict)  # pid -> step it joined at
+    held: dict[int, int] = field(default_factory=dict)  # victim pid -> steps committed
     kill: Kill | None = None
+    rejoin_wait: RejoinWait | None = None
     done: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -116,6 +130,11 @@ def parse_run(records: Iterable[Mapping[str, Any]]) -> ChaosRun:
             seen = events.get(event.generation)
             if seen is None or event.recovery_s > seen.recovery_s:
                 events[event.generation] = event
+        elif kind == "held":
+            run.held[pid] = int(record["step"])
+        elif kind == "waited":
+            run.rejoin_wait = RejoinWait(int(record["step"]), float(record["waited_s"]),
+                                         bool(record["asked"]), int(record["workers"]))
         elif kind == "kill":
             run.kill = Kill(int(record["launch_rank"]), int(record["target"]),
                             int(record["after_step"]), float(record["time"]))
@@ -153,6 +172,17 @@ def format_step(record: Mapping[str, Any], total: int) -> str:
 def format_kill(kill: Kill, label: str) -> str:
     return (f"chaos: SIGKILL to {label} once step {kill.after_step + 1} had committed; "
             "no warning, no goodbye")
+
+
+def format_wait(wait: RejoinWait, label: str) -> str:
+    """The survivors held the run for the restarted worker (the demo must show the rejoin)."""
+    if wait.asked:
+        return (f"chaos: step {wait.steps} had committed and {label} was not back yet: the "
+                f"{_workers(wait.workers)} left waited {wait.waited_s:.1f} s for it to ask to "
+                "join, so that the run shows the rejoin")
+    return (f"chaos: step {wait.steps} had committed and {label} was not back yet: the "
+            f"{_workers(wait.workers)} left waited {wait.waited_s:.1f} s, but it did not ask "
+            "to join; the run goes on without it")
 
 
 def format_event(event: MembershipEvent, run: ChaosRun) -> str:

@@ -11,6 +11,8 @@ because the launcher passes nothing back but exit codes. Records, by ``kind``:
 ``step``    a committed step, written by the cohort's rank 0 (loss of its own share)
 ``redo``    a step whose collectives failed (every survivor; world size of those who redo it)
 ``event``   a membership change (every member): generation, cause, left, joined, ...
+``held``    the chaos victim stopped once ``step`` steps had committed, for the driver's SIGKILL
+``waited``  rank 0 waited for a restarted worker to ask to join: after how many steps, how long
 ``done``    the loop ended: steps, redone steps, and on rank 0 a sample of generated text
 
 Every record carries ``time`` (wall clock, seconds) and the writer's ``pid``.
@@ -38,6 +40,7 @@ from potluck.metrics.jsonl import JsonlWriter
 from potluck.step import StepTransaction
 
 PEAK_LR, WARMUP_STEPS, SAMPLE_PROMPT = 3e-3, 20, "def "
+HOLD_S = 20.0  # the victim's longest wait for the driver's SIGKILL (it comes in ~0.1 s)
 
 
 class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -114,7 +117,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-layers", type=int, required=True)
     parser.add_argument("--sample-chars", type=int, default=0)
     parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
+    parser.add_argument("--victim", type=int, default=None,
+                        help="(chaos) this launch rank's first incarnation stops once "
+                             "--kill-at steps have committed and waits for its SIGKILL")
+    parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--rejoin-by", type=int, default=None,
+                        help="(chaos) once this many steps have committed, a cohort short "
+                             "of the launch's workers waits for a restarted one to ask to join")
+    parser.add_argument("--rejoin-timeout", type=float, default=60.0)
     return parser.parse_args(argv)
+
+
+def wait_for_the_kill(journal: Journal, steps: int) -> None:
+    """The chaos victim, once ``steps`` steps have committed: say so, then wait for the
+    driver's SIGKILL. The kill so lands at a step the driver knows: the others are in
+    step ``steps + 1``, waiting for this worker's share of the gradients."""
+    journal.write("held", step=steps)
+    time.sleep(HOLD_S)
+    raise RuntimeError(f"chaos: no SIGKILL came within {HOLD_S:g} s of stopping after step "
+                       f"{steps}; the demo's driver is not following the run")
+
+
+def wait_for_rejoin(journal: Journal, cohort: Cohort, steps: int, timeout: float) -> None:
+    """Every survivor: wait until a restarted worker has asked to join (at most
+    ``timeout`` s), so the boundary after the next step admits it before the run ends."""
+    started = time.monotonic()
+    while not (asked := cohort.pending_joiners()):
+        if time.monotonic() - started > timeout:
+            break
+        time.sleep(0.05)
+    if cohort.rank == 0:
+        journal.write("waited", step=steps, waited_s=time.monotonic() - started, asked=asked,
+                      workers=cohort.world_size)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -146,9 +180,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         journal.write("joined", step=opt.steps, rank=cohort.rank,
                       generation=cohort.generation, workers=cohort.world_size)
     watch = StepWatch(journal, cohort, opt)
+    victim = args.victim == me.rank and me.restart_count == 0
+    rejoin_wait = args.rejoin_by is not None
 
     while loader.epoch < 1 and not opt.left:  # one epoch is exactly --steps steps
         for x, y in loader:
+            if victim and opt.steps == args.kill_at:
+                wait_for_the_kill(journal, opt.steps)
+            if rejoin_wait and opt.steps >= args.rejoin_by and cohort.world_size < me.world_size:
+                rejoin_wait = False  # once: the chaos demo kills one worker
+                wait_for_rejoin(journal, cohort, opt.steps, args.rejoin_timeout)
             watch.start()
             for group in adamw.param_groups:
                 group["lr"] = learning_rate(opt.steps, args.steps, PEAK_LR, WARMUP_STEPS)
