@@ -1,9 +1,10 @@
 """Train a tiny character-level transformer on 2 local workers and report the figures.
 
 Trains on the Python standard library's own source with ``potluck.DataParallel`` on N
-local worker processes (Gloo, 1 thread each), then runs a short 1-worker phase on the
-same model and global batch to measure the speedup in the same run, and prints
-throughput, speedup, scaling efficiency, sync latency and a sample of generated text.
+local workers started by the launcher, as ``potluck run`` starts a user's script (Gloo,
+1 thread each; ``demo/phase.py``), then runs a short 1-worker phase on the same model
+and global batch to measure the speedup in the same run, and prints throughput,
+speedup, scaling efficiency, sync latency and a sample of generated text.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck.demo.model import ModelConfig
+from potluck.demo.phase import PhaseFailed, run_phase
 from potluck.demo.report import (
     equivalence_line,
     figures_table,
@@ -24,9 +26,8 @@ from potluck.demo.report import (
     sync_latency,
 )
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
-from potluck.demo.train import TrainConfig, WorkerResult, train_worker
+from potluck.demo.train import TrainConfig, WorkerResult
 from potluck.errors import ConfigError
-from potluck.harness.ranks import RankFailed, run_ranks
 from potluck.metrics.figures import scaling_figures
 
 
@@ -170,8 +171,10 @@ def main(args: argparse.Namespace) -> int:
         resume=config.resume,
     )
     _print_header(config, train, len(text), vocab.size)
+    run_dir = config.metrics.parent
     try:
-        result = _run_phase(train, config.workers, text)
+        result = run_phase(train, config.workers, preset.corpus_chars, run_dir,
+                           progress=config.progress)
         if not result.losses:
             print(f"potluck demo: nothing to train: the newest checkpoint in "
                   f"{config.checkpoint_dir} is already at step {result.first_step} of "
@@ -186,25 +189,18 @@ def main(args: argparse.Namespace) -> int:
             one = replace(train, stop_after=min(preset.baseline_steps, preset.steps),
                           label="1 worker", metrics_path=None, sample_chars=0,
                           checkpoint_dir=None, resume=False)
-            baseline = _run_phase(one, 1, text)
-    except RankFailed as exc:
-        print(f"potluck demo: a worker failed: {exc}", file=sys.stderr)
+            baseline = run_phase(one, 1, preset.corpus_chars, run_dir,
+                                 progress=config.progress)
+    except PhaseFailed as exc:
+        print(f"potluck demo: a worker failed:\n{exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # run_ranks has already stopped the workers
+    except KeyboardInterrupt:  # the launcher has already stopped the workers
         print("\npotluck demo: interrupted", file=sys.stderr)
         return 130
     _print_report(config, train, result, baseline)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}")
     return 0
-
-
-def _run_phase(train: TrainConfig, workers: int, text: str) -> WorkerResult:
-    # Generous deadline: a step takes well under a second even on a busy machine.
-    timeout = 120.0 + 5.0 * (train.steps if train.stop_after is None else train.stop_after)
-    results: list[WorkerResult] = run_ranks(train_worker, workers, text, train,
-                                            timeout=timeout)
-    return results[0]
 
 
 def _print_header(config: DemoConfig, train: TrainConfig, chars: int, vocab: int) -> None:

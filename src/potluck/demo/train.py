@@ -1,10 +1,10 @@
 """The demo's worker: one rank's training loop under ``potluck.DataParallel``.
 
-``train_worker(rank, world_size, text, config)`` runs in each process that
-``potluck.harness.ranks.run_ranks`` starts, with the default Gloo group initialized. The
-loop is the ordinary forward / backward / step / zero_grad; potluck comes in only as
-the wrapped model. Rank 0 shows the progress bar and writes the per-step JSONL; every
-rank returns its timings, and rank 0 also a sample of generated text.
+``train_worker(cohort, text, config)`` runs in each worker that ``potluck run`` starts
+(``demo/worker.py``), on the cohort ``potluck.init()`` joined. The loop is the ordinary
+forward / backward / step / zero_grad; potluck comes in only as the wrapped model. Rank 0
+writes the per-step JSONL (the demo process follows it for its progress bar); every rank
+returns its timings, and rank 0 also a sample of generated text.
 
 A JSONL record: ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time
 for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s),
@@ -15,15 +15,14 @@ for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from potluck.checkpoint import CheckpointManager, DistributedRng
+from potluck.cohort import Cohort
 from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
 from potluck.metrics.jsonl import JsonlWriter
@@ -77,27 +76,25 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> WorkerResult:
+def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult:
     """Train ``config.steps`` global steps on this rank's share of each global batch."""
+    rank, world_size = cohort.rank, cohort.world_size
     torch.manual_seed(config.seed)
     vocab = Vocabulary.from_text(text)
     tokens = vocab.encode(text)
     model = CharTransformer(config.model)
-    ddp = DataParallel(model)
+    ddp = DataParallel(model, group=cohort.group)
     timer = SyncTimer()
     ddp.register_comm_hook(None, timer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     result = WorkerResult(rank, world_size, n_params=sum(p.numel() for p in model.parameters()))
-    checkpoints, state = _checkpointing(config, rank, model, optimizer)
+    checkpoints, state = _checkpointing(config, cohort, model, optimizer)
     if checkpoints is not None and config.resume:
         result.first_step = checkpoints.restore_latest(state) or 0
 
     writer = (JsonlWriter(config.metrics_path, append=result.first_step > 0)
               if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
-    tqdm.set_lock(threading.RLock())  # its default multiprocessing lock leaks a semaphore
-    bar = tqdm(total=run_steps, initial=result.first_step, desc=config.label, unit="step",
-               dynamic_ncols=True, disable=rank != 0 or not config.progress)
     try:
         for step in range(result.first_step, run_steps):
             for group in optimizer.param_groups:
@@ -109,11 +106,6 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
             if writer is not None:
                 writer.write({**record, "lr": optimizer.param_groups[0]["lr"],
                               "workers": world_size})
-            recent = result.step_s[-10:]  # a steadier rate than the last step alone
-            tokens_per_s = config.global_batch * config.model.context * len(recent) / sum(recent)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
-                            refresh=False)
-            bar.update(1)
             done = step + 1
             if checkpoints is not None and (
                 done == run_steps
@@ -123,7 +115,6 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
         if checkpoints is not None:
             checkpoints.wait()
     finally:
-        bar.close()
         if writer is not None:
             writer.close()
 
@@ -134,14 +125,15 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
 
 
 def _checkpointing(
-    config: TrainConfig, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    config: TrainConfig, cohort: Cohort, model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
 ) -> tuple[CheckpointManager | None, dict[str, Any]]:
     """The checkpoint manager and the state it saves (the data is a function of the step,
     so model, optimizer and every rank's RNG are the whole training state)."""
     if config.checkpoint_dir is None:
         return None, {}
-    state = {"model": model, "optimizer": optimizer, "rng": DistributedRng()}
-    return CheckpointManager(config.checkpoint_dir, keep=3, rank=rank), state
+    state = {"model": model, "optimizer": optimizer, "rng": DistributedRng(cohort.group)}
+    return CheckpointManager(config.checkpoint_dir, keep=3, rank=cohort.rank), state
 
 
 def _train_step(
