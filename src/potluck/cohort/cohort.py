@@ -112,7 +112,7 @@ class Cohort:
         self.membership = self._source.boundary()
         if self.generation == before:
             return False
-        self._move(started, "admitted at a step boundary")
+        self._move(started, "boundary")  # joiners admitted or leavers let go
         return True
 
     def recover(self, reason: str) -> Membership:
