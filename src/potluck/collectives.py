@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,22 +34,38 @@ def default_group() -> Group | None:
     return None
 
 
-def settle(work: Any, group: Group, what: str,
+def settle(issue: Callable[[], Any], group: Group, what: str,
            abandoned: Callable[[], bool] | None = None) -> Any:
-    """Wait for ``work`` of ``group``; a failure (or a peer that abandoned the step, when
-    ``group`` is a ``GroupHandle`` that can tell) raises ``PeerLostError``."""
+    """Issue a collective of ``group`` (``issue()`` returns its work) and wait for it
+    (``wait_for``). A backend that already knows a peer is gone fails at issue time:
+    that too is ``PeerLostError``."""
+    try:
+        work = issue()
+    except RuntimeError as exc:
+        raise PeerLostError.from_failure(what, exc, rank=_rank(group),
+                                         generation=_generation(group)) from exc
+    return wait_for(work, group, what, abandoned)
+
+
+def wait_for(work: Any, group: Group, what: str,
+             abandoned: Callable[[], bool] | None = None) -> Any:
+    """Wait for ``work`` of ``group``; a failure, or a peer that abandoned the step (when
+    ``group`` is a ``GroupHandle`` that can tell), raises ``PeerLostError``."""
     if abandoned is None and isinstance(group, GroupHandle):
         abandoned = group.step_abandoned
-    generation = group.generation if isinstance(group, GroupHandle) else 0
     done = getattr(work, "is_completed", None) or getattr(work, "done", None)
     if done is not None and not wait_unless(done, abandoned):
         raise PeerLostError.from_failure(what, "a peer abandoned the step",
-                                         rank=_rank(group), generation=generation)
+                                         rank=_rank(group), generation=_generation(group))
     try:
         return work.wait()
     except RuntimeError as exc:
         raise PeerLostError.from_failure(what, exc, rank=_rank(group),
-                                         generation=generation) from exc
+                                         generation=_generation(group)) from exc
+
+
+def _generation(group: Group) -> int:
+    return group.generation if isinstance(group, GroupHandle) else 0
 
 
 def _rank(group: Group) -> int:
@@ -63,7 +80,7 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], group: Group, src: int 
     for flat, members in _flatten_groups(tensors):
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        settle(group.broadcast([flat], opts), group, "broadcast")
+        settle(partial(group.broadcast, [flat], opts), group, "broadcast")
         _unflatten_into(flat, members)
 
 
@@ -79,14 +96,14 @@ class PendingBroadcast:
 
     def wait(self, abandoned: Callable[[], bool] | None = None) -> None:
         for work, (flat, members) in zip(self._works, self._parts, strict=True):
-            settle(work, self._group, "buffer broadcast", abandoned)
+            wait_for(work, self._group, "buffer broadcast", abandoned)
             _unflatten_into(flat, members)
 
 
 def allgather_tensor(tensor: torch.Tensor, group: Group) -> list[torch.Tensor]:
     """Every rank's copy of ``tensor`` (same shape and dtype on every rank), in rank order."""
     outputs = [torch.empty_like(tensor) for _ in range(group.size())]
-    settle(group.allgather([outputs], [tensor]), group, "all-gather")
+    settle(lambda: group.allgather([outputs], [tensor]), group, "all-gather")
     return outputs
 
 
@@ -114,7 +131,7 @@ def allreduce_max(tensor: torch.Tensor, group: Group, what: str = "vote") -> tor
     peer (or one that abandoned the step) raises ``PeerLostError``."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
-    settle(group.allreduce([tensor], opts), group, what)
+    settle(lambda: group.allreduce([tensor], opts), group, what)
     return tensor
 
 
@@ -149,11 +166,11 @@ def broadcast_object(obj: Any, group: Group, src: int = 0,
     opts.rootRank = src
     if timeout is not None:
         opts.timeout = timeout
-    settle(group.broadcast([length], opts), group, "state broadcast")
+    settle(lambda: group.broadcast([length], opts), group, "state broadcast")
     data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
     if group.rank() == src:
         data[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    settle(group.broadcast([data], opts), group, "state broadcast")
+    settle(lambda: group.broadcast([data], opts), group, "state broadcast")
     return pickle.loads(data.cpu().numpy().tobytes())
 
 

@@ -57,15 +57,22 @@ class ProcessGroupLike(Protocol):
 
 
 class GroupHandle:
-    """The current generation's group; ``reconfigure`` is for the owning cohort only."""
+    """The current generation's group; ``reconfigure`` is for the owning cohort only.
 
-    def __init__(self, group: Any, generation: int = 0,
-                 abandoned: Callable[[int], bool] | None = None) -> None:
-        self._group: Any = group
+    ``owned``: potluck built the group (a cohort's), so the handle shuts it down on
+    ``release`` and at interpreter exit. A user's own group (a drop-in ``DataParallel``
+    on torch's default group) is wrapped unowned: never shut down, never released at exit.
+    """
+
+    def __init__(self, group: ProcessGroupLike | None, generation: int = 0,
+                 abandoned: Callable[[int], bool] | None = None, *,
+                 owned: bool = True) -> None:
+        self._group: ProcessGroupLike | None = group
         self._generation = generation
         self._abandoned = abandoned  # generation -> did a peer give up on its step?
         self._retired: str | None = None
-        if group is not None:
+        self._owned = owned
+        if group is not None and owned:
             _open_handles.add(self)
 
     # ------------------------------------------------------------------ the group now
@@ -75,7 +82,7 @@ class GroupHandle:
         return self._generation
 
     @property
-    def current(self) -> Any:
+    def current(self) -> ProcessGroupLike:
         """The backend object of this generation; raises once it was retired or closed."""
         if self._group is None:
             raise ConfigError(
@@ -118,13 +125,14 @@ class GroupHandle:
 
     # ------------------------------------------------------------------- the owner's
 
-    def reconfigure(self, group: Any, generation: int) -> None:
-        """Point every holder at ``group`` of ``generation`` (called by the cohort, after
-        ``release`` of the old one)."""
+    def reconfigure(self, group: ProcessGroupLike, generation: int) -> None:
+        """Point every holder at ``group`` of ``generation`` (called by the cohort; the
+        old group, if any, is released first)."""
         if self._group is not None:
             self.release(f"replaced by generation {generation}")
         self._group, self._generation, self._retired = group, generation, None
-        _open_handles.add(self)
+        if self._owned:
+            _open_handles.add(self)
 
     def release(self, why: str, *, abort: bool = False) -> bool:
         """Destroy the group now, joining its threads; later use raises ``why``.
@@ -134,16 +142,11 @@ class GroupHandle:
         """
         group, self._group, self._retired = self._group, None, why
         _open_handles.discard(self)
-        if group is None:
-            return False
+        if group is None or not self._owned:  # a user's group is the user's to destroy
+            return group is not None
         for name in (("abort", "shutdown") if abort else ("shutdown",)):
-            method = getattr(group, name, None)
-            try:  # frees what the backend frees here (NCCL's communicators)
-                if method is not None:
-                    method()
-                    break
-            except RuntimeError as exc:  # a peer already gone: nothing left to say bye to
-                log.debug("group %s: %s", name, exc)
+            if _call(group, name):
+                break
         alive = _weak(group)
         del group  # the last reference: the destructor joins the backend's threads
         if alive is not None and alive() is not None:
@@ -156,6 +159,19 @@ class GroupHandle:
     def __repr__(self) -> str:
         state = "usable" if self._group is not None else f"retired: {self._retired}"
         return f"GroupHandle(generation={self._generation}, {state})"
+
+
+def _call(group: object, name: str) -> bool:
+    """``group.<name>()`` if it has one (frees what the backend frees there: NCCL's
+    communicators); no reference to ``group`` outlives the call."""
+    method = getattr(group, name, None)
+    if method is None:
+        return False
+    try:
+        method()
+    except RuntimeError as exc:  # a peer already gone: nothing left to say goodbye to
+        log.debug("group %s: %s", name, exc)
+    return True
 
 
 def _weak(obj: Any) -> weakref.ref[Any] | None:
@@ -184,4 +200,4 @@ def as_handle(group: Any) -> GroupHandle | None:
             f"group={group!r} is not a process group: pass cohort.group (potluck.init()), "
             "a torch.distributed ProcessGroup, or None for the default group"
         )
-    return GroupHandle(group)
+    return GroupHandle(group, owned=False)

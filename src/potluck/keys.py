@@ -22,6 +22,7 @@ The rendezvous's own keys, relative to its prefix:
 ``adm/<id>/challenge``      nonce the admitter asks id to sign
 ``adm/<id>/response``       ``<challenge>:<HMAC-SHA256(token, challenge + id), hex>``
 ``adm/<id>/verdict``        ``admitted:<n>`` or ``refused:<reason>``
+``founder``                 the worker that forms generation 0
 ``finished``                the run is complete (set by its members): joiners stop waiting
 """
 
@@ -64,6 +65,7 @@ def agents(run_id: str, name: str) -> str:
 
 
 CURRENT = "current"
+FOUNDER = "founder"  # the first joiner to claim it forms generation 0
 JOIN_COUNT = "join/count"
 FINISHED = "finished"
 

@@ -268,12 +268,14 @@ def test_weighted_hook_with_unequal_shares_equals_global_batch_gradient() -> Non
 
 
 def _explicit_groups(rank: int, world_size: int) -> dict[str, Any]:
-    first = dist.new_group(list(range(world_size)))
-    model = DataParallel(M.mlp(), group=first, bucket_cap_mb=0.004)
+    from potluck import GroupHandle
+
+    handle = GroupHandle(dist.new_group(list(range(world_size))), owned=False)
+    model = DataParallel(M.mlp(), group=handle, bucket_cap_mb=0.004)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(4):
-        if step == 2:  # a new membership generation hands the reducer a new group
-            model.set_group(dist.new_group(list(range(world_size))))
+        if step == 2:  # a new membership generation: the handle the model holds moves on
+            handle.reconfigure(dist.new_group(list(range(world_size))), generation=1)
         x, y = M.batch(step)
         opt.zero_grad()
         mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
@@ -295,7 +297,7 @@ def _single_process_clipped() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(60)
-def test_explicit_group_swapped_between_steps_and_clipping_after_backward() -> None:
+def test_the_handle_moves_to_a_new_group_between_steps_and_clipping_after_backward() -> None:
     expected = _single_process_clipped()
     results = run_ranks(_explicit_groups, 2)
     for result in results:

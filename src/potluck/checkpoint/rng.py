@@ -91,15 +91,16 @@ class DistributedRng:
     single process without one): call the manager's ``save`` on every rank.
     """
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, device: torch.device | None = None) -> None:
         self.group = group
+        self.device = device  # where the gathered bytes travel: the group's (CUDA for NCCL)
 
     def state_dict(self) -> dict[str, Any]:
         _, world_size = group_rank_and_size(self.group)
         states: list[Any] = [capture_rng()]
         group = self.group if self.group is not None else default_group()
         if world_size > 1 and group is not None:
-            states = allgather_object(capture_rng(), group)
+            states = allgather_object(capture_rng(), group, self.device)
         return {"world_size": world_size, "ranks": states}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

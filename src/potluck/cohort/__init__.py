@@ -5,9 +5,9 @@ class for both; ``GroupHandle`` is the stable handle every holder talks through.
 """
 
 from potluck.cohort.cohort import Cohort
-from potluck.cohort.groups import GroupSpec, wait_collective
+from potluck.cohort.groups import GroupSpec
 from potluck.cohort.init import init, join_elastic
 from potluck.group import GroupHandle, ProcessGroupLike, as_handle
 
 __all__ = ["Cohort", "GroupHandle", "GroupSpec", "ProcessGroupLike", "as_handle", "init",
-           "join_elastic", "wait_collective"]
+           "join_elastic"]

@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import Store
 
-from potluck.cohort.groups import GroupSpec, make_group, wait_collective
+from potluck.cohort.groups import GroupSpec, make_group
 from potluck.cohort.membership import MembershipSource
+from potluck.collectives import settle
 from potluck.env import WorkerEnv
-from potluck.group import GroupHandle
+from potluck.group import GroupHandle, ProcessGroupLike
 from potluck.rendezvous import Membership
 
 log = logging.getLogger(__name__)
@@ -85,18 +86,14 @@ class Cohort:
 
     # ---------------------------------------------------------------- collectives
 
-    def wait(self, work: Any, what: str = "collective") -> Any:
-        """Wait for a collective of ``group``; a failure raises ``PeerLostError``."""
-        return wait_collective(work, rank=self.rank, generation=self.generation, what=what)
-
     def barrier(self) -> None:
         """Return once every rank got here; a lost peer raises ``PeerLostError``."""
         token = torch.zeros(1, device=self.device)
-        self.wait(self.group.allreduce([token]), "barrier")
+        settle(lambda: self.group.allreduce([token]), self.group, "barrier")
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` across ranks in place (bounded by the timeout) and return it."""
-        self.wait(self.group.allreduce([tensor]), "all-reduce")
+        settle(lambda: self.group.allreduce([tensor]), self.group, "all-reduce")
         return tensor
 
     # ----------------------------------------------------------------- membership
@@ -147,7 +144,7 @@ class Cohort:
                     self.rank, self.generation, cause, event["left"], event["joined"],
                     event["recovery_s"])
 
-    def _build(self, membership: Membership) -> Any:
+    def _build(self, membership: Membership) -> ProcessGroupLike:
         return make_group(self._spec, self._store, self._prefix(membership.generation),
                           membership.rank, membership.world_size, membership.generation)
 
@@ -161,7 +158,8 @@ class Cohort:
     def close(self) -> None:
         """Destroy the group (its threads are joined here) and release the store
         connection; safe to call twice. Whoever holds ``group`` (``DataParallel`` too) can
-        no longer communicate through it. A cohort left open is closed at exit."""
+        no longer communicate through it. A group left open is released at exit
+        (``potluck.group``), before the interpreter finalizes."""
         self.group.release("the cohort was closed")
         self._source.close()
 

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from potluck.errors import ConfigError, PeerLostError, RendezvousError
+from potluck.errors import ConfigError, RendezvousError
+from potluck.group import ProcessGroupLike
 
 BACKENDS = ("gloo", "nccl")
 
@@ -48,7 +49,7 @@ class GroupSpec:
 
 
 def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
-               generation: int) -> Any:
+               generation: int) -> ProcessGroupLike:
     """Create the backend object under ``prefix``; blocks until every rank connected."""
     prefixed = PrefixStore(prefix, store)
     delta = timedelta(seconds=spec.timeout)
@@ -57,13 +58,15 @@ def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size
             nccl: Any = dist.ProcessGroupNCCL
             nccl_opts = nccl.Options()
             nccl_opts._timeout = delta
-            return nccl(prefixed, rank, world_size, nccl_opts)
+            group: ProcessGroupLike = nccl(prefixed, rank, world_size, nccl_opts)
+            return group
         # torch's stubs lag the bindings: the options class is ``_Options`` at runtime.
         gloo: Any = dist.ProcessGroupGloo
         gloo_opts = gloo._Options()
         gloo_opts._timeout = delta
         gloo_opts._devices = [_gloo_device(spec)]
-        return gloo(prefixed, rank, world_size, gloo_opts)
+        group = gloo(prefixed, rank, world_size, gloo_opts)
+        return group
     except RuntimeError as exc:
         raise RendezvousError(
             f"rank {rank} of {world_size} could not build the {spec.backend} group of "
@@ -78,12 +81,3 @@ def _gloo_device(spec: GroupSpec) -> Any:
     if spec.ifname:
         return dist.ProcessGroupGloo.create_device(interface=spec.ifname)
     return dist.ProcessGroupGloo.create_device(hostname=spec.host)
-
-
-def wait_collective(work: Any, *, rank: int, generation: int, what: str) -> Any:
-    """Wait for ``work`` (a c10d Work or Future); a failure becomes ``PeerLostError``."""
-    try:
-        return work.wait()
-    except RuntimeError as exc:
-        raise PeerLostError.from_failure(what, exc, rank=rank, generation=generation) \
-            from exc

@@ -132,7 +132,8 @@ def _checkpointing(
     so model, optimizer and every rank's RNG are the whole training state)."""
     if config.checkpoint_dir is None:
         return None, {}
-    state = {"model": model, "optimizer": optimizer, "rng": DistributedRng(cohort.group)}
+    rng = DistributedRng(cohort.group, cohort.device)
+    state = {"model": model, "optimizer": optimizer, "rng": rng}
     return CheckpointManager(config.checkpoint_dir, keep=3, rank=cohort.rank), state
 
 

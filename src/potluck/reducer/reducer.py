@@ -23,14 +23,14 @@ handle's business, not the reducer's. A lost peer becomes ``PeerLostError``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from potluck.collectives import PendingBroadcast, wait_unless
+from potluck.collectives import PendingBroadcast, wait_for
 from potluck.errors import CommunicationError, PeerLostError, ReducerError
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 # Hooks under which zero bitmap entries stay zero and positive ones positive. Not
 # weighted_mean: a rank with weight 0 would erase its own "used" bits.
 _BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean})
-_ABANDON_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -394,22 +393,10 @@ class Reducer:
         rank = group.rank() if group is not None and group.usable else -1
         return PeerLostError.from_failure(what, cause, rank=rank, generation=generation)
 
-    def _settle(self, done: Callable[[], bool], what: str) -> None:
-        """Return once ``done()``; raise if a peer abandoned the step meanwhile.
-
-        Elastic: a live peer that gave up on the step never sends, and Gloo would wait
-        out its whole timeout; the handle says so without I/O, asked every
-        ``_ABANDON_POLL_S``."""
-        abandoned = None if self._group is None else self._group.step_abandoned
-        if not wait_unless(done, abandoned, _ABANDON_POLL_S):
-            raise self._lost(what, "a peer abandoned the step")
-
     def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
-        self._settle(future.done, what)
-        try:
-            value = future.wait()
-        except RuntimeError as exc:
-            raise self._lost(f"{what}'s all-reduce", exc) from exc
+        # Elastic: a live peer that gave up on the step never sends, and Gloo would wait
+        # out its whole timeout; the handle says so without I/O (see wait_for).
+        value = wait_for(future, self._communicating(), f"{what}'s all-reduce")
         if isinstance(value, (list, tuple)):
             value = value[0]
         if not isinstance(value, torch.Tensor):
@@ -420,9 +407,9 @@ class Reducer:
         return value
 
     def _wait(self, work: Any, what: str) -> None:
-        if hasattr(work, "is_completed"):
-            self._settle(work.is_completed, what)
-        try:
-            work.wait()
-        except RuntimeError as exc:
-            raise self._lost(what, exc) from exc
+        wait_for(work, self._communicating(), what)
+
+    def _communicating(self) -> GroupHandle:
+        group = self._group
+        assert group is not None  # waits happen only in passes with a world size > 1
+        return group

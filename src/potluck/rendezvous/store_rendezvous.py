@@ -41,7 +41,6 @@ from potluck.rendezvous.state import Action, decide, pick_leader
 
 log = logging.getLogger(__name__)
 
-FOUNDER = "founder"
 SAME = "same"
 NEXT = "next:"
 
@@ -88,7 +87,7 @@ class StoreRendezvous:
     def _claim_founder(self) -> bool:
         if self.config.token is None:  # a worker without the token can admit nobody
             return False
-        won = self._store.compare_set(FOUNDER, "", self.worker_id)
+        won = self._store.compare_set(keys.FOUNDER, "", self.worker_id)
         return won.decode() == self.worker_id and not self._store.check([keys.CURRENT])
 
     def _found_generation_zero(self, started: float) -> Record:

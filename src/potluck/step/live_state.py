@@ -51,11 +51,15 @@ class LiveState:
         self._progress, self._parts = progress, parts
 
     def capture(self) -> dict[str, Any]:
-        return {"model": self._model.module.state_dict(),
-                "optimizer": self._optimizer.state_dict(),
-                "cursor": self._cursor.state_dict(), "steps": self._progress.steps,
-                "bucket_order": self._model.reducer.bucket_order(),
-                "parts": {part.name: part.state_dict() for part in self._parts}}
+        """The live state, every tensor on the CPU (a receiver on another GPU, or with
+        fewer GPUs, loads it onto its own device: ``apply`` copies into place)."""
+        state: dict[str, Any] = _on_cpu({
+            "model": self._model.module.state_dict(),
+            "optimizer": self._optimizer.state_dict(),
+            "cursor": self._cursor.state_dict(), "steps": self._progress.steps,
+            "bucket_order": self._model.reducer.bucket_order(),
+            "parts": {part.name: part.state_dict() for part in self._parts}})
+        return state
 
     def apply(self, state: dict[str, Any]) -> None:
         self._model.module.load_state_dict(state["model"])
@@ -129,3 +133,13 @@ class LiveState:
         log.warning("[rank %d] resumed at step %d from %s", cohort.rank,
                     self._progress.steps, directory)
         return True
+
+
+def _on_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj

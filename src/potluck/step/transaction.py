@@ -24,6 +24,7 @@ from typing import Any
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
+from potluck.errors import ConfigError
 from potluck.reducer import DataParallel
 from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
@@ -52,6 +53,12 @@ class StepTransaction:
         self.progress = Progress()
         self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
         minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
+        if not cohort.elastic and minimum.workers > cohort.world_size:
+            raise ConfigError(
+                f"minimum={minimum.workers} workers, but this fixed job has "
+                f"{cohort.world_size} and can never grow: lower it, or run elastic "
+                "(potluck run --elastic --min-workers N), where joiners can come"
+            )
         self.boundary = Boundary(cohort, self.live_state, self.progress, minimum,
                                  Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR),
                                  admit_every=admit_every, changed=self._tell_parts)
@@ -142,8 +149,11 @@ class StepTransaction:
         self.boundary.request_leave()
 
     def leave_on_sigterm(self) -> None:
-        """SIGTERM (the owner wants the GPU back) finishes the step, then leaves."""
-        signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
+        """SIGTERM (the owner wants the GPU back) finishes the step, then leaves. Only an
+        elastic cohort can go on without a worker: a fixed job keeps SIGTERM's default
+        (the launcher stops everyone)."""
+        if self.cohort.elastic:
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
 
     def finish(self) -> None:
         """The run is over for this worker: tell any joiner still waiting (unless this
