@@ -80,8 +80,10 @@ def test_two_hosts_equal_one_host(
             if node.poll() is None:
                 node.kill()
                 node.wait()
-    for node, (out, err) in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, f"{out}\n{err}"
+    codes = [node.returncode for node in nodes]
+    assert codes == [0, 0], "\n".join(  # both nodes' output: one's failure explains the other's
+        f"--- node {rank}: exit {code}\n{out}\n{err}"
+        for rank, (code, (out, err)) in enumerate(zip(codes, outputs, strict=True)))
     assert "on 2 rank(s)" in outputs[0][0]
 
     one = potluck_run("--nproc-per-node", "2", str(EXAMPLE), "--out", str(tmp_path / "one.pt"))

@@ -118,6 +118,32 @@ def test_killed_launcher_leaves_no_worker() -> None:
     assert not [pid for pid in pids if pid_alive(pid)]
 
 
+@pytest.mark.timeout(90)
+def test_a_node_that_gave_up_checks_out_at_once() -> None:
+    """--nnodes 2 on one machine: node 1's worker dies at exit, node 1 gives up. It must
+    still check out, or node 0 (whose worker succeeded) waits the whole --join-timeout
+    for it and then fails with a message that blames the flags."""
+    port = str(free_port())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nnodes", "2", "--node-rank", str(rank),
+         "--master-port", port, "--join-timeout", "30", "--run-id", "gave-up",
+         str(SCRIPTS / "abort_at_exit.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for rank in (0, 1)]
+    try:
+        (out0, err0), (out1, err1) = (node.communicate(timeout=70) for node in nodes)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    assert "[rank1]: rank 1 done" in out1 and "killed by SIGABRT" in err1, err1
+    assert nodes[1].returncode == 1
+    assert "[rank0]: rank 0 done" in out0
+    assert nodes[0].returncode == 0, err0  # not: "only 1 of 2 node agents reached ..."
+    assert "node agents reached" not in err0
+
+
 @pytest.mark.timeout(30)
 def test_port_in_use_is_a_clear_error() -> None:
     with socket.socket() as holder:

@@ -97,6 +97,7 @@ class Agent:
                 meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
             outcome, results = self._attempt(store, restarts)
             if self._signal is not None:
+                self._check_out(store)
                 return self._interrupted(results)
             action = next_action(outcome, restarts, cfg.max_restarts)
             if action is Action.FINISH:
@@ -105,6 +106,7 @@ class Agent:
             self._emit(format_report(results, host=socket.gethostname(),
                                      node_rank=cfg.node_rank))
             if action is Action.GIVE_UP:
+                self._check_out(store)
                 return 1
             restarts += 1
             self._emit(f"potluck run: restarting the workers ({restarts} of "
@@ -148,15 +150,24 @@ class Agent:
 
     def _finish(self, store: TCPStore) -> None:
         # Node 0 keeps the store up until every node's workers are done with it; the
-        # others only check in (waiting too would race node 0 closing the store).
+        # others only check out (waiting too would race node 0 closing the store).
         cfg = self.config
         if cfg.nnodes == 1:
             return
         key = f"potluck/{cfg.run_id}/agents/done"
+        check_in(store, key)
         if cfg.node_rank == 0:
-            meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
-        else:
-            check_in(store, key)
+            wait_for_count(store, key, lambda: cfg.nnodes, cfg.join_timeout, self._stopping)
+
+    def _check_out(self, store: TCPStore) -> None:
+        """A node that gave up or was interrupted is done with the store too: say so, or
+        node 0, whose own workers may have succeeded, waits the whole join timeout for it.
+        Node 0 itself closes the store as it exits, so nobody waits for it there."""
+        cfg = self.config
+        if cfg.nnodes == 1 or cfg.node_rank == 0:
+            return
+        with contextlib.suppress(RendezvousError):  # node 0 may be gone; our report stands
+            check_in(store, f"potluck/{cfg.run_id}/agents/done")
 
     # ------------------------------------------------------------------- one attempt
 
