@@ -118,9 +118,10 @@ def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
                   *script, "--fail-at", "8")
     nodes = [first]
     try:
-        deadline = time.monotonic() + 60  # a hang, not a margin: the wait comes at step 8
+        # No deadline of our own (node 0 takes 5 to 40 s to get here, by the machine's
+        # load): the event, node 0's exit, or the test's timeout ends this wait.
         while "below min_workers=2: waiting" not in log0.read_text():
-            assert first.poll() is None and time.monotonic() < deadline, log0.read_text()
+            assert first.poll() is None, log0.read_text()
             time.sleep(0.1)
         nodes.append(_node(1, port, 1, log1, *script))
         codes = [node.wait(timeout=120) for node in nodes]
