@@ -6,10 +6,11 @@ loop is the ordinary forward / backward / step / zero_grad; potluck comes in onl
 the wrapped model. Rank 0 shows the progress bar and writes the per-step JSONL; every
 rank returns its timings, and rank 0 also a sample of generated text.
 
-A JSONL record: ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time
-for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s),
-``sync_s`` (first gradient bucket launched to last one reduced; overlaps backward),
-``lr`` and ``workers``.
+A metrics record is a ``step`` record of ``potluck.metrics.journal`` (``kind``, ``time``,
+``pid``): ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time for the
+whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s), ``sync_s``
+(first gradient bucket launched to last one reduced; overlaps backward), ``lr``,
+``workers`` and ``generation`` (always 0: the plain demo's membership never changes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from potluck.checkpoint import CheckpointManager, DistributedRng
 from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
-from potluck.metrics.jsonl import JsonlWriter
+from potluck.metrics.journal import Journal
 from potluck.metrics.latency import RoundTrips, measure_round_trips
 from potluck.metrics.sync_timer import SyncTimer
 from potluck.reducer import DataParallel
@@ -92,7 +93,7 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
     if checkpoints is not None and config.resume:
         result.first_step = checkpoints.restore_latest(state) or 0
 
-    writer = (JsonlWriter(config.metrics_path, append=result.first_step > 0)
+    journal = (Journal(config.metrics_path, truncate=result.first_step == 0)
               if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
     tqdm.set_lock(threading.RLock())  # its default multiprocessing lock leaks a semaphore
@@ -106,9 +107,9 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
             result.losses.append(record["loss"])
             result.step_s.append(record["step_s"])
             result.sync_s.append(record["sync_s"])
-            if writer is not None:
-                writer.write({**record, "lr": optimizer.param_groups[0]["lr"],
-                              "workers": world_size})
+            if journal is not None:
+                journal.write("step", **record, lr=optimizer.param_groups[0]["lr"],
+                              workers=world_size, generation=0)
             recent = result.step_s[-10:]  # a steadier rate than the last step alone
             tokens_per_s = config.global_batch * config.model.context * len(recent) / sum(recent)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
@@ -124,8 +125,8 @@ def train_worker(rank: int, world_size: int, text: str, config: TrainConfig) -> 
             checkpoints.wait()
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
+        if journal is not None:
+            journal.close()
 
     result.round_trips = measure_round_trips(ddp.group, result.n_params, config.latency_repeats)
     if rank == 0 and config.sample_chars > 0:
@@ -152,7 +153,7 @@ def _train_step(
     step: int,
     config: TrainConfig,
 ) -> dict[str, Any]:
-    """One global step; returns its JSONL record (loss is the global-batch mean)."""
+    """One global step; returns its metrics (loss is the global-batch mean)."""
     context = config.model.context
     start = time.perf_counter()
     offsets = batch_offsets(step, config.seed, tokens.numel(), context, config.global_batch)
