@@ -3,30 +3,32 @@ demo's worker and driver records, and the logs of ``potluck bench faults``.
 
 A record is one JSON object on one line: ``{"kind": str, "time": float, "pid": int,
 ...fields}``, ``time`` the wall clock (seconds since the epoch) when it was written and
-``pid`` the writing process. Non-finite floats are written as ``null``. ``step`` counts
-global steps from 0 everywhere. The kinds and their fields (``?``: not every writer):
+``pid`` the writing process. Non-finite floats are written as ``null``. In ``step`` and
+``redo`` records ``step`` is a global step's index, from 0; in ``joined``, ``held`` and
+``waited`` it is the number of steps committed so far. The kinds and their fields
+(``?``: not every writer writes it):
 
-=========  ===================================================================================
-``hello``  a worker process started: ``launch_rank``, ``restart`` (the launcher's count)
-``member`` the process trains: ``rank``, ``workers``, ``generation``, ``worker_id?``,
-           ``joined_late?`` (chaos: cohort rank); ``launch_rank``, ``resumed?`` (faults)
-``joined`` a restarted worker received the live state: ``step``, ``rank``, ``generation``,
-           ``workers``
-``step``   a committed global step: ``step``, ``generation``, ``workers``; ``loss?``,
-           ``step_s?``, ``samples_per_s?``, ``tokens_per_s?``, ``sync_s?``, ``lr?``,
-           ``redone?`` (the demo's metrics, the chaos worker's rank 0)
-``redo``   a step whose collectives failed, trained again: ``step``, ``generation`` and
-           ``workers`` of the generation that redoes it
-``event``  a membership change, ``potluck.Cohort.events``' fields: ``generation``,
-           ``cause``, ``left``, ``joined``, ``world_size``, ``recovery_s``
-``held``   the chaos victim stopped for its SIGKILL once ``step`` steps had committed
-``waited`` rank 0 waited for a restarted worker: ``step``, ``waited_s``, ``asked``,
-           ``workers``
-``kill``   a driver SIGKILLed a worker: ``target`` (its pid); ``launch_rank?``,
-           ``after_step?`` (the last step committed before it)
-``done``   the loop ended: ``steps`` committed; ``redone?``, ``left?``, ``rank?``,
-           ``generation?``, ``workers?``, ``n_params?``, ``sample?``
-=========  ===================================================================================
+==========  ==============================================================================
+``hello``   a worker process started: ``launch_rank``, ``restart`` (the launcher's count)
+``member``  the process trains: ``rank`` (in the job), ``workers``, ``generation``;
+            ``launch_rank?``, ``worker_id?``, ``joined_late?``, ``admitted?``, ``resumed?``
+``joined``  a restarted worker received the live state: ``step``, ``rank``, ``generation``,
+            ``workers``
+``step``    a committed global step: ``step``, ``generation``, ``workers``; ``loss?``,
+            ``step_s?``, ``samples_per_s?``, ``tokens_per_s?``, ``sync_s?``, ``lr?``,
+            ``redone?`` (the demo's metrics, the chaos worker's rank 0)
+``redo``    a step whose collectives failed, trained again: ``step``, ``generation`` and
+            ``workers`` of the generation that redoes it
+``event``   a membership change, ``potluck.Cohort.events``' fields: ``generation``,
+            ``cause``, ``left``, ``joined``, ``world_size``, ``recovery_s``
+``held``    the chaos victim stopped for its SIGKILL once ``step`` steps had committed
+``waited``  rank 0 waited for a restarted worker: ``step``, ``waited_s``, ``asked``,
+            ``workers``
+``kill``    a driver SIGKILLed a worker: ``target`` (its pid); ``launch_rank?``,
+            ``after_step?`` (the last step committed before it)
+``done``    the loop ended: ``steps`` committed; ``redone?``, ``left?``, ``rank?``,
+            ``generation?``, ``workers?``, ``n_params?``, ``sample?``
+==========  ==============================================================================
 
 ``Journal`` appends each record with one ``O_APPEND`` ``os.write``: processes sharing a
 file never interleave inside a line, and a SIGKILL leaves at worst a final line without
