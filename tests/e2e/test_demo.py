@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.metrics.jsonl import read_jsonl
+from potluck.metrics.journal import read_journal
 
 RECORD_KEYS = {"step", "loss", "step_s", "samples_per_s", "tokens_per_s", "sync_s"}
 
@@ -24,9 +24,10 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
-    records = read_jsonl(metrics)
+    records = read_journal(metrics)
     assert [r["step"] for r in records] == list(range(40))
     for record in records:
+        assert record["kind"] == "step" and record["time"] > 0 and record["pid"] > 0
         assert record.keys() >= RECORD_KEYS
         assert all(isinstance(record[key], (int, float)) for key in RECORD_KEYS)
         assert record["step_s"] > 0 and record["samples_per_s"] > 0
@@ -78,7 +79,7 @@ def test_demo_resumes_from_its_checkpoint_exactly(tmp_path: Path) -> None:
     resumed = _demo(tmp_path, "--resume", "--metrics", str(tmp_path / "resumed.jsonl"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from the checkpoint of step 10" in resumed.stdout
-    before = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "whole.jsonl")}
-    after = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "resumed.jsonl")}
+    before = {r["step"]: r["loss"] for r in read_journal(tmp_path / "whole.jsonl")}
+    after = {r["step"]: r["loss"] for r in read_journal(tmp_path / "resumed.jsonl")}
     assert sorted(after) == list(range(10, 30))
     assert all(after[s] == before[s] for s in after), "resumed losses must be bitwise equal"

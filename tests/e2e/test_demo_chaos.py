@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from potluck.demo.chaos import CHAOS_QUICK
-from potluck.metrics.jsonl import read_jsonl
+from potluck.metrics.journal import read_journal
 from tests.e2e.helpers import pid_alive
 
 
@@ -66,7 +66,8 @@ def test_chaos_demo_kills_restores_and_carries_on(tmp_path: Path) -> None:
     assert f"steps: {steps} of {steps} committed; steps lost: 0" in out
     assert "membership events:" in out and "throughput, 2 workers" in out
 
-    records = read_jsonl(metrics)
+    records = read_journal(metrics)
+    assert {r["kind"] for r in records} == {"step"}
     assert [r["step"] for r in records] == list(range(steps))  # each step exactly once
     assert [r["step"] for r in records if r["redone"]] == [after]  # 0-based: step after + 1
     alone = first - 1 - after  # the survivor's steps: the redone one up to the rejoin

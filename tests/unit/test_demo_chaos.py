@@ -16,7 +16,6 @@ import pytest
 from potluck.demo.chaos import (
     CHAOS_QUICK,
     ChaosDriver,
-    RecordFollower,
     config_from_args,
     launch_config,
 )
@@ -190,18 +189,6 @@ def test_throughput_per_cohort_size_skips_warmup_redone_and_fresh_generations() 
     assert [row[0] for row in rows] == ["throughput, 2 workers", "throughput, 1 worker"]
     assert rows[0][1] == "40.0 samples/s, 160 tokens/s" and "over 5 steps" in rows[0][2]
     assert rows[1][1] == "80.0 samples/s, 320 tokens/s" and "over 1 step)" in rows[1][2]
-
-
-@pytest.mark.timeout(30)
-def test_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
-    follower = RecordFollower(tmp_path)
-    path = tmp_path / "worker-0-1.jsonl"
-    path.write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
-    assert follower.poll() == [{"a": 1}]
-    with path.open("a") as file:
-        file.write('2}\n')
-    assert follower.poll() == [{"b": 2}]
-    assert follower.poll() == []
 
 
 def _args(**overrides: Any) -> argparse.Namespace:

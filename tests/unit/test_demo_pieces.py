@@ -1,9 +1,7 @@
-"""The demo's pure pieces: vocabulary, batching shares, JSONL, the report table."""
+"""The demo's pure pieces: vocabulary, batching shares, the report table."""
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,6 @@ from potluck.demo.report import equivalence_line, format_table, loss_summary
 from potluck.demo.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
 from potluck.demo.train import learning_rate
 from potluck.errors import ConfigError
-from potluck.metrics.jsonl import JsonlWriter, read_jsonl
 
 
 def test_vocabulary_round_trip_and_unknown_characters() -> None:
@@ -53,15 +50,6 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
     assert learning_rate(0, 100, 1.0, warmup=10) == pytest.approx(0.1)
     assert learning_rate(9, 100, 1.0, warmup=10) == pytest.approx(1.0)
     assert learning_rate(100, 100, 1.0, warmup=10) == pytest.approx(0.1)
-
-
-def test_jsonl_writer_creates_directory_and_writes_valid_lines(tmp_path: Path) -> None:
-    path = tmp_path / "deep" / "metrics.jsonl"
-    with JsonlWriter(path) as writer:
-        writer.write({"step": 0, "loss": 4.5})
-        writer.write({"step": 1, "loss": math.nan})
-    assert read_jsonl(path) == [{"step": 0, "loss": 4.5}, {"step": 1, "loss": None}]
-    assert all(json.loads(line) for line in path.read_text().splitlines())
 
 
 def test_report_formatting() -> None:

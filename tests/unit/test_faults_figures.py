@@ -11,7 +11,17 @@ from potluck.bench.faults_figures import goodput, run_figures, summarize
 
 
 def commit(step: int, t: float, generation: int = 0, world: int = 3) -> dict[str, Any]:
-    return {"step": step, "t": t, "generation": generation, "world": world}
+    return {"kind": "step", "time": t, "pid": 1, "step": step, "generation": generation,
+            "workers": world}
+
+
+def done(steps: int, t: float) -> dict[str, Any]:
+    return {"kind": "done", "time": t, "pid": 1, "steps": steps}
+
+
+def redo(step: int, generation: int, t: float) -> dict[str, Any]:
+    return {"kind": "redo", "time": t, "pid": 1, "step": step, "generation": generation,
+            "workers": 2}
 
 
 def steady(steps: range, start: float, generation: int = 0, world: int = 3,
@@ -21,7 +31,7 @@ def steady(steps: range, start: float, generation: int = 0, world: int = 3,
 
 @pytest.mark.timeout(10)
 def test_no_kills() -> None:
-    records = [*steady(range(1, 11), 100.0), {"done": 10, "t": 101.0}]
+    records = [*steady(range(1, 11), 100.0), done(10, 101.0)]
     figures = run_figures(records, [], world_size=3)
     assert (figures.steps, figures.commits, figures.steps_lost, figures.redone) == (10, 10, 0, 0)
     assert figures.done and figures.kills == ()
@@ -33,7 +43,7 @@ def test_no_kills() -> None:
 def test_torchrun_restart_loses_the_steps_since_the_checkpoint() -> None:
     # Steps 1-14 in attempt 0, killed at t=10.45; checkpoint at 10; attempt 1 redoes 11-14.
     records = [*steady(range(1, 15), 9.1), *steady(range(11, 21), 20.0, generation=1),
-               {"done": 20, "t": 21.0}]
+               done(20, 21.0)]
     figures = run_figures(records, [10.45], world_size=3)
     assert figures.steps == 20
     assert figures.commits == 24
@@ -50,10 +60,10 @@ def test_torchrun_restart_loses_the_steps_since_the_checkpoint() -> None:
 def test_potluck_redoes_the_step_in_flight_and_loses_nothing() -> None:
     records = [
         *steady(range(1, 6), 1.0),  # steps 1-5 at t=1.0..1.4, the kill at 1.45
-        {"redo": 6, "generation": 1, "t": 3.0},
+        redo(6, 1, 3.0),
         *steady(range(6, 9), 3.1, generation=1, world=2),  # survivors, 2 workers
         *steady(range(9, 12), 5.0, generation=2),  # the restarted worker is back
-        {"done": 11, "t": 5.3},
+        done(11, 5.3),
     ]
     figures = run_figures(records, [1.45], world_size=3)
     assert (figures.steps, figures.steps_lost, figures.redone) == (11, 0, 1)
@@ -118,10 +128,10 @@ def test_every_worker_logs_and_each_step_counts_once() -> None:
     # Worker A (killed at 1.45) logged steps 1-4 but died before logging step 5, which
     # the survivors B and C committed (and logged, later) in the same generation.
     a = steady(range(1, 5), 1.0)
-    b = [*steady(range(1, 6), 1.01), {"redo": 6, "generation": 1, "t": 3.0},
+    b = [*steady(range(1, 6), 1.01), redo(6, 1, 3.0),
          *steady(range(6, 8), 3.1, generation=1, world=2)]
-    c = [*steady(range(1, 6), 1.02), {"redo": 6, "generation": 1, "t": 3.01},
-         *steady(range(6, 8), 3.12, generation=1, world=2), {"done": 7, "t": 3.3}]
+    c = [*steady(range(1, 6), 1.02), redo(6, 1, 3.01),
+         *steady(range(6, 8), 3.12, generation=1, world=2), done(7, 3.3)]
     figures = run_figures([*a, *b, *c], [1.45], world_size=3)
     assert (figures.steps, figures.commits, figures.steps_lost, figures.redone) == (7, 7, 0, 1)
     assert figures.kills[0].recovery_s == pytest.approx(3.1 - 1.45)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import random
@@ -38,6 +37,7 @@ from potluck import env as potluck_env
 from potluck.bench.common import interleaved, table, write_json
 from potluck.bench.faults_figures import RunFigures, run_figures, summarize
 from potluck.errors import ConfigError, PotluckError
+from potluck.metrics.journal import Journal, read_journal
 
 CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
 _JOB = "potluck.bench.faults_job"
@@ -286,11 +286,12 @@ def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
             raise BenchError(f"{name}: the job did not finish within {limit:g} s; "
                              f"its output ends with:\n{_tail(run_dir / 'launcher.log')}")
         records = _commit_records(run_dir)
-        if done_at is None and any("done" in r for r in records):
+        if done_at is None and any(r["kind"] == "done" for r in records):
             done_at = now
         if done_at is not None and now - done_at > _FINISH_GRACE_S:
             return  # _reap stops whatever is left (the job calls finish(): nothing should be)
-        commits = sorted((r for r in records if "step" in r), key=lambda r: float(r["t"]))
+        commits = sorted((r for r in records if r["kind"] == "step"),
+                         key=lambda r: float(r["time"]))
         if name.endswith("+kills") and commits and done_at is None:
             _maybe_kill(config, run_dir, commits, kills, victims)
         time.sleep(_POLL)
@@ -303,27 +304,27 @@ def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any
     training = _training_workers(run_dir)
     if len(training) < config.workers:  # still recovering from the last kill
         return
-    whole_since = max(t for _, t in training.values()) if kills else float(commits[0]["t"])
+    whole_since = (max(t for _, t in training.values()) if kills
+                   else float(commits[0]["time"]))
     if time.time() < whole_since + config.kill_every:
         return
-    latest = sorted({int(r["step"]): float(r["t"]) for r in commits}.items())[-11:]
+    latest = sorted({int(r["step"]): float(r["time"]) for r in commits}.items())[-11:]
     step_s = (latest[-1][1] - latest[0][1]) / max(1, len(latest) - 1)  # roughly
-    if (config.steps - latest[-1][0]) * step_s < config.end_margin:
+    if (config.steps - 1 - latest[-1][0]) * step_s < config.end_margin:  # steps from 0
         return
     pid = training[victims.randrange(config.workers)][0]
     with contextlib.suppress(ProcessLookupError):  # only that process: a crash
         os.kill(pid, signal.SIGKILL)
-    kills.append(time.time())
-    with (run_dir / "kills.jsonl").open("a") as log:  # for a look at the run afterwards
-        log.write(json.dumps({"pid": pid, "t": kills[-1]}) + "\n")
+    with Journal(run_dir / "kills.jsonl") as log:  # for a look at the run afterwards
+        kills.append(float(log.write("kill", target=pid)["time"]))
 
 
 def _training_workers(run_dir: Path) -> dict[int, tuple[int, float]]:
     """Launch rank -> (pid, since when it trains) of the live workers that train."""
     found = {}
-    for record in _records(run_dir / "workers.jsonl"):
+    for record in read_journal(run_dir / "workers.jsonl"):
         if _ours(int(record["pid"])):
-            found[int(record["rank"])] = (int(record["pid"]), float(record["t"]))
+            found[int(record["launch_rank"])] = (int(record["pid"]), float(record["time"]))
     return found
 
 
@@ -337,7 +338,7 @@ def _reap(launcher: subprocess.Popen[bytes], run_dir: Path) -> list[int]:
             _signal_group(launcher.pid, signal.SIGKILL)
             launcher.wait()
     _signal_group(launcher.pid, signal.SIGKILL)  # anything left in its group
-    pids = [int(r["pid"]) for r in _records(run_dir / "started.jsonl")]
+    pids = [int(r["pid"]) for r in read_journal(run_dir / "started.jsonl")]
     for pid in pids:
         if _ours(pid):
             with contextlib.suppress(ProcessLookupError):
@@ -350,20 +351,7 @@ def _reap(launcher: subprocess.Popen[bytes], run_dir: Path) -> list[int]:
 
 def _commit_records(run_dir: Path) -> list[dict[str, Any]]:
     """Every worker's commit log, one list (``faults_figures`` counts each step once)."""
-    return [r for path in sorted(run_dir.glob("commits-*.jsonl")) for r in _records(path)]
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The complete records of a log that may still be written (none if not there yet)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):  # a line being written: read it next time
-            records.append(json.loads(line))
-    return records
+    return read_journal(sorted(run_dir.glob("commits-*.jsonl")))
 
 
 def _ours(pid: int) -> bool:

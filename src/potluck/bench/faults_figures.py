@@ -1,11 +1,11 @@
 """The figures of ``potluck bench faults``, computed from a run's logs alone (pure).
 
-Input: the commit logs of every worker of one run (``{"step", "t", "generation",
-"world"}`` per committed global step, ``{"redo", "generation", "t"}`` per in-flight step
-abandoned and redone, ``{"done", "t"}`` at the end) and the times the bench killed a
-worker. A *generation* is the job's membership epoch: potluck's cohort generation, or
-torchrun's restart count. The same step (or redo) of the same generation, logged by
-several workers, is one event at the earliest of their times.
+Input: the commit logs of every worker of one run, ``potluck.metrics.journal`` records
+(a ``step`` record, with ``step``, ``generation``, ``workers`` and ``time``, per committed
+global step; a ``redo`` per in-flight step abandoned and redone; a ``done`` at the end)
+and the times the bench killed a worker. A *generation* is the job's membership epoch:
+potluck's cohort generation, or torchrun's restart count. The same step (or redo) of the
+same generation, logged by several workers, is one event at the earliest of their times.
 
 - **steps lost**: commits of a step that was committed again later: work thrown away
   (torchrun: the steps since the last checkpoint, at each kill). Goal for potluck: 0.
@@ -61,45 +61,47 @@ def run_figures(records: Sequence[Mapping[str, Any]], kill_times: Sequence[float
     commits = _events(records, "step")
     first_of: dict[int, float] = {}
     for record in commits:
-        first_of.setdefault(int(record["step"]), float(record["t"]))
-    wall = first_of[max(first_of)] - float(commits[0]["t"]) if commits else math.nan
+        first_of.setdefault(int(record["step"]), float(record["time"]))
+    wall = first_of[max(first_of)] - float(commits[0]["time"]) if commits else math.nan
     return RunFigures(
         steps=len(first_of),
         commits=len(commits),
         steps_lost=len(commits) - len(first_of),
         redone=len(_events(records, "redo")),
         wall_s=wall,
-        done=any("done" in r for r in records),
+        done=any(r["kind"] == "done" for r in records),
         kills=tuple(_kill(commits, at, world_size) for at in sorted(kill_times)),
     )
 
 
 def _events(records: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
-    """One record per (``kind`` value, generation), the earliest; sorted by time."""
+    """One record of ``kind`` per (step, generation), the earliest; sorted by time."""
     earliest: dict[tuple[int, int], Mapping[str, Any]] = {}
     for record in records:
-        if kind not in record:
+        if record["kind"] != kind:
             continue
-        key = (int(record[kind]), int(record.get("generation", 0)))
-        if key not in earliest or float(record["t"]) < float(earliest[key]["t"]):
+        key = (int(record["step"]), int(record.get("generation", 0)))
+        if key not in earliest or float(record["time"]) < float(earliest[key]["time"]):
             earliest[key] = record
-    return sorted(earliest.values(), key=lambda r: float(r["t"]))
+    return sorted(earliest.values(), key=lambda r: float(r["time"]))
 
 
 def _kill(commits: Sequence[Mapping[str, Any]], at: float, world_size: int) -> KillFigures:
-    before = [r for r in commits if float(r["t"]) <= at]
+    before = [r for r in commits if float(r["time"]) <= at]
     generation = int(before[-1]["generation"]) if before else -1
     recovered = next((r for r in commits
-                      if float(r["t"]) > at and int(r["generation"]) > generation), None)
+                      if float(r["time"]) > at and int(r["generation"]) > generation), None)
     if recovered is None:  # the job never trained again after this kill
         return KillFigures(at, math.nan, math.nan, math.nan, 0)
     # Commits of the old generation may land just after the kill (its collectives had
     # completed): they count as committed before it.
-    t_recovered = float(recovered["t"])
-    high = max((int(r["step"]) for r in commits if float(r["t"]) < t_recovered), default=0)
-    later = [r for r in commits if float(r["t"]) >= t_recovered]
-    caught_up = next((float(r["t"]) for r in later if int(r["step"]) > high), math.nan)
-    whole = next((float(r["t"]) for r in later if int(r["world"]) >= world_size), math.nan)
+    t_recovered = float(recovered["time"])
+    high = max((int(r["step"]) for r in commits if float(r["time"]) < t_recovered),
+               default=-1)
+    later = [r for r in commits if float(r["time"]) >= t_recovered]
+    caught_up = next((float(r["time"]) for r in later if int(r["step"]) > high), math.nan)
+    whole = next((float(r["time"]) for r in later if int(r["workers"]) >= world_size),
+                 math.nan)
     return KillFigures(at=at, recovery_s=t_recovered - at, catch_up_s=caught_up - at,
                        whole_s=whole - at, lost=max(0, high - int(recovered["step"]) + 1))
 

@@ -11,22 +11,21 @@ plain ``torch.nn.parallel.DistributedDataParallel`` on Gloo, a checkpoint every
 ``--checkpoint-every`` steps and a resume from the newest one after torchrun restarted
 every worker. Both train the same float32 MLP on the same global batches.
 
-What the bench reads (``DIR``): ``started.jsonl``, every worker process's pid;
-``workers.jsonl``, one line per worker once it trains (pid, launch rank);
-``commits-<pid>.jsonl``, every worker's own log: a line per global step it committed,
-one per step it abandoned (elastic) and a final "done" (see ``faults_figures``). Every
-worker logs, so a step is on record even if the worker that logged first was killed
-between its commit and its write.
+What the bench reads (``DIR``), as ``potluck.metrics.journal`` records:
+``started.jsonl``, a ``hello`` from every worker process (its pid); ``workers.jsonl``, a
+``member`` per worker once it trains (pid, launch rank); ``commits-<pid>.jsonl``, every
+worker's own log: a ``step`` per global step it committed, a ``redo`` per step it
+abandoned (elastic) and a final ``done`` (see ``faults_figures``). Every worker logs,
+so a step is on record even if the worker that logged first was killed between its
+commit and its write.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +33,7 @@ from torch.utils.data import TensorDataset
 
 from potluck.data import DataCursor
 from potluck.env import read_worker_env
+from potluck.metrics.journal import Journal
 
 INPUTS, WIDTH, DEPTH = 256, 1024, 4
 
@@ -65,16 +65,6 @@ def workload() -> tuple[nn.Module, TensorDataset]:
     return nn.Sequential(*layers), data
 
 
-class RunLog:
-    """Appends one JSON line per record with a single ``write`` (O_APPEND: no tearing)."""
-
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, **record: Any) -> None:
-        os.write(self._fd, (json.dumps({**record, "t": time.time()}) + "\n").encode())
-
-
 def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
     import potluck
 
@@ -92,21 +82,25 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
     # (a restarted worker receives the live state here)
     model, opt, loader = potluck.prepare(net, sgd, data, cohort=cohort,
                                          global_batch=args.global_batch, seed=1)
-    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
-    RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=read_worker_env().rank,
-                                            admitted=admitted)
+    commits = Journal(run_dir / f"commits-{os.getpid()}.jsonl")
+    with Journal(run_dir / "workers.jsonl") as workers:
+        workers.write("member", launch_rank=read_worker_env().rank, rank=cohort.rank,
+                      generation=cohort.generation, workers=cohort.world_size,
+                      admitted=admitted)
     while opt.steps < args.steps:
         for x, y in loader:
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
             if opt.step().failed:  # the cohort is in its next generation now
-                commits.write(redo=opt.steps + 1, generation=cohort.generation)
+                commits.write("redo", step=opt.steps, generation=cohort.generation,
+                              workers=cohort.world_size)
             else:
-                commits.write(step=opt.steps, generation=cohort.generation,
-                              world=cohort.world_size)
+                commits.write("step", step=opt.steps - 1, generation=cohort.generation,
+                              workers=cohort.world_size)
             if opt.steps >= args.steps:
                 break
-    commits.write(done=opt.steps)
+    commits.write("done", steps=opt.steps)
+    commits.close()
     opt.finish()  # a restarted worker still waiting to be admitted exits by itself
 
 
@@ -126,20 +120,23 @@ def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:
     state = {"model": net, "optimizer": opt, "cursor": cursor}
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep=2, rank=rank)
     step = checkpoints.restore_latest(state) or 0  # after a restart: the newest one
-    commits = RunLog(run_dir / f"commits-{os.getpid()}.jsonl")
-    RunLog(run_dir / "workers.jsonl").write(pid=os.getpid(), rank=rank, resumed=step)
+    commits = Journal(run_dir / f"commits-{os.getpid()}.jsonl")
+    with Journal(run_dir / "workers.jsonl") as workers:
+        workers.write("member", launch_rank=read_worker_env().rank, rank=rank,
+                      generation=generation, workers=world_size, resumed=step)
     while step < args.steps:
         x, y = data[cursor.rank_indices(rank, world_size=world_size)]
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
         cursor.commit()
+        commits.write("step", step=step, generation=generation, workers=world_size)
         step += 1
-        commits.write(step=step, generation=generation, world=world_size)
         if step % args.checkpoint_every == 0:
             checkpoints.save(step, state, blocking=False)  # written in the background
     checkpoints.wait()
-    commits.write(done=step)
+    commits.write("done", steps=step)
+    commits.close()
     dist.destroy_process_group()
 
 
@@ -148,7 +145,9 @@ def main() -> None:
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
     # Every process the bench may have to clean up, even one that never got to train.
-    RunLog(run_dir / "started.jsonl").write(pid=os.getpid())
+    me = read_worker_env()
+    with Journal(run_dir / "started.jsonl") as started:
+        started.write("hello", launch_rank=me.rank, restart=me.restart_count)
     if args.mode == "elastic":
         train_elastic(args, run_dir)
     else:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -53,7 +52,7 @@ from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.errors import ConfigError, PotluckError
 from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
-from potluck.metrics.jsonl import JsonlWriter
+from potluck.metrics.journal import Journal, JournalFollower
 
 WORKER_MODULE = "potluck.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
@@ -154,34 +153,14 @@ def launch_config(config: ChaosConfig, token: str) -> LaunchConfig:
                         grace_period=3.0)
 
 
-class RecordFollower:
-    """New complete JSON lines of every ``*.jsonl`` in a directory, file by file."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._offsets: dict[Path, int] = {}
-
-    def poll(self) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        for path in sorted(self.directory.glob("*.jsonl")):
-            offset = self._offsets.get(path, 0)
-            with path.open("rb") as file:
-                file.seek(offset)
-                chunk = file.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-            self._offsets[path] = offset + len(complete)
-            records.extend(json.loads(line) for line in complete.splitlines() if line.strip())
-        return records
-
-
 class ChaosDriver:
     """A thread that follows the run, prints it live, and kills the victim once it stopped."""
 
     def __init__(self, config: ChaosConfig, out: Callable[[str], None]) -> None:
         self.config, self.out = config, out
         self.records: list[dict[str, Any]] = []
-        self._follower = RecordFollower(config.run_dir)
-        self._journal = JsonlWriter(config.run_dir / "driver.jsonl")
+        self._follower = JournalFollower(config.run_dir)
+        self._journal = Journal(config.run_dir / "driver.jsonl")
         self._shown: set[tuple[str, int]] = set()
         self._killed = False
         self._stop = threading.Event()
@@ -261,9 +240,8 @@ class ChaosDriver:
         self._killed = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim.pid, signal.SIGKILL)
-        self._journal.write({"kind": "kill", "pid": os.getpid(), "target": victim.pid,
-                             "launch_rank": victim.launch_rank,
-                             "after_step": run.held[victim.pid] - 1, "time": time.time()})
+        self._journal.write("kill", target=victim.pid, launch_rank=victim.launch_rank,
+                            after_step=run.held[victim.pid] - 1)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -342,14 +320,14 @@ def _print_header(config: ChaosConfig, launch: LaunchConfig) -> None:
 
 def _write_metrics(config: ChaosConfig, run: ChaosRun) -> None:
     p = config.preset
-    with JsonlWriter(config.metrics) as writer:
+    with Journal(config.metrics, truncate=True) as journal:
         for step in sorted(run.steps):
             record = run.steps[step]
             rate = p.global_batch / float(record["step_s"])
-            writer.write({"step": step, "loss": record["loss"], "step_s": record["step_s"],
-                          "samples_per_s": rate, "tokens_per_s": rate * p.context,
-                          "workers": record["workers"], "generation": record["generation"],
-                          "redone": step in run.redone})
+            journal.write("step", step=step, loss=record["loss"], step_s=record["step_s"],
+                          samples_per_s=rate, tokens_per_s=rate * p.context,
+                          workers=record["workers"], generation=record["generation"],
+                          redone=step in run.redone, at=float(record["time"]))
 
 
 def _print_report(config: ChaosConfig, run: ChaosRun) -> None:

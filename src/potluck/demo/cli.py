@@ -75,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"({FULL.global_batch}; {QUICK.global_batch} with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="seed of corpus, model, data (0)")
     parser.add_argument("--metrics", type=Path, default=Path("runs/demo/metrics.jsonl"),
-                        help="per-step JSON lines: step, loss, step_s, samples_per_s, "
-                             "tokens_per_s, sync_s, lr, workers (runs/demo/metrics.jsonl)")
+                        help="per-step JSON lines (potluck.metrics.journal 'step' records): "
+                             "step, loss, step_s, samples_per_s, tokens_per_s, sync_s, lr, "
+                             "workers (runs/demo/metrics.jsonl)")
     parser.add_argument("--baseline-steps", type=int, default=None,
                         help=f"steps of the 1-worker phase that measures the speedup "
                              f"({FULL.baseline_steps}; {QUICK.baseline_steps} with --quick)")

@@ -3,19 +3,10 @@
 One process (one incarnation of one worker) joins or founds the cohort with
 ``potluck.init()`` and ``potluck.prepare``, trains the demo's character transformer on its share of
 every global step, and appends what happened to ``<run dir>/worker-<rank>-<pid>.jsonl``,
-because the launcher passes nothing back but exit codes. Records, by ``kind``:
-
-``hello``   before joining: launch rank, restart count, pid (what the chaos driver kills)
-``member``  in the cohort: worker id, generation, rank, world size, joined late or not
-``joined``  a restarted worker received the live state: at which step
-``step``    a committed step, written by the cohort's rank 0 (loss of its own share)
-``redo``    a step whose collectives failed (every survivor; world size of those who redo it)
-``event``   a membership change (every member): generation, cause, left, joined, ...
-``held``    the chaos victim stopped once ``step`` steps had committed, for the driver's SIGKILL
-``waited``  rank 0 waited for a restarted worker to ask to join: after how many steps, how long
-``done``    the loop ended: steps, redone steps, and on rank 0 a sample of generated text
-
-Every record carries ``time`` (wall clock, seconds) and the writer's ``pid``.
+because the launcher passes nothing back but exit codes. The records (``hello``,
+``member``, ``joined``, ``step``, ``redo``, ``event``, ``held``, ``waited``, ``done``) and
+their fields are those of ``potluck.metrics.journal``; rank 0 alone writes ``step`` and
+``waited``.
 """
 
 from __future__ import annotations
@@ -25,7 +16,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -36,7 +26,7 @@ from potluck.demo.model import CharTransformer, ModelConfig, generate, language_
 from potluck.demo.text import Vocabulary, batch_offsets, load_corpus
 from potluck.demo.train import learning_rate
 from potluck.env import read_worker_env
-from potluck.metrics.jsonl import JsonlWriter
+from potluck.metrics.journal import Journal
 from potluck.step import StepTransaction
 
 PEAK_LR, WARMUP_STEPS, SAMPLE_PROMPT = 3e-3, 20, "def "
@@ -60,20 +50,6 @@ class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         start = int(self.offsets[index])
         window = self.tokens[start : start + self.context + 1]
         return window[:-1], window[1:]
-
-
-class Journal:
-    """This incarnation's record file; one JSON line per record, flushed as written."""
-
-    def __init__(self, run_dir: Path, launch_rank: int) -> None:
-        self.pid = os.getpid()
-        self._writer = JsonlWriter(run_dir / f"worker-{launch_rank}-{self.pid}.jsonl")
-
-    def write(self, kind: str, **fields: Any) -> None:
-        self._writer.write({"kind": kind, "time": time.time(), "pid": self.pid, **fields})
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 class StepWatch:
@@ -155,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     me = read_worker_env()
-    journal = Journal(args.run_dir, me.rank)
+    journal = Journal(args.run_dir / f"worker-{me.rank}-{os.getpid()}.jsonl")
     journal.write("hello", launch_rank=me.rank, restart=me.restart_count)
     text = load_corpus(args.corpus_chars, args.seed)
     vocab = Vocabulary.from_text(text)

@@ -6,10 +6,11 @@ forward / backward / step / zero_grad; potluck comes in only as the wrapped mode
 writes the per-step JSONL (the demo process follows it for its progress bar); every rank
 returns its timings, and rank 0 also a sample of generated text.
 
-A JSONL record: ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time
-for the whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s),
-``sync_s`` (first gradient bucket launched to last one reduced; overlaps backward),
-``lr`` and ``workers``.
+A metrics record is a ``step`` record of ``potluck.metrics.journal`` (``kind``, ``time``,
+``pid``): ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time for the
+whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s), ``sync_s``
+(first gradient bucket launched to last one reduced; overlaps backward), ``lr``,
+``workers`` and ``generation`` (always 0: the plain demo's membership never changes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from potluck.checkpoint import CheckpointManager, DistributedRng
 from potluck.cohort import Cohort
 from potluck.demo.model import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
-from potluck.metrics.jsonl import JsonlWriter
+from potluck.metrics.journal import Journal
 from potluck.metrics.latency import RoundTrips, measure_round_trips
 from potluck.metrics.sync_timer import SyncTimer
 from potluck.reducer import DataParallel
@@ -92,7 +93,7 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
     if checkpoints is not None and config.resume:
         result.first_step = checkpoints.restore_latest(state) or 0
 
-    writer = (JsonlWriter(config.metrics_path, append=result.first_step > 0)
+    journal = (Journal(config.metrics_path, truncate=result.first_step == 0)
               if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
     try:
@@ -103,9 +104,9 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
             result.losses.append(record["loss"])
             result.step_s.append(record["step_s"])
             result.sync_s.append(record["sync_s"])
-            if writer is not None:
-                writer.write({**record, "lr": optimizer.param_groups[0]["lr"],
-                              "workers": world_size})
+            if journal is not None:
+                journal.write("step", **record, lr=optimizer.param_groups[0]["lr"],
+                              workers=world_size, generation=0)
             done = step + 1
             if checkpoints is not None and (
                 done == run_steps
@@ -115,8 +116,8 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
         if checkpoints is not None:
             checkpoints.wait()
     finally:
-        if writer is not None:
-            writer.close()
+        if journal is not None:
+            journal.close()
 
     result.round_trips = measure_round_trips(ddp.group, result.n_params, config.latency_repeats)
     if rank == 0 and config.sample_chars > 0:
@@ -145,7 +146,7 @@ def _train_step(
     step: int,
     config: TrainConfig,
 ) -> dict[str, Any]:
-    """One global step; returns its JSONL record (loss is the global-batch mean)."""
+    """One global step; returns its metrics (loss is the global-batch mean)."""
     context = config.model.context
     start = time.perf_counter()
     offsets = batch_offsets(step, config.seed, tokens.numel(), context, config.global_batch)

@@ -1,4 +1,4 @@
-"""Seeing a run: the standard DDP figures, per-step JSONL records, sync timing."""
+"""Seeing a run: the standard DDP figures, the JSON-lines journal of records, sync timing."""
 
 from potluck.metrics.figures import (
     LatencySummary,
@@ -10,18 +10,19 @@ from potluck.metrics.figures import (
     summarize_latency,
     throughput,
 )
-from potluck.metrics.jsonl import JsonlWriter, read_jsonl
+from potluck.metrics.journal import Journal, JournalFollower, read_journal
 from potluck.metrics.latency import RoundTrips, measure_round_trips
 from potluck.metrics.sync_timer import SyncTimer
 
 __all__ = [
-    "JsonlWriter",
+    "Journal",
+    "JournalFollower",
     "LatencySummary",
     "RoundTrips",
     "ScalingFigures",
     "SyncTimer",
     "measure_round_trips",
-    "read_jsonl",
+    "read_journal",
     "scaling_efficiency",
     "scaling_figures",
     "speedup",
