@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from potluck.bench.faults import FaultsConfig, kill_due
 from potluck.bench.faults_figures import goodput, run_figures, summarize
 
 
@@ -136,3 +137,47 @@ def test_every_worker_logs_and_each_step_counts_once() -> None:
     assert (figures.steps, figures.commits, figures.steps_lost, figures.redone) == (7, 7, 0, 1)
     assert figures.kills[0].recovery_s == pytest.approx(3.1 - 1.45)
     assert figures.wall_s == pytest.approx(3.2 - 1.0)
+
+
+CONFIG = FaultsConfig(workers=3, steps=200, kill_every=2.0, checkpoint_every=10)
+
+
+@pytest.mark.timeout(10)
+def test_first_kill_waits_for_kill_every_seconds_of_full_strength() -> None:
+    commits = steady(range(0, 30), 100.0)  # 0.1 s a step
+    assert not kill_due(CONFIG, commits, [], now=101.9)
+    assert kill_due(CONFIG, commits, [], now=102.0)
+    starting = [*steady(range(0, 5), 100.0, world=2), *steady(range(5, 30), 100.5)]
+    assert not kill_due(CONFIG, starting, [], now=102.4)  # counts from the first whole step
+    assert kill_due(CONFIG, starting, [], now=102.5)
+
+
+@pytest.mark.timeout(10)
+def test_a_slow_job_gets_past_its_next_checkpoint_before_the_next_kill() -> None:
+    # torchrun, restarted at generation 1 from the checkpoint at step 10, 0.5 s a step:
+    # 2 s of training is 4 steps, so a wall-clock rule alone would kill it before step 20
+    # was saved, for ever. The rule waits for checkpoint_every + 1 whole steps.
+    before = steady(range(0, 14), 100.0, every=0.5)
+    after = steady(range(10, 30), 120.0, generation=1, every=0.5)
+    kills = [107.2]
+    assert not kill_due(CONFIG, [*before, *after[:10]], kills, now=200.0)
+    assert kill_due(CONFIG, [*before, *after[:11]], kills, now=200.0)
+
+
+@pytest.mark.timeout(10)
+def test_after_a_kill_only_the_next_generation_with_every_worker_counts() -> None:
+    before = steady(range(0, 20), 100.0)
+    late = [commit(20, 102.05)]  # the old generation, landing just after the kill at 102.0
+    shrunk = steady(range(21, 60), 102.3, generation=1, world=2)
+    kills = [102.0]
+    assert not kill_due(CONFIG, [*before, *late, *shrunk], kills, now=200.0)
+    whole = steady(range(60, 72), 106.3, generation=2)
+    assert not kill_due(CONFIG, [*before, *late, *shrunk, *whole], kills, now=108.2)
+    assert kill_due(CONFIG, [*before, *late, *shrunk, *whole], kills, now=108.3)
+
+
+@pytest.mark.timeout(10)
+def test_no_kill_near_the_end() -> None:
+    commits = steady(range(0, 185), 100.0)  # 15 steps of 0.1 s left: 1.5 s < end_margin 2
+    assert not kill_due(CONFIG, commits, [], now=200.0)
+    assert kill_due(CONFIG, commits[:175], [], now=200.0)  # 25 left: 2.5 s

@@ -8,10 +8,11 @@ batch, a fixed number of global steps) one after the other, interleaved over rou
 - ``torchrun``, ``torchrun+kills``: ``torch.distributed.run`` with plain DDP, a
   checkpoint every C steps; on a kill torchrun restarts every worker from the newest.
 
-This process is the killer: it waits until every worker trains (``workers.jsonl``),
-then SIGKILLs one (the same sequence of launch ranks for both systems) every T seconds,
-and stops a few seconds before the end. The figures come from the logs
-(``faults_figures``). Every process is reaped on success, failure and Ctrl-C.
+This process is the killer: once every worker trains (``workers.jsonl``) and the job has
+committed at full strength for T seconds and C + 1 steps (``kill_due``), it SIGKILLs one
+(the same sequence of launch ranks for both systems); never a few seconds before the end.
+The figures come from the logs (``faults_figures``). Every process is reaped on success,
+failure and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _JOB = "potluck.bench.faults_job"
 _POLL = 0.05
 _FINISH_GRACE_S = 4.0  # after "done": a restarted worker may wait for a finished cohort
 _MAX_RESTARTS = 50
+_STALL_S = 120.0  # no new step for this long: the job is stuck
 
 
 class BenchError(PotluckError):
@@ -274,17 +276,11 @@ def _environ() -> dict[str, str]:
 
 def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
            run_dir: Path, kills: list[float], victims: random.Random) -> None:
-    """Wait for the job to end; with kills, SIGKILL a worker once the job has trained
-    at full strength for ``kill_every`` seconds (since its first step, or since every
-    worker trains again after the last kill). A fixed wall-clock rate instead would
-    never let a job whose restart takes longer than the period make progress."""
-    limit = 60.0 + 1.5 * config.steps  # far beyond any sane run: a stuck job
-    started, done_at = time.monotonic(), None
+    """Wait for the job to end, SIGKILLing a worker now and then (``_maybe_kill``).
+    A job that commits no step beyond its highest for ``_STALL_S`` seconds is stuck."""
+    progress_at, high, done_at = time.monotonic(), -1, None
     while launcher.poll() is None:
         now = time.monotonic()
-        if now - started > limit:
-            raise BenchError(f"{name}: the job did not finish within {limit:g} s; "
-                             f"its output ends with:\n{_tail(run_dir / 'launcher.log')}")
         records = _commit_records(run_dir)
         if done_at is None and any(r["kind"] == "done" for r in records):
             done_at = now
@@ -292,39 +288,63 @@ def _drive(launcher: subprocess.Popen[bytes], name: str, config: FaultsConfig,
             return  # _reap stops whatever is left (the job calls finish(): nothing should be)
         commits = sorted((r for r in records if r["kind"] == "step"),
                          key=lambda r: float(r["time"]))
+        newest = max((int(r["step"]) for r in commits), default=-1)
+        if newest > high:
+            progress_at, high = now, newest
+        elif now - progress_at > _STALL_S:
+            raise BenchError(f"{name}: no step beyond step {high} for {_STALL_S:g} s; the job "
+                             f"is stuck. Its output ends with:\n"
+                             f"{_tail(run_dir / 'launcher.log')}")
         if name.endswith("+kills") and commits and done_at is None:
             _maybe_kill(config, run_dir, commits, kills, victims)
         time.sleep(_POLL)
 
 
-def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any]],
-                kills: list[float], victims: random.Random) -> None:
-    """SIGKILL one worker if the job trained whole for ``kill_every`` s and is not about
-    to end (a worker restarted then could find the job gone)."""
-    training = _training_workers(run_dir)
-    if len(training) < config.workers:  # still recovering from the last kill
-        return
-    whole_since = (max(t for _, t in training.values()) if kills
-                   else float(commits[0]["time"]))
-    if time.time() < whole_since + config.kill_every:
-        return
+def kill_due(config: FaultsConfig, commits: list[dict[str, Any]], kills: list[float],
+             now: float) -> bool:
+    """Whether the job has trained at full strength long enough for the next kill (pure).
+
+    Full strength: commits with every worker in, of a generation after the last kill
+    (a commit of the old generation can land just after it). The next kill waits for
+    ``kill_every`` seconds from the first such commit *and* for ``checkpoint_every + 1``
+    of them, so that a job restarted from a checkpoint always gets past its next one: a
+    wall-clock period alone, shorter than ``checkpoint_every`` steps on a slow machine,
+    would keep torchrun at its checkpoint for ever. No kill within ``end_margin``
+    seconds of the expected end (a restarted worker could find the job gone).
+    """
+    gone = max((int(r["generation"]) for r in commits
+                if kills and float(r["time"]) <= kills[-1]), default=-1)
+    whole = [r for r in commits
+             if int(r["workers"]) >= config.workers and int(r["generation"]) > gone]
+    if len({int(r["step"]) for r in whole}) < config.checkpoint_every + 1:
+        return False
+    if now < float(whole[0]["time"]) + config.kill_every:
+        return False
     latest = sorted({int(r["step"]): float(r["time"]) for r in commits}.items())[-11:]
     step_s = (latest[-1][1] - latest[0][1]) / max(1, len(latest) - 1)  # roughly
-    if (config.steps - 1 - latest[-1][0]) * step_s < config.end_margin:  # steps from 0
+    return (config.steps - 1 - latest[-1][0]) * step_s >= config.end_margin  # steps from 0
+
+
+def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any]],
+                kills: list[float], victims: random.Random) -> None:
+    """SIGKILL one worker, the next of ``victims``, if ``kill_due`` and every worker
+    trains (the launcher has restarted the last one killed)."""
+    training = _training_workers(run_dir)
+    if len(training) < config.workers or not kill_due(config, commits, kills, time.time()):
         return
-    pid = training[victims.randrange(config.workers)][0]
+    pid = training[victims.randrange(config.workers)]
     with contextlib.suppress(ProcessLookupError):  # only that process: a crash
         os.kill(pid, signal.SIGKILL)
     with Journal(run_dir / "kills.jsonl") as log:  # for a look at the run afterwards
         kills.append(float(log.write("kill", target=pid)["time"]))
 
 
-def _training_workers(run_dir: Path) -> dict[int, tuple[int, float]]:
-    """Launch rank -> (pid, since when it trains) of the live workers that train."""
+def _training_workers(run_dir: Path) -> dict[int, int]:
+    """Launch rank -> pid of the live workers that train."""
     found = {}
     for record in read_journal(run_dir / "workers.jsonl"):
         if _ours(int(record["pid"])):
-            found[int(record["launch_rank"])] = (int(record["pid"]), float(record["time"]))
+            found[int(record["launch_rank"])] = int(record["pid"])
     return found
 
 
