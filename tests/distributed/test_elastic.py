@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from potluck.cohort import Cohort
 from potluck.harness.elastic_job import (
     ElasticJob,
     ledger_problems,
@@ -102,20 +103,35 @@ def test_a_lone_survivor_trains_on_alone(tmp_path: Path) -> None:
     del store
 
 
+TRAINING_KEY = "test/founders-train"  # rank 0 committed a step: the cohort is founded
+
+
 def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
-    # rank 2 is a late worker: the cohort is already training when it joins
+    from torch.distributed import TCPStore
+
+    # Rank 2 is a late worker: it joins once the founders train (an event, not a head
+    # start: a founder's slow start-up could otherwise let rank 2 found the cohort). The
+    # founders then wait at step 3 until it asks to join, so it is admitted mid-run on any
+    # machine; rank 1 leaves two steps after that, and rank 2 stays to the end.
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=100))
     worker = start_worker(JOIN_JOB, f"worker-{rank}", "127.0.0.1", port,
-                          before_join=(lambda: time.sleep(1.5)) if rank == 2 else None)
+                          before_join=(lambda: store.wait([TRAINING_KEY]))
+                          if rank == 2 else None)
     cohort, model, cursor, opt = worker.cohort, worker.model, worker.cursor, worker.optimizer
     opt.leave_on_sigterm()
-    sizes, asked = [], False
+    sizes: list[int] = []
+    grown_at = None
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < JOIN_JOB.epochs and not opt.left:
             for index, x, y in worker.loader:
-                time.sleep(0.15)  # stand-in for real compute, so the joiner arrives mid-run
-                if rank == 1 and cohort.world_size == 3 and opt.steps >= 14 and not asked:
+                if rank == 0 and opt.steps == 1:
+                    store.set(TRAINING_KEY, "1")
+                if rank < 2 and opt.steps == 3 and cohort.world_size == 2:
+                    wait_for_joiner(cohort)
+                if grown_at is None and cohort.world_size == 3:
+                    grown_at = opt.steps
+                if rank == 1 and grown_at is not None and opt.steps == grown_at + 2:
                     os.kill(os.getpid(), signal.SIGTERM)  # the owner wants the GPU back
-                    asked = True
                 epoch = cursor.epoch
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
@@ -125,7 +141,17 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
                     sizes.append(cohort.world_size)
     cohort.close()
     return {"params": params(model.module), "left": opt.left, "sizes": sizes,
-            "events": cohort.events, "joined_late": cohort.joined_late}
+            "events": cohort.events, "joined_late": cohort.joined_late,
+            "redone": opt.redone}
+
+
+def wait_for_joiner(cohort: Cohort, limit: float = 90.0) -> None:
+    """Until a worker waits to be admitted (at the cohort's next boundary)."""
+    deadline = time.monotonic() + limit
+    while not cohort.pending_joiners():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank 2 did not ask to join within {limit:g} s")
+        time.sleep(0.02)
 
 
 JOIN_JOB = replace(JOB, epochs=6, expected=2, collective_timeout=20.0)
@@ -143,8 +169,10 @@ def test_worker_joins_with_live_state_and_another_leaves_gracefully(tmp_path: Pa
     assert joiner["joined_late"] and not founder["joined_late"]
     assert leaver["left"] and not founder["left"] and not joiner["left"]
     assert 3 in founder["sizes"] and founder["sizes"][-1] == 2  # grew to 3, shrank to 2
-    left = [e for e in founder["events"] if e["left"]]
-    assert left and left[0]["recovery_s"] < 1.5, "a graceful leave needs no timeout"
+    # A graceful leave is a boundary like an admission: no recovery, no step redone (a
+    # leave noticed by a timeout would be a recovery with a redone step).
+    assert [e["cause"] for e in founder["events"]] == ["boundary", "boundary"]
+    assert founder["events"][1]["left"] and founder["redone"] == joiner["redone"] == 0
     expected = single_process(JOIN_JOB)
     for result in (founder, joiner):
         for name, value in expected.items():

@@ -20,7 +20,7 @@ import torch
 
 from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
-from tests.distributed.test_elastic import assert_exactly_once
+from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once, wait_for_joiner
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 SETUP_S = 4.0  # the joiner's setup after joining: well past the collective timeout
@@ -31,10 +31,10 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
 
-    if rank == 2:
-        time.sleep(1.0)  # the founders are training when it arrives
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
                                        timeout=timedelta(seconds=30))
+    if rank == 2:
+        store.wait([TRAINING_KEY], timedelta(seconds=90))  # the founders train: it joins late
     config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
                               heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
     net = mlp()
@@ -49,7 +49,10 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < JOB.epochs:
             for index, x, y in loader:
-                time.sleep(0.1)
+                if rank == 0 and opt.steps == 1:
+                    store.set(TRAINING_KEY, "1")
+                if not cohort.joined_late and opt.steps == 3 and cohort.world_size == 2:
+                    wait_for_joiner(cohort)  # admitted mid-run however slow the machine
                 epoch = cursor.epoch
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
