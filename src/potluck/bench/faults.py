@@ -312,8 +312,9 @@ def kill_due(config: FaultsConfig, commits: list[dict[str, Any]], kills: list[fl
     would keep torchrun at its checkpoint for ever. No kill within ``end_margin``
     seconds of the expected end (a restarted worker could find the job gone).
     """
-    gone = max((int(r["generation"]) for r in commits
-                if kills and float(r["time"]) <= kills[-1]), default=-1)
+    last_kill = kills[-1] if kills else -math.inf
+    gone = max((int(r["generation"]) for r in commits if float(r["time"]) <= last_kill),
+               default=-1)
     whole = [r for r in commits
              if int(r["workers"]) >= config.workers and int(r["generation"]) > gone]
     if len({int(r["step"]) for r in whole}) < config.checkpoint_every + 1:
