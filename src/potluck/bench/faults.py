@@ -65,6 +65,7 @@ class FaultsConfig:
     """No kill when the job is expected to end within this many seconds."""
     seed: int = 0
     logs: str | None = None
+    contenders: tuple[str, ...] = CONTENDERS
 
     @property
     def global_batch(self) -> int:
@@ -78,6 +79,11 @@ class FaultsConfig:
                             self.checkpoint_every), ("--rounds", self.rounds)):
             if value < 1:
                 raise ConfigError(f"{flag} {value} must be at least 1")
+        unknown = [name for name in self.contenders if name not in CONTENDERS]
+        if unknown or not self.contenders:
+            raise ConfigError(f"--contenders {','.join(self.contenders)}: pick from "
+                              f"{','.join(CONTENDERS)}, comma-separated (e.g. --contenders "
+                              "potluck,potluck+kills)")
         if not self.kill_every > 0:
             raise ConfigError(f"--kill-every {self.kill_every:g} must be a positive number of "
                               "seconds between kills, e.g. --kill-every 8")
@@ -105,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="potluck job: seconds until a silent worker counts as gone")
     parser.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
                         help="potluck job: seconds before a collective fails (default 5)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), metavar="A,B",
+                        help="which of the four to run (default all; goodput needs a "
+                             "system's run without kills beside its run with them)")
     parser.add_argument("--seed", type=int, default=0, help="which workers get killed")
     parser.add_argument("--logs", metavar="DIR", help="keep every run's logs here")
     parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
@@ -122,6 +131,7 @@ def config_from_args(args: argparse.Namespace) -> FaultsConfig:
         rounds=rounds if args.rounds is None else args.rounds,
         heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
         seed=args.seed, logs=args.logs,
+        contenders=tuple(name.strip() for name in args.contenders.split(",") if name.strip()),
     ).validated()
 
 
@@ -155,7 +165,10 @@ def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | No
                for name in CONTENDERS}
     summary = {name: summarize(figures[name], figures[name.split("+")[0]]
                                if name.endswith("+kills") else ())
-               for name in CONTENDERS}
+               for name in CONTENDERS if name in config.contenders}
+    absent = summarize([], [])  # a contender not run: every figure "-"
+    ours, theirs = (summary.get(name, absent) for name in ("potluck+kills", "torchrun+kills"))
+    calm = {name: summary.get(name, absent) for name in ("potluck", "torchrun")}
     print(f"potluck bench faults: {config.workers} workers, gloo, kill every "
           f"{config.kill_every:g} s, {config.steps} steps of {config.global_batch} samples, "
           f"torchrun checkpoint every {config.checkpoint_every} steps, "
@@ -166,7 +179,6 @@ def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | No
                 [[name, s["kills"], s["steps_lost"], s["redone"], s["recovery_median_s"],
                   s["recovery_max_s"], s["whole_median_s"], s["wall_s"], s["steps_per_s"],
                   s["goodput"]] for name, s in summary.items()]))
-    ours, theirs = summary["potluck+kills"], summary["torchrun+kills"]
     ratios = {
         "goodput_potluck_over_torchrun": _ratio(ours["goodput"], theirs["goodput"]),
         "recovery_potluck_over_torchrun": _ratio(ours["recovery_median_s"],
@@ -174,7 +186,7 @@ def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | No
         "steps_per_s_potluck_over_torchrun_kills": _ratio(ours["steps_per_s"],
                                                           theirs["steps_per_s"]),
         "steps_per_s_potluck_over_torchrun_no_kills": _ratio(
-            summary["potluck"]["steps_per_s"], summary["torchrun"]["steps_per_s"]),
+            calm["potluck"]["steps_per_s"], calm["torchrun"]["steps_per_s"]),
     }
     print(f"with kills, potluck/torchrun: goodput {_fmt(ratios['goodput_potluck_over_torchrun'])}"
           f", recovery time {_fmt(ratios['recovery_potluck_over_torchrun'])}, steps/s "
@@ -217,8 +229,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def run_all(config: FaultsConfig, logs: Path) -> list[dict[str, Any]]:
     """Every contender ``rounds`` times, interleaved; one dict per run."""
     runs = []
-    for index, name in enumerate(interleaved(CONTENDERS, config.rounds)):
-        round_ = index // len(CONTENDERS)
+    for index, name in enumerate(interleaved(config.contenders, config.rounds)):
+        round_ = index // len(config.contenders)
         run_dir = logs / f"{round_}-{name.replace('+', '-')}"
         victims = random.Random(config.seed * 1000 + round_)  # same sequence per system
         figures, pids = run_contender(name, config, run_dir, victims)
