@@ -5,26 +5,66 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from __future__ import annotations
 
-from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
-from potluck.cohort import Cohort, init
-from potluck.data import DataCursor, ShardedLoader
-from potluck.errors import (
-    AdmissionError,
-    CheckpointError,
-    CommunicationError,
-    ConfigError,
-    CorruptCheckpointError,
-    CursorError,
-    ModelMismatchError,
-    PeerLostError,
-    PotluckError,
-    ReducerError,
-    RendezvousError,
-)
-from potluck.group import GroupHandle
-from potluck.prepare import prepare
-from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
-from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction, accumulate
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
+    from potluck.cohort import Cohort
+    from potluck.cohort.init import init
+    from potluck.data import DataCursor, ShardedLoader
+    from potluck.errors import (
+        AdmissionError,
+        CheckpointError,
+        CommunicationError,
+        ConfigError,
+        CorruptCheckpointError,
+        CursorError,
+        ModelMismatchError,
+        PeerLostError,
+        PotluckError,
+        ReducerError,
+        RendezvousError,
+    )
+    from potluck.group import GroupHandle
+    from potluck.preparation import prepare
+    from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
+    from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction
+    from potluck.step.accumulate import accumulate
+
+# Imported on first use: ``potluck run`` and ``potluck --help`` need none of it, and
+# the launcher starts its workers while it imports torch.
+_LAZY = {
+    "AdmissionError": "potluck.errors",
+    "Bucket": "potluck.reducer",
+    "CheckpointError": "potluck.errors",
+    "CheckpointManager": "potluck.checkpoint",
+    "Cohort": "potluck.cohort",
+    "CommunicationError": "potluck.errors",
+    "ConfigError": "potluck.errors",
+    "CorruptCheckpointError": "potluck.errors",
+    "CursorError": "potluck.errors",
+    "DataCursor": "potluck.data",
+    "DataParallel": "potluck.reducer",
+    "DistributedRng": "potluck.checkpoint",
+    "GroupHandle": "potluck.group",
+    "GuardedOptimizer": "potluck.step",
+    "MinimumSize": "potluck.step",
+    "ModelMismatchError": "potluck.errors",
+    "PeerLostError": "potluck.errors",
+    "PotluckError": "potluck.errors",
+    "ReducerError": "potluck.errors",
+    "RendezvousError": "potluck.errors",
+    "ShardedLoader": "potluck.data",
+    "StepTransaction": "potluck.step",
+    "accumulate": "potluck.step",
+    "allreduce_mean": "potluck.reducer",
+    "capture_rng": "potluck.checkpoint",
+    "init": "potluck.cohort",
+    "prepare": "potluck.preparation",
+    "restore_rng": "potluck.checkpoint",
+    "weighted_mean": "potluck.reducer",
+}
 
 __version__ = "0.1.0"
 
@@ -60,3 +100,16 @@ __all__ = [
     "restore_rng",
     "weighted_mean",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'potluck' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from potluck import __version__
+
 # (command, module, help); bench subcommands are nested under "bench".
 _COMMANDS = [
     ("run", "potluck.launch.cli", "launch a training script on N workers (torchrun-compatible)"),
@@ -30,25 +32,32 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """Every command is listed; only the one named in ``argv`` imports its module for
+    its flags, so ``potluck --help`` and ``potluck run`` do not wait for torch."""
+    named = [word for word in argv if not word.startswith("-")][:2]
     parser = argparse.ArgumentParser(
         prog="potluck",
         description="Distributed data-parallel training for PyTorch on uneven GPUs.",
     )
+    parser.add_argument("--version", action="version", version=f"potluck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command, module, help_ in _COMMANDS:
-        _module(module).add_arguments(sub.add_parser(command, help=help_, description=help_))
+        command_parser = sub.add_parser(command, help=help_, description=help_)
+        if named[:1] == [command]:
+            _module(module).add_arguments(command_parser)
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for command, module, help_ in _BENCHES:
-        _module(module).add_arguments(bench_sub.add_parser(command, help=help_,
-                                                           description=help_))
+        command_parser = bench_sub.add_parser(command, help=help_, description=help_)
+        if named == ["bench", command]:
+            _module(module).add_arguments(command_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(words).parse_args(words)
     table = dict((c, m) for c, m, _ in _COMMANDS)
     if args.command == "bench":
         table = dict((c, m) for c, m, _ in _BENCHES)

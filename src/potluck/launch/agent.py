@@ -25,9 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO
-
-from torch._C._distributed_c10d import TCPStore
+from typing import IO, TYPE_CHECKING
 
 from potluck import env as potluck_env
 from potluck import keys
@@ -42,14 +40,16 @@ from potluck.launch.report import (
     read_finished_file,
 )
 from potluck.launch.store import (
+    JobStore,
     check_in,
     count,
-    host_store,
-    join_store,
     mark_exited,
     meet,
     wait_for_count,
 )
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
 
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -109,15 +109,18 @@ class Agent:
 
     def _run(self) -> int:
         cfg = self.config
-        store = host_store(cfg) if cfg.node_rank == 0 else join_store(cfg, self._stopping)
+        job_store = JobStore(cfg, self._stopping)  # node 0: the port is bound, no torch yet
+        if cfg.node_rank > 0:
+            job_store.get()  # reach node 0 before starting workers that would need it
         if cfg.elastic:
-            return self._run_elastic(store)
+            return self._run_elastic(job_store)
         restarts = 0
         while True:
             if cfg.nnodes > 1:
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
-                meet(store, key, cfg.nnodes, cfg.join_timeout, self._stopping)
-            outcome, results = self._attempt(store, restarts)
+                meet(job_store.get(), key, cfg.nnodes, cfg.join_timeout, self._stopping)
+            outcome, results = self._attempt(job_store, restarts)
+            store = job_store.get()
             self._warn_teardown_deaths(results)
             if self._signal is not None:
                 self._check_out(store)
@@ -135,17 +138,18 @@ class Agent:
             self._emit(f"potluck run: restarting the workers ({restarts} of "
                        f"{cfg.max_restarts} restarts)")
 
-    def _run_elastic(self, store: TCPStore) -> int:
+    def _run_elastic(self, job_store: JobStore) -> int:
         """One attempt in which dead workers are restarted one by one. Nodes do not meet
         first: the cohort's rendezvous admits each worker whenever it arrives (a node of
         ``--nnodes MIN:MAX`` beyond MIN joins the running job)."""
         cfg = self.config
         started, done = (keys.agents(cfg.run_id, name) for name in ("started", "done"))
-        check_in(store, started)
         try:
-            outcome, results = self._attempt(store, 0)
+            outcome, results = self._attempt(job_store, 0,
+                                             spawned=lambda store: check_in(store, started))
         finally:
-            check_in(store, done)
+            check_in(job_store.get(), done)
+        store = job_store.get()
         self._warn_teardown_deaths(results)
         if self._signal is not None:
             return self._interrupted(results)
@@ -201,13 +205,18 @@ class Agent:
 
     # ------------------------------------------------------------------- one attempt
 
-    def _attempt(self, store: TCPStore, restarts: int) -> tuple[Outcome, list[WorkerResult]]:
-        port = store.port
+    def _attempt(self, job_store: JobStore, restarts: int,
+                 spawned: Callable[[TCPStore], None] = lambda store: None,
+                 ) -> tuple[Outcome, list[WorkerResult]]:
+        """Spawn this node's workers, then serve the store (node 0: the torch import
+        overlaps theirs), then watch them to the end."""
         workers: list[_Worker] = []
         with tempfile.TemporaryDirectory(prefix="potluck-run-") as tmp:
             try:
                 for local_rank in range(self.config.nproc_per_node):
-                    workers.append(self._spawn(local_rank, port, restarts, tmp))
+                    workers.append(self._spawn(local_rank, job_store.port, restarts, tmp))
+                store = job_store.get()
+                spawned(store)
                 if self.config.elastic:
                     outcome = self._monitor_elastic(workers, store, tmp)
                 else:
