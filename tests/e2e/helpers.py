@@ -31,6 +31,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def pids_in(output: str) -> list[int]:
-    """The pids that worker lines like ``[rank1]: pid 1234`` report."""
+    """The pids that worker lines like ``[rank1]: pid 1234`` (``[worker1]: ...`` under
+    --elastic) report."""
     return [int(line.split("pid ")[1].split()[0]) for line in output.splitlines()
-            if line.startswith("[rank") and "pid " in line]
+            if line.startswith(("[rank", "[worker")) and "pid " in line]

@@ -137,3 +137,15 @@ def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
     assert "joined at step 8 with the cohort's live state" in text1, text1[-2000:]
     assert f"epoch {EPOCHS - 1} done at step {8 * EPOCHS} with 2 workers" in text0
     assert_equal_to_one_process(out)
+
+
+@pytest.mark.timeout(60)
+def test_a_scripts_own_exit_code_3_is_a_failure_not_the_planned_stop() -> None:
+    """Exit code 3 is also the below-minimum stop's; only the worker's stop file (written
+    when it raised BelowMinimumError) makes it one. The stop itself is tested above."""
+    result = potluck_run("--nproc-per-node", "1", "--elastic", "--token", "s3cret",
+                         str(ROOT / "tests" / "e2e" / "scripts" / "exit_3.py"), timeout=50)
+    assert result.returncode == 1, result.stderr
+    assert "a worker was lost" in result.stderr
+    assert "exit code 3" in result.stderr
+    assert "below --min-workers" not in result.stderr

@@ -51,6 +51,21 @@ def test_torchrun_style_script_runs_under_potluck() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_log_dir_keeps_every_rank_and_the_filter_shows_one(tmp_path: Path) -> None:
+    """torchrun's --log-dir layout and --local-ranks-filter, as its recipe uses them."""
+    result = potluck_run("--nproc-per-node", "2", "--log-dir", str(tmp_path), "--rdzv-id",
+                         "job7", "--local-ranks-filter", "1", str(SCRIPTS / "say_rank.py"))
+    assert result.returncode == 0, result.stderr
+    assert "[rank1]: out from local rank 1" in result.stdout
+    assert "[rank1]: err from local rank 1" in result.stderr
+    assert "local rank 0" not in result.stdout + result.stderr
+    for rank in (0, 1):
+        folder = tmp_path / "job7" / "attempt_0" / str(rank)
+        assert (folder / "stdout.log").read_text() == f"out from local rank {rank}\n"
+        assert (folder / "stderr.log").read_text() == f"err from local rank {rank}\n"
+
+
+@pytest.mark.timeout(60)
 def test_failing_rank_is_reported_and_everything_stops() -> None:
     started = time.monotonic()
     result = potluck_run("--nproc-per-node", "2", "--grace-period", "2",

@@ -3,6 +3,7 @@ retention, async saves and their errors, RNG round trips."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 from pathlib import Path
@@ -116,6 +117,49 @@ def test_async_error_surfaces_at_next_save(tmp_path: Path) -> None:
         manager.save(2, state(2))
     manager.save(3, state(3))  # the error was reported once; saving works again
     assert [s for s, _ in manager.checkpoints()] == [3]
+
+
+def test_a_file_where_the_directory_should_be_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "ckpts"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match=f"checkpoint directory {blocker} is a file"):
+        CheckpointManager(blocker)
+    with pytest.raises(CheckpointError, match=f"cannot write checkpoints in {blocker / 'sub'}"):
+        CheckpointManager(blocker / "sub")
+    CheckpointManager(blocker, rank=1)  # a rank that never writes does not check
+
+
+def _read_only(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.EROFS, "Read-only file system", "/ckpts/.ckpt-000000000001.pt.tmp-1")
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
+def test_a_refused_write_is_one_clear_error_and_the_old_checkpoint_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocking: bool) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state(1))
+    monkeypatch.setattr("potluck.checkpoint.manager.write_checkpoint", _read_only)
+    with pytest.raises(CheckpointError, match="failed: Read-only file system; the newest "
+                                              "checkpoint before it is intact") as caught:
+        manager.save(2, state(2), blocking=blocking)
+        manager.wait()
+    assert isinstance(caught.value.__cause__, OSError)
+    monkeypatch.undo()
+    assert manager.load_latest().step == 1  # type: ignore[union-attr]
+
+
+def test_atomic_write_raises_the_writes_error_not_the_cleanups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    def write(file: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.raises(OSError, match="No space left") as caught:
+        atomic_write(tmp_path / "x", write)
+    assert caught.value.__context__ is None  # the cleanup's failure is not chained in
 
 
 def test_stateful_objects_restore(tmp_path: Path) -> None:

@@ -177,6 +177,12 @@ def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
         (("--min-workers-timeout", "0", "--elastic", "t.py"), "positive number of seconds"),
         (("--master-port", "99999", "t.py"), "not a TCP port"),
         (("--rdzv-endpoint", "nohost", "t.py"), "HOST:PORT"),
+        (("--nproc-per-node", "-1", "t.py"), "--nproc-per-node -1 must be at least 1"),
+        (("--rdzv-backend", "etcd", "t.py"), "--rdzv-backend 'etcd'.*use --rdzv-backend c10d"),
+        (("--monitor-interval", "0", "t.py"), "--monitor-interval 0 must be a positive"),
+        (("--local-ranks-filter", "0,x", "t.py"), "local ranks separated by commas"),
+        (("--local-ranks-filter", "2", "--nproc-per-node", "2", "t.py"),
+         r"local rank\(s\) \[2\], but this node runs 2 worker\(s\): use 0..1"),
     ],
 )
 def test_bad_flags_name_the_value(argv: tuple[str, ...], needle: str) -> None:
@@ -195,8 +201,73 @@ def test_elastic_range_and_minimum_reach_the_workers() -> None:
             environ["POTLUCK_MIN_WORKERS_TIMEOUT"]) == ("2", "3", "7.5")
     worker = read_worker_env(environ)
     assert (worker.founders, worker.min_workers, worker.min_workers_timeout) == (2, 3, 7.5)
-    fixed = cli.config_from_args(_parse("--nnodes", "2", "--elastic", "t.py"))
+    fixed = cli.config_from_args(_parse("--nnodes", "2", "--elastic", "--token", "t", "t.py"))
     assert (fixed.min_nodes, fixed.founders) == (None, 2)
+
+
+def test_torchrun_multi_node_recipe_flags_are_accepted() -> None:
+    """The flags of PyTorch's multi-node torchrun recipe, as users copy them."""
+    config = cli.config_from_args(_parse(
+        "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-id", "job7", "--rdzv-backend",
+        "c10d", "--rdzv-endpoint", "10.0.0.5:29400", "--rdzv-conf", "join_timeout=900",
+        "--monitor-interval", "1", "--log-dir", "logs", "--local-ranks-filter", "1,0,1",
+        "--max-restarts", "3", "train.py"))
+    assert (config.run_id, config.master_addr, config.master_port) == ("job7", "10.0.0.5",
+                                                                       29400)
+    assert (config.log_dir, config.local_ranks_filter) == ("logs", (0, 1))
+    assert cli.config_from_args(_parse("t.py")).local_ranks_filter is None
+
+
+def test_an_unwritable_log_dir_is_refused_before_any_worker_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code = cli.main(_parse("--log-dir", str(blocker / "logs"), __file__))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--log-dir {blocker / 'logs'}: cannot write there" in err
+    assert "Traceback" not in err
+
+
+def test_the_token_comes_from_the_flag_a_file_or_the_environment(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("from-file\nignored second line\n")
+    env = {"POTLUCK_TOKEN": "from-env"}
+    assert cli.resolve_token("from-flag", None, env) == "from-flag"
+    assert cli.resolve_token(None, str(secret), env) == "from-file"
+    assert cli.resolve_token(None, None, env) == "from-env"
+    assert cli.resolve_token(None, None, {}) is None
+    with pytest.raises(ConfigError, match="keep one"):
+        cli.resolve_token("a", str(secret), {})
+    with pytest.raises(ConfigError, match=f"--token-file {tmp_path / 'absent'}: cannot read it"):
+        cli.resolve_token(None, str(tmp_path / "absent"), {})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty: write the secret on its first line"):
+        cli.resolve_token(None, str(tmp_path / "empty"), {})
+
+
+def test_an_elastic_job_without_a_token_is_refused_before_any_worker_starts(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("POTLUCK_TOKEN", raising=False)
+    assert cli.main(_parse("--elastic", __file__)) == 2
+    err = capsys.readouterr().err
+    assert "--elastic needs the job's shared secret" in err
+    assert "export POTLUCK_TOKEN" in err and "--token-file" in err
+    monkeypatch.setenv("POTLUCK_TOKEN", "from-env")
+    config = cli.require_token(cli.config_from_args(_parse("--elastic", "t.py")))
+    assert config.token == "from-env"
+    assert cli.require_token(cli.config_from_args(_parse("t.py"))).elastic is False
+
+
+def test_a_missing_script_is_refused_before_any_worker_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "trian.py"
+    assert cli.main(_parse(str(missing))) == 2
+    err = capsys.readouterr().err
+    assert f"no script file '{missing}'" in err and "Traceback" not in err
+    assert cli.main(_parse(str(tmp_path))) == 2
+    assert "it is a directory" in capsys.readouterr().err
+    cli.check_script(cli.config_from_args(_parse("-m", "some.module")))  # not looked up
 
 
 def test_nproc_auto() -> None:

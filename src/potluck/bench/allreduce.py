@@ -26,7 +26,8 @@ _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=_DEFAULT_SIZES,
                         help=f"message sizes in bytes (K/M suffixes), default {_DEFAULT_SIZES}")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="local processes taking part in each all-reduce (default 2)")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds per size")
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")

@@ -23,10 +23,13 @@ from potluck.harness.ranks import run_ranks
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="mlp,transformer",
                         help="comma-separated subset of: mlp, transformer")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="local processes per contender, at least 2 (default 2)")
     parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="gradient bucket size in MB, the same for both contenders "
+                             "(default 25, torch DDP's)")
     parser.add_argument("--quick", action="store_true", help="a short run (< 60 s)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 

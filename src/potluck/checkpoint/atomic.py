@@ -9,6 +9,7 @@ they never match a checkpoint's name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -45,6 +46,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(file.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        # The write's own error is the one to see: a directory that refused the write
+        # may refuse the cleanup too, and that second error would only hide the first.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)

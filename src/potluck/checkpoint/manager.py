@@ -13,6 +13,7 @@ it must be visible to all of them.
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -74,7 +75,8 @@ class PendingSave:
             self._thread.join()
         error, self._error = self._error, None
         if error is not None:
-            raise CheckpointError(f"background write of {self.path} failed: {error}") from error
+            raise CheckpointError(f"background write of {self.path} failed: {_reason(error)}; "
+                                  "the newest checkpoint before it is intact") from error
         return self.path
 
 
@@ -100,7 +102,7 @@ class CheckpointManager:
         self.keep, self.rank, self.weights_only = keep, rank, weights_only
         self._pending = PendingSave(None)
         if self.is_writer:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self._prepare_directory()
             self._remove_temp_files()
 
     @property
@@ -124,7 +126,11 @@ class CheckpointManager:
             return PendingSave(None)
         path = self.directory / checkpoint_name(step)
         if blocking:
-            self._write(path, step, resolved)
+            try:
+                self._write(path, step, resolved)
+            except OSError as error:
+                raise CheckpointError(f"writing {path} failed: {_reason(error)}; the newest "
+                                      "checkpoint before it is intact") from error
             return PendingSave(path)
         snapshot = cpu_copy(resolved)  # training may change the originals from now on
         self._pending = PendingSave.start(path, lambda: self._write(path, step, snapshot))
@@ -185,9 +191,33 @@ class CheckpointManager:
         if old:
             fsync_dir(self.directory)
 
+    def _prepare_directory(self) -> None:
+        """The writer's directory exists and takes files, or a clear error now (not at
+        the first save, minutes into training)."""
+        where = self.directory
+        if where.exists() and not where.is_dir():
+            raise CheckpointError(f"checkpoint directory {where} is a file: move it away or "
+                                  "pass another directory to CheckpointManager")
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=where, prefix=".potluck-probe-"):
+                pass
+        except OSError as error:
+            raise CheckpointError(
+                f"cannot write checkpoints in {where}: {_reason(error)}; pass a directory "
+                "this process can write (on a filesystem every rank can read, to resume)"
+            ) from error
+
     def _remove_temp_files(self) -> None:
         """Temp files are what a killed writer leaves behind; they never count."""
         for path in self.directory.iterdir():
             if is_temp(path) and path.name.startswith(".ckpt-"):
                 log.info("rank %d: removing unfinished checkpoint %s", self.rank, path)
                 path.unlink(missing_ok=True)
+
+
+def _reason(error: BaseException) -> str:
+    """``[Errno 30] Read-only file system: '/x'`` -> ``Read-only file system``."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__

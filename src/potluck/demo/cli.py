@@ -66,7 +66,8 @@ class DemoConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__
+    parser.description = (__doc__ or "").replace("``", "")  # reST markup, not help text
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep its paragraphs
     parser.add_argument("--workers", type=int, default=2, help="local worker processes (2)")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"global steps ({FULL.steps}; {QUICK.steps} with --quick)")

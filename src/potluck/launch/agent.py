@@ -38,6 +38,8 @@ from potluck.launch.report import (
     format_teardown_warning,
     read_error_file,
     read_finished_file,
+    stop_file,
+    stopped_below_minimum,
 )
 from potluck.launch.store import (
     JobStore,
@@ -69,6 +71,10 @@ class _Worker:
     def ended_well(self, code: int) -> bool:
         """Exit code 0, or its script ran to the end before the process died anyway."""
         return code == 0 or read_finished_file(self.finished_file) is not None
+
+    def stopped_below_minimum(self, code: int) -> bool:
+        """The cohort's planned stop (not a script's own ``sys.exit(3)``)."""
+        return code == BelowMinimumError.EXIT_CODE and stopped_below_minimum(self.finished_file)
 
 
 class Agent:
@@ -230,8 +236,9 @@ class Agent:
         cfg = self.config
         error_file = os.path.join(tmp, f"error-{local_rank}.json")
         finished_file = os.path.join(tmp, f"finished-{local_rank}")
-        with contextlib.suppress(FileNotFoundError):  # left by a restarted worker's forebear
-            os.remove(finished_file)
+        for leftover in (finished_file, stop_file(finished_file)):
+            with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
+                os.remove(leftover)
         environ = worker_environ(
             cfg, local_rank=local_rank, master_port=port, restart_count=restarts,
             base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
@@ -245,21 +252,38 @@ class Agent:
         )
         rank = cfg.node_rank * cfg.nproc_per_node + local_rank
         worker = _Worker(rank, local_rank, proc, error_file, finished_file)
-        prefix = f"[rank{rank}]: ".encode()
-        for stream, sink in zip((proc.stdout, proc.stderr), self._sinks, strict=True):
+        # An elastic worker's rank in the cohort changes with the generations (its log
+        # lines say "[rank R]"): its prefix names the launcher's slot instead.
+        prefix = (f"[worker{rank}]: " if cfg.elastic else f"[rank{rank}]: ").encode()
+        shown = cfg.local_ranks_filter is None or local_rank in cfg.local_ranks_filter
+        logs = _log_files(cfg, restarts, local_rank)
+        for stream, sink, log in zip((proc.stdout, proc.stderr), self._sinks, logs,
+                                     strict=True):
             assert stream is not None  # PIPE was requested above
             pump = threading.Thread(
-                target=self._pump, args=(stream, sink, prefix), daemon=True
+                target=self._pump, args=(stream, sink if shown else None, prefix, log),
+                daemon=True,
             )
             pump.start()
             worker.pumps.append(pump)
         return worker
 
-    def _pump(self, stream: IO[bytes], sink: IO[bytes], prefix: bytes) -> None:
-        for line in iter(stream.readline, b""):
-            with self._lock:
-                sink.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
-                sink.flush()
+    def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes,
+              log: str | None) -> None:
+        """Copy a worker's lines to ``sink`` (prefixed; None: not shown) and to ``log``."""
+        with contextlib.ExitStack() as files:
+            copy = files.enter_context(open(log, "ab")) if log else None
+            for line in iter(stream.readline, b""):
+                if copy is not None:
+                    copy.write(line)
+                    copy.flush()
+                if sink is not None:
+                    # torch's own excepthook prefixes a traceback's lines with the same
+                    # "[rankN]: " when the script set up torch's default group: once is enough.
+                    shown = line if line.startswith(prefix) else prefix + line
+                    with self._lock:
+                        sink.write(shown if shown.endswith(b"\n") else shown + b"\n")
+                        sink.flush()
         stream.close()
 
     def _monitor(self, workers: list[_Worker]) -> Outcome:
@@ -294,7 +318,7 @@ class Agent:
                 code = worker.proc.poll()
                 if code is None:
                     running += 1
-                elif code == BelowMinimumError.EXIT_CODE or worker.proc.pid in reported \
+                elif worker.stopped_below_minimum(code) or worker.proc.pid in reported \
                         or worker.ended_well(code):
                     continue
                 elif restarts_left == 0:
@@ -314,10 +338,9 @@ class Agent:
                     workers[index] = self._spawn(worker.local_rank, store.port, restarts, tmp)
                     running += 1
             if running == 0:
-                codes = [w.proc.returncode for w in workers]
                 if any(w.ended_well(w.proc.returncode) for w in workers):
                     return Outcome.SUCCEEDED  # the job is done if any member saw it through
-                if BelowMinimumError.EXIT_CODE in codes:
+                if any(w.stopped_below_minimum(w.proc.returncode) for w in workers):
                     return Outcome.STOPPED
                 return Outcome.FAILED
             time.sleep(_POLL)
@@ -350,6 +373,16 @@ class Agent:
                 worker.seen_at = time.time()
             for pump in worker.pumps:
                 pump.join(timeout=5)
+
+
+def _log_files(config: LaunchConfig, attempt: int,
+               local_rank: int) -> tuple[str | None, str | None]:
+    """``--log-dir``: where a worker's stdout and stderr are also written."""
+    if config.log_dir is None:
+        return None, None
+    folder = os.path.join(config.log_dir, config.run_id, f"attempt_{attempt}", str(local_rank))
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, "stdout.log"), os.path.join(folder, "stderr.log")
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 
+from potluck import env as names
 from potluck.errors import ConfigError, PotluckError
 from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
@@ -49,9 +51,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("min-workers-timeout", type=float, default=60.0, metavar="S",
          help="seconds to wait for joiners below --min-workers (default 60)")
     flag("token", default=None, metavar="SECRET",
-         help="the job's shared secret: a worker must prove it to join an elastic cohort")
+         help="the job's shared secret: a worker must prove it to join an elastic cohort. "
+              "Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
+    flag("token-file", default=None, metavar="PATH",
+         help="read the shared secret from the first line of PATH (e.g. mode 600)")
     flag("standalone", action="store_true",
          help="accepted for torchrun compatibility: a single node on a free port")
+    flag("log-dir", default=None, metavar="DIR",
+         help="also write each worker's output to DIR/RUN_ID/attempt_N/LOCAL_RANK/"
+              "{stdout,stderr}.log (torchrun's layout)")
+    flag("local-ranks-filter", default=None, metavar="R,R",
+         help="show only these local ranks' output, e.g. 0 (all of it still goes to "
+              "--log-dir)")
+    # torchrun flags that need no value of their own here: accepted, and the help says why.
+    flag("rdzv-backend", default="c10d", metavar="NAME",
+         help="accepted for torchrun compatibility: c10d or static (potluck's rendezvous is "
+              "always its own store on node 0; other backends are refused)")
+    flag("rdzv-conf", default=None, metavar="K=V,...",
+         help="accepted for torchrun compatibility and ignored (timeouts: --join-timeout)")
+    flag("monitor-interval", type=float, default=None, metavar="S",
+         help="accepted for torchrun compatibility and ignored: potluck checks its workers "
+              "every 0.05 s")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m) instead of a file")
     parser.add_argument("script", help="the training script (or module with -m)")
@@ -70,6 +90,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             )
         port = int(port_text)
     min_nodes, nnodes = parse_nnodes(args.nnodes)
+    if args.rdzv_backend not in ("c10d", "static"):
+        raise ConfigError(
+            f"--rdzv-backend {args.rdzv_backend!r}: potluck's rendezvous is its own store on "
+            "node 0 (like torchrun's c10d); use --rdzv-backend c10d or drop the flag"
+        )
+    if args.monitor_interval is not None and not args.monitor_interval > 0:
+        raise ConfigError(f"--monitor-interval {args.monitor_interval:g} must be a positive "
+                          "number of seconds (it is accepted and ignored)")
     return LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),
@@ -85,16 +113,69 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         grace_period=args.grace_period,
         join_timeout=args.join_timeout,
         elastic=args.elastic,
-        token=args.token,
+        token=resolve_token(args.token, args.token_file, os.environ),
         min_workers=args.min_workers,
         min_workers_timeout=args.min_workers_timeout,
+        log_dir=args.log_dir,
+        local_ranks_filter=parse_local_ranks(args.local_ranks_filter),
     ).validated()
+
+
+def resolve_token(flag: str | None, path: str | None, environ: Mapping[str, str]) -> str | None:
+    """The job's secret: ``--token``, else ``--token-file``'s first line, else
+    ``$POTLUCK_TOKEN``; None if none is given."""
+    if flag is not None and path is not None:
+        raise ConfigError("--token and --token-file both give the secret: keep one "
+                          "(--token-file keeps it out of ps)")
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as file:
+                secret = file.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {path}: cannot read it ({exc.strerror or exc}); "
+                              "write the secret on its first line, e.g. openssl rand -hex 16 "
+                              f"> {path}") from exc
+        if not secret:
+            raise ConfigError(f"--token-file {path} is empty: write the secret on its first "
+                              f"line, e.g. openssl rand -hex 16 > {path}")
+        return secret
+    return flag or environ.get(names.TOKEN) or None
+
+
+def require_token(config: LaunchConfig) -> LaunchConfig:
+    """An elastic job admits workers by its token: refuse to start one without it."""
+    if config.elastic and not config.token:
+        raise ConfigError(
+            "--elastic needs the job's shared secret, the same on every node: export "
+            "POTLUCK_TOKEN=SECRET (recommended), or --token-file PATH, or --token SECRET "
+            "(visible in ps); e.g. export POTLUCK_TOKEN=$(openssl rand -hex 16)"
+        )
+    return config
+
+
+def check_script(config: LaunchConfig) -> None:
+    """A script file that is not there is refused once, before any worker starts (not
+    once per rank and again per restart)."""
+    if config.module or os.path.isfile(config.script):
+        return
+    where = os.path.abspath(config.script)
+    hint = ("it is a directory; name the script in it" if os.path.isdir(config.script)
+            else "check the path (relative to the current directory), or run a module "
+                 "with -m")
+    raise ConfigError(f"no script file {config.script!r} (looked at {where}): {hint}")
 
 
 def parse_nproc(value: str, *, gpus: int | None = None, cpus: int | None = None) -> int:
     """A count, or torchrun's ``auto`` (GPUs if any, else CPUs), ``gpu`` or ``cpu``."""
-    if value.isdigit():
-        return int(value)
+    try:
+        count = int(value)
+    except ValueError:
+        count = None
+    if count is not None:
+        if count < 1:
+            raise ConfigError(f"--nproc-per-node {value} must be at least 1 (workers on this "
+                              "node), or auto/cpu/gpu; e.g. 2")
+        return count
     if value in ("auto", "gpu", "cpu"):
         if gpus is None:
             import torch
@@ -107,6 +188,17 @@ def parse_nproc(value: str, *, gpus: int | None = None, cpus: int | None = None)
     raise ConfigError(
         f"--nproc-per-node {value!r} is neither a number nor auto/cpu/gpu; e.g. 2"
     )
+
+
+def parse_local_ranks(value: str | None) -> tuple[int, ...] | None:
+    """torchrun's ``--local-ranks-filter 0,2``; None shows every local rank."""
+    if value is None:
+        return None
+    words = [word.strip() for word in value.split(",")]
+    if not words or not all(word.isdigit() for word in words):
+        raise ConfigError(f"--local-ranks-filter {value!r} must be local ranks separated by "
+                          "commas, e.g. 0 or 0,1")
+    return tuple(sorted({int(word) for word in words}))
 
 
 def parse_nnodes(value: str) -> tuple[int | None, int]:
@@ -125,7 +217,9 @@ def parse_nnodes(value: str) -> tuple[int | None, int]:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args)
+        config = require_token(config_from_args(args))
+        check_script(config)
+        _check_log_dir(config.log_dir)
         return Agent(config, emit=_emit).run()
     except ConfigError as exc:
         print(f"potluck run: {exc}", file=sys.stderr)
@@ -133,6 +227,22 @@ def main(args: argparse.Namespace) -> int:
     except PotluckError as exc:  # RendezvousError and friends: say it once, no traceback
         print(f"potluck run: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_log_dir(path: str | None) -> None:
+    """A ``--log-dir`` that cannot be written is refused before any worker starts."""
+    if path is None:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".potluck-write-test-{os.getpid()}")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(f"--log-dir {path}: cannot write there ({exc.strerror or exc}); "
+                          "pick a directory this user can write, e.g. --log-dir logs"
+                          ) from exc
 
 
 def _emit(line: str) -> None:

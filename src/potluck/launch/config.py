@@ -45,6 +45,10 @@ class LaunchConfig:
     min_workers: int = 1
     """Elastic: below this many workers the cohort waits for joiners, then checkpoints."""
     min_workers_timeout: float = 60.0
+    log_dir: str | None = None
+    """torchrun's ``--log-dir``: every worker's output is also written under it."""
+    local_ranks_filter: tuple[int, ...] | None = None
+    """torchrun's ``--local-ranks-filter``: only these local ranks' output is shown."""
 
     @property
     def world_size(self) -> int:
@@ -74,6 +78,13 @@ class LaunchConfig:
                 "must be positive"
             )
         self._validate_elastic()
+        bad = [r for r in self.local_ranks_filter or () if not 0 <= r < self.nproc_per_node]
+        if bad:
+            raise ConfigError(
+                f"--local-ranks-filter names local rank(s) {bad}, but this node runs "
+                f"{self.nproc_per_node} worker(s): use 0..{self.nproc_per_node - 1}, e.g. "
+                "--local-ranks-filter 0"
+            )
         if not self.script:
             raise ConfigError("no script to run: potluck run [options] script.py [args...]")
         return self

@@ -90,6 +90,20 @@ def read_finished_file(path: str) -> float | None:
         return None
 
 
+def stop_file(finished_file: str) -> str:
+    """Where a worker records a planned stop below ``--min-workers``, beside its finished
+    file: the exit code alone (3) could be any script's own ``sys.exit(3)``."""
+    return finished_file + ".below-minimum"
+
+
+def write_stop_file(finished_file: str) -> None:
+    Path(stop_file(finished_file)).write_text(repr(time.time()))
+
+
+def stopped_below_minimum(finished_file: str) -> bool:
+    return Path(stop_file(finished_file)).is_file()
+
+
 def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
     """The first failure: earliest recorded exception, else earliest observed exit."""
     failed = [r for r in results if r.failed]

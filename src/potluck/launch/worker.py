@@ -4,7 +4,9 @@ Runs the user's script as ``__main__`` (``sys.argv`` as if it were started direc
 on an uncaught exception, writes it to the error file the launcher named before the
 usual traceback goes to stderr, so the launcher's report can quote it. An elastic cohort
 that stopped below its minimum size (``BelowMinimumError``) is a planned stop: its
-message, no traceback, and exit code 3, which the launcher does not restart. A joiner
+message, no traceback, a stop file beside the finished file, and exit code 3; the
+launcher does not restart it (a script's own ``sys.exit(3)`` writes no stop file, and
+is a failure like any other). A joiner
 that arrived after the run finished (``JobFinishedError``) says so and exits with 0.
 A script that ran to its end (or called ``sys.exit(0)``) is recorded in the finished file
 the launcher named, so that a crash while the interpreter shuts down afterwards is
@@ -24,7 +26,7 @@ from types import TracebackType
 
 from potluck import env
 from potluck.errors import BelowMinimumError, JobFinishedError
-from potluck.launch.report import write_error_file, write_finished_file
+from potluck.launch.report import write_error_file, write_finished_file, write_stop_file
 
 _PR_SET_PDEATHSIG = 1
 
@@ -64,6 +66,9 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         raise
     except BelowMinimumError as exc:  # a planned stop, not a crash: no traceback
+        path = env.finished_file()
+        if path is not None:  # what tells the launcher, not the exit code alone
+            write_stop_file(path)
         _planned_exit(str(exc), BelowMinimumError.EXIT_CODE)
     except JobFinishedError as exc:  # came too late to help: nothing failed
         _planned_exit(str(exc), 0)
@@ -72,7 +77,10 @@ def main(argv: list[str]) -> None:
         path = env.error_file()
         if path is not None:
             write_error_file(path, exc)
-        raise
+        # Printed here, through whatever hook the script installed, starting in the
+        # script: re-raised, it would gain this bootstrap's and runpy's frames again.
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)  # what an uncaught exception exits with
     _record_finished()
 
 

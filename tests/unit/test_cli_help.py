@@ -1,0 +1,29 @@
+"""Every flag of the ``potluck`` commands has a help text, and help is plain text."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from potluck.cli import _BENCHES, _COMMANDS, build_parser
+
+_ALL = [[name] for name, _, _ in _COMMANDS] + [["bench", name] for name, _, _ in _BENCHES]
+
+
+def _command_parser(words: list[str]) -> argparse.ArgumentParser:
+    parser = build_parser(words)
+    for word in words:  # walk down the subcommands
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return parser
+
+
+@pytest.mark.parametrize("words", _ALL, ids=" ".join)
+def test_every_flag_has_help_and_no_rest_markup(words: list[str]) -> None:
+    parser = _command_parser(words)
+    silent = [a.option_strings[0] for a in parser._actions
+              if a.option_strings and not a.help]
+    assert not silent, f"potluck {' '.join(words)}: flags without help: {silent}"
+    text = parser.format_help()
+    assert "``" not in text, f"potluck {' '.join(words)} --help shows reST markup"
