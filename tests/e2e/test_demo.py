@@ -20,9 +20,10 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2",
          "--steps", "40", "--metrics", str(metrics)],
-        capture_output=True, text=True, timeout=140, cwd=tmp_path,
+        capture_output=True, timeout=140, cwd=tmp_path,  # bytes: text mode hides '\r'
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err[-3000:]
 
     records = read_journal(metrics)
     assert [r["step"] for r in records] == list(range(40))
@@ -33,7 +34,11 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
         assert record["step_s"] > 0 and record["samples_per_s"] > 0
     assert records[-1]["loss"] < records[0]["loss"]
 
-    out = done.stdout
+    # Piped, not a terminal: plain progress lines, never a bar redrawn with carriage returns.
+    assert "\r" not in out + err
+    progress = re.findall(r"^2 workers: step +(\d+)/40  loss \d+\.\d{3}  ", out, re.M)
+    assert len(progress) >= 5 and progress[-1] == "40", out
+    assert re.search(r"^1 worker: step +\d+/25  loss ", out, re.M), out  # the baseline's
     for figure in ("throughput", "speedup vs 1 worker", "scaling efficiency",
                    "sync latency: barrier", "sync latency: all-reduce"):
         assert figure in out, out

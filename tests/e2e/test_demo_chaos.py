@@ -18,14 +18,19 @@ from tests.e2e.helpers import pid_alive
 
 @pytest.mark.timeout(170)
 def test_chaos_demo_kills_restores_and_carries_on(tmp_path: Path) -> None:
-    metrics = tmp_path / "runs" / "metrics.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "potluck", "demo", "--chaos", "--quick", "--metrics",
-         str(metrics)],
+    plain = tmp_path / "runs" / "demo" / "metrics.jsonl"  # as `make demo` left it
+    plain.parent.mkdir(parents=True)
+    plain.write_text('{"kind": "step", "step": 0}\n')
+    done = subprocess.run(  # the default paths, as a user runs it
+        [sys.executable, "-m", "potluck", "demo", "--chaos", "--quick"],
         capture_output=True, text=True, timeout=160, cwd=tmp_path,
     )
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert plain.read_text() == '{"kind": "step", "step": 0}\n'  # not the chaos run's
+    assert sorted(p.name for p in plain.parent.iterdir()) == ["metrics.jsonl"]
+    metrics = tmp_path / "runs" / "demo-chaos" / "metrics.jsonl"
+    assert f"per-step metrics in {metrics.relative_to(tmp_path)}" in out
     steps = CHAOS_QUICK.steps
 
     # The victim stops once a third of the steps have committed and is killed there, so
@@ -89,4 +94,4 @@ def test_chaos_with_one_worker_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--chaos with --workers 1" in done.stderr
     assert "at least 2 workers" in done.stderr and "use --chaos --workers 2" in done.stderr
-    assert not (tmp_path / "chaos").exists()  # nothing was started
+    assert not (tmp_path / "records").exists()  # nothing was started

@@ -31,6 +31,8 @@ from potluck.demo.chaos_report import (
     steps_line,
     throughput_rows,
 )
+from potluck.demo.cli import add_arguments
+from potluck.demo.cli import config_from_args as plain_config
 from potluck.errors import ConfigError
 
 FOUNDER, VICTIM, REBORN = "vm:100:aa", "vm:101:bb", "vm:102:cc"
@@ -206,7 +208,7 @@ def test_config_kills_a_third_of_the_way_and_launches_elastically() -> None:
     assert config.rejoin_by == 2 * CHAOS_QUICK.steps // 3
     tiny = config_from_args(_args(steps=3))  # the wait still comes before the last step
     assert (tiny.kill_at, tiny.rejoin_by) == (1, 1)
-    assert config.run_dir == Path("runs/demo/chaos")
+    assert config.run_dir == Path("runs/demo/records")  # beside an explicit --metrics
     launch = launch_config(config, token="s3cret")
     assert launch.elastic and launch.max_restarts == 1 and launch.module
     assert launch.script == "potluck.demo.elastic_worker" and launch.nproc_per_node == 2
@@ -227,3 +229,17 @@ def test_bad_chaos_flags_say_value_rule_and_fix(overrides: dict[str, Any],
                                                 expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         config_from_args(_args(**overrides))
+
+
+@pytest.mark.timeout(30)
+def test_chaos_results_never_go_where_the_plain_demo_keeps_its_own() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plain = plain_config(parser.parse_args([]))
+    chaos = config_from_args(parser.parse_args(["--chaos"]))
+    assert plain.metrics == Path("runs/demo/metrics.jsonl")  # what `make demo` writes
+    assert chaos.metrics == Path("runs/demo-chaos/metrics.jsonl")
+    assert chaos.run_dir == Path("runs/demo-chaos/records")
+    assert plain.metrics.parent not in (chaos.run_dir, *chaos.run_dir.parents)
+    explicit = config_from_args(parser.parse_args(["--chaos", "--metrics", "x/m.jsonl"]))
+    assert (explicit.metrics, explicit.run_dir) == (Path("x/m.jsonl"), Path("x/records"))

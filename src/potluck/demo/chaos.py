@@ -57,6 +57,8 @@ from potluck.metrics.journal import Journal, JournalFollower
 WORKER_MODULE = "potluck.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
 REJOIN_TIMEOUT_S = 60.0  # the longest the survivors wait for the restarted worker
+# Not the plain demo's runs/demo/: a chaos run must never overwrite its results.
+CHAOS_METRICS = Path("runs/demo-chaos/metrics.jsonl")
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,15 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
             "receives the live state from the others); drop --resume or --chaos"
         )
     kill_at = max(1, steps // 3)
+    metrics = CHAOS_METRICS if args.metrics is None else args.metrics
     return ChaosConfig(
         workers=workers, seed=args.seed,
         preset=ChaosPreset(steps, batch, preset.corpus_chars, preset.context, preset.d_model,
                            preset.n_layers, preset.sample_chars, preset.warmup_steps),
         kill_at=kill_at, rejoin_by=max(kill_at, min(2 * steps // 3, steps - 2)),
-        run_dir=args.metrics.parent / "chaos",
-        metrics=args.metrics, progress=not args.no_progress,
+        # A directory of its own: the driver reads every *.jsonl there as the run's records.
+        run_dir=metrics.parent / "records",
+        metrics=metrics, progress=not args.no_progress,
     )
 
 
@@ -315,7 +319,9 @@ def _print_header(config: ChaosConfig, launch: LaunchConfig) -> None:
           f"{config.kill_at + 1}")
     print(f"chaos: the launcher restarts it and it rejoins with the live state; if it has "
           f"not asked to join once step {config.rejoin_by} has committed, the others wait "
-          "for it there", flush=True)
+          "for it there")
+    print(f"results: per-step metrics to {config.metrics}, the workers' records and output "
+          f"to {config.run_dir}/", flush=True)
 
 
 def _write_metrics(config: ChaosConfig, run: ChaosRun) -> None:

@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from potluck.demo.chaos import CHAOS_METRICS
 from potluck.demo.model import ModelConfig
 from potluck.demo.phase import PhaseFailed, run_phase
+from potluck.demo.progress import choose_display
 from potluck.demo.report import (
     equivalence_line,
     figures_table,
@@ -29,6 +31,8 @@ from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult
 from potluck.errors import ConfigError
 from potluck.metrics.figures import scaling_figures
+
+METRICS = Path("runs/demo/metrics.jsonl")  # the plain demo's; the chaos demo has its own
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"global batch in sequences, split evenly over the workers "
                              f"({FULL.global_batch}; {QUICK.global_batch} with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="seed of corpus, model, data (0)")
-    parser.add_argument("--metrics", type=Path, default=Path("runs/demo/metrics.jsonl"),
+    parser.add_argument("--metrics", type=Path, default=None,
                         help="per-step JSON lines (potluck.metrics.journal 'step' records): "
                              "step, loss, step_s, samples_per_s, tokens_per_s, sync_s, lr, "
-                             "workers (runs/demo/metrics.jsonl)")
+                             f"workers ({METRICS}; {CHAOS_METRICS} with --chaos, so that a "
+                             "chaos run never overwrites the plain demo's)")
     parser.add_argument("--baseline-steps", type=int, default=None,
                         help=f"steps of the 1-worker phase that measures the speedup "
                              f"({FULL.baseline_steps}; {QUICK.baseline_steps} with --quick)")
@@ -86,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the 1-worker phase (no speedup or efficiency)")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny configuration that finishes in about 20 s (tests)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress (a bar on a terminal, a line every tenth of "
+                             "the run when output goes to a file or a pipe)")
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("runs/demo/checkpoints"),
                         help="where checkpoints go (runs/demo/checkpoints)")
     parser.add_argument("--checkpoint-every", type=int, default=100,
@@ -129,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return DemoConfig(
         workers=args.workers,
         seed=args.seed,
-        metrics=args.metrics,
+        metrics=METRICS if args.metrics is None else args.metrics,
         preset=preset,
         baseline=not args.no_baseline and args.workers > 1,
         progress=not args.no_progress,
@@ -174,9 +181,10 @@ def main(args: argparse.Namespace) -> int:
     )
     _print_header(config, train, len(text), vocab.size)
     run_dir = config.metrics.parent
+    display = choose_display(config.progress, sys.stdout, sys.stderr)
     try:
         result = run_phase(train, config.workers, preset.corpus_chars, run_dir,
-                           progress=config.progress)
+                           display=display)
         if not result.losses:
             print(f"potluck demo: nothing to train: the newest checkpoint in "
                   f"{config.checkpoint_dir} is already at step {result.first_step} of "
@@ -191,8 +199,7 @@ def main(args: argparse.Namespace) -> int:
             one = replace(train, stop_after=min(preset.baseline_steps, preset.steps),
                           label="1 worker", metrics_path=None, sample_chars=0,
                           checkpoint_dir=None, resume=False)
-            baseline = run_phase(one, 1, preset.corpus_chars, run_dir,
-                                 progress=config.progress)
+            baseline = run_phase(one, 1, preset.corpus_chars, run_dir, display=display)
     except PhaseFailed as exc:
         print(f"potluck demo: a worker failed:\n{exc}", file=sys.stderr)
         return 1
