@@ -44,6 +44,8 @@ FOUNDERS = "POTLUCK_FOUNDERS"
 MIN_WORKERS = "POTLUCK_MIN_WORKERS"
 MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+# A warm spare's pipe: the agent writes the environment of the worker it replaces there.
+STANDBY_FD = "POTLUCK_STANDBY_FD"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,12 @@ def agent_pid(environ: Mapping[str, str] | None = None) -> int | None:
     """The pid of the launcher agent that started this worker, if one did."""
     env = os.environ if environ is None else environ
     return _int(env, AGENT_PID, None, minimum=1)
+
+
+def standby_fd(environ: Mapping[str, str] | None = None) -> int | None:
+    """The pipe a warm spare waits on for its worker's environment; None: not a spare."""
+    env = os.environ if environ is None else environ
+    return _int(env, STANDBY_FD, None, minimum=0)
 
 
 def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:

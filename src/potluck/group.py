@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -135,10 +136,14 @@ class GroupHandle:
             _open_handles.add(self)
 
     def release(self, why: str, *, abort: bool = False) -> bool:
-        """Destroy the group now, joining its threads; later use raises ``why``.
+        """Destroy the group, joining its threads; later use raises ``why``.
 
         ``abort``: the group is broken (a peer was lost): abort it rather than shut it
-        down. False if there was nothing to release.
+        down, and destroy it on a thread of its own. A frozen peer's sockets stay open,
+        so the backend's threads wait in their receives until the collective timeout,
+        and the survivors must not wait with them (the destructor releases the GIL).
+        That thread is not a daemon: the interpreter joins it before ``atexit`` hooks
+        and finalization. False if there was nothing to release.
         """
         group, self._group, self._retired = self._group, None, why
         _open_handles.discard(self)
@@ -147,18 +152,29 @@ class GroupHandle:
         for name in (("abort", "shutdown") if abort else ("shutdown",)):
             if _call(group, name):
                 break
-        alive = _weak(group)
-        del group  # the last reference: the destructor joins the backend's threads
-        if alive is not None and alive() is not None:
-            log.warning("generation %d's process group is still referenced outside its "
-                        "handle, so its threads keep running and the process may abort at "
-                        "exit; pass cohort.group around, not the object behind it",
-                        self._generation)
+        held = [group]
+        del group  # from here on ``held`` has the last reference
+        if abort:
+            threading.Thread(target=_destroy, args=(held, self._generation),
+                             name=f"potluck-retire-g{self._generation}").start()
+        else:
+            _destroy(held, self._generation)
         return True
 
     def __repr__(self) -> str:
         state = "usable" if self._group is not None else f"retired: {self._retired}"
         return f"GroupHandle(generation={self._generation}, {state})"
+
+
+def _destroy(held: list[Any], generation: int) -> None:
+    """Drop the last reference to the backend in ``held``: its destructor joins its
+    threads."""
+    alive = _weak(held[0])
+    held.clear()
+    if alive is not None and alive() is not None:
+        log.warning("generation %d's process group is still referenced outside its "
+                    "handle, so its threads keep running and the process may abort at "
+                    "exit; pass cohort.group around, not the object behind it", generation)
 
 
 def _call(group: object, name: str) -> bool:

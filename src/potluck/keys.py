@@ -24,6 +24,7 @@ The rendezvous's own keys, relative to its prefix:
 ``adm/<id>/verdict``        ``admitted:<n>`` or ``refused:<reason>``
 ``founder``                 the worker that forms generation 0
 ``finished``                the run is complete (set by its members): joiners stop waiting
+``out/<id>``                id was a member and generation n went on without it (n)
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ CURRENT = "current"
 FOUNDER = "founder"  # the first joiner to claim it forms generation 0
 JOIN_COUNT = "join/count"
 FINISHED = "finished"
+ADMITTED = "admitted:"  # a verdict's value starts so for an admitted worker
 
 
 def generation(n: int) -> str:
@@ -84,6 +86,12 @@ def boundary(n: int, k: int) -> str:
 
 def leave(worker_id: str) -> str:
     return f"leave/{worker_id}"
+
+
+def left_out(worker_id: str) -> str:
+    """Set when a published generation no longer lists ``worker_id`` (the agent ends a
+    process that was left out without leaving: frozen, or cut off)."""
+    return f"out/{worker_id}"
 
 
 def heartbeat(worker_id: str) -> str:

@@ -9,6 +9,8 @@ floating-point summation order (float64: 1e-9 relative).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from potluck import DataCursor
 from potluck.harness.ranks import free_port
-from tests.e2e.helpers import ROOT, potluck_run
+from tests.e2e.helpers import ROOT, pid_alive, potluck_run
 
 SCRIPT = ROOT / "examples" / "elastic.py"
 EPOCHS = 3
@@ -149,3 +151,46 @@ def test_a_scripts_own_exit_code_3_is_a_failure_not_the_planned_stop() -> None:
     assert "a worker was lost" in result.stderr
     assert "exit code 3" in result.stderr
     assert "below --min-workers" not in result.stderr
+
+
+def _child_with_local_rank(parent: int, local_rank: int) -> int:
+    """The worker process of ``parent`` (a launcher) whose LOCAL_RANK is ``local_rank``."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    for child in map(int, children):
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        if f"LOCAL_RANK={local_rank}".encode() in environ:
+            return child
+    raise AssertionError(f"no worker with LOCAL_RANK={local_rank} among {children}")
+
+
+@pytest.mark.timeout(150)
+def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: Path) -> None:
+    """SIGSTOP one worker: the others redo the step without it and finish; the agent
+    ends the frozen process (it was left out of the cohort) and exits, instead of
+    waiting for it forever. --max-restarts 0: it is reported lost, not restarted."""
+    out = tmp_path / "final.pt"
+    epochs = 6
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2", "--elastic",
+         "--token", "s3cret", str(SCRIPT), "--epochs", str(epochs), "--step-time", "0.1",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:  # training runs: freeze worker 1 now
+            if "epoch 0 done" in line:
+                break
+        frozen = _child_with_local_rank(launcher.pid, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, err[-3000:]
+    assert "the cohort went on without it" in err, err[-3000:]
+    assert "a worker was lost (elastic: the others train on)" in err
+    assert f"pid       : {frozen}" in err
+    assert not pid_alive(frozen)
+    assert_equal_to_one_process(out, epochs)  # its step was redone by the others

@@ -7,15 +7,29 @@ generation failed in the store; a daemon thread, on a store connection of its ow
 for that mark, so the reducer's wait can ask ``seen()`` without any I/O and give up at
 once. A thread, not a check from the waiting thread: over a dead link a store request
 blocks for minutes, and the collective timeout must stay the bound.
+
+A peer that froze (SIGSTOP, a hung driver) abandons nothing: everyone would wait for it
+until the collective timeout. So the thread also reads the heartbeat of one peer, the
+next member in the generation (each member watches one, so the store sees one read per
+member, not one per pair), and marks the generation failed once that beat is older than
+the heartbeat timeout: the step is redone without the frozen member within seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable
 
-from torch._C._distributed_c10d import Store
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from potluck.rendezvous.heartbeat import read_beats
+
+log = logging.getLogger(__name__)
+
+_PEER_CHECK = 0.5  # seconds between reads of the watched peer's heartbeat
 
 
 class FailureWatch:
@@ -23,12 +37,18 @@ class FailureWatch:
     thread."""
 
     def __init__(self, store: Store, key: Callable[[int], str], generation: Callable[[], int],
-                 *, interval: float = 0.05) -> None:
+                 *, interval: float = 0.05, peer: Callable[[], str | None] = lambda: None,
+                 heartbeat_timeout: float = float("inf"), beats_prefix: str = "") -> None:
         # Two connections of their own: the thread's poll may be stuck on a dead link,
         # and a request on a connection waits for the one in flight.
         self._store: Store = getattr(store, "clone")()  # noqa: B009  (stubs lack clone)
         self._marker: Store = getattr(store, "clone")()  # noqa: B009
         self._key, self._generation, self._interval = key, generation, interval
+        self._peer, self._heartbeat_timeout = peer, heartbeat_timeout
+        # The rendezvous keeps its heartbeats under its own prefix.
+        self._beats: Store = PrefixStore(beats_prefix, self._store) if beats_prefix \
+            else self._store
+        self._next_peer_check = 0.0
         self._seen: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="potluck-failure-watch",
@@ -56,5 +76,22 @@ class FailureWatch:
             try:
                 if self._store.check([self._key(generation)]):
                     self._seen.add(generation)
+                elif self._peer_is_stale():
+                    self.mark(generation)
             except RuntimeError:  # the store is gone: the rendezvous reports it
                 return
+
+    def _peer_is_stale(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_peer_check:
+            return False
+        self._next_peer_check = now + _PEER_CHECK
+        peer = self._peer()
+        if peer is None:
+            return False
+        beat = read_beats(self._beats, [peer]).get(peer)
+        if beat is None or time.time() - beat <= self._heartbeat_timeout:
+            return False  # (a member that never beat is the rendezvous's to judge)
+        log.warning("member %s sent no heartbeat for %.1f s: abandoning this generation's "
+                    "step so that the others go on without it", peer, time.time() - beat)
+        return True

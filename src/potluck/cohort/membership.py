@@ -108,13 +108,23 @@ class RendezvousMembership:
 
     def join(self) -> Membership:
         membership = self.rendezvous.join()
-        self._failures = FailureWatch(self._store, lambda g: keys.step_failed(self._root, g),
-                                      self._generation)
+        self._failures = FailureWatch(
+            self._store, lambda g: keys.step_failed(self._root, g), self._generation,
+            peer=self._next_member,
+            heartbeat_timeout=self.rendezvous.config.heartbeat_timeout,
+            beats_prefix=self.rendezvous.config.prefix)
         return membership
 
     def _generation(self) -> int:
         current = self.rendezvous.membership
         return -1 if current is None else current.generation
+
+    def _next_member(self) -> str | None:
+        """The member after this one in the current generation (None when alone)."""
+        current = self.rendezvous.membership
+        if current is None or current.world_size < 2:
+            return None
+        return current.members[(current.rank + 1) % current.world_size]
 
     def boundary(self) -> Membership:
         return self._cut_off_guard(self.rendezvous.admit)

@@ -31,7 +31,7 @@ from potluck import env as potluck_env
 from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, worker_environ
-from potluck.launch.policy import Action, Outcome, next_action
+from potluck.launch.policy import Action, Outcome, next_action, why_end
 from potluck.launch.report import (
     WorkerResult,
     format_report,
@@ -41,12 +41,15 @@ from potluck.launch.report import (
     stop_file,
     stopped_below_minimum,
 )
+from potluck.launch.spare import Spare
 from potluck.launch.store import (
     JobStore,
     check_in,
     count,
     mark_exited,
     meet,
+    run_finished,
+    view_worker,
     wait_for_count,
 )
 
@@ -67,6 +70,10 @@ class _Worker:
     pumps: list[threading.Thread] = field(default_factory=list)
     seen_at: float | None = None
     stopped: bool = False
+    member_id: str | None = None
+    """Elastic: its member id, once the store has it."""
+    why: str | None = None
+    """Why the agent ended it while it still ran (elastic: left out of the cohort)."""
 
     def ended_well(self, code: int) -> bool:
         """Exit code 0, or its script ran to the end before the process died anyway."""
@@ -232,24 +239,22 @@ class Agent:
             results = [_result(w) for w in workers]
         return outcome, results
 
-    def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str) -> _Worker:
+    def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str,
+               spare: Spare | None = None) -> _Worker:
+        """Start the worker of ``local_rank``: ``spare`` becomes it when given and alive."""
         cfg = self.config
         error_file = os.path.join(tmp, f"error-{local_rank}.json")
         finished_file = os.path.join(tmp, f"finished-{local_rank}")
         for leftover in (finished_file, stop_file(finished_file)):
             with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
                 os.remove(leftover)
-        environ = worker_environ(
-            cfg, local_rank=local_rank, master_port=port, restart_count=restarts,
-            base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
-            finished_file=finished_file,
-        )
-        target = ["-m", cfg.script] if cfg.module else [cfg.script]
-        cmd = [sys.executable, "-m", "potluck.launch.worker", *target, *cfg.script_args]
-        proc = subprocess.Popen(
-            cmd, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-        )
+        environ = self._environ(local_rank, port, restarts, error_file, finished_file)
+        proc = spare.take(environ) if spare is not None else None
+        if proc is None:
+            proc = subprocess.Popen(
+                self._command(), env=environ, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
         rank = cfg.node_rank * cfg.nproc_per_node + local_rank
         worker = _Worker(rank, local_rank, proc, error_file, finished_file)
         # An elastic worker's rank in the cohort changes with the generations (its log
@@ -267,6 +272,26 @@ class Agent:
             pump.start()
             worker.pumps.append(pump)
         return worker
+
+    def _environ(self, local_rank: int, port: int, restarts: int, error_file: str,
+                 finished_file: str) -> dict[str, str]:
+        return worker_environ(
+            self.config, local_rank=local_rank, master_port=port, restart_count=restarts,
+            base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
+            finished_file=finished_file,
+        )
+
+    def _command(self) -> list[str]:
+        cfg = self.config
+        target = ["-m", cfg.script] if cfg.module else [cfg.script]
+        return [sys.executable, "-m", "potluck.launch.worker", *target, *cfg.script_args]
+
+    def _new_spare(self, port: int, tmp: str) -> Spare | None:
+        """A warm spare for the next restart, if one can come (``--no-warm-spare``: never)."""
+        if not self.config.warm_spare:
+            return None
+        placeholder = os.path.join(tmp, "spare")  # its real files come with its worker's
+        return Spare(self._command(), self._environ(0, port, 0, placeholder, placeholder))
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes,
               log: str | None) -> None:
@@ -310,40 +335,70 @@ class Agent:
         worker that stopped below ``--min-workers`` is not restarted. The job succeeded
         if any worker saw it through."""
         restarts_left, reported = self.config.max_restarts, set()
-        while True:
-            if self._signal is not None:
-                return Outcome.INTERRUPTED
-            running = 0
-            for index, worker in enumerate(workers):
-                code = worker.proc.poll()
-                if code is None:
-                    running += 1
-                elif worker.stopped_below_minimum(code) or worker.proc.pid in reported \
-                        or worker.ended_well(code):
+        spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
+        sweep = _Sweep()
+        try:
+            while True:
+                if self._signal is not None:
+                    return Outcome.INTERRUPTED
+                if sweep.due():
+                    self._sweep(store, workers, sweep)
+                running = 0
+                for index, worker in enumerate(workers):
+                    code = worker.proc.poll()
+                    if code is None:
+                        running += 1
+                    elif worker.stopped_below_minimum(code) or worker.proc.pid in reported \
+                            or worker.ended_well(code):
+                        continue
+                    elif restarts_left == 0:
+                        reported.add(worker.proc.pid)  # lost for good; the others go on
+                        self._count_out(store, worker)
+                        self._report_lost(worker)
+                    else:
+                        self._count_out(store, worker)
+                        restarts_left -= 1
+                        worker.seen_at = worker.seen_at or time.time()
+                        self._stop([worker])
+                        self._report_lost(worker)
+                        restarts = self.config.max_restarts - restarts_left
+                        self._emit(f"potluck run: restarting local rank {worker.local_rank} "
+                                   f"as a new member ({restarts} of "
+                                   f"{self.config.max_restarts} restarts); the others train on")
+                        workers[index] = self._spawn(worker.local_rank, store.port, restarts,
+                                                     tmp, spare)
+                        spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
+                        running += 1
+                if running == 0:
+                    if any(w.ended_well(w.proc.returncode) for w in workers):
+                        return Outcome.SUCCEEDED  # done if any member saw it through
+                    if any(w.stopped_below_minimum(w.proc.returncode) for w in workers):
+                        return Outcome.STOPPED
+                    return Outcome.FAILED
+                time.sleep(_POLL)
+        finally:
+            if spare is not None:
+                spare.discard()
+
+    def _sweep(self, store: TCPStore, workers: list[_Worker], sweep: _Sweep) -> None:
+        """End each running worker the cohort no longer needs (``policy.why_end``); the
+        loop then handles it as any dead worker (restart, or report it lost)."""
+        run_id = self.config.run_id
+        try:
+            finished_for = sweep.finished_for(run_finished(store, run_id))
+            for worker in workers:
+                if worker.proc.poll() is not None:
                     continue
-                elif restarts_left == 0:
-                    reported.add(worker.proc.pid)  # lost for good; the others go on
-                    self._count_out(store, worker)
-                    self._report_lost(worker)
-                else:
-                    self._count_out(store, worker)
-                    restarts_left -= 1
-                    worker.seen_at = worker.seen_at or time.time()
-                    self._stop([worker])
-                    self._report_lost(worker)
-                    restarts = self.config.max_restarts - restarts_left
-                    self._emit(f"potluck run: restarting local rank {worker.local_rank} "
-                               f"as a new member ({restarts} of {self.config.max_restarts} "
-                               "restarts); the others train on")
-                    workers[index] = self._spawn(worker.local_rank, store.port, restarts, tmp)
-                    running += 1
-            if running == 0:
-                if any(w.ended_well(w.proc.returncode) for w in workers):
-                    return Outcome.SUCCEEDED  # the job is done if any member saw it through
-                if any(w.stopped_below_minimum(w.proc.returncode) for w in workers):
-                    return Outcome.STOPPED
-                return Outcome.FAILED
-            time.sleep(_POLL)
+                view = view_worker(store, run_id, worker.proc.pid, worker.member_id)
+                worker.member_id = view.worker_id
+                why = why_end(view, finished_for=finished_for,
+                              grace=self.config.grace_period)
+                if why is not None:
+                    worker.why = why
+                    _signal_group(worker.proc.pid, signal.SIGKILL)  # frozen: TERM waits
+                    worker.proc.wait()
+        except RuntimeError:  # the store is unreachable: the cohort decides nothing now
+            return
 
     def _count_out(self, store: TCPStore, worker: _Worker) -> None:
         """Tell the cohort at once that this worker died, so nobody waits for its
@@ -375,6 +430,29 @@ class Agent:
                 pump.join(timeout=5)
 
 
+class _Sweep:
+    """When the elastic agent next asks the store about its running workers, and since
+    when the run is finished."""
+
+    INTERVAL = 0.5
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._finished_at: float | None = None
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.INTERVAL
+        return True
+
+    def finished_for(self, finished: bool) -> float | None:
+        if finished and self._finished_at is None:
+            self._finished_at = time.monotonic()
+        return None if self._finished_at is None else time.monotonic() - self._finished_at
+
+
 def _log_files(config: LaunchConfig, attempt: int,
                local_rank: int) -> tuple[str | None, str | None]:
     """``--log-dir``: where a worker's stdout and stderr are also written."""
@@ -400,4 +478,5 @@ def _result(worker: _Worker) -> WorkerResult:
         stopped=worker.stopped,
         error=read_error_file(worker.error_file),
         finished_at=read_finished_file(worker.finished_file),
+        why=worker.why,
     )

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "joiners, then checkpoints and exits (default 1)")
     flag("min-workers-timeout", type=float, default=60.0, metavar="S",
          help="seconds to wait for joiners below --min-workers (default 60)")
+    flag("no-warm-spare", dest="warm_spare", action="store_false",
+         help="--elastic with --max-restarts: do not keep a worker process warm (torch "
+              "imported, at the lowest CPU priority) for the next restart; restarts then "
+              "pay the interpreter's start-up (seconds) and the spare's memory is saved")
     flag("token", default=None, metavar="SECRET",
          help="the job's shared secret: a worker must prove it to join an elastic cohort. "
               "Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
@@ -118,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         min_workers_timeout=args.min_workers_timeout,
         log_dir=args.log_dir,
         local_ranks_filter=parse_local_ranks(args.local_ranks_filter),
+        warm_spare=args.warm_spare,
     ).validated()
 
 

@@ -49,6 +49,8 @@ class LaunchConfig:
     """torchrun's ``--log-dir``: every worker's output is also written under it."""
     local_ranks_filter: tuple[int, ...] | None = None
     """torchrun's ``--local-ranks-filter``: only these local ranks' output is shown."""
+    warm_spare: bool = True
+    """Elastic with restarts: keep a worker process warm (torch imported) for the next one."""
 
     @property
     def world_size(self) -> int:

@@ -46,6 +46,8 @@ class WorkerResult:
     error: ErrorRecord | None = None
     finished_at: float | None = None
     """When its script ran to the end, if it did (recorded by the worker bootstrap)."""
+    why: str | None = None
+    """Why the agent ended it while it ran (elastic: the cohort went on without it)."""
 
     @property
     def failed(self) -> bool:
@@ -141,6 +143,8 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
             f"  time      : {when}",
             f"  exit      : {describe_exit(root.exitcode)}",
         ]
+        if root.why is not None:
+            lines.append(f"  why       : {root.why}")
         if root.error is not None:
             lines.append(f"  error     : {root.error.exc_type}: {root.error.message}")
             lines.append("  traceback :")

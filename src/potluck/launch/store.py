@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from potluck import keys
 from potluck.errors import ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig
+from potluck.launch.policy import CohortView
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
@@ -173,3 +174,25 @@ def mark_exited(store: Store, run_id: str, pid: int) -> None:
     if store.check([key]):
         worker_id = store.get(key).decode()
         store.set(f"{keys.rendezvous_root(run_id)}/{keys.leave(worker_id)}", "exited")
+
+
+def view_worker(store: Store, run_id: str, pid: int, worker_id: str | None) -> CohortView:
+    """What the store says about elastic worker process ``pid`` (``worker_id``: its id if
+    already known, which saves a read)."""
+    if worker_id is None:
+        key = keys.process(run_id, pid)
+        if not store.check([key]):
+            return CohortView(None)
+        worker_id = store.get(key).decode()
+    root = keys.rendezvous_root(run_id)
+    verdict = f"{root}/{keys.verdict(worker_id)}"
+    return CohortView(
+        worker_id,
+        left_out=store.check([f"{root}/{keys.left_out(worker_id)}"]),
+        left=store.check([f"{root}/{keys.leave(worker_id)}"]),
+        admitted=store.check([verdict]) and store.get(verdict).decode().startswith(keys.ADMITTED),
+    )
+
+
+def run_finished(store: Store, run_id: str) -> bool:
+    return store.check([f"{keys.rendezvous_root(run_id)}/{keys.FINISHED}"])

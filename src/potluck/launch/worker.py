@@ -12,20 +12,28 @@ A script that ran to its end (or called ``sys.exit(0)``) is recorded in the fini
 the launcher named, so that a crash while the interpreter shuts down afterwards is
 reported as that, and never restarts a completed training. It also asks the kernel to
 kill this worker if the launcher dies, so no worker outlives its agent.
+
+A warm spare (``POTLUCK_STANDBY_FD`` set: the agent of an elastic job starts one ahead
+of a restart) first imports what every worker imports, at the lowest CPU priority, then
+waits on that pipe for the environment of the worker it replaces, and only then runs
+the script; the agent closing the pipe unused sends it away.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import runpy
 import signal
 import sys
+import threading
 from types import TracebackType
 
 from potluck import env
 from potluck.errors import BelowMinimumError, JobFinishedError
+from potluck.launch import priority
 from potluck.launch.report import write_error_file, write_finished_file, write_stop_file
 
 _PR_SET_PDEATHSIG = 1
@@ -50,6 +58,8 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m potluck.launch.worker [-m] script.py [args...]")
     _die_with_agent()
+    if not _wait_as_spare():
+        return  # not needed after all
     target = argv[0]
     sys.argv = list(argv)
     if not module:
@@ -82,6 +92,53 @@ def main(argv: list[str]) -> None:
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)  # what an uncaught exception exits with
     _record_finished()
+
+
+def _wait_as_spare() -> bool:
+    """A spare: warm up, wait for the environment of the worker it becomes, take it on.
+    False when the agent closed the pipe without one. Not a spare: True at once.
+
+    The pipe is read by a thread while the main thread warms up, so that a spare taken
+    before it is warm gets its priority back at once instead of finishing at nice 19."""
+    fd = env.standby_fd()
+    if fd is None:
+        return True
+    nice = priority.lower()
+    received: list[bytes] = []
+    listener = threading.Thread(target=_listen, args=(fd, nice, received), daemon=True)
+    listener.start()
+    _warm_up()
+    listener.join()
+    if not received or not received[0]:
+        return False
+    os.environ.clear()
+    os.environ.update(json.loads(received[0]))
+    return True
+
+
+def _listen(fd: int, nice: int | None, received: list[bytes]) -> None:
+    with os.fdopen(fd, "rb") as pipe:
+        received.append(pipe.readline())
+    if nice is None or not received[0]:
+        return
+    try:
+        priority.restore(nice)
+    except PermissionError as exc:  # can_restore said it could: say what happened
+        print(f"potluck: this worker stays at nice {priority.LOWEST}: {exc}",
+              file=sys.stderr, flush=True)
+
+
+def _warm_up() -> None:
+    """What a worker's first seconds cost: torch, torch.distributed, and the first
+    optimizer (whose ``add_param_group`` imports ``torch._dynamo``, 1.5 s more). Only
+    imports and a throwaway tensor: nothing the script could observe."""
+    import torch
+    import torch.distributed
+
+    import potluck.cohort
+    import potluck.preparation  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _record_finished() -> None:

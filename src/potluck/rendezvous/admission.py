@@ -27,7 +27,7 @@ from potluck.errors import AdmissionError, ConfigError
 log = logging.getLogger(__name__)
 
 NO_TOKEN = "-"  # what a worker without a token answers, so it is refused at once
-ADMITTED = "admitted:"
+ADMITTED = keys.ADMITTED
 REFUSED = "refused:"
 
 

@@ -306,6 +306,8 @@ class StoreRendezvous:
         winner = Record.decode(raw)
         if winner == record and not record.error:
             self._store.set(keys.CURRENT, str(record.generation))
+            for gone in record.left:  # their agents end any that still run (frozen ones)
+                self._store.set(keys.left_out(gone), str(record.generation))
             for joiner in record.joined:  # the founder too: it then never looks pending
                 self._store.set(keys.verdict(joiner), f"{admission.ADMITTED}{record.generation}")
             log.info("published generation %d: %s", record.generation, record.encode())

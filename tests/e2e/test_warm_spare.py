@@ -1,0 +1,62 @@
+"""The warm spare of an elastic job: a restarted worker is a process that imported torch
+before it was needed, runs the script with its own slot's variables at normal CPU
+priority, and no spare outlives the launcher. ``--no-warm-spare`` starts it cold."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import SCRIPTS, potluck_run
+
+PROBE = SCRIPTS / "spare_probe.py"
+
+
+def _probe_processes() -> list[int]:
+    """Live processes running the probe script (workers or spares)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(PROBE).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _run(*flags: str) -> str:
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret",
+                         "--max-restarts", "1", *flags, str(PROBE), "--flag", "x",
+                         timeout=80)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "restarting local rank 1 as a new member (1 of 1 restarts)" in result.stderr
+    assert _probe_processes() == []  # no worker and no spare left behind
+    return result.stdout
+
+
+@pytest.mark.timeout(100)
+def test_restarted_worker_is_the_warm_spare_with_its_own_variables() -> None:
+    out = _run()
+    restarted = [line for line in out.splitlines() if line.startswith("[worker1]: ")]
+    assert len(restarted) == 1, out
+    line = restarted[0]
+    assert "local rank 1 restart 1 argv ['--flag', 'x']" in line, line
+    assert "torch preloaded True" in line, line  # imported by the spare, not the script
+    assert f"nice {os.getpriority(os.PRIO_PROCESS, 0)}" in line, line  # priority back
+    assert "standby None" in line, line  # the spare's pipe is not the worker's business
+    first = [line for line in out.splitlines() if line.startswith("[worker0]: ")]
+    assert first == ["[worker0]: local rank 0 restart 0 argv ['--flag', 'x'] "
+                     f"torch preloaded False nice {os.getpriority(os.PRIO_PROCESS, 0)} "
+                     "standby None"], out
+
+
+@pytest.mark.timeout(100)
+def test_no_warm_spare_restarts_cold() -> None:
+    out = _run("--no-warm-spare")
+    assert "[worker1]: local rank 1 restart 1" in out and "torch preloaded False" in out
+    assert "torch preloaded True" not in out, out
