@@ -56,8 +56,36 @@ class JobStore:
         return self._store
 
 
+def check_local_address(addr: str) -> None:
+    """Node 0 hosts the store, so ``--master-addr`` must be one of this machine's own
+    addresses (its workers connect there too): refuse one that is not, at once, instead
+    of workers retrying a foreign address for torch's 30 minutes. An address is local
+    if a socket can be bound to it."""
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(
+            f"--master-addr {addr!r} does not resolve ({exc.strerror or exc}); give node "
+            "0's hostname or IP address as the other nodes see it (on one node leave it out)"
+        ) from exc
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind((address[0], 0))
+            except OSError:
+                continue
+            return
+    raise ConfigError(
+        f"--master-addr {addr!r} is not an address of this machine, but node 0 "
+        f"(--node-rank 0) hosts the job's store and its workers connect to it there: on "
+        "node 0 give this machine's own hostname or IP as the other nodes see it (on one "
+        "node leave --master-addr out)"
+    )
+
+
 def listen(config: LaunchConfig) -> socket.socket:
     """Node 0: the store's listening socket on ``--master-port`` (or a free port)."""
+    check_local_address(config.master_addr)
     port = config.port_to_host()
     try:
         if socket.has_dualstack_ipv6():
@@ -84,26 +112,55 @@ def host_store(config: LaunchConfig, listener: socket.socket) -> TCPStore:
 
 
 def join_store(config: LaunchConfig, stopping: Callable[[], bool]) -> TCPStore:
-    """Other nodes: connect to node 0's store, retrying until the join timeout."""
+    """Other nodes: connect to node 0's store, retrying until the join timeout.
+
+    A plain TCP connection is tried first, quietly, until one is accepted (node 0 may
+    not have started yet); only then is a ``TCPStore`` client made. So a wrong address
+    is one clear message at the join timeout, not torch's retry warnings with C++ stack
+    traces every two seconds, and something that answers but is not the store (its
+    reply to torch's ping is wrong) fails at once."""
     from torch._C._distributed_c10d import TCPStore
 
     port = config.port_to_host()
     deadline = time.monotonic() + config.join_timeout
-    last = ""
+    where = f"{config.master_addr}:{port}"
+    last: str | None = "stopped"
     while time.monotonic() < deadline and not stopping():
-        try:
-            return TCPStore(
-                config.master_addr, port, None, False, timedelta(seconds=_SLICE),
-                wait_for_workers=False,
-            )
+        last = _wait_for_listener(config.master_addr, port, deadline, stopping)
+        if last is not None:
+            break
+        try:  # node 0 may still be importing torch: its store serves a moment later
+            return TCPStore(config.master_addr, port, None, False, timedelta(seconds=_SLICE),
+                            wait_for_workers=False)
         except RuntimeError as exc:
             last = _first_line(exc)
+            if "Ping failed" in last:  # an answer, but not the store's
+                raise RendezvousError(
+                    f"node {config.node_rank}: something at {where} accepted the "
+                    f"connection but is not a potluck job's store ({last}); check "
+                    "--master-addr and --master-port against node 0's `potluck run`"
+                ) from exc
     raise RendezvousError(
-        f"node {config.node_rank} could not reach the store at {config.master_addr}:{port} "
-        f"within {config.join_timeout:g} s ({last or 'stopped'}); start node 0's "
-        "`potluck run` with the same --master-port, and check that --master-addr is "
-        "node 0's address as this node sees it"
+        f"node {config.node_rank} could not reach the store at {where} within "
+        f"{config.join_timeout:g} s ({last}); start node 0's `potluck run` with the same "
+        "--master-port, and check that --master-addr is node 0's address as this node "
+        "sees it"
     )
+
+
+def _wait_for_listener(addr: str, port: int, deadline: float,
+                       stopping: Callable[[], bool]) -> str | None:
+    """None once something accepts a TCP connection at ``addr:port``; else why not (at
+    the deadline, or when stopping)."""
+    last = "stopped"
+    while time.monotonic() < deadline and not stopping():
+        try:
+            with socket.create_connection((addr, port), timeout=_SLICE):
+                return None
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    return last
 
 
 def meet(
