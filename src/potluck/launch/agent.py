@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING
 from potluck import env as potluck_env
 from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
-from potluck.launch.config import LaunchConfig, worker_environ
+from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.policy import Action, Outcome, next_action, why_end
 from potluck.launch.report import (
     WorkerResult,
@@ -46,8 +46,10 @@ from potluck.launch.store import (
     JobStore,
     check_in,
     count,
+    elastic_offset,
+    exchange_nprocs,
     mark_exited,
-    meet,
+    publish_first_node,
     run_finished,
     view_worker,
     wait_for_count,
@@ -100,6 +102,7 @@ class Agent:
         self._sinks = (stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
         self._lock = threading.Lock()
         self._signal: int | None = None
+        self._layout = Layout.assumed(self.config)  # until the nodes have met
 
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
@@ -126,12 +129,16 @@ class Agent:
         if cfg.node_rank > 0:
             job_store.get()  # reach node 0 before starting workers that would need it
         if cfg.elastic:
+            if cfg.node_rank > 0:
+                offset = elastic_offset(job_store.get(), cfg, self._stopping)
+                self._layout = Layout(offset, cfg.world_size)
             return self._run_elastic(job_store)
         restarts = 0
         while True:
-            if cfg.nnodes > 1:
+            if cfg.nnodes > 1:  # ranks follow every node's worker count, told at the meeting
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
-                meet(job_store.get(), key, cfg.nnodes, cfg.join_timeout, self._stopping)
+                nprocs = exchange_nprocs(job_store.get(), key, cfg, self._stopping)
+                self._layout = static_layout(nprocs, cfg.node_rank)
             outcome, results = self._attempt(job_store, restarts)
             store = job_store.get()
             self._warn_teardown_deaths(results)
@@ -157,9 +164,14 @@ class Agent:
         ``--nnodes MIN:MAX`` beyond MIN joins the running job)."""
         cfg = self.config
         started, done = (keys.agents(cfg.run_id, name) for name in ("started", "done"))
+
+        def spawned(store: TCPStore) -> None:
+            if cfg.node_rank == 0:
+                publish_first_node(store, cfg)  # later nodes number their workers after
+            check_in(store, started)
+
         try:
-            outcome, results = self._attempt(job_store, 0,
-                                             spawned=lambda store: check_in(store, started))
+            outcome, results = self._attempt(job_store, 0, spawned=spawned)
         finally:
             check_in(job_store.get(), done)
         store = job_store.get()
@@ -255,7 +267,7 @@ class Agent:
                 self._command(), env=environ, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             )
-        rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+        rank = self._layout.rank_offset + local_rank
         worker = _Worker(rank, local_rank, proc, error_file, finished_file)
         # An elastic worker's rank in the cohort changes with the generations (its log
         # lines say "[rank R]"): its prefix names the launcher's slot instead.
@@ -278,7 +290,7 @@ class Agent:
         return worker_environ(
             self.config, local_rank=local_rank, master_port=port, restart_count=restarts,
             base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
-            finished_file=finished_file,
+            finished_file=finished_file, layout=self._layout,
         )
 
     def _command(self) -> list[str]:

@@ -128,6 +128,27 @@ class LaunchConfig:
         return 0 if self.nnodes == 1 else DEFAULT_MULTI_NODE_PORT
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where this node's workers sit in the job: the rank of its local rank 0, and the
+    job's world size. Nodes may run different ``--nproc-per-node``: the agents exchange
+    their counts before the workers start (``static_layout``)."""
+
+    rank_offset: int
+    world_size: int
+
+    @staticmethod
+    def assumed(config: LaunchConfig) -> Layout:
+        """Every node as this one (a single node; or before the nodes have met)."""
+        return Layout(config.node_rank * config.nproc_per_node, config.world_size)
+
+
+def static_layout(nprocs: list[int], node_rank: int) -> Layout:
+    """Node ``node_rank``'s layout when node r runs ``nprocs[r]`` workers: ranks are
+    handed out node by node, in node rank order."""
+    return Layout(sum(nprocs[:node_rank]), sum(nprocs))
+
+
 def _at_least(flag: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ConfigError(f"{flag} {value} must be at least {minimum}")
@@ -143,20 +164,22 @@ def worker_environ(
     error_file: str,
     agent_pid: int,
     finished_file: str | None = None,
+    layout: Layout | None = None,
 ) -> dict[str, str]:
     """The complete environment of one worker: ``base`` plus the launcher's variables."""
-    rank = config.node_rank * config.nproc_per_node + local_rank
+    layout = layout or Layout.assumed(config)
+    rank = layout.rank_offset + local_rank
     env = dict(base)
     env.update({
         names.RANK: str(rank),
         names.LOCAL_RANK: str(local_rank),
-        names.WORLD_SIZE: str(config.world_size),
+        names.WORLD_SIZE: str(layout.world_size),
         names.LOCAL_WORLD_SIZE: str(config.nproc_per_node),
         names.GROUP_RANK: str(config.node_rank),
         names.GROUP_WORLD_SIZE: str(config.nnodes),
         "ROLE_RANK": str(rank),
         "ROLE_NAME": "default",
-        "ROLE_WORLD_SIZE": str(config.world_size),
+        "ROLE_WORLD_SIZE": str(layout.world_size),
         names.MASTER_ADDR: config.master_addr,
         names.MASTER_PORT: str(master_port),
         names.RESTART_COUNT: str(restart_count),

@@ -253,3 +253,57 @@ def view_worker(store: Store, run_id: str, pid: int, worker_id: str | None) -> C
 
 def run_finished(store: Store, run_id: str) -> bool:
     return store.check([f"{keys.rendezvous_root(run_id)}/{keys.FINISHED}"])
+
+
+def exchange_nprocs(store: Store, key: str, config: LaunchConfig,
+                    stopping: Callable[[], bool]) -> list[int]:
+    """Meet the other nodes' agents at ``key`` (one attempt), each telling its worker
+    count; returns every node's count in node rank order. Two agents started with the
+    same ``--node-rank`` are refused at once (their ranks would collide)."""
+    node = config.node_rank
+    if _count(store, f"{key}/node{node}", 1) > 1:
+        raise ConfigError(
+            f"another node's `potluck run` already started with --node-rank {node} for "
+            f"this job (--run-id {config.run_id}): give every node its own --node-rank, "
+            f"0..{config.nnodes - 1}"
+        )
+    store.set(f"{key}/nproc{node}", str(config.nproc_per_node))
+    meet(store, key, config.nnodes, config.join_timeout, stopping)
+    return [int(store.get(f"{key}/nproc{r}").decode()) for r in range(config.nnodes)]
+
+
+def publish_first_node(store: Store, config: LaunchConfig) -> None:
+    """Node 0 of an elastic job: its worker count, which its ranks 0.. occupy."""
+    store.set(keys.agents(config.run_id, "nproc0"), str(config.nproc_per_node))
+
+
+def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bool]) -> int:
+    """A later node of an elastic job: the launch rank of its local rank 0, after node
+    0's workers and every node that asked before it. A founding node (one of
+    ``--nnodes MIN:MAX``'s first MIN) must run node 0's worker count: the cohort's first
+    generation waits for exactly MIN nodes' worth of workers."""
+    key = keys.agents(config.run_id, "nproc0")
+    deadline = time.monotonic() + config.join_timeout
+    try:
+        while not store.check([key]):
+            if stopping() or time.monotonic() > deadline:
+                raise RendezvousError(f"node 0 did not say how many workers it runs within "
+                                      f"{config.join_timeout:g} s; see node 0's output")
+            time.sleep(0.05)
+        first = int(store.get(key).decode())
+    except RuntimeError as exc:  # node 0 closed the store: its job ended, or it died
+        raise RendezvousError(
+            f"lost node 0's store at {config.master_addr} ({_first_line(exc)}): node 0's "
+            "`potluck run` exited (its job may have finished already) or the network to "
+            "it failed; see node 0's output"
+        ) from exc
+    founding = config.min_nodes if config.min_nodes is not None else config.nnodes
+    if config.node_rank < founding and first != config.nproc_per_node:
+        raise ConfigError(
+            f"--nproc-per-node {config.nproc_per_node} on node {config.node_rank}, but node "
+            f"0 runs {first}: the {founding} founding node(s) of --nnodes "
+            f"{founding}:{config.nnodes} must run the same number of workers (the first "
+            "generation waits for that many); nodes that join later may run any number"
+        )
+    taken = _count(store, keys.agents(config.run_id, "slots"), config.nproc_per_node)
+    return first + taken - config.nproc_per_node
