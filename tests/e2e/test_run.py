@@ -193,3 +193,13 @@ def test_an_abort_inside_the_script_is_still_a_failure() -> None:
     assert "rank      : 1 (local rank 1" in report
     assert "killed by SIGABRT" in report
     assert "finished its script" not in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_report_names_the_rank_that_left_not_the_one_that_lost_it() -> None:
+    result = potluck_run("--nproc-per-node", "2", str(SCRIPTS / "die_before_backward.py"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    root = result.stderr.split("Root cause")[1]
+    assert "rank      : 1 (local rank 1, node rank 0)" in root, root
+    assert "its script ended while the other ranks still waited for it" in root
+    assert "rank 0 (pid" in root and "PeerLostError" in root  # listed as a consequence

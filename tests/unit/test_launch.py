@@ -87,6 +87,34 @@ def test_root_cause_is_the_earliest_recorded_failure_never_a_stopped_worker() ->
     assert root_cause([_result(0, -9, 5.0), _result(1, 1, 4.0)]) == _result(1, 1, 4.0)
 
 
+def _lost_peer(rank: int, raised_at: float) -> WorkerResult:
+    error = ErrorRecord(raised_at, "PeerLostError", "a peer died", "Traceback...\n")
+    return WorkerResult(rank, rank, 100 + rank, 1, raised_at + 0.1, error=error)
+
+
+def test_a_failure_of_its_own_is_the_root_cause_before_a_lost_peer() -> None:
+    # rank 1 died without raising (seen a little after rank 0 lost it as a peer)
+    results = [_lost_peer(0, raised_at=5.0), _result(1, -11, seen=5.05)]
+    root = root_cause(results)
+    assert root is not None and root.rank == 1
+
+
+def test_a_rank_whose_script_ended_while_the_others_needed_it_is_the_root_cause() -> None:
+    leaver = WorkerResult(1, 1, 101, 0, seen_at=5.2, finished_at=4.9)
+    results = [_lost_peer(0, raised_at=5.0), leaver]
+    assert root_cause(results) == leaver
+    text = format_report(results, host="node-a", node_rank=0)
+    assert "rank      : 1 (local rank 1, node rank 0)" in text
+    assert "its script ended while the other ranks still waited for it" in text
+    assert "rank 0 (pid 100): exit code 1: PeerLostError" in text
+    # stopped by the agent in its teardown: it had left all the same
+    stopped = WorkerResult(1, 1, 101, -15, seen_at=5.2, stopped=True, finished_at=4.9)
+    assert root_cause([_lost_peer(0, raised_at=5.0), stopped]) == stopped
+    # a script that ended after the loss is not why it happened
+    late = WorkerResult(1, 1, 101, 0, seen_at=5.2, finished_at=5.1)
+    assert root_cause([_lost_peer(0, raised_at=5.0), late]) == _lost_peer(0, 5.0)
+
+
 def test_format_report_names_rank_host_exit_and_traceback() -> None:
     text = format_report(
         [_result(0, -15, 2.0, stopped=True), _result(1, 1, 1.0, raised_at=1.0),

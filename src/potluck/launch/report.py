@@ -106,12 +106,41 @@ def stopped_below_minimum(finished_file: str) -> bool:
     return Path(stop_file(finished_file)).is_file()
 
 
+# Exceptions that say "a peer went away", not why: a consequence, never the root cause
+# while a worker that failed (or left) on its own is there to name.
+PEER_LOSS = frozenset({"PeerLostError", "CommunicationError", "DistNetworkError",
+                       "DistBackendError", "DistError"})
+
+
+def lost_a_peer(result: WorkerResult) -> bool:
+    return result.error is not None and result.error.exc_type in PEER_LOSS
+
+
 def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
-    """The first failure: earliest recorded exception, else earliest observed exit."""
+    """The first failure of its own (earliest recorded exception, else earliest observed
+    exit). When every failure only lost a peer: a worker whose script ended before the
+    first of them (it left while the others still needed it, e.g. it skipped a step's
+    backward() and returned), else the first of them."""
     failed = [r for r in results if r.failed]
     if not failed:
         return None
-    return min(failed, key=lambda r: (r.error.timestamp if r.error else r.seen_at, r.rank))
+    own = [r for r in failed if not lost_a_peer(r)]
+    if own:
+        return min(own, key=_failed_at)
+    first = min(failed, key=_failed_at)
+    assert first.error is not None  # lost_a_peer
+    left = [r for r in results if left_early(r, first.error.timestamp)]
+    return min(left, key=lambda r: (r.finished_at, r.rank)) if left else first
+
+
+def _failed_at(result: WorkerResult) -> tuple[float, int]:
+    return (result.error.timestamp if result.error else result.seen_at, result.rank)
+
+
+def left_early(result: WorkerResult, before: float) -> bool:
+    """Its script ended (exit 0) before ``before``, while the others still needed it
+    (the agent may have stopped the process since, in its interpreter's teardown)."""
+    return result.finished_at is not None and result.finished_at <= before
 
 
 def describe_exit(exitcode: int) -> str:
@@ -134,7 +163,8 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
         lines.append("no worker failed on its own (every worker was stopped)")
     else:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
-            root.error.timestamp if root.error else root.seen_at))
+            root.finished_at if not root.failed and root.finished_at is not None
+            else _failed_at(root)[0]))
         lines += [
             "Root cause (first observed failure):",
             f"  rank      : {root.rank} (local rank {root.local_rank}, node rank {node_rank})",
@@ -145,11 +175,15 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
         ]
         if root.why is not None:
             lines.append(f"  why       : {root.why}")
+        if not root.failed:  # it left early: its script ended while the others needed it
+            lines.append("  why       : its script ended while the other ranks still "
+                         "waited for it in a collective (they lost it as a peer): every "
+                         "rank must run the same steps, and call backward() in each")
         if root.error is not None:
             lines.append(f"  error     : {root.error.exc_type}: {root.error.message}")
             lines.append("  traceback :")
             lines += ["    " + line for line in root.error.traceback.rstrip().splitlines()]
-        else:
+        elif root.failed:
             lines.append("  traceback : none recorded (the process died without raising)")
     others = [r for r in results if r is not root and r.exitcode != 0]
     if others:
