@@ -194,3 +194,13 @@ def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: P
     assert f"pid       : {frozen}" in err
     assert not pid_alive(frozen)
     assert_equal_to_one_process(out, epochs)  # its step was redone by the others
+
+
+@pytest.mark.timeout(90)
+def test_a_script_without_the_elastic_path_is_told_why_elastic_cannot_help() -> None:
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret",
+                         str(ROOT / "tests" / "e2e" / "scripts" / "plain_torch_fail_rank1.py"),
+                         timeout=80)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "worker 1 never joined the elastic cohort" in result.stderr, result.stderr[-3000:]
+    assert "without --elastic, with --max-restarts K" in result.stderr

@@ -48,6 +48,7 @@ from potluck.launch.store import (
     count,
     elastic_offset,
     exchange_nprocs,
+    joined_cohort,
     mark_exited,
     publish_first_node,
     run_finished,
@@ -103,6 +104,7 @@ class Agent:
         self._lock = threading.Lock()
         self._signal: int | None = None
         self._layout = Layout.assumed(self.config)  # until the nodes have met
+        self._said_not_joined = False
 
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
@@ -366,13 +368,13 @@ class Agent:
                     elif restarts_left == 0:
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
-                        self._report_lost(worker)
+                        self._report_lost(worker, store)
                     else:
                         self._count_out(store, worker)
                         restarts_left -= 1
                         worker.seen_at = worker.seen_at or time.time()
                         self._stop([worker])
-                        self._report_lost(worker)
+                        self._report_lost(worker, store)
                         restarts = self.config.max_restarts - restarts_left
                         self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                    f"as a new member ({restarts} of "
@@ -418,10 +420,22 @@ class Agent:
         with contextlib.suppress(RuntimeError):
             mark_exited(store, self.config.run_id, worker.proc.pid)
 
-    def _report_lost(self, worker: _Worker) -> None:
+    def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
                                  title="a worker was lost (elastic: the others train on)"))
+        if self._said_not_joined:
+            return
+        with contextlib.suppress(RuntimeError):  # the store is gone: nothing to add
+            if not joined_cohort(store, self.config.run_id, worker.proc.pid):
+                self._said_not_joined = True  # once is enough
+                self._emit(
+                    f"potluck run: worker {worker.rank} never joined the elastic cohort. If "
+                    "the script does not call potluck.prepare or potluck.init() (plain "
+                    "torch.distributed or torch DDP), --elastic cannot help it: the others "
+                    "keep a process group that lost a member and will fail too. Run such a "
+                    "script without --elastic, with --max-restarts K (the whole worker set "
+                    "restarts, from its checkpoint)")
 
     def _stop(self, workers: list[_Worker]) -> None:
         """SIGTERM every live worker's group, SIGKILL after the grace period, reap all."""

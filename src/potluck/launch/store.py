@@ -220,6 +220,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def joined_cohort(store: Store, run_id: str, pid: int) -> bool:
+    """Whether worker process ``pid`` joined the elastic cohort (``potluck.init()``
+    writes its member id under ``keys.process``)."""
+    return store.check([keys.process(run_id, pid)])
+
+
 def mark_exited(store: Store, run_id: str, pid: int) -> None:
     """The agent saw worker process ``pid`` die: count it out of the elastic cohort now.
 
