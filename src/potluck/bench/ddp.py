@@ -99,7 +99,7 @@ def _rank_main(rank: int, world_size: int, name: str, rounds: int, steps: int,
     module, batch = _WORKLOADS[name]()
     twin, _ = _WORKLOADS[name]()
     twin.load_state_dict(module.state_dict())
-    wrapped = {
+    wrapped: dict[str, torch.nn.Module] = {
         "potluck": DataParallel(module, bucket_cap_mb=bucket_cap_mb),
         "torch": TorchDDP(twin, bucket_cap_mb=bucket_cap_mb),
     }

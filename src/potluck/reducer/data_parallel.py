@@ -10,6 +10,12 @@ Works on the default process group, an explicit group object, or a cohort's
 ``GroupHandle`` (``cohort.group``), which it holds for life: when an elastic cohort moves
 to a new generation, the handle follows and so does every step after. With one rank (or
 no process group at all) nothing is communicated.
+
+Also what code written for torch DDP touches: ``require_backward_grad_sync`` (what
+``no_sync()`` sets; read by every forward), torch's communication hooks
+(``torch_hooks``), torch's ``Join`` for uneven inputs (``join``), and DDP's read-only
+attributes (``process_group``, ``find_unused_parameters``, ``static_graph``,
+``gradient_as_bucket_view``, ``bucket_bytes_cap``) with the values that hold here.
 """
 
 from __future__ import annotations
@@ -20,24 +26,29 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
 from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle, as_handle
 from potluck.reducer.consistency import verify_same_model
-from potluck.reducer.hooks import Bucket, CommHook
-from potluck.reducer.reducer import Reducer, ReducerConfig
+from potluck.reducer.hooks import Bucket
+from potluck.reducer.join import DataParallelJoinHook, iteration_vote
+from potluck.reducer.reducer import AnyHook, Reducer, ReducerConfig
+from potluck.reducer.torch_hooks import hook_name, is_torch_hook
 
 _MB = 1024 * 1024
 
 
-class DataParallel(nn.Module):
+class DataParallel(nn.Module, Joinable):
     """Data-parallel wrapper: one full replica per rank, gradients averaged in backward.
 
     Arguments that torch's DDP takes and potluck does not need (``find_unused_parameters``,
     ``gradient_as_bucket_view``, ``static_graph``, ``output_device``, ``dim``) are
     accepted so that code swaps the class unchanged: unused parameters are always
-    handled, and gradients are always bucket views.
+    handled, and gradients are always bucket views. It is not a subclass of torch's DDP:
+    code that tests ``isinstance(model, DistributedDataParallel)`` to unwrap should use
+    ``model.module`` (docs/data-parallel.md).
     """
 
     def __init__(
@@ -50,7 +61,7 @@ class DataParallel(nn.Module):
         bucket_cap_mb: float | None = 25.0,
         first_bucket_cap_mb: float = 1.0,
         broadcast_buffers: bool = True,
-        comm_hook: CommHook | None = None,
+        comm_hook: AnyHook | None = None,
         comm_state: Any = None,
         check_model: bool = True,
         init_sync: bool = True,
@@ -58,6 +69,7 @@ class DataParallel(nn.Module):
         **torch_ddp_compat: Any,
     ) -> None:
         super().__init__()
+        Joinable.__init__(self)
         _check_compat_kwargs(torch_ddp_compat)
         if group is not None and process_group is not None and group is not process_group:
             raise ConfigError("pass the process group once: either group= or process_group=")
@@ -77,8 +89,15 @@ class DataParallel(nn.Module):
         self.module = module
         self.device_ids = list(device_ids) if device_ids else None
         self.broadcast_buffers = broadcast_buffers
+        # What no_sync() sets, as in torch DDP; every forward reads it.
+        self.require_backward_grad_sync = True
         explicit = group if group is not None else process_group
-        self._group = as_handle(explicit if explicit is not None else default_group())
+        plain = explicit if explicit is not None else default_group()
+        self._group = as_handle(plain)
+        # The user's own process group (not a potluck handle): what torch's Join and
+        # torch's hooks can talk on.
+        self._process_group = None if isinstance(plain, GroupHandle) else plain
+        self._bucket_bytes_cap = max(1, int(bucket_cap_mb * _MB))
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = list(module.buffers()) if broadcast_buffers else []
@@ -98,14 +117,14 @@ class DataParallel(nn.Module):
             [n for n, _ in named],
             self._group,
             ReducerConfig(
-                bucket_cap_bytes=max(1, int(bucket_cap_mb * _MB)),
+                bucket_cap_bytes=self._bucket_bytes_cap,
                 first_bucket_cap_bytes=max(1, int(first_bucket_cap_mb * _MB)),
                 abandon_on_failure=on_failure == "abandon",
             ),
             buffers=buffers,
         )
         if comm_hook is not None:
-            self.reducer.register_comm_hook(comm_state, comm_hook)
+            self.register_comm_hook(comm_state, comm_hook)
 
     # ------------------------------------------------------------------- properties
 
@@ -130,26 +149,96 @@ class DataParallel(nn.Module):
         """True after a backward whose collectives failed (``on_failure="abandon"``)."""
         return self.reducer.step_failed
 
-    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
-        """Reduce each bucket with ``hook(state, bucket) -> Future`` (see potluck.reducer)."""
+    def register_comm_hook(self, state: Any, hook: AnyHook) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> Future``: a potluck hook (gets a
+        ``potluck.reducer.Bucket``) or one of torch DDP's (gets a ``GradBucket``)."""
+        if is_torch_hook(hook) and self._process_group is None and self._group is not None:
+            raise ConfigError(
+                f"{hook_name(hook)} is a torch DDP hook: it talks on the process group in "
+                "its state (None: the default group), not on this model's GroupHandle "
+                "(such as cohort.group), which moves to a new group when the membership "
+                "changes. Use a potluck hook, which talks on bucket.group: "
+                "potluck.allreduce_mean (the default) or potluck.weighted_mean"
+            )
         self.reducer.register_comm_hook(state, hook)
+
+    # ------------------------------------------------- torch DDP's attributes, true here
+
+    @property
+    def process_group(self) -> Group | None:
+        """The torch process group given (or the default one); a cohort's ``GroupHandle``
+        when the model talks on a cohort."""
+        return self._process_group if self._process_group is not None else self._group
+
+    @property
+    def find_unused_parameters(self) -> bool:
+        return True  # unused parameters are always handled, without a flag
+
+    @property
+    def static_graph(self) -> bool:
+        return False  # nothing assumes the same graph every iteration
+
+    @property
+    def gradient_as_bucket_view(self) -> bool:
+        return True  # .grad is always a view into its bucket
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        return self._bucket_bytes_cap
+
+    # ------------------------------------------------------------ torch's Join protocol
+
+    def join_hook(self, **kwargs: Any) -> DataParallelJoinHook:
+        self._torch_group("torch.distributed.algorithms.Join")  # refuses before Join starts
+        return DataParallelJoinHook(self, **kwargs)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self._torch_group("torch.distributed.algorithms.Join")
+
+    def _torch_group(self, what: str) -> Group:
+        if self._process_group is not None:
+            return self._process_group
+        if self._group is not None:
+            raise ConfigError(
+                f"{what} needs a torch.distributed process group, and this model talks on "
+                "a potluck GroupHandle (such as cohort.group), whose group changes with "
+                "the membership. On a cohort, potluck.prepare's loader gives every rank its "
+                "share of every global batch, so inputs are never uneven: drop the Join "
+                "context; otherwise pass the torch process group itself as group="
+            )
+        raise ConfigError(
+            f"{what} needs an initialized process group: call "
+            "torch.distributed.init_process_group before wrapping the model"
+        )
 
     # --------------------------------------------------------------------- training
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally; the next synchronized backward averages them."""
-        previous = self.reducer.require_sync
-        self.reducer.require_sync = False
+        """Accumulate gradients locally; the next synchronized backward averages them.
+
+        The same switch as ``model.require_backward_grad_sync = False``; as in torch DDP,
+        the forward decides: a forward run inside the context keeps its backward local.
+        """
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            self.reducer.require_sync = previous
+            self.require_backward_grad_sync = previous
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         active = torch.is_grad_enabled() and self.world_size > 1
         if active:
-            self.reducer.prepare_for_forward()
+            sync, buffer_src = self.require_backward_grad_sync, 0
+            if self._join_config.enable:
+                buffer_src = self._notify_join(sync)
+            self.reducer.prepare_for_forward(sync=sync, buffer_src=buffer_src)
         if self.device_ids:
             inputs, kwargs = _to_device((inputs, kwargs), self._device)
         output = self.module(*inputs, **kwargs)
@@ -160,6 +249,16 @@ class DataParallel(nn.Module):
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
         self.reducer.on_backward_start()
+
+    def _notify_join(self, sync: bool) -> int:
+        """Under torch's Join: say this rank still trains, and whether it synchronizes
+        (joined ranks mirror it); returns the rank whose buffers are broadcast."""
+        work = Join.notify_join_context(self)
+        if work is not None:
+            work.wait()
+        assert self._group is not None  # active: world size > 1
+        _, buffer_src = iteration_vote(self._group, self.rank, sync, self._device)
+        return buffer_src
 
 
 _COMPAT_ARGS = {

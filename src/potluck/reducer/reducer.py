@@ -15,6 +15,12 @@ Contract, per synchronized backward pass:
   parameters no rank used: those keep ``.grad`` as it was (None stays None).
 * After the first synchronized pass, buckets are rebuilt once in the order gradients
   actually became ready on rank 0 (broadcast, so every rank agrees).
+* A hook written for torch DDP gets a ``GradBucketView`` (``torch_hooks``); one that
+  chains collectives in its future's callbacks (PowerSGD) gets one bucket at a time, and
+  the reducer's own end-of-step collectives wait for every bucket, so that every rank
+  issues collectives in the same order.
+* A rank that ran out of inputs under torch's ``Join`` mirrors a pass with zero
+  gradients (``shadow_pass``).
 
 The reducer holds one ``GroupHandle`` for life: a new membership generation is the
 handle's business, not the reducer's. A lost peer becomes ``PeerLostError``.
@@ -22,8 +28,9 @@ handle's business, not the reducer's. A lost peer becomes ``PeerLostError``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,16 +38,20 @@ import torch
 import torch.distributed as dist
 
 from potluck.collectives import PendingBroadcast, wait_for
-from potluck.errors import CommunicationError, PeerLostError, ReducerError
+from potluck.errors import CommunicationError, ConfigError, PeerLostError, ReducerError
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
+from potluck.reducer.torch_hooks import call_hook, chains_collectives, check_hook, is_torch_hook
 
 log = logging.getLogger(__name__)
 
 # Hooks under which zero bitmap entries stay zero and positive ones positive. Not
 # weighted_mean: a rank with weight 0 would erase its own "used" bits.
 _BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean})
+
+# A potluck hook (takes a Bucket) or one written for torch DDP (takes a GradBucket).
+AnyHook = Callable[[Any, Any], "torch.futures.Future[Any]"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +81,12 @@ class Reducer:
         self._group = group
         self._config = config
         self._buffers = list(buffers)
-        self._hook: CommHook = allreduce_mean
+        self._hook: AnyHook = allreduce_mean
         self._hook_state: Any = None
-        self.require_sync = True
+        self._torch_style = False  # the hook takes a GradBucket (torch_hooks)
+        self._chains = False  # ... and issues collectives from its future's callbacks
+        self.require_sync = True  # set by every forward (prepare_for_forward)
+        self._buffer_src = 0  # the rank whose buffers are broadcast after the pass
         self.failure: CommunicationError | None = None  # set when a step was abandoned
         self._failed_generation = -1  # ... in this generation of the handle
         self._rebuilt = not config.rebuild_buckets
@@ -99,9 +113,11 @@ class Reducer:
     def buckets(self) -> list[Bucket]:
         return list(self._buckets)
 
-    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+    def register_comm_hook(self, state: Any, hook: AnyHook) -> None:
+        check_hook(hook)
         fused_before = self._fuse_bitmap
         self._hook, self._hook_state = hook, state
+        self._torch_style, self._chains = is_torch_hook(hook), chains_collectives(hook)
         if self._fuse_bitmap != fused_before:
             self._build([i for members in self._members for i in members])
         self._reset_pass()
@@ -215,8 +231,11 @@ class Reducer:
         # The default hook's division is fused into staging (see _stage).
         self._prescale = 1.0 / self.world_size if self._hook is allreduce_mean else 1.0
 
-    def prepare_for_forward(self) -> None:
-        """Start a pass. Gradients are not touched here on purpose.
+    def prepare_for_forward(self, sync: bool = True, buffer_src: int = 0) -> None:
+        """Start a pass; ``sync``: its backward averages (False: gradients stay local,
+        as under ``no_sync``); ``buffer_src``: whose buffers to broadcast after it.
+
+        Gradients are not touched here on purpose.
 
         A ``.grad`` that is None is left None: autograd then hands over the fresh
         gradient and the ready hook copies it once into the bucket view. Zeroing the
@@ -224,6 +243,7 @@ class Reducer:
         step. Once a gradient is a view (no_sync windows, zero_grad(set_to_none=False))
         autograd accumulates into the bucket in place.
         """
+        self.require_sync, self._buffer_src = sync, buffer_src
         self._reset_pass()
 
     def on_backward_start(self) -> None:
@@ -284,18 +304,28 @@ class Reducer:
             view.copy_(grad)
         param.grad = view
 
-    def _launch(self, b: int) -> None:
-        if self._tail is not None and b == len(self._buckets) - 1:
+    def _launch(self, b: int, stand_in: Bucket | None = None) -> None:
+        """Reduce bucket ``b``, or ``stand_in`` for it (zeros, see ``shadow_pass``)."""
+        if stand_in is None and self._tail is not None and b == len(self._buckets) - 1:
             self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
-        bucket = self._buckets[b]
+        bucket = self._buckets[b] if stand_in is None else stand_in
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
             return
         try:
+            if self._chains and b > 0:  # every collective of bucket b - 1 issued first
+                self._result(b - 1)
             if self._prescale != 1.0:  # already divided while staging: sum only
                 self._futures[b] = bucket.group.allreduce([bucket.buffer]).get_future()
             else:
-                self._futures[b] = self._hook(self._hook_state, bucket)
+                self._futures[b] = call_hook(self._hook, self._hook_state, bucket,
+                                             len(self._buckets), self._torch_style)
+        except CommunicationError as lost:
+            if not self._config.abandon_on_failure:
+                raise
+            self._fail(lost)
+        except ConfigError:  # the hook refused its input: not a lost peer
+            raise
         except RuntimeError as exc:
             error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
@@ -336,8 +366,6 @@ class Reducer:
         log.warning("step abandoned, gradients dropped: %s", self.failure)
 
     def _complete_pass(self) -> None:
-        group = self._group
-        assert group is not None  # guarded by on_backward_start
         for i, param in enumerate(self._params):
             if not self._ready[i]:
                 self._stage(i, param)
@@ -345,21 +373,30 @@ class Reducer:
             self._launch(b)
         if self.failure is not None:  # a launch failed: nothing more on this group
             raise self.failure
+        self._settle(self._produced, write_back=True)
+
+    def _settle(self, produced_map: bytearray, write_back: bool) -> None:
+        """Wait for every bucket (``write_back``: its reduced tensor becomes the bucket) and
+        run the end-of-step collectives: the unused-parameter bitmap (unless fused), the
+        buffer broadcast, and once the bucket rebuild."""
+        group = self._communicating()
+        # A chaining hook may still be issuing collectives: let it finish first.
+        results = [self._result(b) for b in range(len(self._buckets))] if self._chains else []
         produced_work = None
         try:
             if self._tail is None and self._params:
-                produced = torch.frombuffer(bytearray(self._produced), dtype=torch.uint8).to(
+                produced = torch.frombuffer(bytearray(produced_map), dtype=torch.uint8).to(
                     device=self._buckets[0].buffer.device, dtype=torch.int32
                 )
                 produced_work = group.allreduce([produced])
-            buffers = PendingBroadcast(self._buffers, group) if self._buffers else None
+            buffers = (PendingBroadcast(self._buffers, group, src=self._buffer_src)
+                       if self._buffers else None)
         except RuntimeError as exc:
             raise self._lost("the end-of-step collectives", exc) from exc
-        for bucket, future in zip(self._buckets, self._futures, strict=True):
-            assert future is not None
-            result = self._value(future, f"bucket {bucket.index}")
-            if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
-                bucket.buffer.copy_(result)
+        results = results or [self._result(b) for b in range(len(self._buckets))]
+        for bucket, result in zip(self._buckets, results, strict=True):
+            if write_back and result.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(result)  # the hook returned another tensor
         if produced_work is not None:
             self._wait(produced_work, "unused-parameter bitmap")
         else:
@@ -372,6 +409,22 @@ class Reducer:
             buffers.wait()  # settles on the handle: a lost peer is PeerLostError
         if not self._rebuilt:
             self._rebuild_from_ready_order()
+
+    def shadow_pass(self, buffer_src: int) -> None:
+        """Mirror one synchronized backward with zero gradients, leaving ``.grad`` alone.
+
+        For a rank that ran out of inputs under torch's ``Join``: it issues the same
+        collectives in the same order as the ranks still training (same buckets, same
+        hook, bitmap, buffer broadcast, rebuild) and contributes nothing to the average.
+        """
+        self.prepare_for_forward(sync=True, buffer_src=buffer_src)
+        self._was_none = bytearray(len(self._params))  # keep this rank's .grad as it is
+        for b, bucket in enumerate(self._buckets):
+            self._launch(b, dataclasses.replace(bucket, buffer=torch.zeros_like(bucket.buffer)))
+        if self.failure is not None:
+            raise self.failure
+        self._settle(bytearray(len(self._params)), write_back=False)
+        self._reset_window()
 
     def reduce_now(self) -> None:
         """Average the current ``.grad`` of every parameter outside of backward.
@@ -392,6 +445,11 @@ class Reducer:
         generation = 0 if group is None else group.generation
         rank = group.rank() if group is not None and group.usable else -1
         return PeerLostError.from_failure(what, cause, rank=rank, generation=generation)
+
+    def _result(self, b: int) -> torch.Tensor:
+        future = self._futures[b]
+        assert future is not None  # launched: every launch before the first failure sets it
+        return self._value(future, f"bucket {b}")
 
     def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
         # Elastic: a live peer that gave up on the step never sends, and Gloo would wait
