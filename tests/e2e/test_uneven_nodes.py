@@ -60,11 +60,30 @@ def test_two_agents_with_the_same_node_rank_are_refused_at_once() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_founding_elastic_nodes_with_different_counts_fail_naming_both() -> None:
-    token = ("--elastic", "--token", "s3cret")
-    _, (code1, _, err1) = _nodes((0, 2), (1, 1), extra=token,
-                                 script=str(SCRIPTS / "say_rank.py"))
-    assert code1 == 2, err1
+def test_founding_elastic_nodes_with_different_counts_fail_naming_both(
+        tmp_path: Path) -> None:
+    release = tmp_path / "release"  # node 0's workers wait for it: its store stays up
+    port = str(free_port())
+
+    def agent(node: int, nproc: int, *script: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "potluck", "run", "--nnodes", "2", "--node-rank",
+             str(node), "--nproc-per-node", str(nproc), "--master-port", port,
+             "--join-timeout", "30", "--elastic", "--token", "s3cret", *script],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+    first = agent(0, 2, str(SCRIPTS / "wait_for_file.py"), str(release))
+    try:
+        second = agent(1, 1, str(SCRIPTS / "say_rank.py"))
+        _, err1 = second.communicate(timeout=60)
+        release.touch()
+        first.communicate(timeout=60)
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert second.returncode == 2, err1
     assert "--nproc-per-node 1 on node 1, but node 0 runs 2" in err1
 
 
@@ -73,10 +92,10 @@ def test_a_late_elastic_node_may_run_any_count_and_numbers_after_node_0(
         tmp_path: Path) -> None:
     token = ("--elastic", "--token", "s3cret")
     (code0, out0, err0), (code1, out1, err1) = _nodes(
-        (0, 2), (1, 3), extra=("--nnodes", "1:2", *token),
-        script=str(SCRIPTS / "meet_in_dir.py"), args=(str(tmp_path), "5"))
+        (0, 2), (1, 1), extra=("--nnodes", "1:2", *token),
+        script=str(SCRIPTS / "meet_in_dir.py"), args=(str(tmp_path), "3"))
     assert (code0, code1) == (0, 0), err0[-2000:] + err1[-2000:]
-    assert sorted(out0.splitlines()) == [f"[worker{r}]: out from local rank {r}"
-                                         for r in (0, 1)]
-    assert sorted(out1.splitlines()) == [f"[worker{2 + r}]: out from local rank {r}"
-                                         for r in (0, 1, 2)]
+    assert sorted(out0.splitlines()) == [
+        f"[worker{r}]: out from local rank {r} (RANK {r} of WORLD_SIZE 4)" for r in (0, 1)]
+    # after node 0's two: rank 2, and a world size that holds it (torch checks RANK < it)
+    assert out1.splitlines() == ["[worker2]: out from local rank 0 (RANK 2 of WORLD_SIZE 3)"]

@@ -5,6 +5,7 @@ priority, and no spare outlives the launcher. ``--no-warm-spare`` starts it cold
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ from tests.e2e.helpers import SCRIPTS, potluck_run
 PROBE = SCRIPTS / "spare_probe.py"
 
 
-def _probe_processes() -> list[int]:
-    """Live processes running the probe script (workers or spares)."""
+def _probe_processes(probe: Path) -> list[int]:
+    """Live processes running ``probe`` (this test's own copy: workers or spares)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -24,24 +25,25 @@ def _probe_processes() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if str(PROBE).encode() in cmdline:
+        if str(probe).encode() in cmdline:
             found.append(int(entry.name))
     return found
 
 
-def _run(*flags: str) -> str:
+def _run(tmp_path: Path, *flags: str) -> str:
+    probe = Path(shutil.copy(PROBE, tmp_path / PROBE.name))
     result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret",
-                         "--max-restarts", "1", *flags, str(PROBE), "--flag", "x",
+                         "--max-restarts", "1", *flags, str(probe), "--flag", "x",
                          timeout=80)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restarting local rank 1 as a new member (1 of 1 restarts)" in result.stderr
-    assert _probe_processes() == []  # no worker and no spare left behind
+    assert _probe_processes(probe) == []  # no worker and no spare left behind
     return result.stdout
 
 
 @pytest.mark.timeout(100)
-def test_restarted_worker_is_the_warm_spare_with_its_own_variables() -> None:
-    out = _run()
+def test_restarted_worker_is_the_warm_spare_with_its_own_variables(tmp_path: Path) -> None:
+    out = _run(tmp_path)
     restarted = [line for line in out.splitlines() if line.startswith("[worker1]: ")]
     assert len(restarted) == 1, out
     line = restarted[0]
@@ -56,7 +58,7 @@ def test_restarted_worker_is_the_warm_spare_with_its_own_variables() -> None:
 
 
 @pytest.mark.timeout(100)
-def test_no_warm_spare_restarts_cold() -> None:
-    out = _run("--no-warm-spare")
+def test_no_warm_spare_restarts_cold(tmp_path: Path) -> None:
+    out = _run(tmp_path, "--no-warm-spare")
     assert "[worker1]: local rank 1 restart 1" in out and "torch preloaded False" in out
     assert "torch preloaded True" not in out, out

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch.distributed  # noqa: F401  (join_store imports it: not inside the timing)
 
 from potluck.errors import ConfigError, RendezvousError
 from potluck.harness.ranks import free_port

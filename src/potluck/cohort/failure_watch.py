@@ -12,7 +12,9 @@ A peer that froze (SIGSTOP, a hung driver) abandons nothing: everyone would wait
 until the collective timeout. So the thread also reads the heartbeat of one peer, the
 next member in the generation (each member watches one, so the store sees one read per
 member, not one per pair), and marks the generation failed once that beat is older than
-the heartbeat timeout: the step is redone without the frozen member within seconds.
+the heartbeat timeout while this member has been waiting in the step's collectives for
+longer than that too: the step is redone without the frozen member within seconds. A
+beat that is late while nobody waits (a starved heartbeat thread) changes nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from potluck.rendezvous.heartbeat import read_beats
 log = logging.getLogger(__name__)
 
 _PEER_CHECK = 0.5  # seconds between reads of the watched peer's heartbeat
+_SAME_WAIT = 0.5  # waits asked about within this many seconds of each other are one
 
 
 class FailureWatch:
@@ -49,6 +52,7 @@ class FailureWatch:
         self._beats: Store = PrefixStore(beats_prefix, self._store) if beats_prefix \
             else self._store
         self._next_peer_check = 0.0
+        self._waiting_since = self._last_asked = -float("inf")
         self._seen: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="potluck-failure-watch",
@@ -63,7 +67,18 @@ class FailureWatch:
             self._marker.set(self._key(generation), "1")
 
     def seen(self, generation: int) -> bool:
+        """Asked (every few ms) by a member waiting for a collective of ``generation``."""
+        now = time.monotonic()
+        if now - self._last_asked > _SAME_WAIT:
+            self._waiting_since = now  # a new wait began
+        self._last_asked = now
         return generation in self._seen
+
+    def _waited(self) -> float:
+        """How long this member has been waiting in collectives without a break (0:
+        not waiting now)."""
+        now = time.monotonic()
+        return 0.0 if now - self._last_asked > _SAME_WAIT else now - self._waiting_since
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,7 +98,7 @@ class FailureWatch:
 
     def _peer_is_stale(self) -> bool:
         now = time.monotonic()
-        if now < self._next_peer_check:
+        if now < self._next_peer_check or self._waited() <= self._heartbeat_timeout:
             return False
         self._next_peer_check = now + _PEER_CHECK
         peer = self._peer()

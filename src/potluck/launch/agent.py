@@ -31,7 +31,7 @@ from potluck import env as potluck_env
 from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
-from potluck.launch.policy import Action, Outcome, next_action, why_end
+from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import (
     WorkerResult,
     format_report,
@@ -45,16 +45,16 @@ from potluck.launch.spare import Spare
 from potluck.launch.store import (
     JobStore,
     check_in,
+    cohort_formed,
     count,
     elastic_offset,
     exchange_nprocs,
     joined_cohort,
     mark_exited,
     publish_first_node,
-    run_finished,
-    view_worker,
     wait_for_count,
 )
+from potluck.launch.sweep import Sweeper
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
@@ -133,7 +133,9 @@ class Agent:
         if cfg.elastic:
             if cfg.node_rank > 0:
                 offset = elastic_offset(job_store.get(), cfg, self._stopping)
-                self._layout = Layout(offset, cfg.world_size)
+                # (WORLD_SIZE: the most workers, counting this node's after the others')
+                self._layout = Layout(offset, max(cfg.world_size,
+                                                  offset + cfg.nproc_per_node))
             return self._run_elastic(job_store)
         restarts = 0
         while True:
@@ -305,7 +307,12 @@ class Agent:
         if not self.config.warm_spare:
             return None
         placeholder = os.path.join(tmp, "spare")  # its real files come with its worker's
-        return Spare(self._command(), self._environ(0, port, 0, placeholder, placeholder))
+        try:
+            return Spare(self._command(), self._environ(0, port, 0, placeholder, placeholder))
+        except OSError as exc:  # out of processes or fds: restarts start cold, as before
+            self._emit(f"potluck run: no warm spare ({exc.strerror or exc}); a restart will "
+                       "start a fresh interpreter")
+            return None
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes,
               log: str | None) -> None:
@@ -350,13 +357,12 @@ class Agent:
         if any worker saw it through."""
         restarts_left, reported = self.config.max_restarts, set()
         spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
-        sweep = _Sweep()
+        sweeper = Sweeper(store, self.config.run_id, self.config.grace_period)
         try:
             while True:
                 if self._signal is not None:
                     return Outcome.INTERRUPTED
-                if sweep.due():
-                    self._sweep(store, workers, sweep)
+                self._end_unneeded(workers, sweeper)
                 running = 0
                 for index, worker in enumerate(workers):
                     code = worker.proc.poll()
@@ -365,7 +371,7 @@ class Agent:
                     elif worker.stopped_below_minimum(code) or worker.proc.pid in reported \
                             or worker.ended_well(code):
                         continue
-                    elif restarts_left == 0:
+                    elif restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
                         self._report_lost(worker, store)
@@ -379,8 +385,9 @@ class Agent:
                         self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                    f"as a new member ({restarts} of "
                                    f"{self.config.max_restarts} restarts); the others train on")
+                        taken, spare = spare, None  # it becomes this worker: never discard it
                         workers[index] = self._spawn(worker.local_rank, store.port, restarts,
-                                                     tmp, spare)
+                                                     tmp, taken)
                         spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
                         running += 1
                 if running == 0:
@@ -391,28 +398,21 @@ class Agent:
                     return Outcome.FAILED
                 time.sleep(_POLL)
         finally:
+            sweeper.stop()
             if spare is not None:
                 spare.discard()
 
-    def _sweep(self, store: TCPStore, workers: list[_Worker], sweep: _Sweep) -> None:
-        """End each running worker the cohort no longer needs (``policy.why_end``); the
-        loop then handles it as any dead worker (restart, or report it lost)."""
-        run_id = self.config.run_id
-        try:
-            finished_for = sweep.finished_for(run_finished(store, run_id))
-            for worker in workers:
-                if worker.proc.poll() is not None:
-                    continue
-                view = view_worker(store, run_id, worker.proc.pid, worker.member_id)
-                worker.member_id = view.worker_id
-                why = why_end(view, finished_for=finished_for,
-                              grace=self.config.grace_period)
-                if why is not None:
-                    worker.why = why
-                    _signal_group(worker.proc.pid, signal.SIGKILL)  # frozen: TERM waits
-                    worker.proc.wait()
-        except RuntimeError:  # the store is unreachable: the cohort decides nothing now
-            return
+    def _end_unneeded(self, workers: list[_Worker], sweeper: Sweeper) -> None:
+        """End each running worker the cohort no longer needs (the sweeper's verdicts);
+        the loop then handles it as any dead worker (restart, or report it lost). SIGKILL
+        at once: a frozen process does not act on SIGTERM. Reaped by the loop's poll."""
+        running = {w.proc.pid: w for w in workers if w.proc.poll() is None}
+        sweeper.watch(list(running))
+        for pid, why in sweeper.verdicts().items():
+            worker = running.get(pid)
+            if worker is not None and worker.why is None:
+                worker.why = why
+                _signal_group(pid, signal.SIGKILL)
 
     def _count_out(self, store: TCPStore, worker: _Worker) -> None:
         """Tell the cohort at once that this worker died, so nobody waits for its
@@ -427,7 +427,9 @@ class Agent:
         if self._said_not_joined:
             return
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing to add
-            if not joined_cohort(store, self.config.run_id, worker.proc.pid):
+            run_id = self.config.run_id  # (one crash before init() among members: no)
+            if not joined_cohort(store, run_id, worker.proc.pid) \
+                    and not cohort_formed(store, run_id):
                 self._said_not_joined = True  # once is enough
                 self._emit(
                     f"potluck run: worker {worker.rank} never joined the elastic cohort. If "
@@ -454,29 +456,6 @@ class Agent:
                 worker.seen_at = time.time()
             for pump in worker.pumps:
                 pump.join(timeout=5)
-
-
-class _Sweep:
-    """When the elastic agent next asks the store about its running workers, and since
-    when the run is finished."""
-
-    INTERVAL = 0.5
-
-    def __init__(self) -> None:
-        self._next = 0.0
-        self._finished_at: float | None = None
-
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now < self._next:
-            return False
-        self._next = now + self.INTERVAL
-        return True
-
-    def finished_for(self, finished: bool) -> float | None:
-        if finished and self._finished_at is None:
-            self._finished_at = time.monotonic()
-        return None if self._finished_at is None else time.monotonic() - self._finished_at
 
 
 def _log_files(config: LaunchConfig, attempt: int,

@@ -46,7 +46,9 @@ class Spare:
         line = json.dumps(dict(environ)).encode() + b"\n"
         try:
             if self._write is not None and self.proc.poll() is None:
-                os.write(self._write, line)  # the spare reads its pipe at all times
+                view = memoryview(line)
+                while view:  # a large environment may take several writes
+                    view = view[os.write(self._write, view):]
                 return self.proc
         except BrokenPipeError:
             pass

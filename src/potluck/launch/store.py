@@ -71,7 +71,7 @@ def check_local_address(addr: str) -> None:
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as probe:
             try:
-                probe.bind((address[0], 0))
+                probe.bind((address[0], 0, *address[2:]))  # (an IPv6 scope id too)
             except OSError:
                 continue
             return
@@ -224,6 +224,11 @@ def joined_cohort(store: Store, run_id: str, pid: int) -> bool:
     """Whether worker process ``pid`` joined the elastic cohort (``potluck.init()``
     writes its member id under ``keys.process``)."""
     return store.check([keys.process(run_id, pid)])
+
+
+def cohort_formed(store: Store, run_id: str) -> bool:
+    """Whether any generation of the elastic cohort was ever published."""
+    return store.check([f"{keys.rendezvous_root(run_id)}/{keys.CURRENT}"])
 
 
 def mark_exited(store: Store, run_id: str, pid: int) -> None:

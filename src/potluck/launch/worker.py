@@ -21,6 +21,7 @@ the script; the agent closing the pipe unused sends it away.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -111,6 +112,10 @@ def _wait_as_spare() -> bool:
     listener.join()
     if not received or not received[0]:
         return False
+    if nice is not None:  # again: a thread the warm-up started after the listener's walk
+        with contextlib.suppress(PermissionError):  # (the listener said so already)
+            priority.restore(nice)
+    # The bootstrap's own process becomes the worker: its environment is the worker's.
     os.environ.clear()
     os.environ.update(json.loads(received[0]))
     return True

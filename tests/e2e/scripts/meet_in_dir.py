@@ -14,4 +14,5 @@ while len(list(folder.iterdir())) < expected:
     if time.monotonic() > deadline:
         sys.exit(f"only {len(list(folder.iterdir()))} of {expected} workers started")
     time.sleep(0.05)
-print(f"out from local rank {rank}", flush=True)
+print(f"out from local rank {rank} (RANK {os.environ['RANK']} of WORLD_SIZE "
+      f"{os.environ['WORLD_SIZE']})", flush=True)
