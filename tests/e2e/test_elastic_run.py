@@ -172,7 +172,7 @@ def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: P
     epochs = 6
     launcher = subprocess.Popen(
         [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2", "--elastic",
-         "--token", "s3cret", str(SCRIPT), "--epochs", str(epochs), "--step-time", "0.1",
+         "--token", "s3cret", str(SCRIPT), "--epochs", str(epochs), "--step-time", "0.05",
          "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
