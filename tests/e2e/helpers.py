@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minimal.py"
@@ -17,6 +19,14 @@ def potluck_run(*argv: str, timeout: float = 60.0) -> subprocess.CompletedProces
         [sys.executable, "-m", "potluck", "run", *argv],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )
+
+
+def kill_leftovers(procs: Iterable[subprocess.Popen[Any]]) -> None:
+    """Kill and reap whichever of ``procs`` still runs (a test's ``finally``)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def pid_alive(pid: int) -> bool:

@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from potluck import DataCursor
 from potluck.harness.ranks import free_port
-from tests.e2e.helpers import ROOT, pid_alive, potluck_run
+from tests.e2e.helpers import ROOT, kill_leftovers, pid_alive, potluck_run
 
 SCRIPT = ROOT / "examples" / "elastic.py"
 EPOCHS = 3
@@ -128,10 +128,7 @@ def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
         nodes.append(_node(1, port, 1, log1, *script))
         codes = [node.wait(timeout=120) for node in nodes]
     finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
+        kill_leftovers(nodes)
     text0, text1 = log0.read_text(), log1.read_text()
     assert codes == [0, 0], text0[-2000:] + text1[-2000:]
     assert "epoch 0 done at step 8 with 2 workers" in text0  # node 0 trained on its own
@@ -185,9 +182,7 @@ def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: P
         os.kill(frozen, signal.SIGSTOP)
         _, err = launcher.communicate(timeout=120)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
+        kill_leftovers([launcher])
     assert launcher.returncode == 0, err[-3000:]
     assert "the cohort went on without it" in err, err[-3000:]
     assert "a worker was lost (elastic: the others train on)" in err

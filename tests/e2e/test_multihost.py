@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from potluck.harness.ranks import free_port
-from tests.e2e.helpers import EXAMPLE, ROOT, potluck_run
+from tests.e2e.helpers import EXAMPLE, ROOT, kill_leftovers, potluck_run
 
 
 def _ip(*args: str) -> None:
@@ -76,10 +76,7 @@ def test_two_hosts_equal_one_host(
     try:
         outputs = [node.communicate(timeout=120) for node in nodes]
     finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
+        kill_leftovers(nodes)
     codes = [node.returncode for node in nodes]
     assert codes == [0, 0], "\n".join(  # both nodes' output: one's failure explains the other's
         f"--- node {rank}: exit {code}\n{out}\n{err}"

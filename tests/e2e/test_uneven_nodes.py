@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from potluck.harness.ranks import free_port
-from tests.e2e.helpers import ROOT, SCRIPTS
+from tests.e2e.helpers import ROOT, SCRIPTS, kill_leftovers
 
 
 def _nodes(*per_node: tuple[int, int], extra: tuple[str, ...] = (),
@@ -31,10 +31,7 @@ def _nodes(*per_node: tuple[int, int], extra: tuple[str, ...] = (),
     try:
         outputs = [agent.communicate(timeout=60) for agent in agents]
     finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
+        kill_leftovers(agents)
     return [(agent.returncode, out, err)
             for agent, (out, err) in zip(agents, outputs, strict=True)]
 
@@ -68,16 +65,15 @@ def test_founding_elastic_nodes_with_different_counts_fail_naming_both(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
     first = agent(0, 2, str(SCRIPTS / "wait_for_file.py"), str(release))
+    started = [first]
     try:
         second = agent(1, 1, str(SCRIPTS / "say_rank.py"))
+        started.append(second)
         _, err1 = second.communicate(timeout=60)
         release.touch()
         first.communicate(timeout=60)
     finally:
-        for proc in (first, second):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        kill_leftovers(started)
     assert second.returncode == 2, err1
     assert "--nproc-per-node 1 on node 1, but node 0 runs 2" in err1
 

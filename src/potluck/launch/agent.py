@@ -73,8 +73,6 @@ class _Worker:
     pumps: list[threading.Thread] = field(default_factory=list)
     seen_at: float | None = None
     stopped: bool = False
-    member_id: str | None = None
-    """Elastic: its member id, once the store has it."""
     why: str | None = None
     """Why the agent ended it while it still ran (elastic: left out of the cohort)."""
 

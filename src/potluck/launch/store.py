@@ -228,7 +228,7 @@ def joined_cohort(store: Store, run_id: str, pid: int) -> bool:
 
 def cohort_formed(store: Store, run_id: str) -> bool:
     """Whether any generation of the elastic cohort was ever published."""
-    return store.check([f"{keys.rendezvous_root(run_id)}/{keys.CURRENT}"])
+    return store.check([_rendezvous(run_id, keys.CURRENT)])
 
 
 def mark_exited(store: Store, run_id: str, pid: int) -> None:
@@ -241,7 +241,7 @@ def mark_exited(store: Store, run_id: str, pid: int) -> None:
     key = keys.process(run_id, pid)
     if store.check([key]):
         worker_id = store.get(key).decode()
-        store.set(f"{keys.rendezvous_root(run_id)}/{keys.leave(worker_id)}", "exited")
+        store.set(_rendezvous(run_id, keys.leave(worker_id)), "exited")
 
 
 def view_worker(store: Store, run_id: str, pid: int, worker_id: str | None) -> CohortView:
@@ -252,18 +252,22 @@ def view_worker(store: Store, run_id: str, pid: int, worker_id: str | None) -> C
         if not store.check([key]):
             return CohortView(None)
         worker_id = store.get(key).decode()
-    root = keys.rendezvous_root(run_id)
-    verdict = f"{root}/{keys.verdict(worker_id)}"
+    verdict = _rendezvous(run_id, keys.verdict(worker_id))
     return CohortView(
         worker_id,
-        left_out=store.check([f"{root}/{keys.left_out(worker_id)}"]),
-        left=store.check([f"{root}/{keys.leave(worker_id)}"]),
+        left_out=store.check([_rendezvous(run_id, keys.left_out(worker_id))]),
+        left=store.check([_rendezvous(run_id, keys.leave(worker_id))]),
         admitted=store.check([verdict]) and store.get(verdict).decode().startswith(keys.ADMITTED),
     )
 
 
 def run_finished(store: Store, run_id: str) -> bool:
-    return store.check([f"{keys.rendezvous_root(run_id)}/{keys.FINISHED}"])
+    return store.check([_rendezvous(run_id, keys.FINISHED)])
+
+
+def _rendezvous(run_id: str, key: str) -> str:
+    """A rendezvous key (``keys``, relative to its prefix) as the agents' store has it."""
+    return f"{keys.rendezvous_root(run_id)}/{key}"
 
 
 def exchange_nprocs(store: Store, key: str, config: LaunchConfig,
