@@ -9,6 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from potluck.balance import BalanceConfig
     from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
     from potluck.cohort import Cohort
     from potluck.cohort.init import init
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 # the launcher starts its workers while it imports torch.
 _LAZY = {
     "AdmissionError": "potluck.errors",
+    "BalanceConfig": "potluck.balance",
     "Bucket": "potluck.reducer",
     "CheckpointError": "potluck.errors",
     "CheckpointManager": "potluck.checkpoint",
@@ -70,6 +72,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdmissionError",
+    "BalanceConfig",
     "Bucket",
     "CheckpointError",
     "CheckpointManager",

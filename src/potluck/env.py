@@ -40,6 +40,7 @@ AGENT_PID = "POTLUCK_AGENT_PID"
 # Elastic runs: how many workers found the cohort (the others join later), and below
 # how many it stops training to wait for joiners (then checkpoints and exits).
 ELASTIC = "POTLUCK_ELASTIC"  # "1" under `potluck run --elastic`
+BALANCE = "POTLUCK_BALANCE"  # "1" under `potluck run --balance`: prepare() balances shares
 FOUNDERS = "POTLUCK_FOUNDERS"
 MIN_WORKERS = "POTLUCK_MIN_WORKERS"
 MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
@@ -75,6 +76,8 @@ class WorkerEnv:
     min_workers_timeout: float = 60.0
     elastic: bool = False
     """Started by ``potluck run --elastic``: ``potluck.init()`` joins an elastic cohort."""
+    balance: bool = False
+    """Started by ``potluck run --balance``: ``potluck.prepare`` sets shares by speed."""
 
     @property
     def distributed(self) -> bool:
@@ -155,6 +158,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         min_workers=_int(env, MIN_WORKERS, 1, minimum=1) or 1,
         min_workers_timeout=_seconds(env, MIN_WORKERS_TIMEOUT, 60.0),
         elastic=env.get(ELASTIC, "") == "1",
+        balance=env.get(BALANCE, "") == "1",
     )
 
 

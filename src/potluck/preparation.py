@@ -21,11 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from potluck.balance import BalanceConfig, Balancer, ComputeClock
 from potluck.cohort import Cohort, init
 from potluck.data import DataCursor
 from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError
 from potluck.reducer import DataParallel
+from potluck.reducer.contribution import Contribution
 from potluck.step.guard import GuardedOptimizer
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
@@ -45,6 +47,8 @@ def prepare(
     clip_grad_norm: float | None = None,
     scaler: torch.amp.GradScaler | None = None,
     shares: SharePolicy | None = None,
+    balance: bool | BalanceConfig | None = None,
+    weight: Callable[[Any], float] | None = None,
     parts: Sequence[StepPart] = (),
     minimum: MinimumSize | None = None,
     checkpoint_dir: str | Path | None = None,
@@ -59,7 +63,13 @@ def prepare(
     parameters before calling (a joiner then takes the cohort's state at once).
     ``cohort`` defaults to ``potluck.init(timeout=timeout)``. ``clip_grad_norm`` and
     ``scaler`` go to the ``GuardedOptimizer``; ``shares`` (equal by default) and
-    ``parts`` plug into the step transaction; ``minimum``, ``checkpoint_dir`` and
+    ``parts`` plug into the step transaction. ``balance=True`` (or a ``BalanceConfig``;
+    default: ``potluck run --balance``) gives each worker a share by its measured speed
+    (``loader.micro_batches`` then says how many micro-batches this rank's memory cap
+    asks for). Each rank's gradient weighs its part of the step, so the update is the
+    global batch's mean; ``weight(batch)`` (e.g. the count of real tokens) weighs by
+    that instead of by samples: the loss must then be the mean over those units of the
+    rank's batch. ``minimum``, ``checkpoint_dir`` and
     ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
     where its checkpoint goes. Other keywords go to ``DataParallel``.
     """
@@ -81,21 +91,53 @@ def prepare(
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
                               f"drop {name}= (or build DataParallel yourself)")
     cohort = cohort or init(timeout=timeout)
+    config = _balance_config(cohort.env.balance if balance is None else balance, shares,
+                             weight, data_parallel)
     model.to(cohort.device)
+    # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
+    contribution = None if "comm_hook" in data_parallel else Contribution()
+    clock = ComputeClock(cohort.device) if config else None
     wrapped = DataParallel(model, group=cohort.group,
                            on_failure="abandon" if cohort.elastic else "raise",
-                           init_sync=not cohort.joined_late, **data_parallel)
+                           init_sync=not cohort.joined_late, contribution=contribution,
+                           clock=clock, **data_parallel)
     guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                group=cohort.group, recoverable=cohort.elastic)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
-    policy = shares or EqualShares()
+    balancer = (Balancer(cohort, global_batch, contribution, clock, config)
+                if config and contribution and clock else None)
+    policy = balancer or shares or EqualShares()
     transaction = StepTransaction(guarded, wrapped, cohort, cursor,
                                   parts=(policy, *parts), minimum=minimum,
                                   checkpoint_dir=checkpoint_dir, resume=resume)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=policy.shares,
-                        stop=lambda: transaction.left)
+                        stop=lambda: transaction.left,
+                        contribution=contribution.set if contribution else None,
+                        weight=weight,
+                        micro_batches=balancer.micro_batches if balancer else None)
     return wrapped, transaction, loader
+
+
+def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,
+                    weight: Callable[[Any], float] | None,
+                    data_parallel: dict[str, Any]) -> BalanceConfig | None:
+    """The balancing asked for, or None; refuses what cannot go together."""
+    if not isinstance(balance, (bool, BalanceConfig)):
+        raise ConfigError(f"balance={balance!r}: pass True (shares by measured speed), "
+                          "False, or a potluck.BalanceConfig(...)")
+    config = BalanceConfig() if balance is True else (balance or None)
+    if config and shares is not None:
+        raise ConfigError("prepare() got both balance= and shares=: balancing is a share "
+                          "policy; pass one of them")
+    if "comm_hook" in data_parallel and (config or weight is not None):
+        raise ConfigError(
+            "prepare() got comm_hook= with balance= or weight=: those weigh each rank's "
+            "gradient by its part of the step, which a custom hook would undo; drop one")
+    if weight is not None and not callable(weight):
+        raise ConfigError(f"weight={weight!r} must be a function of the batch returning "
+                          "its units, e.g. weight=lambda batch: int(batch['mask'].sum())")
+    return config
 
 
 def _on_device(collate: Callable[[list[Any]], Any] | None,

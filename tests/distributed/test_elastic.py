@@ -120,6 +120,7 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
     cohort, model, cursor, opt = worker.cohort, worker.model, worker.cursor, worker.optimizer
     opt.leave_on_sigterm()
     sizes: list[int] = []
+    splits: list[list[int]] = []  # samples per rank of each committed step
     grown_at = None
     with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
         while cursor.epoch < JOIN_JOB.epochs and not opt.left:
@@ -135,12 +136,15 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
                 epoch = cursor.epoch
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
+                split = list(worker.loader.split)
                 if opt.step().committed:
                     ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
                     ledger.flush()
                     sizes.append(cohort.world_size)
+                    splits.append(split)
     cohort.close()
     return {"params": params(model.module), "left": opt.left, "sizes": sizes,
+            "splits": splits,
             "events": cohort.events, "joined_late": cohort.joined_late,
             "redone": opt.redone}
 
@@ -154,7 +158,8 @@ def wait_for_joiner(cohort: Cohort, limit: float = 90.0) -> None:
         time.sleep(0.02)
 
 
-JOIN_JOB = replace(JOB, epochs=6, expected=2, collective_timeout=20.0)
+# Balancing on: a joiner gets a provisional share, a leaver's share is redistributed.
+JOIN_JOB = replace(JOB, epochs=6, expected=2, collective_timeout=20.0, balance=True)
 
 
 @pytest.mark.timeout(150)
@@ -173,6 +178,9 @@ def test_worker_joins_with_live_state_and_another_leaves_gracefully(tmp_path: Pa
     # leave noticed by a timeout would be a recovery with a redone step).
     assert [e["cause"] for e in founder["events"]] == ["boundary", "boundary"]
     assert founder["events"][1]["left"] and founder["redone"] == joiner["redone"] == 0
+    # Every step was split among exactly its members, each with a sample at least.
+    for size, split in zip(founder["sizes"], founder["splits"], strict=True):
+        assert len(split) == size and min(split) >= 1 and sum(split) == JOIN_JOB.global_batch
     expected = single_process(JOIN_JOB)
     for result in (founder, joiner):
         for name, value in expected.items():

@@ -16,10 +16,13 @@ from typing import Any
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
-from potluck.data.split import equal_shares
-from potluck.errors import CursorError
+from potluck.data.split import equal_shares, split_counts
+from potluck.errors import ConfigError, CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
+MicroBatches = Callable[[int, int], int]  # (rank, world_size) -> micro-batches of its part
+# (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
+Contribute = Callable[[int, float, "float | None"], None]
 
 
 class StepLoader:
@@ -28,9 +31,19 @@ class StepLoader:
     def __init__(self, dataset: Any, cursor: DataCursor, membership: Membership, *,
                  collate: Callable[[list[Any]], Any] | None = None,
                  shares: Callable[[int], Sequence[float]] = equal_shares,
-                 max_repeats: int = 100, stop: Callable[[], bool] | None = None) -> None:
+                 max_repeats: int = 100, stop: Callable[[], bool] | None = None,
+                 contribution: Contribute | None = None,
+                 weight: Callable[[Any], float] | None = None,
+                 micro_batches: MicroBatches | None = None) -> None:
+        """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
+        such as real tokens) for the exact average; ``micro_batches`` says into how many
+        micro-batches this rank should split its part (``loader.micro_batches``)."""
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
+        self.contribution, self.weight = contribution, weight
+        self._micro_of = micro_batches or (lambda rank, world_size: 1)
+        self.micro_batches = 1  # for the step last handed out
+        self.split: list[int] = []  # samples per rank of the step last handed out
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
@@ -54,7 +67,10 @@ class StepLoader:
                 )
             last = state
             rank, world_size = self.membership()
-            indices = self.cursor.rank_indices(rank, self.shares(world_size))
+            start, stop = state.block
+            shares = self._shares_for(stop - start, world_size)
+            self.split = split_counts(stop - start, shares)
+            indices = self.cursor.rank_indices(rank, shares)
             if not indices:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in the step at sample "
@@ -62,7 +78,32 @@ class StepLoader:
                     "rank must train on at least one sample per step: use a global batch "
                     "of at least the world size and DataCursor(drop_last=True)"
                 )
-            yield self.collate([self.dataset[i] for i in indices])
+            batch = self.collate([self.dataset[i] for i in indices])
+            self.micro_batches = self._micro_of(rank, world_size)
+            if self.contribution is not None:
+                self._contribute(batch, len(indices), stop - start)
+            yield batch
+
+    def _shares_for(self, block: int, world_size: int) -> Sequence[float]:
+        """The policy's shares, or equal ones for a short last block of an epoch that
+        they would leave a rank without a sample (the same decision on every rank)."""
+        shares = self.shares(world_size)
+        if block >= world_size and 0 in split_counts(block, shares):
+            return equal_shares(world_size)
+        return shares
+
+    def _contribute(self, batch: Any, samples: int, block: int) -> None:
+        assert self.contribution is not None
+        if self.weight is None:
+            self.contribution(samples, float(samples), float(block))
+            return
+        try:
+            units = float(self.weight(batch))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"weight(batch) must return a number (e.g. the count of real tokens in "
+                f"the batch), but it raised {type(exc).__name__}: {exc}") from exc
+        self.contribution(samples, units, None)
 
     def _epoch_done(self) -> bool:
         return not self.cursor.global_indices()

@@ -55,6 +55,7 @@ class ElasticJob:
     join_timeout: float = 60.0
     store_timeout: float = 30.0
     step_pause: float = 0.0  # a stand-in for compute, so events land mid-run
+    balance: bool = False  # shares by measured speed (potluck.prepare(balance=...))
 
 
 class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
@@ -128,7 +129,7 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
                           GroupSpec("gloo", job.collective_timeout, host))
     model, opt, loader = prepare(net, sgd, Indexed(job.samples), cohort=cohort,
                                  global_batch=job.global_batch, seed=job.data_seed,
-                                 minimum=minimum)
+                                 minimum=minimum, balance=job.balance)
     return Worker(cohort, model, opt.cursor, opt, loader)
 
 

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("elastic", action="store_true",
          help="restart a dead worker alone as a new member (--max-restarts in total) while "
               "the others train on; the script uses potluck.prepare or potluck.init()")
+    flag("balance", action="store_true",
+         help="give each worker a share of every step by its measured speed, so a slow "
+              "GPU does not hold the others back (scripts on potluck.prepare; the "
+              "global batch and the average stay exact)")
     flag("min-workers", type=int, default=1, metavar="N",
          help="--elastic: below N workers the cohort stops training and waits for "
               "joiners, then checkpoints and exits (default 1)")
@@ -117,6 +121,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         grace_period=args.grace_period,
         join_timeout=args.join_timeout,
         elastic=args.elastic,
+        balance=args.balance,
         token=resolve_token(args.token, args.token_file, os.environ),
         min_workers=args.min_workers,
         min_workers_timeout=args.min_workers_timeout,

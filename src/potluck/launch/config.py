@@ -40,6 +40,8 @@ class LaunchConfig:
     """Seconds an agent waits for the store and for the other nodes' agents."""
     elastic: bool = False
     """A dead worker is restarted alone (a new member) while the others train on."""
+    balance: bool = False
+    """Workers' shares by measured speed (``potluck.prepare`` reads it)."""
     token: str | None = field(default=None, repr=False)
     """The job's shared secret, handed to the workers for admission (never printed)."""
     min_workers: int = 1
@@ -194,6 +196,8 @@ def worker_environ(
         env[names.FINISHED_FILE] = finished_file
     if config.token:
         env[names.TOKEN] = config.token
+    if config.balance:
+        env[names.BALANCE] = "1"
     if config.elastic:
         env[names.ELASTIC] = "1"
         env[names.FOUNDERS] = str(config.founders)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -32,12 +32,21 @@ from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle, as_handle
 from potluck.reducer.consistency import verify_same_model
+from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import Bucket
 from potluck.reducer.join import DataParallelJoinHook, iteration_vote
 from potluck.reducer.reducer import AnyHook, Reducer, ReducerConfig
 from potluck.reducer.torch_hooks import hook_name, is_torch_hook
 
 _MB = 1024 * 1024
+
+
+class LocalClock(Protocol):
+    """Times this rank's own compute (``potluck.balance.ComputeClock``)."""
+
+    def forward_started(self) -> None: ...
+
+    def backward_done(self) -> None: ...
 
 
 class DataParallel(nn.Module, Joinable):
@@ -66,6 +75,8 @@ class DataParallel(nn.Module, Joinable):
         check_model: bool = True,
         init_sync: bool = True,
         on_failure: str = "raise",
+        contribution: Contribution | None = None,
+        clock: LocalClock | None = None,
         **torch_ddp_compat: Any,
     ) -> None:
         super().__init__()
@@ -98,6 +109,8 @@ class DataParallel(nn.Module, Joinable):
         # torch's hooks can talk on.
         self._process_group = None if isinstance(plain, GroupHandle) else plain
         self._bucket_bytes_cap = max(1, int(bucket_cap_mb * _MB))
+        # potluck.prepare's: this rank's part of each step's average, and its compute clock
+        self._clock, self._clock_queued = clock, False
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = list(module.buffers()) if broadcast_buffers else []
@@ -122,6 +135,7 @@ class DataParallel(nn.Module, Joinable):
                 abandon_on_failure=on_failure == "abandon",
             ),
             buffers=buffers,
+            contribution=contribution,
         )
         if comm_hook is not None:
             self.register_comm_hook(comm_state, comm_hook)
@@ -233,7 +247,12 @@ class DataParallel(nn.Module, Joinable):
             self.require_backward_grad_sync = previous
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        active = torch.is_grad_enabled() and self.world_size > 1
+        grad_enabled = torch.is_grad_enabled()
+        active = grad_enabled and self.world_size > 1
+        timed = grad_enabled and self._clock is not None
+        if self._clock is not None and grad_enabled:
+            self._clock.forward_started()
+            self._clock_queued = False  # a backward that raised never ran its callback
         if active:
             sync, buffer_src = self.require_backward_grad_sync, 0
             if self._join_config.enable:
@@ -242,13 +261,26 @@ class DataParallel(nn.Module, Joinable):
         if self.device_ids:
             inputs, kwargs = _to_device((inputs, kwargs), self._device)
         output = self.module(*inputs, **kwargs)
-        if active and self.reducer.require_sync:
+        synced = active and self.reducer.require_sync
+        if synced or timed:
             for tensor in _tensors_requiring_grad(output):
-                tensor.register_hook(self._on_output_grad)  # type: ignore[no-untyped-call]
+                tensor.register_hook(  # type: ignore[no-untyped-call]
+                    lambda grad: self._on_output_grad(synced))
         return output
 
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
-        self.reducer.on_backward_start()
+    def _on_output_grad(self, synced: bool) -> None:
+        """Backward reached the output. The clock's callback is queued before the
+        reducer's, so it runs when the local work is done, before the wait for peers."""
+        if self._clock is not None and not self._clock_queued:
+            self._clock_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        if synced:
+            self.reducer.on_backward_start()
+
+    def _backward_done(self) -> None:
+        self._clock_queued = False
+        if self._clock is not None:
+            self._clock.backward_done()
 
     def _notify_join(self, sync: bool) -> int:
         """Under torch's Join: say this rank still trains, and whether it synchronizes

@@ -41,6 +41,7 @@ from potluck.collectives import PendingBroadcast, wait_for
 from potluck.errors import CommunicationError, ConfigError, PeerLostError, ReducerError
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
+from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
 from potluck.reducer.torch_hooks import call_hook, chains_collectives, check_hook, is_torch_hook
 
@@ -75,8 +76,10 @@ class Reducer:
         group: GroupHandle | None,
         config: ReducerConfig,
         buffers: Sequence[torch.Tensor] = (),
+        contribution: Contribution | None = None,
     ) -> None:
         self._params = list(params)
+        self._contribution = contribution
         self._names = list(names)
         self._group = group
         self._config = config
@@ -228,8 +231,15 @@ class Reducer:
         self._next_launch = 0
         self._futures: list[torch.futures.Future[Any] | None] = [None] * len(self._buckets)
         self._finalize_queued = False
-        # The default hook's division is fused into staging (see _stage).
-        self._prescale = 1.0 / self.world_size if self._hook is allreduce_mean else 1.0
+        # The default hook's weighting is fused into staging (see _stage): 1 / N, or
+        # this rank's part of the step when ranks train on unequal parts.
+        self._prescale, self._sum_weight = 1.0, False
+        if self._hook is allreduce_mean:
+            share = self._contribution
+            if share is not None and share.ready:
+                self._prescale, self._sum_weight = share.scale, share.needs_total
+            else:
+                self._prescale = 1.0 / self.world_size
 
     def prepare_for_forward(self, sync: bool = True, buffer_src: int = 0) -> None:
         """Start a pass; ``sync``: its backward averages (False: gradients stay local,
@@ -315,7 +325,7 @@ class Reducer:
         try:
             if self._chains and b > 0:  # every collective of bucket b - 1 issued first
                 self._result(b - 1)
-            if self._prescale != 1.0:  # already divided while staging: sum only
+            if self._hook is allreduce_mean:  # weighted while staging: sum only
                 self._futures[b] = bucket.group.allreduce([bucket.buffer]).get_future()
             else:
                 self._futures[b] = call_hook(self._hook, self._hook_state, bucket,
@@ -382,8 +392,12 @@ class Reducer:
         group = self._communicating()
         # A chaining hook may still be issuing collectives: let it finish first.
         results = [self._result(b) for b in range(len(self._buckets))] if self._chains else []
-        produced_work = None
+        produced_work = weight = weight_work = None
         try:
+            if self._sum_weight and self._contribution is not None and write_back:
+                weight = torch.tensor([self._contribution.weight], dtype=torch.float64,
+                                      device=self._buckets[0].buffer.device)
+                weight_work = group.allreduce([weight])
             if self._tail is None and self._params:
                 produced = torch.frombuffer(bytearray(produced_map), dtype=torch.uint8).to(
                     device=self._buckets[0].buffer.device, dtype=torch.int32
@@ -397,6 +411,11 @@ class Reducer:
         for bucket, result in zip(self._buckets, results, strict=True):
             if write_back and result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)  # the hook returned another tensor
+        if weight_work is not None and weight is not None:
+            self._wait(weight_work, "the step's total weight")
+            total = float(weight.item())
+            for bucket in self._buckets:
+                bucket.buffer.div_(total)  # zero bitmap entries stay zero
         if produced_work is not None:
             self._wait(produced_work, "unused-parameter bitmap")
         else:

@@ -1,0 +1,166 @@
+"""``Balancer``: the share policy that gives each worker a share by its measured speed.
+
+A part of the step transaction (``step.parts.SharePolicy``). After every committed step
+each rank folds its own compute time into its ``SpeedMeter`` (``clock.ComputeClock``:
+forward to last gradient, not the step time, which the all-reduce makes equal), the
+ranks all-gather ``[speed, max_micro_batch]`` (one tiny collective) and each computes
+the same ``Plan`` (``planner.plan_shares``): samples per rank of the next steps. The
+global batch never changes, nor does the data order (the cursor's), and the reducer
+weighs each rank's gradient by its part of the step (``reducer.contribution``), so the
+update is the one a single process would make on the same global batch.
+
+Membership: every rank keeps measuring itself, so after a loss or a join the next
+gather re-plans over the new members at once; a joiner (not measured yet) gets the
+mean speed as a provisional share. The step right after a change runs on equal shares
+(the old plan's ranks no longer mean the same workers). The plan and the gathered
+speeds travel in the live state and in checkpoints: a resumed run starts with the
+recorded shares, and each rank with its recorded speed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from potluck.balance.clock import ComputeClock
+from potluck.balance.planner import Plan, plan_shares
+from potluck.balance.speed import SpeedMeter
+from potluck.collectives import allgather_tensor
+from potluck.data.split import equal_shares
+from potluck.errors import ConfigError, PeerLostError
+from potluck.group import GroupHandle
+from potluck.reducer.contribution import Contribution
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BalanceConfig:
+    """``potluck.prepare(balance=BalanceConfig(...))``; ``balance=True`` takes these."""
+
+    smoothing: float = 0.5  # the past's weight in the speed average, per step
+    min_gain: float = 0.03  # re-plan only if the step is predicted this much faster
+    max_micro_batch: int | None = None  # this rank's memory cap, samples per forward
+
+    def __post_init__(self) -> None:
+        SpeedMeter(self.smoothing)  # validates
+        plan_shares([1.0], 1, caps=[self.max_micro_batch], min_gain=self.min_gain)
+
+
+class BalancedCohort(Protocol):
+    """What the balancer needs of ``potluck.Cohort``."""
+
+    @property
+    def group(self) -> GroupHandle: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def elastic(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def mark_step_failed(self) -> None: ...
+
+
+class Balancer:
+    """``shares(world_size)`` for the loader; learns from every committed step."""
+
+    name = "shares"
+
+    def __init__(self, cohort: BalancedCohort, global_batch: int, contribution: Contribution,
+                 clock: ComputeClock, config: BalanceConfig | None = None) -> None:
+        self.config = config or BalanceConfig()
+        self._cohort, self._global_batch = cohort, global_batch
+        self._contribution, self._clock = contribution, clock
+        self.meter = SpeedMeter(self.config.smoothing)
+        self.plan: Plan | None = None
+        self.speeds: tuple[float | None, ...] = ()  # the last gathered, in rank order
+        self.changes = 0  # plans that moved samples
+
+    # ---------------------------------------------------------------- SharePolicy
+
+    def shares(self, world_size: int) -> Sequence[float]:
+        plan = self.plan
+        if plan is None or plan.world_size != world_size:
+            return equal_shares(world_size)
+        return tuple(float(count) for count in plan.counts)
+
+    def micro_batches(self, rank: int, world_size: int) -> int:
+        """How many micro-batches ``rank`` splits its share into (its memory cap)."""
+        plan = self.plan
+        if plan is not None and plan.world_size == world_size:
+            return plan.micro_batches[rank]
+        cap = self.config.max_micro_batch
+        count = -(-self._global_batch // world_size)
+        return 1 if cap is None else -(-count // cap)
+
+    def on_commit(self, steps: int) -> None:
+        seconds = self._clock.take()
+        if seconds is not None:
+            self.meter.add(self._contribution.samples, seconds)
+        group = self._cohort.group
+        if group.size() == 1:
+            self.speeds, self.plan = (self.meter.speed,), None
+            return
+        cap = self.config.max_micro_batch
+        speed = self.meter.speed
+        row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
+                           dtype=torch.float64, device=self._cohort.device)
+        try:
+            rows = allgather_tensor(row, group)
+        except PeerLostError:
+            if not self._cohort.elastic:
+                raise
+            self._cohort.mark_step_failed()  # the next step recovers; keep the plan
+            return
+        self.speeds = tuple(None if r[0] < 0 else float(r[0]) for r in rows)
+        caps = [None if r[1] == 0 else int(r[1]) for r in rows]
+        plan = plan_shares(self.speeds, self._global_batch, caps=caps, current=self.plan,
+                           min_gain=self.config.min_gain)
+        if self.plan is None or plan.counts != self.plan.counts:
+            self.changes += 1
+            if self._cohort.rank == 0:
+                log.info("shares after step %d: %s (samples/s %s)", steps, plan.counts,
+                         [None if s is None else round(s, 1) for s in self.speeds])
+        self.plan = plan
+
+    def on_membership(self, rank: int, world_size: int) -> None:
+        """Ranks now name other workers: equal shares until the next gather re-plans.
+        This rank's own meter stays: it still measures the same worker."""
+        self.plan = None
+        self._clock.take()  # a redone step's partial timing is not a step
+
+    # --------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"policy": "balanced",
+                "counts": None if plan is None else list(plan.counts),
+                "micro_batches": None if plan is None else list(plan.micro_batches),
+                "speeds": list(self.speeds)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != "balanced":
+            raise ConfigError(
+                f"the live state was made with share policy {state.get('policy')!r}, but "
+                "this worker balances shares: every worker of a job must run the same "
+                "script with the same potluck.prepare(...) arguments")
+        counts, micro = state.get("counts"), state.get("micro_batches")
+        self.plan = None if counts is None else Plan(tuple(counts), tuple(micro or ()))
+        self.speeds = tuple(state.get("speeds", ()))
+        # A resumed worker starts from its record; a joiner (the world grew) is new.
+        rank = self._cohort.rank
+        if not self.meter.measured and len(self.speeds) == self._cohort.world_size:
+            recorded = self.speeds[rank]
+            if recorded is not None:
+                self.meter.seed(recorded)

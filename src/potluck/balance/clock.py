@@ -1,0 +1,58 @@
+"""The compute clock: how long this rank computed in the current step.
+
+It runs from the step's first forward (with gradients on) until the end of its last
+backward's local work, which is when this rank's last gradient is ready, before the
+wait for the all-reduce. Time spent waiting for slower peers is therefore not counted,
+and a step of several micro-batches is timed as a whole. ``DataParallel`` drives it
+(``forward_started``, and ``backward_done`` from a callback queued on the autograd
+engine ahead of the reducer's own); the balancer reads it once per committed step.
+
+On a GPU the two instants are CUDA events on the current stream, read after the step
+(the kernels were only queued when the CPU passed those points); on the CPU,
+``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class ComputeClock:
+    """``forward_started()`` ... ``backward_done()`` ..., then ``take()`` the seconds."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._cuda = torch.device(device).type == "cuda"
+        self._start: float | torch.cuda.Event | None = None
+        self._end: float | torch.cuda.Event | None = None
+
+    def forward_started(self) -> None:
+        """A forward with gradients begins; the first one of a step starts the clock."""
+        if self._start is None:
+            self._start = self._now()
+
+    def backward_done(self) -> None:
+        """A backward's local work ended (the last one of the step counts)."""
+        if self._start is not None:
+            self._end = self._now()
+
+    def take(self) -> float | None:
+        """Seconds from the step's first forward to its last backward; None if either
+        is missing. Starts the next step's timing."""
+        start, end = self._start, self._end
+        self._start = self._end = None
+        if start is None or end is None:
+            return None
+        if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1000.0
+        assert isinstance(start, float) and isinstance(end, float)
+        return end - start
+
+    def _now(self) -> float | torch.cuda.Event:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            return event
+        return time.perf_counter()

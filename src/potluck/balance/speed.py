@@ -1,0 +1,75 @@
+"""One worker's own compute speed, smoothed.
+
+A worker's step time says nothing about its speed: the all-reduce makes every rank wait
+for the slowest, so step times are equal by construction. What is measured instead is
+local: the seconds from the step's first forward until this rank's last gradient is
+ready (``clock.ComputeClock``), per sample. The meter keeps an exponential moving
+average of seconds per sample (averaging times, not speeds, so one slow outlier is not
+drowned by fast ones), bias-corrected as Adam corrects its moments, so the first
+measurement counts in full instead of being pulled towards zero. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from potluck.errors import ConfigError
+
+
+class SpeedMeter:
+    """Samples per second of one worker: ``add(samples, seconds)`` per step, ``speed``."""
+
+    def __init__(self, smoothing: float = 0.5, *, skip: int = 1) -> None:
+        """``smoothing`` is the weight of the past (0: the last step alone); ``skip``
+        first steps are not counted (the first pass pays one-off costs: lazy
+        initialisation, the bucket rebuild, allocator warm-up)."""
+        if not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
+            raise ConfigError(
+                f"smoothing={smoothing!r} is invalid: it must be in [0, 1) (the weight "
+                "of past steps in the average; 0.5 halves an old measurement's weight "
+                "every step)"
+            )
+        if not isinstance(skip, int) or skip < 0:
+            raise ConfigError(f"skip={skip!r} is invalid: give the number of first steps "
+                              "to ignore, an integer >= 0")
+        self.smoothing, self._skip = float(smoothing), skip
+        self._average = 0.0  # biased EMA of seconds per sample
+        self._count = 0  # measurements folded in
+        self._seen = 0  # measurements offered, skipped ones included
+
+    def add(self, samples: float, seconds: float) -> None:
+        """Fold in one step: ``samples`` trained on in ``seconds`` of local compute."""
+        if not (math.isfinite(samples) and math.isfinite(seconds)) or samples <= 0 or seconds <= 0:
+            return  # nothing trained, or a clock that did not run: nothing learned
+        self._seen += 1
+        if self._seen <= self._skip:
+            return
+        past = self.smoothing
+        self._average = past * self._average + (1.0 - past) * (seconds / samples)
+        self._count += 1
+
+    @property
+    def measured(self) -> bool:
+        return self._count > 0
+
+    @property
+    def speed(self) -> float | None:
+        """Samples per second (None until a step was measured)."""
+        if self._count == 0:
+            return None
+        seconds_per_sample = self._average / (1.0 - self.smoothing ** self._count)
+        return 1.0 / seconds_per_sample
+
+    def seed(self, speed: float) -> None:
+        """Start from a known speed (a resumed run's record) as one measurement."""
+        if math.isfinite(speed) and speed > 0:
+            self._average = (1.0 - self.smoothing) / speed
+            self._count, self._seen = 1, max(self._seen, self._skip + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self._average, "count": self._count, "seen": self._seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._average = float(state["average"])
+        self._count, self._seen = int(state["count"]), int(state["seen"])

@@ -1,0 +1,205 @@
+"""Uneven shares with the exact average, on real Gloo ranks (float64, against one process).
+
+- Shares that change every few steps, token weights (variable-length samples) and a rank
+  that splits its part into micro-batches: the parameters equal one process training on
+  the same global batches with the loss averaged over all real tokens (``rtol=1e-9``:
+  only the summation order differs).
+- ``balance=True`` with one rank made slow (a sleep per sample in its forward): the
+  shares move to the fast rank, the result still equals one process, and the plan is in
+  the state a resumed run starts from.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.ranks import free_port, run_ranks
+
+SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 48, 12, 2, 5
+
+
+def _cohort(rank: int, world_size: int, port: int) -> Any:
+    from potluck import init
+    from potluck.env import WorkerEnv
+
+    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                              master_port=port, source="torchrun"), timeout=30.0)
+
+
+class Tokens(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """Samples of 1-4 real "tokens" (out of 4 outputs): ``(index, x, y, mask)``."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(7)
+        self.x = torch.randn(SAMPLES, 8, generator=gen, dtype=torch.float64)
+        self.y = torch.randn(SAMPLES, 4, generator=gen, dtype=torch.float64)
+        lengths = torch.randint(1, 5, (SAMPLES,), generator=gen)
+        self.mask = (torch.arange(4)[None, :] < lengths[:, None]).double()
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i], self.mask[i]
+
+
+def token_loss_sum(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (((out - y) ** 2) * mask).sum()
+
+
+class Scripted:
+    """A share policy that changes its shares every 3 steps (the seam a balancer uses)."""
+
+    name = "shares"
+    PLANS = ((1.0, 2.0, 3.0), (5.0, 1.0, 1.0), (1.0, 1.0, 1.0), (2.0, 7.0, 3.0))
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def shares(self, world_size: int) -> Sequence[float]:
+        return self.PLANS[(self.steps // 3) % len(self.PLANS)]
+
+    def on_commit(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_membership(self, rank: int, world_size: int) -> None:
+        """Fixed cohort: never called."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = state["steps"]
+
+
+def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    from potluck import accumulate, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    net = mlp()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Tokens(), cohort=cohort, global_batch=GLOBAL_BATCH,
+                                 seed=SEED, shares=Scripted(),
+                                 weight=lambda batch: float(batch[3].sum()))
+    splits = []
+    while opt.cursor.epoch < EPOCHS:
+        for batch in loader:
+            splits.append(list(loader.split))
+            tokens = float(batch[3].sum())  # the loss: the mean over this rank's tokens
+            opt.zero_grad()
+            for (_, x, y, mask), _weight in accumulate(model, batch, 2 if rank == 1 else 1):
+                (token_loss_sum(model(x), y, mask) / tokens).backward()
+            assert opt.step().committed
+    cohort.close()
+    return {"params": params(model.module), "splits": splits}
+
+
+def _token_reference() -> dict[str, torch.Tensor]:
+    from potluck.data import DataCursor
+
+    net, data = mlp(), Tokens()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    cursor = DataCursor(SAMPLES, GLOBAL_BATCH, seed=SEED)
+    for _ in range(EPOCHS * SAMPLES // GLOBAL_BATCH):
+        idx = cursor.global_indices()
+        sgd.zero_grad()
+        loss = token_loss_sum(net(data.x[idx]), data.y[idx], data.mask[idx])
+        (loss / data.mask[idx].sum()).backward()
+        sgd.step()
+        cursor.commit()
+    return params(net)
+
+
+@pytest.mark.timeout(120)
+def test_changing_shares_and_token_weights_equal_one_process() -> None:
+    results = run_ranks(_token_weighted, 3, free_port(), init_group=False, timeout=100)
+    splits = results[0]["splits"]
+    assert splits[0] == [2, 4, 6] and splits[3] == [8, 2, 2] and splits[6] == [4, 4, 4]
+    expected = _token_reference()
+    for result in results:
+        assert result["splits"] == splits  # every rank split every step alike
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------ balance=True
+
+BALANCED = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=SEED)
+SLOW_S = 0.003  # per sample, on rank 1: about 30x the fast rank's compute
+
+
+class Slow(nn.Module):
+    """``inner`` with a sleep per sample: a worker whose compute is slow."""
+
+    def __init__(self, inner: nn.Module, per_sample_s: float) -> None:
+        super().__init__()
+        self.inner, self.per_sample_s = inner, per_sample_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.per_sample_s * len(x))
+        return self.inner(x)
+
+
+def _balanced_run(cohort: Any, rank: int, state: dict[str, Any] | None) -> Any:
+    from potluck import prepare
+
+    net = Slow(mlp(), SLOW_S if rank == 1 else 0.0)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
+                                 global_batch=BALANCED.global_batch,
+                                 seed=BALANCED.data_seed, balance=True)
+    if state is not None:
+        opt.load_state_dict(state)
+    return model, opt, loader
+
+
+def _epoch(model: Any, opt: Any, loader: Any) -> list[list[int]]:
+    splits = []
+    for _, x, y in loader:
+        splits.append(list(loader.split))
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        assert opt.step().committed
+    return splits
+
+
+def _balanced(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    cohort = _cohort(rank, world_size, port)
+    model, opt, loader = _balanced_run(cohort, rank, None)
+    splits = _epoch(model, opt, loader)
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)  # a checkpoint after epoch 0
+    splits += _epoch(model, opt, loader)
+    # Resume from the checkpoint: the recorded shares are the first step's split.
+    saved.seek(0)
+    state = torch.load(saved, weights_only=False)
+    model2, opt2, loader2 = _balanced_run(cohort, rank, state)
+    resumed = _epoch(model2, opt2, loader2)
+    cohort.close()
+    return {"params": params(model.module.inner), "resumed": params(model2.module.inner),
+            "splits": splits, "resumed_splits": resumed, "recorded": state["parts"]["shares"]}
+
+
+@pytest.mark.timeout(120)
+def test_balance_moves_samples_to_the_fast_rank_and_stays_exact() -> None:
+    results = run_ranks(_balanced, 2, free_port(), init_group=False, timeout=100)
+    splits = results[0]["splits"]
+    assert splits[0] == [12, 12]  # nothing measured yet: equal
+    assert splits[-1][0] >= 3 * splits[-1][1], splits  # rank 1 is about 30x slower
+    recorded = results[0]["recorded"]
+    assert recorded["policy"] == "balanced" and recorded["counts"] is not None
+    assert results[0]["resumed_splits"][0] == recorded["counts"]
+    expected = single_process(BALANCED)
+    for result in results:
+        assert result["splits"] == splits
+        for got in (result["params"], result["resumed"]):
+            for name, value in expected.items():
+                torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-12)
