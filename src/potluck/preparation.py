@@ -90,6 +90,8 @@ def prepare(
         if name in data_parallel:
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
                               f"drop {name}= (or build DataParallel yourself)")
+    if balance is not None:  # refused before joining; potluck run --balance after
+        _balance_config(balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
@@ -128,8 +130,8 @@ def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,
                           "False, or a potluck.BalanceConfig(...)")
     config = BalanceConfig() if balance is True else (balance or None)
     if config and shares is not None:
-        raise ConfigError("prepare() got both balance= and shares=: balancing is a share "
-                          "policy; pass one of them")
+        raise ConfigError("prepare() got shares= but balancing is on (balance=, or potluck "
+                          "run --balance): balancing is a share policy; use one of them")
     if "comm_hook" in data_parallel and (config or weight is not None):
         raise ConfigError(
             "prepare() got comm_hook= with balance= or weight=: those weigh each rank's "

@@ -57,8 +57,9 @@ def test_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_prepare_refuses_what_it_decides_itself() -> None:
-    from potluck import DataParallel, prepare
+    from potluck import DataParallel, allreduce_mean, prepare
     from potluck.errors import ConfigError
+    from potluck.step.parts import EqualShares
 
     net = torch.nn.Linear(2, 1)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -69,3 +70,11 @@ def test_prepare_refuses_what_it_decides_itself() -> None:
         prepare(net, sgd, data, global_batch=0)
     with pytest.raises(ConfigError, match="plain model"):
         prepare(DataParallel(net), sgd, data, global_batch=4)
+    with pytest.raises(ConfigError, match="balance='yes': pass True"):
+        prepare(net, sgd, data, global_batch=4, balance="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="got shares= but balancing is on"):
+        prepare(net, sgd, data, global_batch=4, balance=True, shares=EqualShares())
+    with pytest.raises(ConfigError, match="comm_hook= with balance= or weight="):
+        prepare(net, sgd, data, global_batch=4, weight=len, comm_hook=allreduce_mean)
+    with pytest.raises(ConfigError, match="weight=3 must be a function of the batch"):
+        prepare(net, sgd, data, global_batch=4, weight=3)  # type: ignore[arg-type]

@@ -233,6 +233,17 @@ def test_elastic_range_and_minimum_reach_the_workers() -> None:
     assert (fixed.min_nodes, fixed.founders) == (None, 2)
 
 
+def test_balance_flag_reaches_the_workers() -> None:
+    config = cli.config_from_args(_parse("--nproc-per-node", "2", "--balance", "t.py"))
+    environ = worker_environ(config, local_rank=0, master_port=5000, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1)
+    assert environ["POTLUCK_BALANCE"] == "1" and read_worker_env(environ).balance
+    plain = cli.config_from_args(_parse("--nproc-per-node", "2", "t.py"))
+    environ = worker_environ(plain, local_rank=0, master_port=5000, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1)
+    assert "POTLUCK_BALANCE" not in environ and not read_worker_env(environ).balance
+
+
 def test_torchrun_multi_node_recipe_flags_are_accepted() -> None:
     """The flags of PyTorch's multi-node torchrun recipe, as users copy them."""
     config = cli.config_from_args(_parse(
