@@ -29,6 +29,8 @@ from potluck.demo.report import (
 )
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult
+from potluck.demo.uneven import UNEVEN_METRICS
+from potluck.demo.uneven import add_arguments as add_uneven_arguments
 from potluck.errors import ConfigError
 from potluck.metrics.figures import scaling_figures
 
@@ -82,8 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", type=Path, default=None,
                         help="per-step JSON lines (potluck.metrics.journal 'step' records): "
                              "step, loss, step_s, samples_per_s, tokens_per_s, sync_s, lr, "
-                             f"workers ({METRICS}; {CHAOS_METRICS} with --chaos, so that a "
-                             "chaos run never overwrites the plain demo's)")
+                             f"workers, shares ({METRICS}; {CHAOS_METRICS} with --chaos, "
+                             f"{UNEVEN_METRICS} with --uneven, so that neither overwrites "
+                             "the plain demo's)")
     parser.add_argument("--baseline-steps", type=int, default=None,
                         help=f"steps of the 1-worker phase that measures the speedup "
                              f"({FULL.baseline_steps}; {QUICK.baseline_steps} with --quick)")
@@ -105,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "third of the way through: it is restarted and rejoins, the run "
                              "carries on, every membership change is shown (no baseline, no "
                              "checkpoints; needs --workers 2 or more)")
+    parser.add_argument("--uneven", action="store_true",
+                        help="train with balancing on (potluck run --balance) while worker 1 "
+                             "is slowed to 0.4 of a core (a cgroup v1 CPU quota as root, else "
+                             "a sleep per sample, said so on screen): the shares of each step "
+                             "move to the faster worker on screen and in the metrics, then "
+                             "a few steps on equal shares to compare (no 1-worker baseline, "
+                             "no checkpoints; needs --workers 2 or more)")
+    add_uneven_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -153,6 +164,10 @@ def _require(ok: bool, message: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
+    if args.uneven:
+        from potluck.demo import uneven
+
+        return uneven.main(args)
     if args.chaos:
         from potluck.demo import chaos
 

@@ -10,7 +10,8 @@ A metrics record is a ``step`` record of ``potluck.metrics.journal`` (``kind``, 
 ``pid``): ``step``, ``loss`` (global-batch mean), ``step_s`` (rank 0's wall time for the
 whole step), ``samples_per_s`` and ``tokens_per_s`` (global batch / step_s), ``sync_s``
 (first gradient bucket launched to last one reduced; overlaps backward), ``lr``,
-``workers`` and ``generation`` (always 0: the plain demo's membership never changes).
+``workers``, ``generation`` (always 0: the plain demo's membership never changes) and
+``shares`` (samples per rank of the step: equal in the plain demo).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
             result.sync_s.append(record["sync_s"])
             if journal is not None:
                 journal.write("step", **record, lr=optimizer.param_groups[0]["lr"],
-                              workers=world_size, generation=0)
+                              workers=world_size, generation=0,
+                              shares=[config.global_batch // world_size] * world_size)
             done = step + 1
             if checkpoints is not None and (
                 done == run_steps

@@ -16,7 +16,9 @@ A record is one JSON object on one line: ``{"kind": str, "time": float, "pid": i
             ``workers``
 ``step``    a committed global step: ``step``, ``generation``, ``workers``; ``loss?``,
             ``step_s?``, ``samples_per_s?``, ``tokens_per_s?``, ``sync_s?``, ``lr?``,
-            ``redone?`` (the demo's metrics, the chaos worker's rank 0)
+            ``redone?`` (the demo's metrics, the chaos worker's rank 0); ``shares?``
+            (samples per rank of the step: ``loader.split``), ``speeds?`` (samples/s per
+            rank, the balancer's), ``phase?`` (the uneven demo's ``balanced``/``equal``)
 ``redo``    a step whose collectives failed, trained again: ``step``, ``generation`` and
             ``workers`` of the generation that redoes it
 ``event``   a membership change, ``potluck.Cohort.events``' fields: ``generation``,

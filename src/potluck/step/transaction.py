@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
@@ -35,6 +35,8 @@ from potluck.step.parts import StepPart
 DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
 
 log = logging.getLogger(__name__)
+
+P = TypeVar("P")
 
 
 class StepTransaction:
@@ -98,6 +100,11 @@ class StepTransaction:
     def left(self) -> bool:
         """This worker left the cohort (``request_leave``): stop training."""
         return self.boundary.left
+
+    def part(self, kind: type[P]) -> P | None:
+        """The step part of type ``kind`` this transaction runs, if any (e.g.
+        ``opt.part(potluck.balance.Balancer)`` for its ``speeds`` and ``plan``)."""
+        return next((part for part in self.parts if isinstance(part, kind)), None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.guarded.zero_grad(set_to_none=set_to_none)
