@@ -25,6 +25,8 @@ _BENCHES = [
     ("chaos", "potluck.bench.chaos", "random kill / freeze / leave / join trials, checked"),
     ("faults", "potluck.bench.faults",
      "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
+    ("straggler", "potluck.bench.straggler",
+     "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
 ]
 
 
