@@ -20,14 +20,28 @@ def test_the_first_measurement_counts_in_full_bias_corrected() -> None:
     assert meter.speed == pytest.approx(50.0)
 
 
-def test_the_meter_follows_a_change_within_a_few_steps() -> None:
+def test_the_meter_smooths_noise_and_follows_a_small_change_within_a_few_steps() -> None:
+    meter = SpeedMeter(0.5, skip=0)
+    for seconds in (1.0, 1.2, 0.9, 1.1, 1.0):  # 10 samples/s, noisy
+        meter.add(10, seconds)
+    assert meter.speed is not None and 9.5 < meter.speed < 10.5
+    for _ in range(4):
+        meter.add(10, 0.8)  # now 12.5 samples/s: within the jump, averaged in
+    assert 12.0 < meter.speed < 12.5
+
+
+def test_a_jump_restarts_the_average_at_once() -> None:
     meter = SpeedMeter(0.5, skip=0)
     for _ in range(10):
         meter.add(10, 1.0)  # 10 samples/s
-    for _ in range(4):
-        meter.add(10, 0.5)  # now 20 samples/s
-    speed = meter.speed
-    assert speed is not None and 18.0 < speed < 20.0
+    meter.add(10, 1 / 0.3)  # the owner started a game: 3 samples/s
+    assert meter.speed == pytest.approx(3.0)
+    meter.add(10, 1.0)  # and quit it
+    assert meter.speed == pytest.approx(10.0)
+    never = SpeedMeter(0.5, skip=0, jump=math.inf)
+    never.add(10, 1.0)
+    never.add(10, 10.0)
+    assert never.speed == pytest.approx(10 / ((0.25 * 1.0 + 0.5 * 10.0) / 0.75))
 
 
 def test_skipped_and_empty_measurements_teach_nothing() -> None:
@@ -59,6 +73,8 @@ def test_meter_state_round_trips_and_seed_starts_from_a_record() -> None:
 def test_bad_smoothing_is_refused(smoothing: object) -> None:
     with pytest.raises(ConfigError, match=r"smoothing=.* must be in \[0, 1\)"):
         SpeedMeter(smoothing)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"jump=1.0 is invalid: it is a ratio > 1"):
+        SpeedMeter(jump=1.0)
 
 
 # ---------------------------------------------------------------------------- planner

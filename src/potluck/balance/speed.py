@@ -6,7 +6,10 @@ local: the seconds from the step's first forward until this rank's last gradient
 ready (``clock.ComputeClock``), per sample. The meter keeps an exponential moving
 average of seconds per sample (averaging times, not speeds, so one slow outlier is not
 drowned by fast ones), bias-corrected as Adam corrects its moments, so the first
-measurement counts in full instead of being pulled towards zero. Pure: no clock, no I/O.
+measurement counts in full instead of being pulled towards zero. A step more than
+``jump`` times slower or faster than the average restarts it from that step: a GPU
+whose owner starts a game is a new worker, not noise to be averaged away over several
+steps. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from potluck.errors import ConfigError
 class SpeedMeter:
     """Samples per second of one worker: ``add(samples, seconds)`` per step, ``speed``."""
 
-    def __init__(self, smoothing: float = 0.5, *, skip: int = 1) -> None:
+    def __init__(self, smoothing: float = 0.5, *, skip: int = 1, jump: float = 1.5) -> None:
         """``smoothing`` is the weight of the past (0: the last step alone); ``skip``
         first steps are not counted (the first pass pays one-off costs: lazy
-        initialisation, the bucket rebuild, allocator warm-up)."""
+        initialisation, the bucket rebuild, allocator warm-up); ``jump``: the ratio to
+        the average beyond which a step restarts it (``math.inf``: never)."""
         if not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ConfigError(
                 f"smoothing={smoothing!r} is invalid: it must be in [0, 1) (the weight "
@@ -33,7 +37,10 @@ class SpeedMeter:
         if not isinstance(skip, int) or skip < 0:
             raise ConfigError(f"skip={skip!r} is invalid: give the number of first steps "
                               "to ignore, an integer >= 0")
-        self.smoothing, self._skip = float(smoothing), skip
+        if not isinstance(jump, (int, float)) or not jump > 1.0:
+            raise ConfigError(f"jump={jump!r} is invalid: it is a ratio > 1 (e.g. 1.5: a "
+                              "step 1.5x slower or faster than the average restarts it)")
+        self.smoothing, self._skip, self._jump = float(smoothing), skip, float(jump)
         self._average = 0.0  # biased EMA of seconds per sample
         self._count = 0  # measurements folded in
         self._seen = 0  # measurements offered, skipped ones included
@@ -45,8 +52,10 @@ class SpeedMeter:
         self._seen += 1
         if self._seen <= self._skip:
             return
-        past = self.smoothing
-        self._average = past * self._average + (1.0 - past) * (seconds / samples)
+        value, past = seconds / samples, self.smoothing
+        if self._count and not 1.0 / self._jump < value / self._corrected() < self._jump:
+            self._average, self._count = 0.0, 0  # a new speed: start again from this step
+        self._average = past * self._average + (1.0 - past) * value
         self._count += 1
 
     @property
@@ -58,8 +67,11 @@ class SpeedMeter:
         """Samples per second (None until a step was measured)."""
         if self._count == 0:
             return None
-        seconds_per_sample = self._average / (1.0 - self.smoothing ** self._count)
-        return 1.0 / seconds_per_sample
+        return 1.0 / self._corrected()
+
+    def _corrected(self) -> float:
+        """The bias-corrected average seconds per sample (``_count`` > 0)."""
+        return self._average / (1.0 - self.smoothing ** self._count)
 
     def seed(self, speed: float) -> None:
         """Start from a known speed (a resumed run's record) as one measurement."""
