@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from potluck.bench import cgroup
+from potluck.harness import cpu_quota
 from tests.e2e.helpers import ROOT, pid_alive
 
-WHY_NOT = cgroup.unavailable()
+WHY_NOT = cpu_quota.unavailable()
 
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=f"potluck bench straggler: {WHY_NOT}")
@@ -40,8 +40,8 @@ def test_tiny_run_reports_the_four_figures_and_leaves_nothing_behind(tmp_path: P
     assert steps is None or 0 <= steps <= report["config"]["phase_steps"]
     assert len(report["quota_change"]["changes"]) == 2
     assert not [pid for pid in report["worker_pids"] if pid_alive(pid)]
-    assert not Path(cgroup.CPU_ROOT, f"potluck-straggler-{bench.pid}").exists()
-    assert not Path(cgroup.CPU_ROOT, f"potluck-straggler-{bench.pid}-fast").exists()
+    assert not Path(cpu_quota.CPU_ROOT, f"potluck-straggler-{bench.pid}").exists()
+    assert not Path(cpu_quota.CPU_ROOT, f"potluck-straggler-{bench.pid}-fast").exists()
     bad = subprocess.run([sys.executable, "-m", "potluck", "bench", "straggler", "--quota",
                           "2"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2

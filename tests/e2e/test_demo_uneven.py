@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from potluck.demo.cgroup import CPU_ROOT, PREFIX
+from potluck.demo.uneven import CGROUP_PREFIX
+from potluck.harness.cpu_quota import CPU_ROOT
 from potluck.metrics.journal import read_journal
 
 STEPS, BATCH = 24, 16  # --quick's global batch; a few steps are enough for a move
@@ -31,7 +32,7 @@ def test_uneven_demo_moves_the_shares_to_the_fast_worker(tmp_path: Path) -> None
     finally:
         demo.kill()
     assert demo.returncode == 0, out[-3000:] + err[-3000:]
-    assert not (CPU_ROOT / f"{PREFIX}{demo.pid}").exists()  # removed at the end
+    assert not (CPU_ROOT / f"{CGROUP_PREFIX}{demo.pid}").exists()  # removed at the end
     assert not (tmp_path / "runs" / "demo").exists()  # apart from the plain demo's
     assert "slowed: worker 1 " in out
     assert ("a CPU quota of" in out) != ("sleeps in every forward pass" in out), out

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.demo import cgroup
 from potluck.demo.cli import add_arguments
 from potluck.demo.progress import (
     ProgressBar,
@@ -31,6 +30,7 @@ from potluck.demo.uneven import (
 from potluck.demo.uneven_report import share_changes, summarize, summary_lines
 from potluck.demo.uneven_worker import slow_down_by_sleeping
 from potluck.errors import ConfigError
+from potluck.harness.cpu_quota import CpuQuota
 
 
 def _record(step: int, shares: list[int], speeds: list[float | None] | None = None,
@@ -151,7 +151,7 @@ def test_flags_that_cannot_go_with_uneven_are_clear_errors() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_the_sleep_fallback_is_launched_balanced_and_said_so() -> None:
+def test_the_sleep_fallback_is_launched_balanced_and_said_so(tmp_path: Path) -> None:
     config = config_from_args(_args("--quick", "--slow-by", "sleep"))
     slowdown = set_up_slowdown(config.slow_by, config.fraction)
     assert slowdown.quota is None
@@ -163,7 +163,7 @@ def test_the_sleep_fallback_is_launched_balanced_and_said_so() -> None:
     assert lines[0] == (f"slowed: worker {SLOW_RANK} could not get a CPU quota: not running "
                         "as root (uid 1000)")
     assert "sleeps in every forward pass" in lines[1] and "an emulation" in lines[1]
-    quota = cgroup.CpuQuota(Path("/sys/fs/cgroup/cpu/g"), 4000, 10_000)
+    quota = CpuQuota("g", period_us=10_000, root=tmp_path).create(0.4)  # a fake root
     assert "gets 0.4 of a core: a CPU quota of 4000 us per 10000 us" in slowdown_lines(
         Slowdown(0.4, quota))[0]
 
@@ -172,15 +172,6 @@ def test_the_sleep_fallback_is_launched_balanced_and_said_so() -> None:
 def test_cores_are_pinned_only_when_there_is_one_per_worker() -> None:
     assert choose_cores(2, {3, 1, 2}) == [1, 2]
     assert choose_cores(3, {0, 1}) == []
-
-
-@pytest.mark.timeout(30)
-def test_cgroup_pieces(tmp_path: Path) -> None:
-    stat = "nr_periods 120\nnr_throttled 30\nthrottled_time 1500000000\n"
-    assert cgroup.parse_cpu_stat(stat) == cgroup.Throttling(120, 30, 1.5)
-    assert "no cgroup v1 CPU controller" in (cgroup.unavailable(tmp_path) or "")
-    with pytest.raises(cgroup.CgroupError, match="between 0 and 1"):
-        cgroup.CpuQuota.create("x", 1.5, root=tmp_path)
 
 
 @pytest.mark.timeout(30)

@@ -1,7 +1,7 @@
 """``potluck bench straggler``: N workers, one of them held to a CPU quota (a straggler).
 
 One long-lived worker process per rank (``straggler_job``), rank i pinned to CPU i, one
-torch thread each; the last rank lives in a cgroup of its own (``cgroup.CpuQuota``,
+torch thread each; the last rank lives in a cgroup of its own (``harness.cpu_quota``,
 10 ms period) from before it imports torch, the others in one without a quota (both
 with a high CPU weight, so other work on the machine disturbs them less). The bench
 sets the quota and tells the workers what to run, run after run, interleaved (ABBA):
@@ -14,7 +14,8 @@ sets the quota and tells the workers what to run, run after run, interleaved (AB
 Then a balanced run whose slow worker goes from quota 1.0 to 0.3 and back to 1.0 at set
 steps (the bench follows rank 0's step records), between solo runs at those quotas for
 its ideals; and a short float64 balanced run at the quota, checked against one process.
-The figures are medians over the rounds of each round's own ratios (``straggler_figures``).
+The figures are medians over the rounds of each round's own ratios (``straggler_figures``),
+printed and written by ``straggler_report``.
 """
 
 from __future__ import annotations
@@ -31,27 +32,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
 from potluck import env as potluck_env
-from potluck.bench import cgroup
 from potluck.bench import straggler_figures as fig
-from potluck.bench.common import interleaved, table, write_json
-from potluck.bench.straggler_job import Command, run_dir, write_command
+from potluck.bench.common import interleaved, write_json
+from potluck.bench.straggler_job import Command, QuotaSchedule, run_dir, write_command
+from potluck.bench.straggler_report import report_json, report_lines
 from potluck.errors import ConfigError, PotluckError
+from potluck.harness.cpu_quota import CpuQuota, unavailable
 
 CONTENDERS = ("ddp", "potluck", "balanced")
-LABELS = {"ddp": "torch DDP, equal", "potluck": "potluck, equal",
-          "balanced": "potluck, balanced"}
 _JOB = "potluck.bench.straggler_job"
 _POLL_S = 0.01  # the bench's own CPU stays well under 1%; steps last 0.1 s or more
 _START_S = 180.0  # for every worker to import torch and say hello
 _STALL_S = 120.0  # a run with no new record for this long is stuck
 _SKIP = 1  # solo: steps left out after a quota change (the one in flight is never counted)
-_TOLERANCE, _HOLD = 0.1, 2  # rebalanced: HOLD steps in a row within 10% of the new ideal
 # The workers' CPU weight: 16 ordinary processes'. Other work on the machine (tests, a
 # build) then waits while they compute, instead of slowing one of them down at random.
 _SHARES = 16384
@@ -147,7 +146,7 @@ def config_from_args(args: argparse.Namespace) -> StragglerConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = cgroup.unavailable()
+    problem = unavailable()
     if problem is not None:
         print(f"potluck bench straggler: {problem}", file=sys.stderr)
         return 2
@@ -160,8 +159,8 @@ def main(args: argparse.Namespace) -> int:
     logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-strag-"))
     try:
         name = f"potluck-straggler-{os.getpid()}"
-        with cgroup.CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
-                cgroup.CpuQuota(f"{name}-fast", shares=_SHARES) as fast, \
+        with CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
+                CpuQuota(f"{name}-fast", shares=_SHARES) as fast, \
                 Pool(config, logs, quota, fast) as pool:
             results = {**measure(config, pool, quota), "worker_pids": pool.pids}
     except KeyboardInterrupt:
@@ -192,8 +191,8 @@ Watch = Callable[[list[dict[str, Any]]], "bool | None"]  # new records -> stop t
 class Pool:
     """The workers: started once, told what to run, stopped and reaped on exit."""
 
-    def __init__(self, config: StragglerConfig, directory: Path, slow: cgroup.CpuQuota,
-                 fast: cgroup.CpuQuota) -> None:
+    def __init__(self, config: StragglerConfig, directory: Path, slow: CpuQuota,
+                 fast: CpuQuota) -> None:
         self.config, self.directory, self.slow, self.fast = config, directory, slow, fast
         self._procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []
@@ -209,7 +208,7 @@ class Pool:
                         str(rank), "--world-size", str(self.config.workers),
                         "--cpu", str(pool_cpu(rank))]
                 group = self.slow if rank == self.config.slow else self.fast
-                argv += ["--cgroup", str(group.procs)]  # it moves itself in, before torch
+                argv += ["--cgroup", str(group.path)]  # it moves itself in, before torch
                 self._logs.append((self.directory / f"worker-{rank}.log").open("wb"))
                 self._procs.append(subprocess.Popen(
                     argv, env=environ, stdin=subprocess.DEVNULL, stdout=self._logs[-1],
@@ -303,7 +302,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def measure(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota) -> dict[str, Any]:
+def measure(config: StragglerConfig, pool: Pool, quota: CpuQuota) -> dict[str, Any]:
     """Every run: the rounds (solo and contenders, interleaved), the quota change between
     two solo runs at its quotas, the float64 check."""
     rounds: list[dict[str, Any]] = [{} for _ in range(config.rounds)]
@@ -316,15 +315,15 @@ def measure(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota) -> dict
             "check": check_run(config, pool, quota)}
 
 
-def solo_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota,
+def solo_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,
              fractions: list[float]) -> list[dict[str, Any]]:
     """Every worker alone, all at once (the machine as loaded as in a job), the slow one
     at each of ``fractions`` in turn for ``solo_steps`` timed steps. Per quota: every
     rank's samples/s while the slow one ran at it, and their sum (the ideal)."""
     slow, n = config.slow, config.solo_steps
     ends = [config.warmup + n + i * (1 + _SKIP + n) for i in range(len(fractions))]
-    schedule = cgroup.QuotaSchedule(quota, slow, list(zip([e - 1 for e in ends],
-                                                          fractions[1:], strict=False)))
+    schedule = QuotaSchedule(quota, slow, list(zip([e - 1 for e in ends], fractions[1:],
+                                                   strict=False)))
 
     def watch(new: list[dict[str, Any]]) -> bool:
         schedule.feed(new)
@@ -340,7 +339,7 @@ def solo_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota,
             for q, r in zip(fractions, rates, strict=True)]
 
 
-def contender_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota,
+def contender_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,
                   name: str) -> dict[str, Any]:
     quota.set(config.quota)
     records, _ = pool.run(name, steps=config.warmup + config.steps, batch=config.global_batch)
@@ -351,28 +350,28 @@ def contender_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota,
             "time_split": [fig.time_split(records[rank], config.warmup) for rank in records]}
 
 
-def change_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota) -> dict[str, Any]:
+def change_run(config: StragglerConfig, pool: Pool, quota: CpuQuota) -> dict[str, Any]:
     """Balanced, the slow worker at the high quota, then the low one, then high again;
     the ideals from solo runs at those quotas just before and just after. Also how many
     steps it took to settle near its own later pace (the balancer's reaction alone)."""
     phase, batch = config.phase_steps, config.global_batch
     down, up = config.warmup + phase, config.warmup + 2 * phase
     before = solo_run(config, pool, quota, [config.low, config.high])
-    schedule = cgroup.QuotaSchedule(quota, 0, [(down - 1, config.low), (up - 1, config.high)])
+    schedule = QuotaSchedule(quota, 0, [(down - 1, config.low), (up - 1, config.high)])
     quota.set(config.high)
     records, _ = pool.run("balanced", steps=up + phase, batch=batch, watch=schedule.feed)
     after = solo_run(config, pool, quota, [config.low, config.high]) if config.solo_after \
         else before
     ideals = [(a["ideal"] + b["ideal"]) / 2 for a, b in zip(before, after, strict=True)]
     figures = fig.change_figures(fig.spans(records[0]), batch, [at for at, _ in schedule.applied],
-                                 ideals, tolerance=_TOLERANCE, hold=_HOLD)
+                                 ideals, tolerance=fig.TOLERANCE, hold=fig.HOLD)
     return {**figures, "changes": [{"time": t, "quota": q} for t, q in schedule.applied],
             "solo_before": before, "solo_after": after, "ideal_samples_per_s": ideals,
             "splits": [r["split"] for r in records[0]],
             "speeds": [r["speeds"] for r in records[0]]}
 
 
-def check_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota) -> dict[str, Any]:
+def check_run(config: StragglerConfig, pool: Pool, quota: CpuQuota) -> dict[str, Any]:
     """float64, balanced, the slow worker at Q: the parameters against one process."""
     quota.set(config.quota)
     records, done = pool.run("balanced", steps=config.check_steps, batch=config.check_batch,
@@ -384,46 +383,9 @@ def check_run(config: StragglerConfig, pool: Pool, quota: cgroup.CpuQuota) -> di
 
 def report(config: StragglerConfig, results: dict[str, Any], json_path: str | None) -> None:
     """The header, the throughput table, where the time goes, the figure lines, JSON."""
-    top = fig.summarize_rounds(results["rounds"], config.contenders, config.workers)
-    change, check = results["change"], results["check"]
-    ideal, ddp = top["ideal_samples_per_s"], top["samples_per_s"].get("ddp", math.nan)
-    print(f"potluck bench straggler: {config.workers} workers on CPUs "
-          f"{','.join(str(pool_cpu(r)) for r in range(config.workers))} (one torch thread "
-          f"each), rank {config.slow} held to {config.quota:g} of a core (cgroup, "
-          f"{config.period_us / 1000:g} ms period), gloo, {config.global_batch} samples/step, "
-          f"{config.rounds} interleaved round(s) of {config.steps} timed steps")
-    rows: list[list[Any]] = [
-        [f"rank {rank} alone" + (f" at {config.quota:g}" if rank == config.slow else ""),
-         rate, rate / ideal, "-"] for rank, rate in enumerate(top["solo_samples_per_s"])]
-    rows.append(["ideal (sum alone)", ideal, 1.0, "-"])
-    rows += [[LABELS[name], rate, rate / ideal, rate / ddp]
-             for name, rate in top["samples_per_s"].items()]
-    print(table(["contender", "samples/s", "vs ideal", "vs torch DDP"], rows))
-    print("where the time goes (ms per step, medians; backward: until this rank's last "
-          "gradient; wait: the rest, the all-reduce; step: with potluck's collectives):")
-    print(table(["contender", "rank", "samples", "load", "forward", "backward", "wait",
-                 "step", "CPU/wall"],
-                fig.time_rows(results["rounds"], config.contenders, config.workers, LABELS)))
-    low, high = (f"{q:g}" for q in (config.low, config.high))
-    print(f"balanced vs torch DDP: {_fmt(top['balanced_vs_ddp'])} (rounds "
-          f"{_span(top['balanced_vs_ddp_rounds'])}; goal >= 1.45; ideal "
-          f"{_fmt(top['ideal_vs_ddp'])}: the sum alone over {config.workers} x the slowest)")
-    print(f"balanced, fraction of ideal: {_fmt(top['fraction_of_ideal'])} (rounds "
-          f"{_span(top['fraction_of_ideal_rounds'])}; goal >= 0.95)")
-    print(f"quota {high} -> {low} -> {high} mid-run, steps below {1 - _TOLERANCE:.0%} of the "
-          f"new ideal before {_HOLD} in a row above it: {_pair(change['rebalance_steps_each'])}"
-          f" (rebalance_steps: the larger; goal <= 5); below 90% of the run's own later "
-          f"pace: {_pair(change['settle_steps_each'])}")
-    print(f"float64, balanced (split {check['splits'][0]} -> {check['splits'][-1]}) vs one "
-          f"process: max |param diff| {check['max_param_diff']:.3g} (goal < 1e-9)")
+    print("\n".join(report_lines(config, results, [pool_cpu(r) for r in range(config.workers)])))
     if json_path:
-        headline = {"balanced_vs_ddp": top.pop("balanced_vs_ddp"),
-                    "fraction_of_ideal": top.pop("fraction_of_ideal"),
-                    "rebalance_steps": change["rebalance_steps"],
-                    "max_param_diff": check["max_param_diff"]}
-        write_json(json_path, fig.finite({
-            **headline, **top, "config": asdict(config), "rounds": results["rounds"],
-            "quota_change": change, "check": check, "worker_pids": results["worker_pids"]}))
+        write_json(json_path, report_json(config, results))
 
 
 def pool_cpu(rank: int) -> int:
@@ -431,15 +393,3 @@ def pool_cpu(rank: int) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     return cpus[rank % len(cpus)]
 
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.3g}"
-
-
-def _span(values: list[float]) -> str:
-    finite = [v for v in values if not math.isnan(v)]
-    return f"{min(finite):.3g}-{max(finite):.3g}" if finite else "-"
-
-
-def _pair(values: list[int | None]) -> str:
-    return " and ".join("never" if v is None else str(v) for v in values)

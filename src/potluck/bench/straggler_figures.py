@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 Span = tuple[float, float]  # (begin, end) of one step, wall-clock seconds
+TOLERANCE, HOLD = 0.1, 2  # rebalanced: HOLD steps in a row within 10% of the new ideal
 
 
 def spans(records: Iterable[Mapping[str, Any]]) -> list[Span]:

@@ -1,7 +1,7 @@
 """A worker of ``potluck bench straggler``: one long-lived process per rank, told what to run.
 
     python -m potluck.bench.straggler_job --dir DIR --rank 1 --world-size 2 --cpu 1 \\
-        --cgroup /sys/fs/cgroup/cpu/potluck-straggler-123/cgroup.procs
+        --cgroup /sys/fs/cgroup/cpu/potluck-straggler-123
 
 Before it imports torch the worker moves itself into its cgroup (the slow rank: every
 thread it will start, Gloo's too, is then under the quota) and pins itself to its CPU,
@@ -19,7 +19,8 @@ the step is shared and reduced. Each rank appends a ``step`` record per step to
 time, the balancer's speeds) and a ``done`` at the end; with ``check``, rank 0 also
 trains one process on the same global batches and reports ``max_param_diff``. The
 worker exits on ``DIR/stop``, or when the bench is gone; a failure is written to
-``DIR/error-<rank>.txt``.
+``DIR/error-<rank>.txt``. On the bench's side, ``QuotaSchedule`` changes the slow rank's
+quota when the step records reach given steps.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from potluck.harness.cpu_quota import join  # no torch: the worker moves in before it
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
 
     from potluck.balance import BalanceConfig
+    from potluck.harness.cpu_quota import CpuQuota
     from potluck.metrics.journal import Journal
 
 CONTENDERS = ("ddp", "potluck", "balanced", "solo")
@@ -83,6 +87,26 @@ def write_command(directory: Path, command: Command) -> Path:
     partial.write_text(json.dumps(asdict(command)))
     partial.rename(target)
     return target
+
+
+class QuotaSchedule:
+    """Sets ``quota`` once ``rank`` has recorded given steps, ``[(after_step, fraction)]``;
+    fed each new batch of step records (dicts with ``kind``, ``rank``, ``step``), it
+    keeps in ``applied`` when (wall clock) it made each change. The bench runs it."""
+
+    def __init__(self, quota: CpuQuota, rank: int,
+                 changes: list[tuple[int, float]]) -> None:
+        self.quota, self.rank, self.pending = quota, rank, list(changes)
+        self.applied: list[tuple[float, float]] = []
+
+    def feed(self, new: list[dict[str, Any]]) -> None:
+        for record in new:
+            if int(record["rank"]) != self.rank or record["kind"] != "step":
+                continue
+            while self.pending and int(record["step"]) >= self.pending[0][0]:
+                fraction = self.pending.pop(0)[1]
+                self.quota.set(fraction)
+                self.applied.append((time.time(), fraction))
 
 
 def workload(dtype: torch.dtype) -> tuple[nn.Module, TensorDataset]:
@@ -304,7 +328,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rank", required=True, type=int)
     parser.add_argument("--world-size", required=True, type=int)
     parser.add_argument("--cpu", required=True, type=int, help="the CPU this rank runs on")
-    parser.add_argument("--cgroup", type=Path, help="cgroup.procs of the slow rank's cgroup")
+    parser.add_argument("--cgroup", type=Path, help="the cgroup this rank moves into")
     return parser
 
 
@@ -312,7 +336,7 @@ def main() -> int:
     args = _parser().parse_args()
     # Before anything else (torch starts threads): every thread inherits both.
     if args.cgroup is not None:
-        args.cgroup.write_text(f"{os.getpid()}\n")
+        join(args.cgroup)
     os.sched_setaffinity(0, {args.cpu})
     _exit_with_parent()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck run: kill -USR1 pid

@@ -7,13 +7,13 @@ The workers are started by the launcher's agent, in this process, exactly as
 would start them, so ``potluck.prepare`` gives each worker a share of every step by its
 measured speed. Each worker is pinned to a core of its own where there are enough, and
 worker 1 is slowed: to 0.4 of a core by a CPU quota (a cgroup v1 group this process
-makes, ``demo/cgroup.py``; the worker moves its whole process in before it trains) when
-root and cgroup v1 allow, else by a sleep in its every forward, which the header says.
-The group is removed at the end, on a failure or Ctrl-C too. After the balanced steps
-the workers train a few more on equal shares, to measure what balancing gained. The
-progress shows each step's split (``shares 23/9``) and its moves; the closing summary
-(``uneven_report``) the split at the start and the end, and both throughputs. Results
-go to ``runs/demo-uneven/``, apart from the other demos'.
+makes, ``harness.cpu_quota``; the worker moves its whole process in before it trains)
+when root and cgroup v1 allow, else by a sleep in its every forward, which the header
+says. The group is removed at the end, on a failure or Ctrl-C too. After the balanced
+steps the workers train a few more on equal shares, to measure what balancing gained.
+The progress shows each step's split (``shares 23/9``) and its moves; the closing
+summary (``uneven_report``) the split at the start and the end, and both throughputs.
+Results go to ``runs/demo-uneven/``, apart from the other demos'.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from potluck.demo import cgroup
 from potluck.demo.progress import MetricsFollower, choose_display, make_progress
 from potluck.demo.report import loss_summary
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.uneven_report import summarize, summary_lines
 from potluck.errors import ConfigError, PotluckError
+from potluck.harness import cpu_quota
 from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import read_journal
@@ -40,6 +40,7 @@ WORKER_MODULE = "potluck.demo.uneven_worker"
 SLOW_RANK = 1  # the worker slowed (launch rank); rank 0 writes the metrics
 SLOW_FRACTION = 0.4  # of one core (the hidden --slow-fraction)
 QUOTA_PERIOD_US = 10_000  # short periods spread the quota's pauses evenly over a step
+CGROUP_PREFIX = "potluck-demo-uneven-"  # + the demo's pid: a stale group is found by its pid
 # Not the plain demo's runs/demo/ nor the chaos demo's: each keeps its own results.
 UNEVEN_METRICS = Path("runs/demo-uneven/metrics.jsonl")
 
@@ -79,7 +80,7 @@ class Slowdown:
     (``why_not``: why no quota)."""
 
     fraction: float
-    quota: cgroup.CpuQuota | None
+    quota: cpu_quota.CpuQuota | None
     why_not: str | None = None
 
 
@@ -148,14 +149,14 @@ def set_up_slowdown(slow_by: str, fraction: float) -> Slowdown:
     it is not."""
     if slow_by == "sleep":
         return Slowdown(fraction, None, "--slow-by sleep was given")
-    why_not = cgroup.unavailable()
+    why_not = cpu_quota.unavailable()
     if why_not is None:
         try:
-            cgroup.remove_stale()
-            quota = cgroup.CpuQuota.create(f"{cgroup.PREFIX}{os.getpid()}", fraction,
-                                           QUOTA_PERIOD_US)
+            cpu_quota.remove_stale(CGROUP_PREFIX)
+            quota = cpu_quota.CpuQuota(f"{CGROUP_PREFIX}{os.getpid()}",
+                                       period_us=QUOTA_PERIOD_US).create(fraction)
             return Slowdown(fraction, quota)
-        except cgroup.CgroupError as exc:
+        except cpu_quota.CgroupError as exc:
             why_not = str(exc)
     if slow_by == "cgroup":
         raise ConfigError(f"--slow-by cgroup: {why_not}; run as root on a system with "
@@ -248,7 +249,7 @@ def _train(config: UnevenConfig, slowdown: Slowdown) -> tuple[int, list[str]]:
             progress.stop()
 
 
-def _remove(slowdown: Slowdown) -> cgroup.Throttling | None:
+def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
     """Delete the quota's group (what it held back first); a failure is only reported."""
     quota = slowdown.quota
     if quota is None:
@@ -256,7 +257,7 @@ def _remove(slowdown: Slowdown) -> cgroup.Throttling | None:
     throttled = quota.throttling()
     try:
         quota.remove()
-    except cgroup.CgroupError as exc:
+    except cpu_quota.CgroupError as exc:
         print(f"potluck demo: warning: {exc}", file=sys.stderr)
     return throttled
 
@@ -300,7 +301,7 @@ def slowdown_lines(slowdown: Slowdown) -> list[str]:
 
 
 def _print_report(config: UnevenConfig, records: list[dict[str, object]],
-                  throttled: cgroup.Throttling | None) -> None:
+                  throttled: cpu_quota.Throttling | None) -> None:
     p = config.preset
     print()
     if throttled is not None:

@@ -32,12 +32,12 @@ from torch import nn
 import potluck
 from potluck.balance import Balancer
 from potluck.cohort import Cohort
-from potluck.demo import cgroup
 from potluck.demo.elastic_worker import Windows
 from potluck.demo.model import CharTransformer, ModelConfig, language_model_loss
 from potluck.demo.text import Vocabulary, load_corpus
 from potluck.demo.train import learning_rate
 from potluck.env import read_worker_env
+from potluck.harness import cpu_quota
 from potluck.metrics.journal import Journal
 from potluck.step import StepTransaction
 
@@ -152,7 +152,7 @@ def handicap(args: argparse.Namespace, net: nn.Module, data: Windows,
     if args.cgroup is not None:
         # Every thread, after the imports (those at 0.4 of a core would only make the
         # start slower, and the start is not what is balanced).
-        cgroup.join(args.cgroup)
+        cpu_quota.join(args.cgroup)
     if args.sleep_fraction is None:
         return 0.0
     share = max(1, args.batch_size // world_size)
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.equal_steps > 0:
             train_equal(cohort, net, config, data, args, journal, pause)
         if slowed and args.cgroup is not None:
-            cgroup.leave(args.cgroup)  # the quota is for training, not for shutting down
+            cpu_quota.leave(args.cgroup)  # the quota is for training, not for shutting down
         opt.finish()
     finally:
         if journal is not None:
