@@ -90,8 +90,8 @@ def prepare(
         if name in data_parallel:
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
                               f"drop {name}= (or build DataParallel yourself)")
-    if balance is not None:  # refused before joining; potluck run --balance after
-        _balance_config(balance, shares, weight, data_parallel)
+    # Refused before joining; what potluck run --balance adds is checked after.
+    _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)

@@ -134,6 +134,7 @@ def test_changing_shares_and_token_weights_equal_one_process() -> None:
 
 BALANCED = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=SEED)
 SLOW_S = 0.003  # per sample, on rank 1: about 30x the fast rank's compute
+CAP = 8  # rank 0 takes its part in micro-batches of at most 8 samples
 
 
 class Slow(nn.Module):
@@ -149,24 +150,28 @@ class Slow(nn.Module):
 
 
 def _balanced_run(cohort: Any, rank: int, state: dict[str, Any] | None) -> Any:
-    from potluck import prepare
+    from potluck import BalanceConfig, prepare
 
     net = Slow(mlp(), SLOW_S if rank == 1 else 0.0)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    cap = BalanceConfig(max_micro_batch=CAP if rank == 0 else None)  # rank 0's memory
     model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
                                  global_batch=BALANCED.global_batch,
-                                 seed=BALANCED.data_seed, balance=True)
+                                 seed=BALANCED.data_seed, balance=cap)
     if state is not None:
         opt.load_state_dict(state)
     return model, opt, loader
 
 
 def _epoch(model: Any, opt: Any, loader: Any) -> list[list[int]]:
+    from potluck import accumulate
+
     splits = []
-    for _, x, y in loader:
-        splits.append(list(loader.split))
+    for batch in loader:
+        splits.append([*loader.split, loader.micro_batches])
         opt.zero_grad()
-        ((model(x) - y) ** 2).mean().backward()
+        for (_, x, y), weight in accumulate(model, batch, loader.micro_batches):
+            (((model(x) - y) ** 2).mean() * weight).backward()
         assert opt.step().committed
     return splits
 
@@ -191,15 +196,18 @@ def _balanced(rank: int, world_size: int, port: int) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_balance_moves_samples_to_the_fast_rank_and_stays_exact() -> None:
     results = run_ranks(_balanced, 2, free_port(), init_group=False, timeout=100)
-    splits = results[0]["splits"]
+    splits = [split[:2] for split in results[0]["splits"]]
     assert splits[0] == [12, 12]  # nothing measured yet: equal
     assert splits[-1][0] >= 3 * splits[-1][1], splits  # rank 1 is about 30x slower
+    # Rank 0 took each part in micro-batches under its cap; rank 1 has none.
+    assert [s[2] for s in results[0]["splits"]] == [-(-s[0] // CAP) for s in splits]
+    assert {s[2] for s in results[1]["splits"]} == {1}
     recorded = results[0]["recorded"]
     assert recorded["policy"] == "balanced" and recorded["counts"] is not None
-    assert results[0]["resumed_splits"][0] == recorded["counts"]
+    assert results[0]["resumed_splits"][0][:2] == recorded["counts"]
     expected = single_process(BALANCED)
     for result in results:
-        assert result["splits"] == splits
+        assert [split[:2] for split in result["splits"]] == splits
         for got in (result["params"], result["resumed"]):
             for name, value in expected.items():
                 torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-12)

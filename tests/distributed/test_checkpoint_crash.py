@@ -14,7 +14,7 @@ import torch
 
 from potluck.checkpoint import CheckpointManager
 
-TRIALS = 20
+TRIALS = 12
 
 
 def payload(step: int) -> dict[str, torch.Tensor]:

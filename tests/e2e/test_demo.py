@@ -14,12 +14,14 @@ from potluck.metrics.journal import read_journal
 RECORD_KEYS = {"step", "loss", "step_s", "samples_per_s", "tokens_per_s", "sync_s"}
 
 
-@pytest.mark.timeout(150)
-def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
+@pytest.mark.timeout(250)
+def test_quick_demo_trains_reports_and_resumes_exactly(tmp_path: Path) -> None:
+    """The quick demo as a user runs it; then, as if it had died after step 20, resumed
+    from its checkpoint: the resumed losses are bitwise those of the whole run."""
     metrics = tmp_path / "runs" / "metrics.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2",
-         "--steps", "40", "--metrics", str(metrics)],
+         "--steps", "40", "--metrics", str(metrics), *_CHECKPOINTS],
         capture_output=True, timeout=140, cwd=tmp_path,  # bytes: text mode hides '\r'
     )
     out, err = done.stdout.decode(), done.stderr.decode()
@@ -49,6 +51,7 @@ def test_quick_demo_trains_and_reports(tmp_path: Path) -> None:
     agreement = re.search(r"computed the same losses to within (\S+) ", out)
     assert agreement is not None, out
     assert float(agreement.group(1)) < 1e-3
+    _resume_after_step_20(tmp_path, metrics)
 
 
 @pytest.mark.timeout(60)
@@ -63,28 +66,22 @@ def test_uneven_batch_is_a_clear_error(tmp_path: Path) -> None:
     assert "use e.g. --batch-size 15" in done.stderr
 
 
-def _demo(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2", "--steps", "30",
-         "--no-baseline", "--no-progress", "--checkpoint-every", "10",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), *flags],
-        capture_output=True, text=True, timeout=140, cwd=tmp_path,
-    )
+_CHECKPOINTS = ("--checkpoint-every", "10", "--checkpoint-dir", "ckpt")
 
 
-@pytest.mark.timeout(200)
-def test_demo_resumes_from_its_checkpoint_exactly(tmp_path: Path) -> None:
-    whole = _demo(tmp_path, "--metrics", str(tmp_path / "whole.jsonl"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+def _resume_after_step_20(tmp_path: Path, whole: Path) -> None:
     saved = sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt"))
-    assert saved == [f"ckpt-{s:012d}.pt" for s in (10, 20, 30)]
-    for late in ("ckpt-000000000020.pt", "ckpt-000000000030.pt"):
-        (tmp_path / "ckpt" / late).unlink()  # as if the run had died after step 10
-
-    resumed = _demo(tmp_path, "--resume", "--metrics", str(tmp_path / "resumed.jsonl"))
+    assert saved == [f"ckpt-{s:012d}.pt" for s in (20, 30, 40)]  # the newest 3 are kept
+    for late in saved[1:]:
+        (tmp_path / "ckpt" / late).unlink()  # as if the run had died after step 20
+    resumed = subprocess.run(
+        [sys.executable, "-m", "potluck", "demo", "--quick", "--workers", "2", "--steps", "40",
+         "--no-baseline", "--no-progress", *_CHECKPOINTS, "--resume",
+         "--metrics", str(tmp_path / "resumed.jsonl")],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from the checkpoint of step 10" in resumed.stdout
-    before = {r["step"]: r["loss"] for r in read_journal(tmp_path / "whole.jsonl")}
+    assert "resumed from the checkpoint of step 20" in resumed.stdout
+    before = {r["step"]: r["loss"] for r in read_journal(whole)}
     after = {r["step"]: r["loss"] for r in read_journal(tmp_path / "resumed.jsonl")}
-    assert sorted(after) == list(range(10, 30))
+    assert sorted(after) == list(range(20, 40))
     assert all(after[s] == before[s] for s in after), "resumed losses must be bitwise equal"

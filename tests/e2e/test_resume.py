@@ -3,17 +3,14 @@
 30 steps uninterrupted versus 15 steps, a SIGKILL of the launcher (its workers die with
 it), and a resumed run to 30. With the same 2 workers every loss of steps 16..30 and
 every final parameter are bitwise identical on CPU (dropout on: per-rank RNG restored).
-Resumed on 3 workers (dropout off: per-rank random streams would give a sample another
-mask once it moves to another rank), the data, optimizer and schedule continue exactly,
-but each global batch's gradient is summed over 3 shards instead of 2: another
-floating-point summation order, so that comparison is to 1e-5 relative.
+A checkpoint of 2 ranks resumed on 3 is checked on Gloo ranks without the launcher
+(``tests/distributed/test_checkpoint_resume.py``), which keeps this test short.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -66,7 +63,7 @@ def _run_and_kill_at_15(tmp: Path, ckpt: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_sigkilled_job_resumes_bitwise_and_on_more_workers(tmp_path: Path) -> None:
+def test_sigkilled_job_resumes_bitwise(tmp_path: Path) -> None:
     whole = _run(tmp_path, "whole", 2, tmp_path / "ckpt-whole")
     assert whole.returncode == 0, whole.stderr
 
@@ -81,20 +78,3 @@ def test_sigkilled_job_resumes_bitwise_and_on_more_workers(tmp_path: Path) -> No
     assert [got[s] for s in got] == [expected[s] for s in got]  # bitwise, every step
     final, final_resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     assert all(torch.equal(final[k], final_resumed[k]) for k in final)
-
-    plain = ("--dropout", "0", "--keep", "40")
-    whole2 = _run(tmp_path, "whole2", 2, tmp_path / "ckpt-w2", *plain)
-    assert whole2.returncode == 0, whole2.stderr
-    three_dir = tmp_path / "ckpt-3"
-    shutil.copytree(tmp_path / "ckpt-w2", three_dir)
-    for late in [p for p in three_dir.glob("ckpt-*.pt") if int(p.stem.split("-")[1]) > 15]:
-        late.unlink()  # leave the step-15 checkpoint as the newest
-    three = _run(tmp_path, "three", 3, three_dir, *plain)
-    assert three.returncode == 0, three.stderr
-    expected2, got3 = _losses(tmp_path / "whole2.jsonl"), _losses(tmp_path / "three.jsonl")
-    assert sorted(got3) == list(range(16, 31))
-    for step in got3:
-        assert got3[step] == pytest.approx(expected2[step], rel=1e-5), step
-    final2, final3 = torch.load(tmp_path / "whole2.pt"), torch.load(tmp_path / "three.pt")
-    for k in final2:
-        torch.testing.assert_close(final3[k], final2[k], rtol=1e-5, atol=1e-6)

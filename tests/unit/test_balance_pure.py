@@ -166,7 +166,9 @@ def test_a_contribution_is_this_ranks_part_of_the_step() -> None:
     assert part.scale == 0.25 and not part.needs_total
     part.set(3, 57.0, None)  # tokens: the total is summed across ranks
     assert part.scale == 57.0 and part.needs_total
-    with pytest.raises(ConfigError, match="must be a finite number > 0"):
-        part.set(3, 0.0, None)
+    part.set(3, 0.0, None)  # a part of padding only still takes part in the step
+    assert part.ready and part.scale == 0.0
+    with pytest.raises(ConfigError, match="must be a finite number >= 0"):
+        part.set(3, -1.0, None)
     with pytest.raises(ConfigError, match="below this rank's"):
         part.set(3, 5.0, 4.0)

@@ -67,6 +67,9 @@ class BalancedCohort(Protocol):
     def elastic(self) -> bool: ...
 
     @property
+    def joined_late(self) -> bool: ...
+
+    @property
     def device(self) -> torch.device: ...
 
     def mark_step_failed(self) -> None: ...
@@ -95,14 +98,11 @@ class Balancer:
             return equal_shares(world_size)
         return tuple(float(count) for count in plan.counts)
 
-    def micro_batches(self, rank: int, world_size: int) -> int:
-        """How many micro-batches ``rank`` splits its share into (its memory cap)."""
-        plan = self.plan
-        if plan is not None and plan.world_size == world_size:
-            return plan.micro_batches[rank]
+    def micro_batches(self, samples: int) -> int:
+        """How many micro-batches this rank's part of ``samples`` takes under its memory
+        cap (the part actually handed out: a short last block may differ from the plan)."""
         cap = self.config.max_micro_batch
-        count = -(-self._global_batch // world_size)
-        return 1 if cap is None else -(-count // cap)
+        return 1 if cap is None else max(1, -(-samples // cap))
 
     def on_commit(self, steps: int) -> None:
         seconds = self._clock.take()
@@ -156,11 +156,13 @@ class Balancer:
                 "this worker balances shares: every worker of a job must run the same "
                 "script with the same potluck.prepare(...) arguments")
         counts, micro = state.get("counts"), state.get("micro_batches")
-        self.plan = None if counts is None else Plan(tuple(counts), tuple(micro or ()))
+        self.plan = None if counts is None else Plan(
+            tuple(counts), tuple(micro) if micro else (1,) * len(counts))
         self.speeds = tuple(state.get("speeds", ()))
-        # A resumed worker starts from its record; a joiner (the world grew) is new.
+        # A resumed worker starts from its record; a joiner is a new worker.
         rank = self._cohort.rank
-        if not self.meter.measured and len(self.speeds) == self._cohort.world_size:
+        if (not self.meter.measured and not self._cohort.joined_late
+                and len(self.speeds) == self._cohort.world_size):
             recorded = self.speeds[rank]
             if recorded is not None:
                 self.meter.seed(recorded)

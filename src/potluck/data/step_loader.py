@@ -20,7 +20,7 @@ from potluck.data.split import equal_shares, split_counts
 from potluck.errors import ConfigError, CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
-MicroBatches = Callable[[int, int], int]  # (rank, world_size) -> micro-batches of its part
+MicroBatches = Callable[[int], int]  # samples of this rank's part -> its micro-batches
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
 
@@ -41,7 +41,7 @@ class StepLoader:
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
         self.contribution, self.weight = contribution, weight
-        self._micro_of = micro_batches or (lambda rank, world_size: 1)
+        self._micro_of = micro_batches or (lambda samples: 1)
         self.micro_batches = 1  # for the step last handed out
         self.split: list[int] = []  # samples per rank of the step last handed out
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
@@ -79,7 +79,7 @@ class StepLoader:
                     "of at least the world size and DataCursor(drop_last=True)"
                 )
             batch = self.collate([self.dataset[i] for i in indices])
-            self.micro_batches = self._micro_of(rank, world_size)
+            self.micro_batches = self._micro_of(len(indices))
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
             yield batch

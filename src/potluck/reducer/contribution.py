@@ -25,21 +25,21 @@ class Contribution:
         self.samples = 0  # samples this rank trains on in the step
         self.weight = 0.0  # its units (samples, or the user's weight such as tokens)
         self.total: float | None = None  # units of the whole step; None: summed by the reducer
+        self.ready = False  # set for a step at least once
 
-    @property
-    def ready(self) -> bool:
-        return self.weight > 0
 
     def set(self, samples: int, weight: float, total: float | None) -> None:
-        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        # A weight of 0 (a part of padding only) is allowed: the rank still takes part in
+        # every collective. Refused on one rank alone, the others would wait for it.
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ConfigError(
                 f"this rank's step weight is {weight!r}: a weight (e.g. the number of real "
-                "tokens in the batch) must be a finite number > 0; every rank must train "
-                "on something each step")
+                "tokens in the batch) must be a finite number >= 0")
         if total is not None and not (math.isfinite(total) and total >= weight):
             raise ConfigError(f"the step's total weight {total!r} is below this rank's "
                               f"{weight!r}: the total is the whole step's, all ranks together")
         self.samples, self.weight, self.total = samples, float(weight), total
+        self.ready = True
 
     @property
     def scale(self) -> float:

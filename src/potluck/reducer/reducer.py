@@ -394,8 +394,10 @@ class Reducer:
         results = [self._result(b) for b in range(len(self._buckets))] if self._chains else []
         produced_work = weight = weight_work = None
         try:
-            if self._sum_weight and self._contribution is not None and write_back:
-                weight = torch.tensor([self._contribution.weight], dtype=torch.float64,
+            if self._sum_weight and self._contribution is not None:
+                # A rank mirroring a pass under Join contributes nothing, but takes part.
+                mine = self._contribution.weight if write_back else 0.0
+                weight = torch.tensor([mine], dtype=torch.float64,
                                       device=self._buckets[0].buffer.device)
                 weight_work = group.allreduce([weight])
             if self._tail is None and self._params:
@@ -413,8 +415,8 @@ class Reducer:
                 bucket.buffer.copy_(result)  # the hook returned another tensor
         if weight_work is not None and weight is not None:
             self._wait(weight_work, "the step's total weight")
-            total = float(weight.item())
-            for bucket in self._buckets:
+            total = float(weight.item())  # 0 (all padding): inf/NaN, skipped by every rank
+            for bucket in self._buckets if write_back else ():
                 bucket.buffer.div_(total)  # zero bitmap entries stay zero
         if produced_work is not None:
             self._wait(produced_work, "unused-parameter bitmap")
