@@ -175,6 +175,7 @@ class Worker:
         import torch
 
         import potluck
+        from potluck.balance import Balancer
         from potluck.env import WorkerEnv
 
         solo = command.contender == "solo"
@@ -187,9 +188,8 @@ class Worker:
         batch = command.global_batch // self.world_size if solo else command.global_batch
         model, opt, loader = potluck.prepare(net, sgd, data, cohort=cohort, global_batch=batch,
                                              seed=SEED, balance=_balance(command))
-        # prepare() puts the share policy first among the step's parts: the balancer,
-        # whose gathered speeds go into the records (to see how it reacts).
-        balancer = opt.parts[0] if command.contender == "balanced" else None
+        # The balancer's gathered speeds go into the records (to see how it reacts).
+        balancer = opt.part(Balancer)
         timer = _StepTimer(next(net.parameters()))
         while opt.steps < command.steps and not (solo and stop.exists()):
             for x, y in loader:
@@ -200,7 +200,7 @@ class Worker:
                 torch.nn.functional.mse_loss(out, y).backward()  # type: ignore[no-untyped-call]
                 timer.mark("backward")
                 opt.step()
-                speeds = getattr(balancer, "speeds", None)
+                speeds = None if balancer is None else balancer.speeds
                 journal.write("step", step=opt.steps - 1, rank=self.rank, split=loader.split,
                               speeds=list(speeds) if speeds else None, **timer.done())
                 if opt.steps >= command.steps or (solo and stop.exists()):
