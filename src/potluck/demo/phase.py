@@ -50,7 +50,21 @@ def run_phase(train: TrainConfig, workers: int, corpus_chars: int, run_dir: Path
     progress = MetricsFollower(Path(train.metrics_path or ""),
                                make_progress(display, total, train.label, sys.stdout))
     emitted: list[str] = []
-    with (run_dir / "workers.log").open("ab") as log:
+    code = run_agent(launch, run_dir / "workers.log", progress, emitted)
+    if code >= 128:
+        raise KeyboardInterrupt
+    if code != 0 or not result.exists():
+        raise PhaseFailed("\n".join(emitted[-40:]) +
+                          f"\n(worker output in {run_dir / 'workers.log'})")
+    return _load(result)
+
+
+def run_agent(launch: LaunchConfig, log_path: Path, progress: MetricsFollower,
+              emitted: list[str], *, append: bool = True) -> int:
+    """Run the launcher's agent as ``potluck run`` would, the workers' output in
+    ``log_path`` and ``progress`` following their metrics meanwhile; the agent's lines
+    are appended to ``emitted`` (kept when this raises). Returns its exit code."""
+    with log_path.open("ab" if append else "wb") as log:
         def emit(line: str) -> None:
             emitted.append(line)
             log.write(line.encode() + b"\n")
@@ -58,15 +72,9 @@ def run_phase(train: TrainConfig, workers: int, corpus_chars: int, run_dir: Path
 
         progress.start()
         try:
-            code = Agent(launch, emit=emit, stdout=log, stderr=log).run()
+            return Agent(launch, emit=emit, stdout=log, stderr=log).run()
         finally:
             progress.stop()
-    if code >= 128:
-        raise KeyboardInterrupt
-    if code != 0 or not result.exists():
-        raise PhaseFailed("\n".join(emitted[-40:]) +
-                          f"\n(worker output in {run_dir / 'workers.log'})")
-    return _load(result)
 
 
 def _load(path: Path) -> WorkerResult:

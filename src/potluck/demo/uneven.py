@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from potluck.demo.phase import run_agent
 from potluck.demo.progress import MetricsFollower, choose_display, make_progress
 from potluck.demo.report import loss_summary
 from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.uneven_report import summarize, summary_lines
 from potluck.errors import ConfigError, PotluckError
 from potluck.harness import cpu_quota
-from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import read_journal
 
@@ -231,22 +231,14 @@ def _train(config: UnevenConfig, slowdown: Slowdown) -> tuple[int, list[str]]:
     progress = MetricsFollower(config.metrics, make_progress(
         display, total, f"{config.workers} workers", sys.stdout, shares=True))
     emitted: list[str] = []
-    with (run_dir / "workers.log").open("wb") as log:
-        def emit(line: str) -> None:
-            emitted.append(line)
-            log.write(line.encode() + b"\n")
-            log.flush()
-
-        progress.start()
-        try:
-            return Agent(launch, emit=emit, stdout=log, stderr=log).run(), emitted
-        except PotluckError as exc:
-            print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
-            return 1, emitted
-        except KeyboardInterrupt:  # before the agent took over the signals, or after
-            return 130, emitted
-        finally:
-            progress.stop()
+    try:
+        return run_agent(launch, run_dir / "workers.log", progress, emitted,
+                         append=False), emitted
+    except PotluckError as exc:
+        print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
+        return 1, emitted
+    except KeyboardInterrupt:  # before the agent took over the signals, or after
+        return 130, emitted
 
 
 def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
