@@ -124,6 +124,10 @@ class GroupHandle:
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         return self.current.barrier(*args, **kwargs)
 
+    def alltoall_base(self, *args: Any, **kwargs: Any) -> Any:
+        """An all-to-all (a backend group's; a compressed sum's scatter uses it)."""
+        return self.current.alltoall_base(*args, **kwargs)  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------- the owner's
 
     def reconfigure(self, group: ProcessGroupLike, generation: int) -> None:

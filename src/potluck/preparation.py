@@ -28,6 +28,7 @@ from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError
 from potluck.reducer import DataParallel
 from potluck.reducer.contribution import Contribution
+from potluck.reducer.hooks import sums_prescaled
 from potluck.step.guard import GuardedOptimizer
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
@@ -97,7 +98,7 @@ def prepare(
                              weight, data_parallel)
     model.to(cohort.device)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
-    contribution = None if "comm_hook" in data_parallel else Contribution()
+    contribution = None if _weighs_itself(data_parallel) else Contribution()
     clock = ComputeClock(cohort.device) if config else None
     wrapped = DataParallel(model, group=cohort.group,
                            on_failure="abandon" if cohort.elastic else "raise",
@@ -132,14 +133,20 @@ def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,
     if config and shares is not None:
         raise ConfigError("prepare() got shares= but balancing is on (balance=, or potluck "
                           "run --balance): balancing is a share policy; use one of them")
-    if "comm_hook" in data_parallel and (config or weight is not None):
+    if _weighs_itself(data_parallel) and (config or weight is not None):
         raise ConfigError(
             "prepare() got comm_hook= with balance= or weight=: those weigh each rank's "
-            "gradient by its part of the step, which a custom hook would undo; drop one")
+            "gradient by its part of the step, which a custom hook would undo; drop one, "
+            "or use a summing hook (potluck.compress.CompressedSum) that keeps the weights")
     if weight is not None and not callable(weight):
         raise ConfigError(f"weight={weight!r} must be a function of the batch returning "
                           "its units, e.g. weight=lambda batch: int(batch['mask'].sum())")
     return config
+
+
+def _weighs_itself(data_parallel: dict[str, Any]) -> bool:
+    """A user's hook that does its own weighting (not a summing hook: those keep ours)."""
+    return "comm_hook" in data_parallel and not sums_prescaled(data_parallel["comm_hook"])
 
 
 def _on_device(collate: Callable[[list[Any]], Any] | None,

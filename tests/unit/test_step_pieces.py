@@ -37,6 +37,13 @@ def test_a_rank_without_a_sample_is_a_clear_error() -> None:
         next(iter(StepLoader(data, cursor, lambda: (2, 3))))
 
 
+def test_a_share_policy_with_the_wrong_number_of_shares_is_a_clear_error() -> None:
+    data = TensorDataset(torch.arange(12).float())
+    loader = StepLoader(data, DataCursor(12, 4), lambda: (0, 1), shares=lambda n: [1.0, 3.0])
+    with pytest.raises(ConfigError, match=r"2 shares \(\[1.0, 3.0\]\) for a cohort of 1"):
+        next(iter(loader))
+
+
 def test_a_step_handed_out_forever_without_commit_is_a_clear_error() -> None:
     data = TensorDataset(torch.arange(8).float())
     loader = StepLoader(data, DataCursor(8, 4), lambda: (0, 1), max_repeats=3)

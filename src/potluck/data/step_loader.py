@@ -88,6 +88,11 @@ class StepLoader:
         """The policy's shares, or equal ones for a short last block of an epoch that
         they would leave a rank without a sample (the same decision on every rank)."""
         shares = self.shares(world_size)
+        if len(shares) != world_size:
+            raise ConfigError(
+                f"the share policy gave {len(shares)} shares ({list(shares)}) for a cohort of "
+                f"{world_size}: a share policy's shares(world_size) returns one weight per "
+                "rank of the current membership")
         if block >= world_size and 0 in split_counts(block, shares):
             return equal_shares(world_size)
         return shares

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +39,22 @@ class Bucket:
 
 
 CommHook = Callable[[Any, Bucket], "torch.futures.Future[Any]"]
+
+
+@runtime_checkable
+class SummingHook(Protocol):
+    """A hook that only sums: the reducer weighs each bucket while staging it (``1 / N``,
+    or this rank's part of the step), as for the default mean, and the hook adds the
+    ranks' buckets up its own way (``potluck.compress.CompressedSum``)."""
+
+    prescaled: bool
+
+    def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[Any]: ...
+
+
+def sums_prescaled(hook: Any) -> bool:
+    """The reducer weighs the buckets for ``hook``: the default mean or a summing hook."""
+    return hook is allreduce_mean or (isinstance(hook, SummingHook) and hook.prescaled is True)
 
 
 def allreduce_mean(state: Any, bucket: Bucket) -> torch.futures.Future[Any]:

@@ -42,7 +42,7 @@ from potluck.errors import CommunicationError, ConfigError, PeerLostError, Reduc
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.contribution import Contribution
-from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean
+from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, sums_prescaled
 from potluck.reducer.torch_hooks import call_hook, chains_collectives, check_hook, is_torch_hook
 
 log = logging.getLogger(__name__)
@@ -231,10 +231,10 @@ class Reducer:
         self._next_launch = 0
         self._futures: list[torch.futures.Future[Any] | None] = [None] * len(self._buckets)
         self._finalize_queued = False
-        # The default hook's weighting is fused into staging (see _stage): 1 / N, or
-        # this rank's part of the step when ranks train on unequal parts.
+        # The default hook's (or a summing hook's) weighting is fused into staging (see
+        # _stage): 1 / N, or this rank's part of the step when ranks train on unequal parts.
         self._prescale, self._sum_weight = 1.0, False
-        if self._hook is allreduce_mean:
+        if sums_prescaled(self._hook):
             share = self._contribution
             if share is not None and share.ready:
                 self._prescale, self._sum_weight = share.scale, share.needs_total

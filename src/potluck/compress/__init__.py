@@ -1,0 +1,20 @@
+"""Codecs on the wire: what a gradient bucket or a pseudo-gradient looks like in flight.
+
+``codec.py`` (the protocol), ``casts.py`` (fp16, bf16), ``int8.py`` (blockwise int8),
+``topk.py`` (sparse top-k), ``feedback.py`` (error feedback), ``exchange.py`` (the sum
+across ranks: all-reduce, all-gather or scatter, by the codec's flags), ``hook.py``
+(``CompressedSum``, a communication hook for every-step sync).
+"""
+
+from potluck.compress.casts import Bf16, Cast, Fp16
+from potluck.compress.codec import Codec, Identity
+from potluck.compress.exchange import Traffic, reduce_sum, route, sent_bytes, start_sum
+from potluck.compress.feedback import ErrorFeedback
+from potluck.compress.hook import CompressedSum
+from potluck.compress.int8 import Int8Blockwise
+from potluck.compress.topk import TopK
+
+__all__ = [
+    "Bf16", "Cast", "Codec", "CompressedSum", "ErrorFeedback", "Fp16", "Identity",
+    "Int8Blockwise", "TopK", "Traffic", "reduce_sum", "route", "sent_bytes", "start_sum",
+]
