@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
     from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction
     from potluck.step.accumulate import accumulate
+    from potluck.sync import DiLoCo, LocalSGD
 
 # Imported on first use: ``potluck run`` and ``potluck --help`` need none of it, and
 # the launcher starts its workers while it imports torch.
@@ -48,9 +49,11 @@ _LAZY = {
     "CursorError": "potluck.errors",
     "DataCursor": "potluck.data",
     "DataParallel": "potluck.reducer",
+    "DiLoCo": "potluck.sync",
     "DistributedRng": "potluck.checkpoint",
     "GroupHandle": "potluck.group",
     "GuardedOptimizer": "potluck.step",
+    "LocalSGD": "potluck.sync",
     "MinimumSize": "potluck.step",
     "ModelMismatchError": "potluck.errors",
     "PeerLostError": "potluck.errors",
@@ -83,9 +86,11 @@ __all__ = [
     "CursorError",
     "DataCursor",
     "DataParallel",
+    "DiLoCo",
     "DistributedRng",
     "GroupHandle",
     "GuardedOptimizer",
+    "LocalSGD",
     "MinimumSize",
     "ModelMismatchError",
     "PeerLostError",

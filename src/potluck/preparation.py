@@ -33,6 +33,7 @@ from potluck.step.guard import GuardedOptimizer
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
+from potluck.sync import DiLoCo, DiLoCoSync
 
 
 def prepare(
@@ -51,6 +52,7 @@ def prepare(
     balance: bool | BalanceConfig | None = None,
     weight: Callable[[Any], float] | None = None,
     parts: Sequence[StepPart] = (),
+    sync: DiLoCo | None = None,
     minimum: MinimumSize | None = None,
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
@@ -70,7 +72,10 @@ def prepare(
     asks for). Each rank's gradient weighs its part of the step, so the update is the
     global batch's mean; ``weight(batch)`` (e.g. the count of real tokens) weighs by
     that instead of by samples: the loss must then be the mean over those units of the
-    rank's batch. ``minimum``, ``checkpoint_dir`` and
+    rank's batch. ``sync=DiLoCo(inner_steps=H)`` (or ``LocalSGD(H)``) trains each
+    replica alone for a round of H global batches, then averages pseudo-gradients
+    (``docs/sync.md``): a step of the loop is then a local step, ``opt.steps`` counts
+    rounds. ``minimum``, ``checkpoint_dir`` and
     ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
     where its checkpoint goes. Other keywords go to ``DataParallel``.
     """
@@ -93,10 +98,20 @@ def prepare(
                               f"drop {name}= (or build DataParallel yourself)")
     # Refused before joining; what potluck run --balance adds is checked after.
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
+    _check_sync(sync, balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
+    if sync is not None and cohort.elastic:
+        raise ConfigError("sync=DiLoCo(...) on an elastic cohort (potluck run --elastic) is "
+                          "not supported yet: run it on a fixed cohort (potluck run, torchrun)")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
     model.to(cohort.device)
+    if sync is not None:
+        return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
+                               seed=seed, drop_last=drop_last, collate=collate,
+                               clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
+                               checkpoint_dir=checkpoint_dir, resume=resume,
+                               data_parallel=data_parallel)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
     contribution = None if _weighs_itself(data_parallel) else Contribution()
     clock = ComputeClock(cohort.device) if config else None
@@ -142,6 +157,50 @@ def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,
         raise ConfigError(f"weight={weight!r} must be a function of the batch returning "
                           "its units, e.g. weight=lambda batch: int(batch['mask'].sum())")
     return config
+
+
+def _check_sync(sync: DiLoCo | None, balance: bool | BalanceConfig | None,
+                shares: SharePolicy | None, weight: Callable[[Any], float] | None,
+                data_parallel: dict[str, Any]) -> None:
+    """Refuse what cannot go with a sync strategy (before joining)."""
+    if sync is None:
+        return
+    if not isinstance(sync, DiLoCo):
+        raise ConfigError(f"sync={sync!r}: pass potluck.DiLoCo(inner_steps=H, ...) or "
+                          "potluck.LocalSGD(H); leave it out to average gradients every step")
+    clash = [name for name, given in (("balance=", balance), ("shares=", shares),
+                                      ("weight=", weight)) if given]
+    clash += ["comm_hook="] if "comm_hook" in data_parallel else []
+    if clash:
+        raise ConfigError(
+            f"prepare() got sync=DiLoCo(...) with {', '.join(clash)}: a round's local steps "
+            "follow each worker's measured speed by themselves (DiLoCo(adaptive=True) or "
+            "split=...), and pseudo-gradients travel by DiLoCo(codec=...); drop "
+            f"{', '.join(clash)}")
+
+
+def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,
+                    cohort: Cohort, sync: DiLoCo, *, global_batch: int, seed: int,
+                    drop_last: bool, collate: Callable[[list[Any]], Any] | None,
+                    clip_grad_norm: float | None, scaler: torch.amp.GradScaler | None,
+                    parts: Sequence[StepPart], checkpoint_dir: str | Path | None,
+                    resume: bool, data_parallel: dict[str, Any]
+                    ) -> tuple[DataParallel, StepTransaction, StepLoader]:
+    """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
+    step is a round of ``inner_steps`` global batches, the strategy as share policy."""
+    wrapped = DataParallel(model, group=cohort.group, init_sync=not cohort.joined_late,
+                           sync_gradients=False, **data_parallel)
+    guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
+                               group=cohort.group, agree=False)
+    cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
+                        drop_last=drop_last)
+    strategy = DiLoCoSync(sync, model, cohort.group, global_batch)
+    transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
+                                  checkpoint_dir=checkpoint_dir, resume=resume)
+    loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
+                        collate=_on_device(collate, cohort.device), shares=strategy.shares,
+                        stop=lambda: transaction.left, inner_steps=strategy.inner_steps)
+    return wrapped, transaction, loader
 
 
 def _weighs_itself(data_parallel: dict[str, Any]) -> bool:

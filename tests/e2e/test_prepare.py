@@ -57,7 +57,7 @@ def test_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_prepare_refuses_what_it_decides_itself() -> None:
-    from potluck import DataParallel, allreduce_mean, prepare
+    from potluck import DataParallel, prepare, weighted_mean
     from potluck.errors import ConfigError
     from potluck.step.parts import EqualShares
 
@@ -75,6 +75,29 @@ def test_prepare_refuses_what_it_decides_itself() -> None:
     with pytest.raises(ConfigError, match="got shares= but balancing is on"):
         prepare(net, sgd, data, global_batch=4, balance=True, shares=EqualShares())
     with pytest.raises(ConfigError, match="comm_hook= with balance= or weight="):
-        prepare(net, sgd, data, global_batch=4, weight=len, comm_hook=allreduce_mean)
+        prepare(net, sgd, data, global_batch=4, weight=len, comm_hook=weighted_mean)
     with pytest.raises(ConfigError, match="weight=3 must be a function of the batch"):
         prepare(net, sgd, data, global_batch=4, weight=3)  # type: ignore[arg-type]
+
+
+def test_prepare_refuses_what_cannot_go_with_a_sync_strategy() -> None:
+    from potluck import DiLoCo, LocalSGD, prepare
+    from potluck.compress import CompressedSum, Int8Blockwise
+    from potluck.errors import ConfigError
+
+    net = torch.nn.Linear(2, 1)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    with pytest.raises(ConfigError, match=r"sync=DiLoCo\(...\) with balance="):
+        prepare(net, sgd, data, global_batch=4, sync=LocalSGD(4), balance=True)
+    with pytest.raises(ConfigError, match="comm_hook="):
+        prepare(net, sgd, data, global_batch=4, sync=DiLoCo(),
+                comm_hook=CompressedSum(Int8Blockwise()))
+    with pytest.raises(ConfigError, match=r"sync='diloco': pass potluck\.DiLoCo"):
+        prepare(net, sgd, data, global_batch=4, sync="diloco")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="inner_steps=0"):
+        DiLoCo(inner_steps=0)
+    with pytest.raises(ConfigError, match="Nesterov needs momentum"):
+        DiLoCo(outer_momentum=0.0)
+    with pytest.raises(ConfigError, match="one positive number of local steps per rank"):
+        DiLoCo(split=(3, 0))

@@ -6,6 +6,10 @@ step for free: the cursor did not advance (nothing committed), the membership ch
 and the same slice of the epoch is split again among the survivors. Iteration ends at
 the end of the cursor's current epoch. Each rank's part is its share of the block
 (``shares(world_size)``: a share policy's, equal by default).
+
+Under a sync strategy (DiLoCo) a step is a round: the block is the round's samples, and
+this rank's part comes as ``inner_steps(samples, block)`` batches, one per local
+optimizer step; the cursor commits once, after the round's last one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read eve
 MicroBatches = Callable[[int], int]  # samples of this rank's part -> its micro-batches
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
+# (samples of this rank's part, samples of the whole block) -> its local steps (a round's)
+InnerSteps = Callable[[int, int], int]
 
 
 class StepLoader:
@@ -34,14 +40,17 @@ class StepLoader:
                  max_repeats: int = 100, stop: Callable[[], bool] | None = None,
                  contribution: Contribute | None = None,
                  weight: Callable[[Any], float] | None = None,
-                 micro_batches: MicroBatches | None = None) -> None:
+                 micro_batches: MicroBatches | None = None,
+                 inner_steps: InnerSteps | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``micro_batches`` says into how many
-        micro-batches this rank should split its part (``loader.micro_batches``)."""
+        micro-batches this rank should split its part (``loader.micro_batches``);
+        ``inner_steps`` into how many batches of a round (a sync strategy's)."""
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
         self.contribution, self.weight = contribution, weight
         self._micro_of = micro_batches or (lambda samples: 1)
+        self._inner_of = inner_steps
         self.micro_batches = 1  # for the step last handed out
         self.split: list[int] = []  # samples per rank of the step last handed out
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
@@ -78,11 +87,24 @@ class StepLoader:
                     "rank must train on at least one sample per step: use a global batch "
                     "of at least the world size and DataCursor(drop_last=True)"
                 )
+            if self._inner_of is not None:
+                yield from self._round(indices, stop - start)
+                continue
             batch = self.collate([self.dataset[i] for i in indices])
             self.micro_batches = self._micro_of(len(indices))
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
             yield batch
+
+    def _round(self, indices: list[int], block: int) -> Iterator[Any]:
+        """This rank's part of a round, one batch per local step (contiguous, equal
+        within one sample)."""
+        assert self._inner_of is not None
+        steps = self._inner_of(len(indices), block)
+        offset = 0
+        for count in split_counts(len(indices), equal_shares(steps)):
+            yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
+            offset += count
 
     def _shares_for(self, block: int, world_size: int) -> Sequence[float]:
         """The policy's shares, or equal ones for a short last block of an epoch that

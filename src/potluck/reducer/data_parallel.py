@@ -77,6 +77,7 @@ class DataParallel(nn.Module, Joinable):
         on_failure: str = "raise",
         contribution: Contribution | None = None,
         clock: LocalClock | None = None,
+        sync_gradients: bool = True,
         **torch_ddp_compat: Any,
     ) -> None:
         super().__init__()
@@ -102,6 +103,9 @@ class DataParallel(nn.Module, Joinable):
         self.broadcast_buffers = broadcast_buffers
         # What no_sync() sets, as in torch DDP; every forward reads it.
         self.require_backward_grad_sync = True
+        # False: every backward stays local, for a sync strategy that reconciles the
+        # replicas' parameters every few steps instead (potluck.prepare(sync=DiLoCo(...))).
+        self._sync_gradients = sync_gradients
         explicit = group if group is not None else process_group
         plain = explicit if explicit is not None else default_group()
         self._group = as_handle(plain)
@@ -254,7 +258,7 @@ class DataParallel(nn.Module, Joinable):
             self._clock.forward_started()
             self._clock_queued = False  # a backward that raised never ran its callback
         if active:
-            sync, buffer_src = self.require_backward_grad_sync, 0
+            sync, buffer_src = self.require_backward_grad_sync and self._sync_gradients, 0
             if self._join_config.enable:
                 buffer_src = self._notify_join(sync)
             self.reducer.prepare_for_forward(sync=sync, buffer_src=buffer_src)

@@ -10,9 +10,11 @@ The transaction (``transaction.py``) calls every part it was given, in order:
 - ``state_dict()`` / ``load_state_dict()``: the part's state travels with the live
   state to a joiner, to a realigned survivor and into checkpoints, under ``name``.
 
-``SharePolicy`` is the part the data loader asks how to split each step's block; the
-only policy today is ``EqualShares``. Where the other kinds plug in is in
-``docs/design.md`` ("The step transaction and its parts").
+``SharePolicy`` is the part the data loader asks how to split each step's block
+(``EqualShares``, the balancer). ``SyncStrategy`` reconciles replicas by their
+parameters every round instead of their gradients every step (DiLoCo: ``potluck.sync``).
+Where the other kinds plug in is in ``docs/design.md`` ("The step transaction and its
+parts").
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ class SharePolicy(StepPart, Protocol):
     """How many of each step's samples each rank takes (weights, summing to anything)."""
 
     def shares(self, world_size: int) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class SyncStrategy(SharePolicy, Protocol):
+    """Replicas step locally and are reconciled once a round (``potluck.sync``).
+
+    A step of the cursor is a round. The loader asks ``inner_steps(samples, block)``
+    how many local steps this rank's part of the round takes (and so the strategy knows
+    the round began); the transaction calls ``after_inner_step()`` after each local
+    optimizer step and, once it says the round is done here, ``synchronize()``, the
+    round's collectives (a lost peer: ``PeerLostError``). Then the cursor commits."""
+
+    def inner_steps(self, samples: int, block: int) -> int: ...
+
+    def after_inner_step(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
 
 
 class EqualShares:

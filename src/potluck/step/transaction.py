@@ -30,7 +30,7 @@ from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
 from potluck.step.live_state import LiveState, Progress
 from potluck.step.minimum import MinimumSize
-from potluck.step.parts import StepPart
+from potluck.step.parts import StepPart, SyncStrategy
 
 DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
 
@@ -52,6 +52,8 @@ class StepTransaction:
         (written when the cohort stopped below its minimum), if there is one."""
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         self.parts = parts
+        # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
+        self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
         self.progress = Progress()
         self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
         minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
@@ -83,7 +85,8 @@ class StepTransaction:
 
     @property
     def steps(self) -> int:
-        """Committed global steps (the same on every member)."""
+        """Committed global steps (the same on every member); under a sync strategy,
+        committed rounds."""
         return self.progress.steps
 
     @property
@@ -126,6 +129,10 @@ class StepTransaction:
         if result.failed:
             self._redo()
             return result
+        if self._sync is not None:
+            if not self._sync.after_inner_step():
+                return result  # a local step of the round: the round commits at its end
+            self._sync.synchronize()  # a lost peer raises (fixed cohorts only, for now)
         self.cursor.commit()  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
         for part in self.parts:

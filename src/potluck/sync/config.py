@@ -1,0 +1,80 @@
+"""What a user asks for: ``DiLoCo(...)`` (and ``LocalSGD``, its plain-averaging case).
+
+DiLoCo (Douillard et al., arXiv 2311.08105): every worker takes ``inner_steps`` local
+optimizer steps on its own data, then the replicas are reconciled once: each worker's
+pseudo-gradient (the parameters at the last sync minus its parameters now) is averaged,
+and an outer optimizer (SGD, Nesterov momentum: lr 0.7, momentum 0.9 in the paper)
+steps the global parameters with it. Local SGD is the outer SGD with lr 1 and no
+momentum: the new global parameters are the replicas' (weighted) average.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from potluck.compress.codec import Codec
+from potluck.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DiLoCo:
+    """``potluck.prepare(..., sync=DiLoCo(inner_steps=50))``.
+
+    - ``inner_steps`` (H): a round is H global batches; at equal speeds every worker
+      takes H local steps of ``global_batch / N`` samples.
+    - ``outer_lr``, ``outer_momentum``, ``nesterov``: the outer SGD.
+    - ``codec``: how pseudo-gradients travel (``potluck.compress``; None: as they are),
+      with ``error_feedback``.
+    - ``adaptive``: each worker's local steps per round follow its measured speed, so a
+      fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
+      instead (one count per rank); ``min_gain``: the plan's hysteresis.
+    """
+
+    inner_steps: int = 50
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    codec: Codec | None = None
+    error_feedback: bool = True
+    adaptive: bool = True
+    split: tuple[int, ...] | None = None
+    min_gain: float = 0.05
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
+                or self.inner_steps < 1:
+            raise ConfigError(f"DiLoCo(inner_steps={self.inner_steps!r}): the local steps "
+                              "per round are a positive int, e.g. 50 (1 syncs every step)")
+        for name in ("outer_lr", "outer_momentum", "min_gain"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"DiLoCo({name}={value!r}) must be a finite number >= 0")
+        if not self.outer_lr > 0:
+            raise ConfigError("DiLoCo(outer_lr=0) never moves the global parameters: "
+                              "use e.g. 0.7 (DiLoCo) or 1.0 (Local SGD)")
+        if self.nesterov and self.outer_momentum == 0:
+            raise ConfigError("DiLoCo(nesterov=True, outer_momentum=0): Nesterov needs "
+                              "momentum; set outer_momentum (e.g. 0.9) or nesterov=False")
+        if self.split is not None:
+            check_split(self.split)
+
+    @property
+    def strategy(self) -> str:
+        plain = self.outer_lr == 1 and self.outer_momentum == 0
+        return "local-sgd" if plain else "diloco"
+
+
+def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None,
+             adaptive: bool = True) -> DiLoCo:
+    """Local SGD: H local steps, then the replicas' weighted average."""
+    return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
+                  codec=codec, adaptive=adaptive)
+
+
+def check_split(split: Sequence[int]) -> None:
+    if not split or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                        for n in split):
+        raise ConfigError(f"DiLoCo(split={tuple(split)!r}): one positive number of local "
+                          "steps per rank, e.g. split=(30, 10) for a fast and a slow worker")

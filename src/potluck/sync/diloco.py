@@ -1,0 +1,178 @@
+"""``DiLoCoSync``: the sync strategy part of the step transaction for DiLoCo / Local SGD.
+
+Between syncs every backward stays local (``DataParallel(sync_gradients=False)``) and
+the inner optimizer steps alone (no collective: a fast worker never waits inside a
+round). At the end of its part of the round a rank runs ``synchronize``:
+
+1. one small float64 all-reduce: every rank's measured speed (the next round's plan);
+2. per (device, dtype): the pseudo-gradient ``global - local``, weighted by the rank's
+   samples over the round's (``round_plan.weight``), flattened into one buffer and
+   summed through the codec (``potluck.compress``: one collective for the whole model,
+   not one per tensor);
+3. the outer optimizer steps the global parameters with the sum, every replica takes
+   them, and buffers come from rank 0.
+
+Its state (global parameters, outer optimizer, plan, speeds, error feedback) travels in
+the live state and checkpoints under ``name``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.collectives import broadcast_coalesced, settle
+from potluck.compress import ErrorFeedback, Identity, Traffic, reduce_sum
+from potluck.compress.codec import Codec
+from potluck.errors import ConfigError
+from potluck.group import GroupHandle
+from potluck.sync.config import DiLoCo
+from potluck.sync.round_plan import local_steps, plan_round, weight
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What this rank did in its last round (for metrics and the bench)."""
+
+    round: int
+    inner_steps: int
+    samples: int
+    compute_s: float  # its local steps, loading included
+    wait_s: float  # in the speed all-reduce: waiting for the slowest rank
+    sync_s: float  # the pseudo-gradient's sum and the outer step
+    sent_bytes: int  # payload bytes this rank sent for it
+
+
+class DiLoCoSync:
+    """A ``SyncStrategy`` (``potluck.step.parts``) and the round's share policy."""
+
+    name = "sync"
+
+    def __init__(self, config: DiLoCo, module: nn.Module, group: GroupHandle,
+                 global_batch: int) -> None:
+        self.config, self.module, self.group = config, module, group
+        self.global_batch = global_batch
+        self.codec: Codec = config.codec or Identity()
+        self.feedback = ErrorFeedback() if config.error_feedback and config.codec else None
+        self.traffic = Traffic()
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._global = [p.detach().clone() for p in self._params]
+        self._outer = torch.optim.SGD(self._global, lr=config.outer_lr,
+                                      momentum=config.outer_momentum,
+                                      nesterov=config.nesterov)
+        self.plan: tuple[int, ...] | None = None  # local steps per rank (None: equal)
+        self.speeds: list[float | None] = [None] * group.size()
+        self.rounds = 0
+        self.last: RoundRecord | None = None
+        self._due = self._done = self._samples = self._block = 0
+        self._started = 0.0
+
+    # ------------------------------------------------------------ share policy
+
+    def shares(self, world_size: int) -> list[float]:
+        plan = self._plan_for(world_size)
+        return [float(n) for n in plan]
+
+    def _plan_for(self, world_size: int) -> tuple[int, ...]:
+        if self.config.split is not None:
+            return plan_round([None] * world_size, self.config.inner_steps,
+                              split=self.config.split)
+        if self.plan is not None and len(self.plan) == world_size:
+            return self.plan
+        return (self.config.inner_steps,) * world_size
+
+    # ------------------------------------------------------------ the round
+
+    def inner_steps(self, samples: int, block: int) -> int:
+        """The loader hands out this rank's part of a round (again, after a redo)."""
+        self._due = local_steps(samples, self.global_batch, self.group.size())
+        self._done, self._samples, self._block = 0, samples, block
+        self._started = time.perf_counter()
+        return self._due
+
+    def after_inner_step(self) -> bool:
+        if self._due == 0:
+            raise ConfigError("a local step outside a round: under sync=DiLoCo(...) take "
+                              "batches from prepare's loader, one optimizer step each")
+        self._done += 1
+        return self._done >= self._due
+
+    def synchronize(self) -> None:
+        compute_s = time.perf_counter() - self._started
+        group, rank, world_size = self.group, self.group.rank(), self.group.size()
+        speeds = torch.zeros(world_size, dtype=torch.float64)
+        speeds[rank] = self._samples / max(compute_s, 1e-9)
+        began = time.perf_counter()
+        settle(lambda: group.allreduce([speeds]), group, "the round's speeds")
+        waited = time.perf_counter() - began
+        sent_before = self.traffic.sent
+        share = weight(self._samples, self._block)
+        with torch.no_grad():
+            for members in _by_kind(self._params):
+                pseudo = torch.cat([(self._global[i] - self._params[i]).reshape(-1)
+                                    for i in members]).mul_(share)
+                summed = reduce_sum(pseudo, self.codec, group, feedback=self.feedback,
+                                    key=f"{pseudo.device}/{pseudo.dtype}",
+                                    traffic=self.traffic, what="the round's pseudo-gradient")
+                offset = 0
+                for i in members:
+                    n = self._global[i].numel()
+                    self._global[i].grad = summed[offset:offset + n].view_as(self._global[i])
+                    offset += n
+            self._outer.step()
+            for param, value in zip(self._params, self._global, strict=True):
+                param.copy_(value)
+            buffers = list(self.module.buffers())
+            if buffers and world_size > 1:
+                broadcast_coalesced(buffers, group, src=0)
+        self.rounds += 1
+        self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
+                                time.perf_counter() - began - waited,
+                                self.traffic.sent - sent_before)
+        self.speeds = [float(s) for s in speeds]
+        if self.config.adaptive:
+            self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
+                                   min_gain=self.config.min_gain)
+        self._due = 0
+
+    # ------------------------------------------------------------ step part
+
+    def on_commit(self, steps: int) -> None:
+        """The round committed (``synchronize`` did the work)."""
+
+    def on_membership(self, rank: int, world_size: int) -> None:
+        self.plan, self.speeds = None, [None] * world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.config.strategy, "global": [g.detach().clone()
+                                                           for g in self._global],
+                "outer": self._outer.state_dict(), "plan": self.plan,
+                "speeds": list(self.speeds), "rounds": self.rounds,
+                "feedback": self.feedback.state_dict() if self.feedback else {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != self.config.strategy:
+            raise ConfigError(
+                f"the live state was made with sync {state.get('policy')!r}, but this worker "
+                f"runs {self.config.strategy!r}: every worker of a job must run the same "
+                "script with the same potluck.prepare(...) arguments")
+        with torch.no_grad():
+            for mine, saved in zip(self._global, state["global"], strict=True):
+                mine.copy_(saved)
+        self._outer.load_state_dict(state["outer"])
+        self.plan = None if state["plan"] is None else tuple(state["plan"])
+        self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
+        if self.feedback is not None:
+            self.feedback.load_state_dict(state["feedback"])
+
+
+def _by_kind(params: list[torch.nn.Parameter]) -> list[list[int]]:
+    """Parameter indices grouped by (device, dtype): one flat buffer each."""
+    kinds: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, p in enumerate(params):
+        kinds.setdefault((p.device, p.dtype), []).append(i)
+    return list(kinds.values())

@@ -1,0 +1,57 @@
+"""How a round is shared (pure): local steps per rank, samples per local step, weights.
+
+- A round is ``H * global_batch`` samples of the epoch permutation. The plan gives each
+  rank a number of local steps ``H_r``, summing to ``N * H``; the loader splits the
+  round's samples in proportion to them, so every local step is about
+  ``global_batch / N`` samples whatever the plan, and the global batch, the round and
+  the learning-rate schedule never change.
+- **Fast workers never wait**: ``H_r`` is proportional to rank r's measured speed
+  (samples per second of local work in the last round: forward, backward, the inner
+  optimizer, loading), each at least 1, so every rank's round takes about the same
+  wall time. A new plan replaces the current one only when it is predicted to make
+  the round at least ``min_gain`` faster (the share planner's hysteresis).
+- **The rule of the average**: rank r's pseudo-gradient weighs ``n_r / n``, its samples
+  over the round's samples, so a sample counts the same wherever it was trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from potluck.balance.planner import Plan, plan_shares
+from potluck.errors import ConfigError
+from potluck.sync.config import check_split
+
+
+def local_steps(samples: int, global_batch: int, world_size: int) -> int:
+    """Local steps for a part of ``samples``: about ``global_batch / N`` samples each
+    (at least one step, at most one per sample)."""
+    return max(1, min(samples, round(samples * world_size / global_batch)))
+
+
+def plan_round(speeds: Sequence[float | None], inner_steps: int, *,
+               current: Sequence[int] | None = None, min_gain: float = 0.05,
+               split: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Local steps per rank for the next round (``speeds``: samples/s, None: unmeasured)."""
+    world_size = len(speeds)
+    if split is not None:
+        check_split(split)
+        if len(split) != world_size or sum(split) != world_size * inner_steps:
+            raise ConfigError(
+                f"DiLoCo(split={tuple(split)}) for {world_size} ranks and inner_steps="
+                f"{inner_steps}: give one count per rank, summing to {world_size} x "
+                f"{inner_steps} = {world_size * inner_steps} (a round's local steps)")
+        return tuple(split)
+    total = world_size * inner_steps
+    plan = None
+    if current is not None and len(current) == world_size and sum(current) == total:
+        plan = Plan(tuple(current), (1,) * world_size)
+    return plan_shares(speeds, total, current=plan, min_gain=min_gain).counts
+
+
+def weight(samples: int, round_samples: int) -> float:
+    """Rank r's pseudo-gradient's weight in the average (see the module doc)."""
+    if round_samples < 1 or not 0 <= samples <= round_samples:
+        raise ConfigError(f"a part of {samples} samples of a round of {round_samples} "
+                          "cannot be weighed: the part is within the round")
+    return samples / round_samples

@@ -1,0 +1,180 @@
+"""DiLoCo and Local SGD on real Gloo ranks (float64), against references computed by hand.
+
+- Local SGD with one local step a round (outer SGD, lr 1, no momentum) and plain inner
+  SGD is every-step synchronous training: it equals one process on the same global
+  batches (rtol 1e-9).
+- DiLoCo (outer Nesterov SGD, inner SGD with momentum, each rank's inner state its own)
+  with one rank made slow: the plan gives the fast rank more local steps, and whatever
+  the plan was round by round, the parameters equal a one-process replay of it: each
+  rank's local steps on its part of the round, pseudo-gradients weighted by samples, the
+  outer step (rtol 1e-9).
+- int8 pseudo-gradients with error feedback stay close to the uncompressed run and send
+  about 4x fewer bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from potluck.harness.elastic_job import Indexed, mlp, params
+from potluck.harness.ranks import free_port, run_ranks
+
+SAMPLES, GLOBAL_BATCH, SEED, LR = 96, 12, 5, 0.05
+
+
+def _cohort(rank: int, world_size: int, port: int) -> Any:
+    from potluck import init
+    from potluck.env import WorkerEnv
+
+    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                              master_port=port, source="torchrun"), timeout=30.0)
+
+
+class Slow(nn.Module):
+    """Rank 1's model: the same MLP, a sleep per sample in its forward."""
+
+    def __init__(self, inner: nn.Module, pause: float) -> None:
+        super().__init__()
+        self.inner, self.pause = inner, pause
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pause:
+            time.sleep(self.pause * len(x))
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
+    from potluck import DiLoCo, LocalSGD, prepare
+    from potluck.compress import Int8Blockwise
+
+    cohort = _cohort(rank, world_size, port)
+    net = Slow(mlp(), 0.002 if rank == 1 and kind == "slow" else 0.0)
+    momentum = 0.0 if kind == "local" else 0.9
+    inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
+    sync = {"local": LocalSGD(1, adaptive=False),
+            "slow": DiLoCo(inner_steps=4, min_gain=0.0),
+            "int8": DiLoCo(inner_steps=4, adaptive=False, codec=Int8Blockwise(block=64)),
+            "plain": DiLoCo(inner_steps=4, adaptive=False)}[kind]
+    model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
+                                 global_batch=GLOBAL_BATCH, seed=SEED, sync=sync)
+    rounds: list[list[int]] = []  # samples per rank, round by round
+    local: list[int] = []  # this rank's local steps, round by round
+    while opt.cursor.epoch < 2:
+        steps_here = 0
+        for _, x, y in loader:
+            if steps_here == 0:
+                rounds.append(list(loader.split))
+            steps_here += 1
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            before = opt.steps
+            opt.step()
+            if opt.steps != before:  # the round committed
+                local.append(steps_here)
+                steps_here = 0
+    strategy = opt.part(type(opt.parts[0]))
+    cohort.close()
+    return {"params": params(net.inner), "rounds": rounds, "local": local,
+            "sent": strategy.traffic.sent if strategy else 0, "steps": opt.steps}
+
+
+def _replay(rounds: list[list[int]], local: list[list[int]], *, inner_steps: int,
+            momentum: float, outer_lr: float, outer_momentum: float,
+            nesterov: bool) -> dict[str, torch.Tensor]:
+    """One process: each rank's local steps on its part, the weighted outer step."""
+    from potluck.data import DataCursor
+    from potluck.data.split import equal_shares, split_counts
+
+    data, world = Indexed(SAMPLES), len(rounds[0])
+    global_net = mlp()
+    replicas = [copy.deepcopy(global_net) for _ in range(world)]
+    inners = [torch.optim.SGD(r.parameters(), lr=LR, momentum=momentum) for r in replicas]
+    outer = torch.optim.SGD(global_net.parameters(), lr=outer_lr, momentum=outer_momentum,
+                            nesterov=nesterov)
+    cursor = DataCursor(SAMPLES, inner_steps * GLOBAL_BATCH, seed=SEED)
+    for k, split in enumerate(rounds):
+        block = cursor.global_indices()
+        assert sum(split) == len(block)
+        start = 0
+        for r in range(world):
+            part = block[start:start + split[r]]
+            start += split[r]
+            offset = 0
+            for count in split_counts(len(part), equal_shares(local[r][k])):
+                idx = part[offset:offset + count]
+                offset += count
+                inners[r].zero_grad()
+                ((replicas[r](data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+                inners[r].step()
+        outer.zero_grad()
+        with torch.no_grad():
+            for name, g in global_net.named_parameters():
+                locals_ = [dict(replica.named_parameters())[name] for replica in replicas]
+                g.grad = sum(split[r] / len(block) * (g - locals_[r]) for r in range(world))
+        outer.step()
+        with torch.no_grad():
+            for replica in replicas:
+                for p, g in zip(replica.parameters(), global_net.parameters(), strict=True):
+                    p.copy_(g)
+        cursor.commit()
+    return params(global_net)
+
+
+def _close(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.timeout(90)
+def test_local_sgd_with_one_local_step_equals_one_process() -> None:
+    from potluck.harness.elastic_job import ElasticJob
+
+    results = run_ranks(_train, 2, free_port(), "local", init_group=False, timeout=80)
+    job = ElasticJob(samples=SAMPLES, global_batch=GLOBAL_BATCH, epochs=2, data_seed=SEED)
+    # the reference: one process, plain SGD on each global batch
+    from potluck.data import DataCursor
+
+    net, data = mlp(), Indexed(job.samples)
+    sgd = torch.optim.SGD(net.parameters(), lr=LR)
+    cursor = DataCursor(SAMPLES, GLOBAL_BATCH, seed=SEED)
+    for _ in range(2 * SAMPLES // GLOBAL_BATCH):
+        idx = cursor.global_indices()
+        sgd.zero_grad()
+        ((net(data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+        sgd.step()
+        cursor.commit()
+    for result in results:
+        assert result["steps"] == 2 * SAMPLES // GLOBAL_BATCH and set(result["local"]) == {1}
+        _close(result["params"], params(net))
+
+
+@pytest.mark.timeout(120)
+def test_uneven_local_steps_are_weighted_by_samples_exactly() -> None:
+    results = run_ranks(_train, 2, free_port(), "slow", init_group=False, timeout=110)
+    rounds = results[0]["rounds"]
+    assert all(r["rounds"] == rounds for r in results)
+    # the first round is even; then the fast rank 0 takes more local steps
+    assert results[0]["local"][0] == results[1]["local"][0] == 4
+    assert results[0]["local"][-1] > results[1]["local"][-1] >= 1
+    assert rounds[-1][0] > rounds[-1][1]
+    expected = _replay(rounds, [results[0]["local"], results[1]["local"]], inner_steps=4,
+                       momentum=0.9, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+    for result in results:
+        _close(result["params"], expected)
+
+
+@pytest.mark.timeout(120)
+def test_int8_pseudo_gradients_stay_close_and_send_a_quarter() -> None:
+    plain = run_ranks(_train, 2, free_port(), "plain", init_group=False, timeout=80)
+    int8 = run_ranks(_train, 2, free_port(), "int8", init_group=False, timeout=80)
+    assert torch.equal(int8[0]["params"]["0.weight"], int8[1]["params"]["0.weight"])
+    diff = max(float((int8[0]["params"][n] - v).abs().max())
+               for n, v in plain[0]["params"].items())
+    assert 1e-9 < diff < 1e-2
+    assert plain[0]["sent"] > 3.5 * int8[0]["sent"] > 0
