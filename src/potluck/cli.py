@@ -27,6 +27,8 @@ _BENCHES = [
      "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
     ("straggler", "potluck.bench.straggler",
      "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
+    ("wan", "potluck.bench.wan",
+     "torch DDP (plain, fp16, PowerSGD) vs potluck DiLoCo over a rate-limited link"),
 ]
 
 

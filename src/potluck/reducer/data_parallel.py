@@ -310,7 +310,7 @@ def _check_compat_kwargs(kwargs: dict[str, Any]) -> None:
         raise ConfigError(
             f"DataParallel got unexpected argument(s) {unknown}; it takes group=, "
             "bucket_cap_mb=, first_bucket_cap_mb=, broadcast_buffers=, comm_hook=, "
-            "comm_state=, check_model=, init_sync=, on_failure= and torch DDP's "
+            "comm_state=, check_model=, init_sync=, on_failure=, sync_gradients= and torch DDP's "
             f"{sorted(_COMPAT_ARGS)}"
         )
     if kwargs.get("mixed_precision") is not None or kwargs.get("device_mesh") is not None:

@@ -1,0 +1,229 @@
+"""``potluck bench wan``: torch DDP (plain, fp16 and PowerSGD hooks) vs potluck DiLoCo
+over a rate-limited link between two network namespaces.
+
+    potluck bench wan [--bandwidth 10mbit] [--quota Q] [--quick] [--json PATH]
+
+The two workers are two hosts (``harness/netns.py``: a veth pair, ``tc ... tbf`` on both
+ends), one process per rank and contender (``wan_job.py``). In order:
+
+1. every torch DDP contender on the unlimited link for S global batches: its loss curve
+   (DDP's loss after S batches is the target);
+2. the link is capped; each DDP contender runs a few steps: its step time and bytes;
+3. each potluck contender trains over the capped link until the samples of S batches
+   times ``--diloco-factor``: its real wall time to the target.
+
+Figures in ``wan_figures.py``; ``--quota Q`` holds worker 1 to Q of a core (cgroup v1),
+for the fast worker's busy fraction with adaptive local steps and with a fixed H.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from potluck.bench.common import table, write_json
+from potluck.bench.wan_figures import loss_at, median, ratio, steps_to_target
+from potluck.errors import ConfigError
+from potluck.harness.netns import LinkedHosts, unavailable
+
+DDP = ("ddp", "ddp-fp16", "ddp-powersgd")
+
+
+@dataclass(frozen=True)
+class WanConfig:
+    bandwidth: str = "10mbit"
+    batches: int = 300  # S
+    global_batch: int = 32
+    inner_steps: int = 50  # H
+    diloco_factor: float = 1.0  # potluck trains S * factor batches
+    eval_every: int = 10
+    measure_steps: int = 4
+    quota: float | None = None
+    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8")
+    logs: str | None = None
+
+    def validated(self) -> WanConfig:
+        if self.batches % self.inner_steps:
+            raise ConfigError(f"--batches {self.batches} is not a multiple of --inner-steps "
+                              f"{self.inner_steps}: the loss gap compares whole rounds")
+        if not self.bandwidth[:1].isdigit():
+            raise ConfigError(f"--bandwidth {self.bandwidth!r}: a tc rate, e.g. 10mbit")
+        if self.quota is not None and not 0 < self.quota <= 1:
+            raise ConfigError(f"--quota {self.quota}: a fraction of one core in (0, 1]")
+        return self
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bandwidth", default="10mbit", help="each direction (default 10mbit)")
+    parser.add_argument("--workers", type=int, default=2, help="workers (2: two hosts)")
+    parser.add_argument("--batches", type=int, default=None, metavar="S",
+                        help="DDP's reference run, global batches (default 300; --quick 60)")
+    parser.add_argument("--inner-steps", type=int, default=None, metavar="H",
+                        help="DiLoCo's local steps per round (default 50; --quick 20)")
+    parser.add_argument("--quota", type=float, default=None, metavar="Q",
+                        help="hold worker 1 to Q of a core; adds potluck with a fixed H")
+    parser.add_argument("--logs", metavar="DIR", help="keep the workers' JSON here")
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+
+
+def config_from_args(args: argparse.Namespace) -> WanConfig:
+    if args.workers != 2:
+        raise ConfigError(f"--workers {args.workers}: the WAN bench builds two hosts joined "
+                          "by one link; only --workers 2 is built")
+    config = WanConfig(bandwidth=args.bandwidth, quota=args.quota, logs=args.logs)
+    if args.quick:
+        config = replace(config, batches=60, inner_steps=20, eval_every=10)
+    if args.batches is not None:
+        config = replace(config, batches=args.batches)
+    if args.inner_steps is not None:
+        config = replace(config, inner_steps=args.inner_steps)
+    if args.quota is not None:
+        config = replace(config, contenders=("ddp", "diloco", "diloco-fixed"))
+    return config.validated()
+
+
+class Jobs:
+    """Runs one contender on the two hosts and collects what its ranks wrote."""
+
+    def __init__(self, hosts: LinkedHosts, config: WanConfig, logs: Path,
+                 quota_group: str | None) -> None:
+        self.hosts, self.config, self.logs, self.quota_group = hosts, config, logs, quota_group
+        self.port = 29600
+
+    def run(self, contender: str, *, batches: int, measure: int = 0) -> dict[str, Any]:
+        self.port += 1
+        out = self.logs / f"{contender}-{self.port}.json"
+        before = [self.hosts.tx_bytes(h) for h in (0, 1)]
+        procs = []
+        for rank in (0, 1):
+            env = {**os.environ, "MASTER_ADDR": self.hosts.addresses[0],
+                   "MASTER_PORT": str(self.port), "RANK": str(rank), "LOCAL_RANK": "0",
+                   "WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": self.hosts.devices[rank],
+                   "OMP_NUM_THREADS": "1"}
+            argv = [sys.executable, "-m", "potluck.bench.wan_job", "--contender", contender,
+                    "--batches", str(batches), "--global-batch", str(self.config.global_batch),
+                    "--inner-steps", str(self.config.inner_steps),
+                    "--eval-every", str(self.config.eval_every), "--out", str(out),
+                    "--measure-steps", str(measure)]
+            if rank == 1 and self.quota_group:
+                argv += ["--quota-group", self.quota_group]
+            procs.append(subprocess.Popen(self.hosts.command(rank, argv), env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        try:
+            outputs = [p.communicate(timeout=1800)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"{contender}: a worker failed:\n" + "\n".join(
+                o[-3000:] for o in outputs))
+        after = [self.hosts.tx_bytes(h) for h in (0, 1)]
+        ranks = [json.loads(out.with_name(f"{out.stem}-rank{r}.json").read_text())
+                 for r in (0, 1)]
+        return {"ranks": ranks, "veth_bytes": sum(after) - sum(before)}
+
+
+def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]:
+    S, G = config.batches, config.global_batch
+    ddp = [c for c in config.contenders if c in DDP]
+    mine = [c for c in config.contenders if c not in DDP]
+    hosts.limit(None)
+    curves = {c: jobs.run(c, batches=S)["ranks"][0]["curve"] for c in ddp}
+    target = curves["ddp"][-1][2]
+    unlimited_step = {}
+    figures: dict[str, Any] = {}
+    for c in ddp:  # compute alone: the unlimited link's step time
+        unlimited_step[c] = median(jobs.run(c, batches=S, measure=config.measure_steps + 1)
+                                   ["ranks"][0]["step_times"][1:])
+    hosts.limit(config.bandwidth)
+    for c in ddp:
+        run = jobs.run(c, batches=S, measure=config.measure_steps + 1)
+        step = median(run["ranks"][0]["step_times"][1:])
+        steps = steps_to_target(curves[c], target, G)
+        figures[c] = {
+            "time_to_target_s": None if steps is None else steps * step,
+            "step_s": step, "steps_to_target": steps,
+            "bytes_per_sample": run["veth_bytes"] / ((config.measure_steps + 1) * G),
+            "utilization": unlimited_step[c] / step,
+            "loss_at_S": loss_at(curves[c], S * G), "measured": "extrapolated"}
+    for c in mine:
+        batches = round(S * config.diloco_factor)
+        run = jobs.run(c, batches=batches)
+        curve, ranks = run["ranks"][0]["curve"], run["ranks"]
+        reached = next((p for p in curve if p[2] <= target), None)
+        busy = [r["compute_s"] / r["wall_s"] for r in ranks]
+        figures[c] = {
+            "time_to_target_s": None if reached is None else reached[1],
+            "bytes_per_sample": run["veth_bytes"] / (batches * G),
+            "counted_bytes_per_sample": sum(r["sent"] for r in ranks) / (batches * G),
+            "utilization": busy[0], "busy": busy,
+            "loss_at_S": loss_at(curve, S * G), "measured": "run",
+            "local_steps": [[rd["inner_steps"] for rd in r["rounds"]] for r in ranks]}
+    best = min((figures[c]["time_to_target_s"] for c in mine
+                if figures[c]["time_to_target_s"] is not None), default=None)
+    least = min((figures[c]["bytes_per_sample"] for c in mine), default=None)
+    best_loss = min((figures[c]["loss_at_S"] for c in mine
+                     if figures[c]["loss_at_S"] is not None), default=None)
+    return {
+        "time_to_target_vs_ddp": ratio(figures["ddp"]["time_to_target_s"], best),
+        "bytes_vs_ddp": ratio(figures["ddp"]["bytes_per_sample"], least),
+        "loss_gap": None if best_loss is None else best_loss / figures["ddp"]["loss_at_S"] - 1,
+        "target_loss": target, "contenders": figures, "curves": curves,
+        "parameters": None}
+
+
+def report(config: WanConfig, results: dict[str, Any]) -> str:
+    rows = []
+    for name, f in results["contenders"].items():
+        ttt = f["time_to_target_s"]
+        rows.append([name, f["measured"], "never" if ttt is None else f"{ttt:.1f}",
+                     f"{f['bytes_per_sample']:.0f}", f"{f['utilization']:.2f}",
+                     "-" if f["loss_at_S"] is None else f"{f['loss_at_S']:.4f}"])
+    lines = [table(["contender", "how", "s to target", "bytes/sample (veth)", "compute util",
+                    f"loss at {config.batches} batches"], rows)]
+    for key in ("time_to_target_vs_ddp", "bytes_vs_ddp", "loss_gap"):
+        value = results[key]
+        lines.append(f"{key}: {'-' if value is None else f'{value:.4g}'}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    problem = unavailable()
+    if problem is not None:
+        print(f"potluck bench wan: {problem}", file=sys.stderr)
+        return 2
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"potluck bench wan: {exc}", file=sys.stderr)
+        return 2
+    logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-wan-"))
+    print(f"potluck bench wan: 2 workers on two hosts, {config.bandwidth} each way, "
+          f"global batch {config.global_batch}, S={config.batches}, H={config.inner_steps}",
+          flush=True)
+    with LinkedHosts("pl-wan") as hosts:
+        quota = None
+        if config.quota is not None:
+            from potluck.harness.cpu_quota import CpuQuota
+            quota = CpuQuota(f"potluck-wan-{os.getpid()}").create(config.quota)
+        try:
+            jobs = Jobs(hosts, config, logs, str(quota.path) if quota else None)
+            results = measure(config, hosts, jobs)
+        finally:
+            if quota is not None:
+                quota.remove()
+    print(report(config, results))
+    if args.json:
+        write_json(args.json, {**results, "config": config.__dict__})
+    return 0

@@ -1,0 +1,49 @@
+"""The WAN bench's figures (pure): time to a target loss, bytes per sample, loss gap.
+
+A curve is a list of ``[samples, wall_s, loss]`` points (the held-out loss after that
+many samples; wall time without the evaluations).
+
+- **time to target**: the wall time of the first point at or below the target loss (the
+  loss torch DDP reaches after S global batches on an unlimited link). torch DDP's
+  contenders are not run to the target over the slow link (hundreds of seconds each):
+  their loss after a step does not depend on the link (the same ranks, data and
+  arithmetic), so their time to target is the step at which their unlimited-link
+  curve reaches the target times their measured step time over the slow link.
+- **bytes per sample**: what both veth ends sent during the run over the samples
+  trained (headers included), beside what the code counted (payload only).
+- **loss gap**: the contender's loss at S global batches (the point with the same
+  samples) over DDP's, minus 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Curve = Sequence[Sequence[float]]
+
+
+def first_at_or_below(curve: Curve, target: float) -> Sequence[float] | None:
+    """The first point whose loss is at or below ``target`` (None: never)."""
+    return next((point for point in curve if point[2] <= target), None)
+
+
+def steps_to_target(curve: Curve, target: float, global_batch: int) -> int | None:
+    point = first_at_or_below(curve, target)
+    return None if point is None else round(point[0] / global_batch)
+
+
+def loss_at(curve: Curve, samples: int) -> float | None:
+    """The loss at exactly ``samples`` (None: no point there)."""
+    return next((point[2] for point in curve if round(point[0]) == samples), None)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

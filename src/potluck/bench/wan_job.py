@@ -1,0 +1,200 @@
+"""One rank of ``potluck bench wan``: a contender trained on the demo's char transformer.
+
+Started by the bench inside a network namespace (``ip netns exec``), one process per
+rank and contender, with the job's address in ``MASTER_ADDR``/``MASTER_PORT`` and
+``GLOO_SOCKET_IFNAME`` set to the namespace's veth. Every contender trains on the same
+global batches (a ``DataCursor`` over a fixed table of windows) and evaluates the same
+held-out batch; the evaluation's time is left out of the wall clock. Rank 0 (and, for
+the busy figure, every rank) writes a JSON of what it saw.
+
+Contenders: ``ddp``, ``ddp-fp16`` and ``ddp-powersgd`` (torch DDP, with torch's own
+hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), and
+``diloco-fixed`` (the same with ``adaptive=False``: every worker takes H local steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed")
+
+
+@dataclass(frozen=True)
+class JobArgs:
+    contender: str
+    batches: int  # global batches to train (a DDP measure-only run stops earlier)
+    global_batch: int
+    inner_steps: int
+    eval_every: int  # global batches between evaluations (DDP; DiLoCo: every round)
+    lr: float
+    out: Path
+    measure_steps: int  # > 0: stop after this many steps, no evaluation (step timing)
+    corpus_chars: int
+    quota_group: str | None  # a cgroup this rank moves into first (the slow worker)
+
+
+def _parse(argv: list[str]) -> JobArgs:
+    p = argparse.ArgumentParser(prog="python -m potluck.bench.wan_job")
+    p.add_argument("--contender", choices=CONTENDERS, required=True)
+    p.add_argument("--batches", type=int, required=True)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--inner-steps", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--measure-steps", type=int, default=0)
+    p.add_argument("--corpus-chars", type=int, default=400_000)
+    p.add_argument("--quota-group")
+    a = p.parse_args(argv)
+    return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
+                   a.out, a.measure_steps, a.corpus_chars, a.quota_group)
+
+
+class Clock:
+    """Wall time with pauses left out (evaluations)."""
+
+    def __init__(self) -> None:
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def pause(self) -> float:
+        return time.perf_counter()
+
+    def resume(self, since: float) -> None:
+        self.paused += time.perf_counter() - since
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.quota_group:  # before torch starts a thread: all of them are held to the quota
+        from potluck.harness.cpu_quota import join
+
+        join(Path(args.quota_group))
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from potluck.bench.wan_data import Windows, eval_batch, make_model
+
+    data = Windows(args.corpus_chars)
+    model = make_model(data.vocab_size)
+    held_out = eval_batch(data)
+    rank = int(os.environ["RANK"])
+    if args.contender.startswith("ddp"):
+        result = _ddp(args, model, data, held_out)
+    else:
+        result = _diloco(args, model, data, held_out)
+    result.update(rank=rank, contender=args.contender,
+                  parameters=sum(p.numel() for p in model.parameters()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_name(f"{args.out.stem}-rank{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+def _evaluate(model: Any, held_out: Any) -> float:
+    import torch
+
+    x, y = held_out
+    with torch.no_grad():
+        logits = model(x)
+        return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+
+def _loss(model: Any, x: Any, y: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    from potluck.data import DataCursor
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    if args.contender == "ddp-fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.contender == "ddp-powersgd":
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+                                   start_powerSGD_iter=2, min_compression_rate=2)
+        model.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr)
+    cursor = DataCursor(len(data), args.global_batch, seed=1)
+    clock, curve, step_times = Clock(), [], []
+    steps = args.measure_steps or args.batches
+    for step in range(steps):
+        began = time.perf_counter()
+        x, y = data.batch(cursor.rank_indices(rank, [1.0] * world))
+        opt.zero_grad()
+        _loss(model, x, y).backward()
+        opt.step()
+        cursor.commit()
+        step_times.append(time.perf_counter() - began)
+        if not args.measure_steps and ((step + 1) % args.eval_every == 0 or step + 1 == steps):
+            paused = clock.pause()
+            curve.append([(step + 1) * args.global_batch, clock.now(), _evaluate(net, held_out)])
+            clock.resume(paused)
+    wall = clock.now()
+    dist.destroy_process_group()
+    return {"curve": curve, "wall_s": wall, "step_times": step_times, "steps": steps}
+
+
+def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
+    import torch
+
+    import potluck
+    from potluck.compress import Int8Blockwise
+    from potluck.sync import DiLoCoSync
+
+    sync = potluck.DiLoCo(inner_steps=args.inner_steps,
+                          codec=Int8Blockwise() if args.contender == "diloco-int8" else None,
+                          adaptive=args.contender != "diloco-fixed")
+    inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
+    model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
+                                         seed=1, sync=sync, collate=data.collate)
+    strategy = opt.part(DiLoCoSync)
+    assert strategy is not None
+    clock, curve, rounds = Clock(), [], []
+    rounds_due = args.batches // args.inner_steps
+    while opt.steps < rounds_due:
+        for x, y in loader:
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            before = opt.steps
+            opt.step()
+            if opt.steps == before:
+                continue
+            record = strategy.last
+            assert record is not None
+            rounds.append({"inner_steps": record.inner_steps, "samples": record.samples,
+                           "compute_s": record.compute_s, "wait_s": record.wait_s,
+                           "sync_s": record.sync_s, "sent": record.sent_bytes,
+                           "at_s": clock.now()})
+            paused = clock.pause()
+            curve.append([opt.steps * args.inner_steps * args.global_batch, clock.now(),
+                          _evaluate(net, held_out)])
+            clock.resume(paused)
+            if opt.steps >= rounds_due:
+                break
+    wall = clock.now()
+    opt.finish()
+    return {"curve": curve, "wall_s": wall, "rounds": rounds, "sent": strategy.traffic.sent,
+            "compute_s": sum(r["compute_s"] for r in rounds)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

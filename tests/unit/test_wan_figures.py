@@ -1,0 +1,27 @@
+"""The WAN bench's pure parts: time to target, loss at equal samples, the tc arguments."""
+
+from __future__ import annotations
+
+from potluck.bench.wan_figures import first_at_or_below, loss_at, median, ratio, steps_to_target
+from potluck.harness.netns import tbf_args
+
+CURVE = [[320, 1.0, 3.0], [640, 2.0, 2.5], [960, 3.0, 2.2], [1280, 4.0, 2.1]]
+
+
+def test_the_first_point_at_or_below_the_target() -> None:
+    assert first_at_or_below(CURVE, 2.5) == [640, 2.0, 2.5]
+    assert first_at_or_below(CURVE, 2.0) is None
+    assert steps_to_target(CURVE, 2.2, 32) == 30
+    assert steps_to_target(CURVE, 1.0, 32) is None
+
+
+def test_loss_at_equal_samples_and_ratios() -> None:
+    assert loss_at(CURVE, 960) == 2.2 and loss_at(CURVE, 1000) is None
+    assert ratio(10.0, 0.5) == 20.0 and ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+def test_tbf_caps_a_device_egress() -> None:
+    assert tbf_args("veth0", "10mbit") == ["qdisc", "replace", "dev", "veth0", "root", "tbf",
+                                           "rate", "10mbit", "burst", "64kb", "latency",
+                                           "500ms"]
