@@ -100,9 +100,13 @@ def prepare(
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
-    if sync is not None and cohort.elastic:
-        raise ConfigError("sync=DiLoCo(...) on an elastic cohort (potluck run --elastic) is "
-                          "not supported yet: run it on a fixed cohort (potluck run, torchrun)")
+    if sync is not None and (cohort.elastic or minimum is not None):
+        raise ConfigError("sync=DiLoCo(...) on an elastic cohort (potluck run --elastic, "
+                          "minimum=) is not supported yet: run it on a fixed cohort (potluck "
+                          "run, torchrun)")
+    if sync is not None and cohort.env.balance and balance is None:
+        raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
+                          "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
     model.to(cohort.device)
@@ -194,7 +198,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                                group=cohort.group, agree=False)
     cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
                         drop_last=drop_last)
-    strategy = DiLoCoSync(sync, model, cohort.group, global_batch)
+    strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   checkpoint_dir=checkpoint_dir, resume=resume)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),

@@ -178,3 +178,41 @@ def test_int8_pseudo_gradients_stay_close_and_send_a_quarter() -> None:
                for n, v in plain[0]["params"].items())
     assert 1e-9 < diff < 1e-2
     assert plain[0]["sent"] > 3.5 * int8[0]["sent"] > 0
+
+
+def _one_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    from potluck import LocalSGD, prepare
+    from potluck.errors import ConfigError
+
+    cohort = _cohort(rank, world_size, port)
+    net = mlp()
+    inner = torch.optim.SGD(net.parameters(), lr=0.0)  # the replica never moves by itself
+    model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
+                                 global_batch=GLOBAL_BATCH, seed=SEED, sync=LocalSGD(2))
+    with torch.no_grad():  # weights loaded after prepare() are the global ones
+        for p in net.parameters():
+            p.fill_(0.5)
+    batches = iter(loader)
+    for _ in range(2):
+        _, x, y = next(batches)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    kept = all(bool((p == 0.5).all()) for p in net.parameters())
+    next(batches)  # a batch of round 2 whose step is skipped, then round 2 again: refused
+    try:
+        next(batches)
+        next(batches)
+        refused = ""
+    except ConfigError as exc:
+        refused = str(exc)
+    cohort.close()
+    return {"kept": kept, "rounds": opt.steps, "refused": refused}
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_keeps_weights_loaded_after_prepare_and_refuses_a_skipped_step() -> None:
+    result = run_ranks(_one_worker, 1, free_port(), init_group=False, timeout=50)[0]
+    assert result["kept"] and result["rounds"] == 1
+    assert "after 0 optimizer step(s) of its 2 batches" in result["refused"]
+    assert "call opt.step() once per batch" in result["refused"]

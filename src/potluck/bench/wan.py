@@ -42,11 +42,12 @@ class WanConfig:
     batches: int = 300  # S
     global_batch: int = 32
     inner_steps: int = 50  # H
-    diloco_factor: float = 1.0  # potluck trains S * factor batches
+    diloco_factor: float = 2.0  # potluck trains S * factor batches (to reach the target)
     eval_every: int = 10
     measure_steps: int = 4
     quota: float | None = None
-    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8")
+    # ddp-powersgd is left out: torch 2.13 DDP + PowerSGD on Gloo fails (docs/sync.md)
+    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "diloco", "diloco-int8")
     logs: str | None = None
 
     def validated(self) -> WanConfig:
@@ -199,14 +200,14 @@ def report(config: WanConfig, results: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = unavailable()
-    if problem is not None:
-        print(f"potluck bench wan: {problem}", file=sys.stderr)
-        return 2
     try:
         config = config_from_args(args)
     except ConfigError as exc:
         print(f"potluck bench wan: {exc}", file=sys.stderr)
+        return 2
+    problem = unavailable()
+    if problem is not None:
+        print(f"potluck bench wan: {problem}", file=sys.stderr)
         return 2
     logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-wan-"))
     print(f"potluck bench wan: 2 workers on two hosts, {config.bandwidth} each way, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -84,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from potluck.bench.wan_data import Windows, eval_batch, make_model
+    from potluck.env import read_worker_env
 
     data = Windows(args.corpus_chars)
     model = make_model(data.vocab_size)
     held_out = eval_batch(data)
-    rank = int(os.environ["RANK"])
+    rank = read_worker_env().rank
     if args.contender.startswith("ddp"):
         result = _ddp(args, model, data, held_out)
     else:

@@ -29,6 +29,7 @@ import torch
 from potluck.collectives import wait_for
 from potluck.compress.codec import Codec
 from potluck.compress.feedback import ErrorFeedback
+from potluck.errors import PeerLostError
 from potluck.group import ProcessGroupLike
 
 
@@ -96,7 +97,11 @@ def reduce_sum(flat: torch.Tensor, codec: Codec, group: ProcessGroupLike, *,
                feedback: ErrorFeedback | None = None, key: str = "flat",
                traffic: Traffic | None = None, what: str = "compressed sum") -> torch.Tensor:
     """``start_sum`` and wait; a lost peer is ``PeerLostError``."""
-    future = start_sum(flat, codec, group, feedback=feedback, key=key, traffic=traffic)
+    try:
+        future = start_sum(flat, codec, group, feedback=feedback, key=key, traffic=traffic)
+    except RuntimeError as exc:  # a backend that already knows a peer is gone
+        raise PeerLostError.from_failure(what, exc, rank=int(group.rank()),
+                                         generation=getattr(group, "generation", 0)) from exc
     return wait_for(future, group, what)  # type: ignore[no-any-return]
 
 

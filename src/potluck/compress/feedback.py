@@ -25,7 +25,7 @@ class ErrorFeedback:
         residual = self._residuals.get(key)
         if residual is None or residual.numel() != flat.numel():
             return flat.clone()
-        return flat + residual.to(flat.dtype)
+        return flat + residual.to(flat)  # the tensor's dtype and device (a resumed GPU run)
 
     def remember(self, key: str, sent: torch.Tensor, decoded: torch.Tensor) -> None:
         """What ``decoded`` (the codec's round trip of ``sent``) left out, for next time."""

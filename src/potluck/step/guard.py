@@ -102,8 +102,9 @@ class GuardedOptimizer:
         self.steps += 1
         if not finite:
             self.skipped += 1
-            log.warning("step %d skipped on every rank: gradient norm is %s (%d skipped so "
-                        "far)", self.steps, norm, self.skipped)
+            log.warning("step %d skipped %s: gradient norm is %s (%d skipped so far)",
+                        self.steps, "on every rank" if self._agree else "on this rank", norm,
+                        self.skipped)
             if self.scaler is not None:
                 self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             return StepResult(committed=False, grad_norm=norm)

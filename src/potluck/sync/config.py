@@ -47,6 +47,15 @@ class DiLoCo:
                 or self.inner_steps < 1:
             raise ConfigError(f"DiLoCo(inner_steps={self.inner_steps!r}): the local steps "
                               "per round are a positive int, e.g. 50 (1 syncs every step)")
+        if self.codec is not None and not isinstance(self.codec, Codec):
+            raise ConfigError(f"DiLoCo(codec={self.codec!r}): pass a codec object, e.g. "
+                              "potluck.compress.Int8Blockwise(), or None to send as is")
+        for name in ("nesterov", "error_feedback", "adaptive"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"DiLoCo({name}={getattr(self, name)!r}) must be True or False")
+        if isinstance(self.outer_momentum, (int, float)) and not self.outer_momentum < 1:
+            raise ConfigError(f"DiLoCo(outer_momentum={self.outer_momentum!r}) must be in "
+                              "[0, 1), e.g. 0.9")
         for name in ("outer_lr", "outer_momentum", "min_gain"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -66,11 +75,13 @@ class DiLoCo:
         return "local-sgd" if plain else "diloco"
 
 
-def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None,
-             adaptive: bool = True) -> DiLoCo:
+def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,
+             adaptive: bool = True, split: tuple[int, ...] | None = None,
+             min_gain: float = 0.05) -> DiLoCo:
     """Local SGD: H local steps, then the replicas' weighted average."""
     return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
-                  codec=codec, adaptive=adaptive)
+                  codec=codec, error_feedback=error_feedback, adaptive=adaptive, split=split,
+                  min_gain=min_gain)
 
 
 def check_split(split: Sequence[int]) -> None:

@@ -18,6 +18,7 @@ the live state and checkpoints under ``name``.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +34,14 @@ from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
 from potluck.sync.round_plan import local_steps, plan_round, weight
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RoundRecord:
     """What this rank did in its last round (for metrics and the bench)."""
 
-    round: int
+    index: int  # rounds committed, this one included
     inner_steps: int
     samples: int
     compute_s: float  # its local steps, loading included
@@ -53,20 +56,26 @@ class DiLoCoSync:
     name = "sync"
 
     def __init__(self, config: DiLoCo, module: nn.Module, group: GroupHandle,
-                 global_batch: int) -> None:
+                 global_batch: int, device: torch.device | None = None) -> None:
         self.config, self.module, self.group = config, module, group
+        self.device = device or torch.device("cpu")  # NCCL talks in device tensors
         self.global_batch = global_batch
         self.codec: Codec = config.codec or Identity()
         self.feedback = ErrorFeedback() if config.error_feedback and config.codec else None
         self.traffic = Traffic()
         self._params = [p for p in module.parameters() if p.requires_grad]
+        # The global parameters: what the replicas hold at the start of a round. Taken
+        # again at the first round (weights loaded after prepare() count), unless a
+        # live state or checkpoint gave them.
         self._global = [p.detach().clone() for p in self._params]
+        self._global_set = False
         self._outer = torch.optim.SGD(self._global, lr=config.outer_lr,
                                       momentum=config.outer_momentum,
                                       nesterov=config.nesterov)
         self.plan: tuple[int, ...] | None = None  # local steps per rank (None: equal)
         self.speeds: list[float | None] = [None] * group.size()
         self.rounds = 0
+        self.skipped = 0  # rounds whose summed pseudo-gradient was not finite
         self.last: RoundRecord | None = None
         self._due = self._done = self._samples = self._block = 0
         self._started = 0.0
@@ -88,7 +97,17 @@ class DiLoCoSync:
     # ------------------------------------------------------------ the round
 
     def inner_steps(self, samples: int, block: int) -> int:
-        """The loader hands out this rank's part of a round (again, after a redo)."""
+        """The loader hands out this rank's part of a round."""
+        if self._due and self._done < self._due:
+            raise ConfigError(
+                f"the loader handed out a round again after {self._done} optimizer step(s) of "
+                f"its {self._due} batches: under sync=DiLoCo(...) call opt.step() once per "
+                "batch (a skipped step would train the round twice)")
+        if not self._global_set:
+            with torch.no_grad():
+                for value, param in zip(self._global, self._params, strict=True):
+                    value.copy_(param)
+            self._global_set = True
         self._due = local_steps(samples, self.global_batch, self.group.size())
         self._done, self._samples, self._block = 0, samples, block
         self._started = time.perf_counter()
@@ -104,7 +123,7 @@ class DiLoCoSync:
     def synchronize(self) -> None:
         compute_s = time.perf_counter() - self._started
         group, rank, world_size = self.group, self.group.rank(), self.group.size()
-        speeds = torch.zeros(world_size, dtype=torch.float64)
+        speeds = torch.zeros(world_size, dtype=torch.float64, device=self.device)
         speeds[rank] = self._samples / max(compute_s, 1e-9)
         began = time.perf_counter()
         settle(lambda: group.allreduce([speeds]), group, "the round's speeds")
@@ -123,7 +142,15 @@ class DiLoCoSync:
                     n = self._global[i].numel()
                     self._global[i].grad = summed[offset:offset + n].view_as(self._global[i])
                     offset += n
-            self._outer.step()
+            finite = all(bool(torch.isfinite(g.grad).all()) for g in self._global
+                         if g.grad is not None)
+            if finite:  # the same sum on every rank: the same decision
+                self._outer.step()
+            else:
+                self.skipped += 1
+                log.warning("round %d: the summed pseudo-gradient is not finite; the global "
+                            "parameters stay, every replica restarts from them (%d skipped)",
+                            self.rounds + 1, self.skipped)
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)
             buffers = list(self.module.buffers())
@@ -133,7 +160,7 @@ class DiLoCoSync:
         self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
                                 time.perf_counter() - began - waited,
                                 self.traffic.sent - sent_before)
-        self.speeds = [float(s) for s in speeds]
+        self.speeds = [float(s) for s in speeds.cpu()]
         if self.config.adaptive:
             self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
                                    min_gain=self.config.min_gain)
@@ -163,6 +190,7 @@ class DiLoCoSync:
         with torch.no_grad():
             for mine, saved in zip(self._global, state["global"], strict=True):
                 mine.copy_(saved)
+        self._global_set = True
         self._outer.load_state_dict(state["outer"])
         self.plan = None if state["plan"] is None else tuple(state["plan"])
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
