@@ -28,7 +28,7 @@ _BENCHES = [
     ("straggler", "potluck.bench.straggler",
      "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
     ("wan", "potluck.bench.wan",
-     "torch DDP (plain, fp16, PowerSGD) vs potluck DiLoCo over a rate-limited link"),
+     "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
 ]
 
 

@@ -36,7 +36,6 @@ class JobArgs:
     out: Path
     measure_steps: int  # > 0: stop after this many steps, no evaluation (step timing)
     corpus_chars: int
-    quota_group: str | None  # a cgroup this rank moves into first (the slow worker)
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -50,10 +49,9 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
-    p.add_argument("--quota-group")
     a = p.parse_args(argv)
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
-                   a.out, a.measure_steps, a.corpus_chars, a.quota_group)
+                   a.out, a.measure_steps, a.corpus_chars)
 
 
 class Clock:
@@ -74,10 +72,6 @@ class Clock:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    if args.quota_group:  # before torch starts a thread: all of them are held to the quota
-        from potluck.harness.cpu_quota import join
-
-        join(Path(args.quota_group))
     import torch
 
     torch.set_num_threads(1)
