@@ -14,7 +14,8 @@ from tests.e2e.helpers import ROOT, pid_alive
 KILLED = ("potluck+kills", "torchrun+kills")
 FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
           "whole_median_s", "wall_s", "steps_per_s", "goodput")
-STEPS = 80  # long enough for a kill 2 s in, more than 2 s (end_margin) before the end
+STEPS = 70  # long enough for a kill 2 s in, more than 2 s (end_margin) before the end
+CHECKPOINT_EVERY = 5
 
 
 def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -28,7 +29,7 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
     """The two runs with kills (the runs without them are the same jobs, kill-free)."""
     out = tmp_path / "faults.json"
     result = bench("--quick", "--workers", "2", "--steps", str(STEPS), "--kill-every", "2",
-                   "--checkpoint-every", "5", "--contenders", ",".join(KILLED),
+                   "--checkpoint-every", str(CHECKPOINT_EVERY), "--contenders", ",".join(KILLED),
                    "--json", str(out), timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.startswith("potluck bench faults: 2 workers, gloo, kill every 2 s")
@@ -41,7 +42,10 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
         assert figures["kills"] >= 1, name
         assert figures["goodput"] is None, name  # no kill-free run to compare with
     assert report["contenders"]["potluck+kills"]["steps_lost"] == 0
-    assert report["contenders"]["torchrun+kills"]["steps_lost"] >= 1  # it redoes from disk
+    # torchrun redoes from its checkpoint: what was committed since then (0 when a kill
+    # lands just after a checkpoint, so no lower bound holds for every run), never more
+    torchrun = report["contenders"]["torchrun+kills"]
+    assert 0 <= torchrun["steps_lost"] <= torchrun["kills"] * CHECKPOINT_EVERY
     pids = [pid for run in report["runs"] for pid in [run["launcher_pid"], *run["worker_pids"]]]
     assert len(pids) >= 2 * 4  # a launcher and 2 workers per run, and a restart each
     assert not [pid for pid in pids if pid_alive(pid)]

@@ -73,7 +73,10 @@ def test_topk_keeps_the_largest_exactly_and_zeros_the_rest() -> None:
 
 
 def test_error_feedback_loses_nothing_over_rounds() -> None:
-    """Sent in total = produced in total minus the last residual, exactly (float64)."""
+    """Sent in total = produced in total minus the last residual, exactly (float64): the
+    bookkeeping. And the residual stays small (what a codec really keeps back): within
+    half a step for int8 and fp16, bounded (not growing with the rounds) for top-k."""
+    bounds = {"topk": 15.0, "int8": 0.05, "fp16": 0.01}
     for codec in (TopK(fraction=0.05), Int8Blockwise(block=16), Fp16()):
         feedback, produced, sent = ErrorFeedback(), torch.zeros(200, dtype=torch.float64), \
             torch.zeros(200, dtype=torch.float64)
@@ -88,8 +91,7 @@ def test_error_feedback_loses_nothing_over_rounds() -> None:
         residual = feedback.residual("g")
         assert residual is not None
         torch.testing.assert_close(sent + residual, produced, rtol=0, atol=1e-12)
-        # top-k sends everything eventually: the residual stays bounded, not growing
-        assert float(residual.abs().max()) < 30 * float(produced.abs().max() + 1)
+        assert float(residual.abs().max()) < bounds[codec.name], codec.name
 
 
 def test_error_feedback_state_round_trips_and_drops_a_resized_residual() -> None:

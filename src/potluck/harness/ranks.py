@@ -50,9 +50,11 @@ def run_ranks(
 
     With ``init_group`` the default process group is initialized (Gloo, loopback) before
     ``fn`` runs and destroyed after. ``fn`` and its results must be picklable; tensors
-    in results travel through ``torch.save``. Ranks in ``may_die`` (fault-injection
-    tests) may die without reporting, or hang: their result is None, and once every
-    other rank has reported they are killed.
+    in results travel through ``torch.save``. Tensors in ``args`` travel by
+    torch.multiprocessing, in memory the ranks share: pass a state as ``torch.save``
+    bytes, or ranks that load it in place would write to one another's. Ranks in
+    ``may_die`` (fault-injection tests) may die without reporting, or hang: their result
+    is None, and once every other rank has reported they are killed.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])

@@ -18,6 +18,7 @@ the live state and checkpoints under ``name``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -191,7 +192,8 @@ class DiLoCoSync:
             for mine, saved in zip(self._global, state["global"], strict=True):
                 mine.copy_(saved)
         self._global_set = True
-        self._outer.load_state_dict(state["outer"])
+        # A copy: torch's optimizer keeps the tensors it is given (the caller's state)
+        self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
         if self.feedback is not None:
