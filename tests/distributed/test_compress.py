@@ -52,7 +52,7 @@ def _sums(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3])  # int8: all-gather with 2, scatter with 3
 def test_every_route_gives_every_rank_the_same_decoded_sum(world_size: int) -> None:
     results = run_ranks(_sums, world_size, timeout=80)
     codecs = _codecs()
@@ -130,7 +130,7 @@ def _train(rank: int, world_size: int, port: int, codec_name: str) -> dict[str, 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("codec_name,tolerance,world_size",
-                         [("none", 1e-12, 2), ("int8", 2e-2, 2), ("int8", 2e-2, 3)])
+                         [("none", 1e-12, 2), ("int8", 2e-2, 3)])
 def test_compressed_hook_under_prepare_keeps_the_exact_weights(codec_name: str,
                                                                  tolerance: float,
                                                                  world_size: int) -> None:

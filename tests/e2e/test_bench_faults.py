@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,14 +55,20 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
 
 @pytest.mark.timeout(60)
 def test_bad_flag_is_a_clear_error() -> None:
+    """One run as a user sees it (exit 2, no traceback); the other refusals in-process
+    (the same ``config_from_args``, without a Python start-up each)."""
+    from potluck.bench.faults import add_arguments, config_from_args
+    from potluck.errors import ConfigError
+
     result = bench("--kill-every", "0", timeout=50)
     assert result.returncode == 2
     assert "--kill-every 0 must be a positive number of seconds" in result.stderr
     assert "e.g. --kill-every 8" in result.stderr
     assert "Traceback" not in result.stderr
-    result = bench("--workers", "1", timeout=50)
-    assert result.returncode == 2
-    assert "--workers 1: a kill must leave a survivor" in result.stderr
-    result = bench("--contenders", "potluck,ddp", timeout=50)
-    assert result.returncode == 2
-    assert "--contenders potluck,ddp: pick from potluck,potluck+kills" in result.stderr
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, message in ((["--workers", "1"], "--workers 1: a kill must leave a survivor"),
+                          (["--contenders", "potluck,ddp"],
+                           "--contenders potluck,ddp: pick from potluck,potluck+kills")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            config_from_args(parser.parse_args(argv))
