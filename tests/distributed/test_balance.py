@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from torch import nn
 
 from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
+from tests.distributed.scripted import ScriptedShares
 
 SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 48, 12, 2, 5
 
@@ -55,29 +55,8 @@ def token_loss_sum(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> to
     return (((out - y) ** 2) * mask).sum()
 
 
-class Scripted:
-    """A share policy that changes its shares every 3 steps (the seam a balancer uses)."""
-
-    name = "shares"
-    PLANS = ((1.0, 2.0, 3.0), (5.0, 1.0, 1.0), (1.0, 1.0, 1.0), (2.0, 7.0, 3.0))
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def shares(self, world_size: int) -> Sequence[float]:
-        return self.PLANS[(self.steps // 3) % len(self.PLANS)]
-
-    def on_commit(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_membership(self, rank: int, world_size: int) -> None:
-        """Fixed cohort: never called."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = state["steps"]
+# shares that change every 3 steps
+SHARE_PLANS = ((1.0, 2.0, 3.0), (5.0, 1.0, 1.0), (1.0, 1.0, 1.0), (2.0, 7.0, 3.0))
 
 
 def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
@@ -87,7 +66,7 @@ def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
     net = mlp()
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Tokens(), cohort=cohort, global_batch=GLOBAL_BATCH,
-                                 seed=SEED, shares=Scripted(),
+                                 seed=SEED, shares=ScriptedShares(SHARE_PLANS, every=3),
                                  weight=lambda batch: float(batch[3].sum()))
     splits = []
     while opt.cursor.epoch < EPOCHS:

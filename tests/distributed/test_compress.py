@@ -25,6 +25,7 @@ from potluck.harness.elastic_job import (
     single_process,
 )
 from potluck.harness.ranks import free_port, run_ranks
+from tests.distributed.scripted import ScriptedShares
 
 
 def _codecs() -> dict[str, Any]:
@@ -79,29 +80,8 @@ def test_every_route_gives_every_rank_the_same_decoded_sum(world_size: int) -> N
 JOB = ElasticJob(samples=48, global_batch=12, epochs=2)
 
 
-class Uneven:
-    """Shares that change every 2 steps (so the reducer's weights move under the hook)."""
-
-    name = "shares"
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def shares(self, world_size: int) -> list[float]:
-        plan = [[1.0, 3.0, 2.0], [2.0, 1.0, 1.0], [1.0, 1.0, 1.0]][(self.steps // 2) % 3]
-        return plan[:world_size]
-
-    def on_commit(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_membership(self, rank: int, world_size: int) -> None:
-        """Fixed cohort."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = state["steps"]
+# shares that change every 2 steps (so the reducer's weights move under the hook)
+SHARE_PLANS = ((1.0, 3.0, 2.0), (2.0, 1.0, 1.0), (1.0, 1.0, 1.0))
 
 
 def _train(rank: int, world_size: int, port: int, codec_name: str) -> dict[str, Any]:
@@ -115,8 +95,8 @@ def _train(rank: int, world_size: int, port: int, codec_name: str) -> dict[str, 
     hook = CompressedSum(_codecs()[codec_name])
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), global_batch=JOB.global_batch,
-                                 seed=JOB.data_seed, shares=Uneven(), comm_hook=hook,
-                                 cohort=cohort)
+                                 seed=JOB.data_seed, comm_hook=hook, cohort=cohort,
+                                 shares=ScriptedShares(SHARE_PLANS, every=2))
     splits = []
     while opt.cursor.epoch < JOB.epochs:
         for _, x, y in loader:

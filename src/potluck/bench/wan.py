@@ -198,8 +198,7 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
         "time_to_target_vs_ddp": ratio(figures["ddp"]["time_to_target_s"], best),
         "bytes_vs_ddp": ratio(figures["ddp"]["bytes_per_sample"], least),
         "loss_gap": None if best_loss is None else best_loss / figures["ddp"]["loss_at_S"] - 1,
-        "target_loss": target, "contenders": figures, "curves": curves,
-        "parameters": None}
+        "target_loss": target, "contenders": figures, "curves": curves}
 
 
 def report(config: WanConfig, results: dict[str, Any]) -> str:

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from potluck.bench.common import median
+
+__all__ = ["first_at_or_below", "loss_at", "median", "ratio", "steps_to_target"]
+
 Curve = Sequence[Sequence[float]]
 
 
@@ -41,9 +45,3 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator == 0:
         return None
     return numerator / denominator
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -55,11 +55,9 @@ def sent_bytes(codec: Codec, numel: int, world_size: int) -> int:
     n = world_size
     if n <= 1:
         return 0
-    way = route(codec, n)
-    if way == "allreduce":  # a ring: a reduce-scatter and an all-gather of 1/N each
-        return 2 * (n - 1) * codec.nbytes(math.ceil(numel / n))
-    if way == "allgather":
+    if route(codec, n) == "allgather":
         return (n - 1) * codec.nbytes(numel)
+    # a ring all-reduce, or a scatter: N - 1 slices out, then N - 1 slices back
     return 2 * (n - 1) * codec.nbytes(math.ceil(numel / n))
 
 

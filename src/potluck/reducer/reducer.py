@@ -86,6 +86,7 @@ class Reducer:
         self._buffers = list(buffers)
         self._hook: AnyHook = allreduce_mean
         self._hook_state: Any = None
+        self._prescaled = True  # the reducer weighs buckets for the hook (sums_prescaled)
         self._torch_style = False  # the hook takes a GradBucket (torch_hooks)
         self._chains = False  # ... and issues collectives from its future's callbacks
         self.require_sync = True  # set by every forward (prepare_for_forward)
@@ -120,6 +121,7 @@ class Reducer:
         check_hook(hook)
         fused_before = self._fuse_bitmap
         self._hook, self._hook_state = hook, state
+        self._prescaled = sums_prescaled(hook)
         self._torch_style, self._chains = is_torch_hook(hook), chains_collectives(hook)
         if self._fuse_bitmap != fused_before:
             self._build([i for members in self._members for i in members])
@@ -234,7 +236,7 @@ class Reducer:
         # The default hook's (or a summing hook's) weighting is fused into staging (see
         # _stage): 1 / N, or this rank's part of the step when ranks train on unequal parts.
         self._prescale, self._sum_weight = 1.0, False
-        if sums_prescaled(self._hook):
+        if self._prescaled:
             share = self._contribution
             if share is not None and share.ready:
                 self._prescale, self._sum_weight = share.scale, share.needs_total
