@@ -16,7 +16,12 @@ from tests.e2e.helpers import ROOT, pid_alive
 KILLED = ("potluck+kills", "torchrun+kills")
 FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
           "whole_median_s", "wall_s", "steps_per_s", "goodput")
-STEPS = 70  # long enough for a kill 2 s in, more than 2 s (end_margin) before the end
+STEPS = 70
+# A kill lands after 2 s of training and not within 2 s (end_margin) of the expected
+# end, so every job must last well over 4 s whatever the machine's speed: 70 steps of at
+# least 0.08 s (a sleep per step) last at least 5.6 s. Without the floor a fast run of
+# torchrun's job ended before any kill was due (kills 0).
+STEP_PAUSE = 0.08
 CHECKPOINT_EVERY = 5
 
 
@@ -31,7 +36,8 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
     """The two runs with kills (the runs without them are the same jobs, kill-free)."""
     out = tmp_path / "faults.json"
     result = bench("--quick", "--workers", "2", "--steps", str(STEPS), "--kill-every", "2",
-                   "--checkpoint-every", str(CHECKPOINT_EVERY), "--contenders", ",".join(KILLED),
+                   "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-pause", str(STEP_PAUSE),
+                   "--contenders", ",".join(KILLED),
                    "--json", str(out), timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.startswith("potluck bench faults: 2 workers, gloo, kill every 2 s")

@@ -63,6 +63,7 @@ class FaultsConfig:
     collective_timeout: float = 5.0
     end_margin: float = 2.0
     """No kill when the job is expected to end within this many seconds."""
+    step_pause: float = 0.0  # a sleep per step: a floor on a job's length (tests)
     seed: int = 0
     logs: str | None = None
     contenders: tuple[str, ...] = CONTENDERS
@@ -92,6 +93,8 @@ class FaultsConfig:
             if not seconds > 0:
                 raise ConfigError(f"{flag} {seconds:g} must be a positive number of "
                                   "seconds, e.g. 2")
+        if not self.step_pause >= 0:
+            raise ConfigError(f"--step-pause {self.step_pause:g} must be seconds >= 0")
         return self
 
 
@@ -116,6 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "system's run without kills beside its run with them)")
     parser.add_argument("--seed", type=int, default=0, help="which workers get killed")
     parser.add_argument("--logs", metavar="DIR", help="keep every run's logs here")
+    parser.add_argument("--step-pause", type=float, default=0.0, metavar="S",
+                        help="seconds of sleep per step, a stand-in for compute, so that a "
+                             "job lasts long enough for its kills on a fast machine")
     parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
@@ -130,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> FaultsConfig:
         checkpoint_every=args.checkpoint_every,
         rounds=rounds if args.rounds is None else args.rounds,
         heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
-        seed=args.seed, logs=args.logs,
+        seed=args.seed, logs=args.logs, step_pause=args.step_pause,
         contenders=tuple(name.strip() for name in args.contenders.split(",") if name.strip()),
     ).validated()
 
@@ -263,7 +269,7 @@ def run_contender(name: str, config: FaultsConfig, run_dir: Path,
 
 def _command(name: str, config: FaultsConfig, run_dir: Path) -> list[str]:
     job = ["-m", _JOB, "--run-dir", str(run_dir), "--steps", str(config.steps),
-           "--global-batch", str(config.global_batch)]
+           "--global-batch", str(config.global_batch), "--step-pause", str(config.step_pause)]
     workers, restarts = str(config.workers), str(_MAX_RESTARTS)
     if name.startswith("potluck"):
         return [sys.executable, "-m", "potluck", "run", "--elastic",

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=200, help="global steps to commit")
     parser.add_argument("--global-batch", type=int, default=192)
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--step-pause", type=float, default=0.0,
+                        help="seconds of sleep per step, a stand-in for compute (tests: a "
+                             "job that lasts long enough for a kill on any machine)")
     parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
                         help="elastic: seconds until a silent worker counts as gone")
     parser.add_argument("--collective-timeout", type=float, default=5.0,
@@ -89,6 +92,7 @@ def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:
                       admitted=admitted)
     while opt.steps < args.steps:
         for x, y in loader:
+            time.sleep(args.step_pause)
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
             if opt.step().failed:  # the cohort is in its next generation now
@@ -126,6 +130,7 @@ def train_checkpoint(args: argparse.Namespace, run_dir: Path) -> None:
                       generation=generation, workers=world_size, resumed=step)
     while step < args.steps:
         x, y = data[cursor.rank_indices(rank, world_size=world_size)]
+        time.sleep(args.step_pause)
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
