@@ -100,10 +100,6 @@ def prepare(
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
-    if sync is not None and (cohort.elastic or minimum is not None):
-        raise ConfigError("sync=DiLoCo(...) on an elastic cohort (potluck run --elastic, "
-                          "minimum=) is not supported yet: run it on a fixed cohort (potluck "
-                          "run, torchrun)")
     if sync is not None and cohort.env.balance and balance is None:
         raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
                           "steps follow each worker's speed by themselves; drop --balance")
@@ -114,8 +110,8 @@ def prepare(
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
                                seed=seed, drop_last=drop_last, collate=collate,
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
-                               checkpoint_dir=checkpoint_dir, resume=resume,
-                               data_parallel=data_parallel)
+                               minimum=minimum, checkpoint_dir=checkpoint_dir,
+                               resume=resume, data_parallel=data_parallel)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
     contribution = None if _weighs_itself(data_parallel) else Contribution()
     clock = ComputeClock(cohort.device) if config else None
@@ -187,8 +183,9 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     cohort: Cohort, sync: DiLoCo, *, global_batch: int, seed: int,
                     drop_last: bool, collate: Callable[[list[Any]], Any] | None,
                     clip_grad_norm: float | None, scaler: torch.amp.GradScaler | None,
-                    parts: Sequence[StepPart], checkpoint_dir: str | Path | None,
-                    resume: bool, data_parallel: dict[str, Any]
+                    parts: Sequence[StepPart], minimum: MinimumSize | None,
+                    checkpoint_dir: str | Path | None, resume: bool,
+                    data_parallel: dict[str, Any]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
@@ -200,7 +197,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                         drop_last=drop_last)
     strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
-                                  checkpoint_dir=checkpoint_dir, resume=resume)
+                                  minimum=minimum, checkpoint_dir=checkpoint_dir,
+                                  resume=resume)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps)

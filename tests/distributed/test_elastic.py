@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.cohort import Cohort
 from potluck.harness.elastic_job import (
     ElasticJob,
     ledger_problems,
@@ -30,6 +28,7 @@ from potluck.harness.elastic_job import (
     single_process,
     start_worker,
     train,
+    wait_for_joiner,
 )
 from potluck.harness.ranks import free_port, run_ranks
 
@@ -147,15 +146,6 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
             "splits": splits,
             "events": cohort.events, "joined_late": cohort.joined_late,
             "redone": opt.redone}
-
-
-def wait_for_joiner(cohort: Cohort, limit: float = 90.0) -> None:
-    """Until a worker waits to be admitted (at the cohort's next boundary)."""
-    deadline = time.monotonic() + limit
-    while not cohort.pending_joiners():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"rank 2 did not ask to join within {limit:g} s")
-        time.sleep(0.02)
 
 
 # Balancing on: a joiner gets a provisional share, a leaver's share is redistributed.

@@ -18,9 +18,16 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.elastic_job import (
+    ElasticJob,
+    Indexed,
+    mlp,
+    params,
+    single_process,
+    wait_for_joiner,
+)
 from potluck.harness.ranks import free_port, run_ranks
-from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once, wait_for_joiner
+from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 SETUP_S = 4.0  # the joiner's setup after joining: well past the collective timeout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from fractions import Fraction
@@ -116,12 +117,57 @@ def test_every_sample_once_per_epoch_for_many_settings() -> None:
         assert stream == perm[: n - n % global_batch if drop_last else n]
 
 
+def test_lost_parts_are_owed_and_served_before_the_rest() -> None:
+    """A step committed without some of its block (a worker lost mid-round) owes those
+    positions: each owed range is a step of its own, served next, even past the epoch's
+    last block, so the epoch still trains every position exactly once."""
+    state = CursorState(10, 4)
+    state = state.advanced(lost=((1, 2),))  # block [0, 4): position 1 never arrived
+    assert state.cursor == 4 and state.block == (1, 2) and state.steps_left == 3
+    state = state.advanced()  # the owed step
+    assert state.block == (4, 8)
+    state = state.advanced(lost=((4, 5), (6, 8)))
+    assert [s.block for s in state.rest_of_epoch()] == [(4, 5), (6, 8), (8, 10)]
+    last = state.advanced().advanced().advanced(lost=((9, 10),))
+    assert (last.epoch, last.cursor, last.block) == (0, 10, (9, 10))  # not rolled over yet
+    assert last.advanced(lost=((9, 10),)).block == (9, 10)  # lost again: owed again
+    assert last.advanced() == CursorState(10, 4, epoch=1)
+    saved = DataCursor(10, 4)
+    saved.load_state_dict(last.to_dict())
+    assert saved.state == last
+    with pytest.raises(ConfigError, match=r"lost range \[3, 6\) is not within"):
+        CursorState(10, 4).advanced(lost=((3, 6),))
+    with pytest.raises(ConfigError, match="owed range"):
+        CursorState(10, 4, owed=((5, 11),))
+
+
+def test_every_sample_once_with_random_losses() -> None:
+    """Random parts lost at random steps: every epoch still covers the permutation
+    exactly once."""
+    rng = random.Random(3)
+    for _ in range(200):
+        n, global_batch = rng.randint(1, 40), rng.randint(1, 12)
+        cursor = DataCursor(n, global_batch, seed=rng.randint(0, 9))
+        trained: list[int] = []
+        while cursor.epoch == 0:
+            start, stop = cursor.state.block
+            cut = sorted({rng.randint(start, stop) for _ in range(3)} | {start, stop})
+            parts = list(itertools.pairwise(cut))
+            lost = tuple(p for p in parts if rng.random() < 0.3)
+            for a, b in parts:
+                if (a, b) not in lost:
+                    trained += cursor.permutation(0)[a:b].tolist()
+            cursor.commit(lost=lost)
+        assert sorted(trained) == list(range(n))
+
+
 def test_state_dict_round_trip_and_validation() -> None:
     cursor = DataCursor(50, 8, seed=7)
     cursor.commit()
     cursor.commit()
     saved = cursor.state_dict()
-    assert all(type(v) is int for v in saved.values())
+    assert all(type(v) is int for k, v in saved.items() if k != "owed")
+    assert saved["owed"] == []
     fresh = DataCursor(50, 8)
     fresh.load_state_dict(saved)
     assert fresh.state == cursor.state and fresh.global_indices() == cursor.global_indices()

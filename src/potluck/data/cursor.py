@@ -56,9 +56,11 @@ class DataCursor:
         """Position of the next step's first sample in the epoch permutation."""
         return self._state.cursor
 
-    def commit(self) -> None:
-        """Mark the current step as trained; the next step starts after its block."""
-        self._state = self._state.advanced()
+    def commit(self, lost: tuple[tuple[int, int], ...] = ()) -> None:
+        """Mark the current step as trained; the next step starts after its block.
+        ``lost``: positions of the block that did not reach the model (a worker lost
+        mid-round); they are handed out again as steps of their own, before the rest."""
+        self._state = self._state.advanced(lost)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s sample order (cached for the latest epoch asked for)."""
@@ -83,8 +85,9 @@ class DataCursor:
         part = split_block(*state.block, values)[rank]
         return self.permutation(state.epoch)[part.start:part.stop].tolist()
 
-    def state_dict(self) -> dict[str, int]:
-        """Plain ints: configuration (for validation on load) and position."""
+    def state_dict(self) -> dict[str, Any]:
+        """Plain ints: configuration (for validation on load) and position (with the
+        owed ranges, as lists of two ints)."""
         return self._state.to_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

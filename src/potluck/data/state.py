@@ -4,7 +4,13 @@
 ``perm[cursor : cursor + global_batch]`` of epoch ``epoch``'s permutation (shorter at the
 end of the epoch when ``drop_last`` is False). ``advanced()`` is the commit transition,
 rolling over to the next epoch after the last step. The state is a handful of ints and
-round-trips through ``to_dict``/``from_dict`` (what a checkpoint stores).
+round-trips through ``to_dict``/``load`` (what a checkpoint stores).
+
+**Owed ranges.** A step can commit without all of its block: under a sync strategy a
+worker lost mid-round takes its part of the round with it, and the survivors commit
+theirs (``advanced(lost=...)``). The lost positions are *owed*: each owed range is a
+step of its own, served before the cursor moves on (and before the epoch rolls over), so
+every sample still reaches the model exactly once.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from potluck.errors import ConfigError
 
 _CONFIG_KEYS = ("dataset_len", "global_batch", "drop_last")
 _STATE_KEYS = ("epoch", "cursor", "seed")
+
+Range = tuple[int, int]  # [start, stop) positions in the epoch permutation
 
 
 def _check_int(name: str, value: object, minimum: int, fix: str) -> None:
@@ -34,6 +42,7 @@ class CursorState:
     seed: int = 0
     epoch: int = 0
     cursor: int = 0
+    owed: tuple[Range, ...] = ()  # lost parts of committed steps, served next, in order
 
     def __post_init__(self) -> None:
         _check_int("dataset_len", self.dataset_len, 1, "Pass len(dataset); it cannot be empty.")
@@ -47,13 +56,20 @@ class CursorState:
                 "drop_last=True would drop every sample: lower global_batch or set "
                 "drop_last=False (one short step per epoch)."
             )
+        # The cursor may sit at the epoch's end only while owed ranges are left.
+        end = self.epoch_end + (1 if self.owed else 0)
         if (not isinstance(self.cursor, int) or isinstance(self.cursor, bool)
-                or not 0 <= self.cursor < self.epoch_end):
+                or not 0 <= self.cursor < end):
             raise ConfigError(
                 f"cursor={self.cursor!r} is invalid: it must be an integer in "
-                f"[0, {self.epoch_end}) for dataset_len={self.dataset_len}, "
+                f"[0, {end}) for dataset_len={self.dataset_len}, "
                 f"global_batch={self.global_batch}, drop_last={self.drop_last}."
             )
+        for start, stop in self.owed:
+            if not 0 <= start < stop <= self.epoch_end:
+                raise ConfigError(
+                    f"owed range [{start}, {stop}) is invalid: owed ranges are non-empty "
+                    f"positions within the epoch's [0, {self.epoch_end})")
 
     @property
     def epoch_end(self) -> int:
@@ -68,20 +84,32 @@ class CursorState:
 
     @property
     def steps_left(self) -> int:
-        """Steps of the current epoch not yet committed (including the current one)."""
-        return -(-(self.epoch_end - self.cursor) // self.global_batch)
+        """Steps of the current epoch not yet committed (including the current one):
+        the owed ones, then the rest of the permutation."""
+        return len(self.owed) + -(-(self.epoch_end - self.cursor) // self.global_batch)
 
     @property
-    def block(self) -> tuple[int, int]:
-        """``[start, stop)`` positions in the epoch permutation that this step consumes."""
+    def block(self) -> Range:
+        """``[start, stop)`` positions in the epoch permutation that this step consumes:
+        the first owed range if there is one."""
+        if self.owed:
+            return self.owed[0]
         return self.cursor, min(self.cursor + self.global_batch, self.epoch_end)
 
-    def advanced(self) -> CursorState:
-        """The state after this step commits; the last step of an epoch rolls over."""
-        nxt = self.block[1]
-        if nxt >= self.epoch_end:
-            return replace(self, epoch=self.epoch + 1, cursor=0)
-        return replace(self, cursor=nxt)
+    def advanced(self, lost: tuple[Range, ...] = ()) -> CursorState:
+        """The state after this step commits; the last step of an epoch rolls over.
+        ``lost``: positions of this step's block that did not reach the model (they are
+        owed, after any owed before them)."""
+        start, stop = self.block
+        for a, b in lost:
+            if not start <= a < b <= stop:
+                raise ConfigError(f"lost range [{a}, {b}) is not within the step's block "
+                                  f"[{start}, {stop}): only a part of the step can be lost")
+        owed, cursor = (self.owed[1:], self.cursor) if self.owed else ((), stop)
+        owed += tuple(lost)
+        if cursor >= self.epoch_end and not owed:
+            return replace(self, epoch=self.epoch + 1, cursor=0, owed=())
+        return replace(self, cursor=cursor, owed=owed)
 
     def rest_of_epoch(self) -> Iterator[CursorState]:
         """This state and every later one of the same epoch, one per step."""
@@ -90,10 +118,10 @@ class CursorState:
             yield state
             state = state.advanced()
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return {"dataset_len": self.dataset_len, "global_batch": self.global_batch,
                 "drop_last": int(self.drop_last), "seed": self.seed, "epoch": self.epoch,
-                "cursor": self.cursor}
+                "cursor": self.cursor, "owed": [list(r) for r in self.owed]}
 
     def load(self, saved: Mapping[str, Any]) -> CursorState:
         """The saved position on this configuration; a different configuration is an error."""
@@ -110,4 +138,6 @@ class CursorState:
                     f"{key}={getattr(self, key)!r}: resume with the same dataset and "
                     f"settings, or start a fresh cursor."
                 )
-        return replace(self, seed=saved["seed"], epoch=saved["epoch"], cursor=saved["cursor"])
+        owed = tuple((int(a), int(b)) for a, b in saved.get("owed", ()))  # older: none
+        return replace(self, seed=saved["seed"], epoch=saved["epoch"], cursor=saved["cursor"],
+                       owed=owed)

@@ -8,8 +8,9 @@ the end of the cursor's current epoch. Each rank's part is its share of the bloc
 (``shares(world_size)``: a share policy's, equal by default).
 
 Under a sync strategy (DiLoCo) a step is a round: the block is the round's samples, and
-this rank's part comes as ``inner_steps(samples, block)`` batches, one per local
-optimizer step; the cursor commits once, after the round's last one.
+this rank's part comes as ``inner_steps(part, block)`` batches (positions in the epoch
+permutation), one per local optimizer step; the cursor commits once, after the round's
+last one.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from typing import Any
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
-from potluck.data.split import equal_shares, split_counts
+from potluck.data.split import equal_shares, split_block, split_counts
 from potluck.errors import ConfigError, CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
 MicroBatches = Callable[[int], int]  # samples of this rank's part -> its micro-batches
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
-# (samples of this rank's part, samples of the whole block) -> its local steps (a round's)
-InnerSteps = Callable[[int, int], int]
+# (this rank's part, the whole block), as [start, stop) positions in the epoch
+# permutation -> its local steps (a round's)
+InnerSteps = Callable[[tuple[int, int], tuple[int, int]], int]
 
 
 class StepLoader:
@@ -88,7 +90,8 @@ class StepLoader:
                     "of at least the world size and DataCursor(drop_last=True)"
                 )
             if self._inner_of is not None:
-                yield from self._round(indices, stop - start)
+                part = split_block(start, stop, shares)[rank]
+                yield from self._round(indices, (part.start, part.stop), (start, stop))
                 continue
             batch = self.collate([self.dataset[i] for i in indices])
             self.micro_batches = self._micro_of(len(indices))
@@ -96,11 +99,12 @@ class StepLoader:
                 self._contribute(batch, len(indices), stop - start)
             yield batch
 
-    def _round(self, indices: list[int], block: int) -> Iterator[Any]:
+    def _round(self, indices: list[int], part: tuple[int, int],
+               block: tuple[int, int]) -> Iterator[Any]:
         """This rank's part of a round, one batch per local step (contiguous, equal
         within one sample)."""
         assert self._inner_of is not None
-        steps = self._inner_of(len(indices), block)
+        steps = self._inner_of(part, block)
         offset = 0
         for count in split_counts(len(indices), equal_shares(steps)):
             yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])

@@ -36,6 +36,7 @@ from potluck.data import DataCursor
 from potluck.data.step_loader import StepLoader
 from potluck.reducer import DataParallel
 from potluck.step import MinimumSize, StepTransaction
+from potluck.sync import DiLoCoSync
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ElasticJob:
     store_timeout: float = 30.0
     step_pause: float = 0.0  # a stand-in for compute, so events land mid-run
     balance: bool = False  # shares by measured speed (potluck.prepare(balance=...))
+    inner_steps: int = 0  # > 0: DiLoCo rounds of this many global batches (0: every step)
 
 
 class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
@@ -105,7 +107,7 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
     """
     from torch._C._distributed_c10d import TCPStore
 
-    from potluck import prepare
+    from potluck import DiLoCo, prepare
     from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
 
@@ -127,9 +129,10 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
                               join_timeout=job.join_timeout)
     cohort = join_elastic(store, worker_id, config,
                           GroupSpec("gloo", job.collective_timeout, host))
+    sync = DiLoCo(job.inner_steps, adaptive=False) if job.inner_steps else None
     model, opt, loader = prepare(net, sgd, Indexed(job.samples), cohort=cohort,
                                  global_batch=job.global_batch, seed=job.data_seed,
-                                 minimum=minimum, balance=job.balance)
+                                 minimum=minimum, balance=job.balance or None, sync=sync)
     return Worker(cohort, model, opt.cursor, opt, loader)
 
 
@@ -137,12 +140,15 @@ def train(worker: Worker, job: ElasticJob, ledger: Path,
           fault_hook: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train ``job.epochs`` epochs (or until this worker leaves); append to ``ledger``.
 
-    The ledger is flushed after every committed step, so it outlives a SIGKILL.
+    The ledger gets the samples of each committed step (under DiLoCo: of this worker's
+    part of each committed round) and is flushed at once, so it outlives a SIGKILL.
     Returns the final parameters, the cohort's events and what this worker saw.
     """
     cohort, model, cursor, opt = worker.cohort, worker.model, worker.cursor, worker.optimizer
     detected_s: float | None = None  # the first failed step: how long it took to fail
     detected_at: float | None = None  # ... and when it failed (wall clock)
+    pending: list[int] = []  # this worker's samples of the step (round) under way
+    lost: list[list[int]] = []  # positions the committed rounds lost with members
     with ledger.open("a") as out:
         while cursor.epoch < job.epochs and not opt.left:
             for index, x, y in worker.loader:
@@ -150,19 +156,35 @@ def train(worker: Worker, job: ElasticJob, ledger: Path,
                     fault_hook(opt.steps)
                 if job.step_pause:
                     time.sleep(job.step_pause)
-                epoch, started = cursor.epoch, time.monotonic()
+                epoch, steps, started = cursor.epoch, opt.steps, time.monotonic()
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 if model.step_failed and detected_s is None:
                     detected_s, detected_at = time.monotonic() - started, time.time()
-                if opt.step().committed:
-                    out.write(json.dumps([epoch, index.tolist()]) + "\n")
+                result = opt.step()
+                pending += index.tolist() if result.committed else []
+                if opt.steps > steps:  # the step (round) committed, with these samples
+                    out.write(json.dumps([epoch, pending]) + "\n")
                     out.flush()
+                    pending = []
+                    record = getattr(opt.part(DiLoCoSync), "last", None)
+                    lost += [list(r) for r in record.lost] if record else []
+                elif result.failed:
+                    pending = []  # the step is redone
     cohort.close()
     return {"params": params(model.module), "events": cohort.events, "redone": opt.redone,
             "detected_s": detected_s, "detected_at": detected_at, "left": opt.left,
             "steps": opt.steps, "world_size": cohort.world_size, "generation": cohort.generation,
-            "joined_late": cohort.joined_late}
+            "joined_late": cohort.joined_late, "lost": lost}
+
+
+def wait_for_joiner(cohort: Cohort, limit: float = 90.0) -> None:
+    """Until a worker waits to be admitted (at the cohort's next boundary)."""
+    deadline = time.monotonic() + limit
+    while not cohort.pending_joiners():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no worker asked to join within {limit:g} s")
+        time.sleep(0.02)
 
 
 def single_process(job: ElasticJob) -> dict[str, torch.Tensor]:

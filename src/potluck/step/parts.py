@@ -51,17 +51,21 @@ class SharePolicy(StepPart, Protocol):
 class SyncStrategy(SharePolicy, Protocol):
     """Replicas step locally and are reconciled once a round (``potluck.sync``).
 
-    A step of the cursor is a round. The loader asks ``inner_steps(samples, block)``
-    how many local steps this rank's part of the round takes (and so the strategy knows
+    A step of the cursor is a round. The loader asks ``inner_steps(part, block)`` (this
+    rank's part and the round's block, as ``[start, stop)`` positions of the epoch
+    permutation) how many local steps this rank's part takes (and so the strategy knows
     the round began); the transaction calls ``after_inner_step()`` after each local
     optimizer step and, once it says the round is done here, ``synchronize()``, the
-    round's collectives (a lost peer: ``PeerLostError``). Then the cursor commits."""
+    round's collectives. It returns the positions of the block that did not reach the
+    global model (the parts of members lost mid-round): the cursor commits the round
+    and owes those. A lost peer raises ``PeerLostError`` before anything changed here,
+    so on an elastic cohort the survivors call it again in the next generation."""
 
-    def inner_steps(self, samples: int, block: int) -> int: ...
+    def inner_steps(self, part: tuple[int, int], block: tuple[int, int]) -> int: ...
 
     def after_inner_step(self) -> bool: ...
 
-    def synchronize(self) -> None: ...
+    def synchronize(self) -> tuple[tuple[int, int], ...]: ...
 
 
 class EqualShares:

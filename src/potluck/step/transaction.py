@@ -9,6 +9,12 @@ everybody holds now talks on the new group), the members realign to the most adv
 one, the parts hear ``on_membership``, and the loader hands out the same slice again,
 split among the survivors. On a fixed cohort a failure raises ``PeerLostError``.
 
+Under a sync strategy (DiLoCo) a step of the loop is a local step and the cursor's step
+is a round. A member lost mid-round fails the round's sync: the survivors recover the
+same way, then sync again among themselves and commit the round without the lost
+member's part, which the cursor owes (hands out again) so that every sample reaches
+the global model exactly once.
+
 The transaction is built of parts, each in its own module: ``live_state`` (capture,
 send, receive, realign, save, resume), ``boundary`` (vote, admission, leave, minimum)
 and the extension parts (``parts.StepPart``: a share policy today; sync strategies and
@@ -24,7 +30,7 @@ from typing import Any, TypeVar
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, PeerLostError
 from potluck.reducer import DataParallel
 from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
@@ -129,11 +135,15 @@ class StepTransaction:
         if result.failed:
             self._redo()
             return result
+        lost: tuple[tuple[int, int], ...] = ()
         if self._sync is not None:
             if not self._sync.after_inner_step():
                 return result  # a local step of the round: the round commits at its end
-            self._sync.synchronize()  # a lost peer raises (fixed cohorts only, for now)
-        self.cursor.commit()  # committed, or skipped for a non-finite gradient: done
+            synced = self._synchronize()
+            if synced is None:
+                return result  # another member had committed the round: its state is ours
+            lost = synced
+        self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
         for part in self.parts:
             part.on_commit(self.progress.steps)
@@ -144,11 +154,35 @@ class StepTransaction:
         self.progress.redone += 1
         log.warning("[rank %d] step %d not applied: a collective failed; redoing it",
                     self.cohort.rank, self.progress.steps)
+        self._recover("a collective of the step failed")
+
+    def _recover(self, why: str) -> None:
         self.cohort.mark_step_failed()
-        self.cohort.recover("a collective of the step failed")
+        self.cohort.recover(why)
         self.live_state.realign(self.cohort)
         self._tell_parts()
         self.boundary.hold_minimum()
+
+    def _synchronize(self) -> tuple[tuple[int, int], ...] | None:
+        """The round's sync; the positions of its block that did not reach the global
+        model. A member lost mid-round fails it before anything changed here: on an
+        elastic cohort the survivors form the next generation and sync again, weighted
+        among themselves (their replicas are still their round's work). None: a member
+        had finished the round's collectives before the loss and committed it; realign
+        gave everyone its state."""
+        assert self._sync is not None
+        while True:
+            try:
+                return self._sync.synchronize()
+            except PeerLostError:
+                if not self.cohort.elastic:
+                    raise
+                steps = self.progress.steps
+                log.warning("[rank %d] round %d: a member was lost in its sync; the survivors "
+                            "commit it", self.cohort.rank, steps + 1)
+                self._recover("a collective of the round's sync failed")
+                if self.progress.steps > steps:
+                    return None
 
     def _tell_parts(self) -> None:
         """The membership changed (no collective here: every caller is at a different

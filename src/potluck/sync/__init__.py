@@ -7,7 +7,7 @@
 
 from potluck.sync.config import DiLoCo, LocalSGD
 from potluck.sync.diloco import DiLoCoSync, RoundRecord
-from potluck.sync.round_plan import local_steps, plan_round, weight
+from potluck.sync.round_plan import local_steps, lost_ranges, plan_round, weight
 
-__all__ = ["DiLoCo", "DiLoCoSync", "LocalSGD", "RoundRecord", "local_steps", "plan_round",
-           "weight"]
+__all__ = ["DiLoCo", "DiLoCoSync", "LocalSGD", "RoundRecord", "local_steps", "lost_ranges",
+           "plan_round", "weight"]

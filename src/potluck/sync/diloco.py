@@ -4,13 +4,19 @@ Between syncs every backward stays local (``DataParallel(sync_gradients=False)``
 the inner optimizer steps alone (no collective: a fast worker never waits inside a
 round). At the end of its part of the round a rank runs ``synchronize``:
 
-1. one small float64 all-reduce: every rank's measured speed (the next round's plan);
+1. one small float64 all-reduce: every rank's measured speed (the next round's plan),
+   samples and part of the round's block (who takes part: what a lost member took
+   with it is the rest, which the cursor owes);
 2. per (device, dtype): the pseudo-gradient ``global - local``, weighted by the rank's
-   samples over the round's (``round_plan.weight``), flattened into one buffer and
-   summed through the codec (``potluck.compress``: one collective for the whole model,
-   not one per tensor);
-3. the outer optimizer steps the global parameters with the sum, every replica takes
-   them, and buffers come from rank 0.
+   samples over the participants' (``round_plan.weight``), flattened into one buffer
+   and summed through the codec (``potluck.compress``: one collective for the whole
+   model, not one per tensor); buffers come from rank 0;
+3. only then, with nothing left to fail, the outer optimizer steps the global
+   parameters with the sum and every replica takes them.
+
+A member lost mid-round makes a collective fail on the others before anything changed:
+on an elastic cohort the transaction forms the next generation and calls
+``synchronize`` again; the survivors commit the round, weighted among themselves.
 
 Its state (global parameters, outer optimizer, plan, speeds, error feedback) travels in
 the live state and checkpoints under ``name``.
@@ -30,12 +36,14 @@ from torch import nn
 from potluck.collectives import broadcast_coalesced, settle
 from potluck.compress import ErrorFeedback, Identity, Traffic, reduce_sum
 from potluck.compress.codec import Codec
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
-from potluck.sync.round_plan import local_steps, plan_round, weight
+from potluck.sync.round_plan import local_steps, lost_ranges, plan_round, weight
 
 log = logging.getLogger(__name__)
+
+Range = tuple[int, int]  # [start, stop) positions in the epoch permutation
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class RoundRecord:
     wait_s: float  # in the speed all-reduce: waiting for the slowest rank
     sync_s: float  # the pseudo-gradient's sum and the outer step
     sent_bytes: int  # payload bytes this rank sent for it
+    lost: tuple[Range, ...] = ()  # positions of the block lost with members mid-round
 
 
 class DiLoCoSync:
@@ -78,8 +87,11 @@ class DiLoCoSync:
         self.rounds = 0
         self.skipped = 0  # rounds whose summed pseudo-gradient was not finite
         self.last: RoundRecord | None = None
-        self._due = self._done = self._samples = self._block = 0
+        self._due = self._done = self._samples = 0
+        self._part: Range = (0, 0)
+        self._block: Range = (0, 0)
         self._started = 0.0
+        self._compute_s: float | None = None
 
     # ------------------------------------------------------------ share policy
 
@@ -97,8 +109,8 @@ class DiLoCoSync:
 
     # ------------------------------------------------------------ the round
 
-    def inner_steps(self, samples: int, block: int) -> int:
-        """The loader hands out this rank's part of a round."""
+    def inner_steps(self, part: Range, block: Range) -> int:
+        """The loader hands out this rank's part of a round (positions in the epoch)."""
         if self._due and self._done < self._due:
             raise ConfigError(
                 f"the loader handed out a round again after {self._done} optimizer step(s) of "
@@ -109,8 +121,10 @@ class DiLoCoSync:
                 for value, param in zip(self._global, self._params, strict=True):
                     value.copy_(param)
             self._global_set = True
-        self._due = local_steps(samples, self.global_batch, self.group.size())
-        self._done, self._samples, self._block = 0, samples, block
+        self._part, self._block = part, block
+        self._samples = part[1] - part[0]
+        self._due = local_steps(self._samples, self.global_batch, self.group.size())
+        self._done, self._compute_s = 0, None
         self._started = time.perf_counter()
         return self._due
 
@@ -121,31 +135,77 @@ class DiLoCoSync:
         self._done += 1
         return self._done >= self._due
 
-    def synchronize(self) -> None:
-        compute_s = time.perf_counter() - self._started
+    def synchronize(self) -> tuple[Range, ...]:
+        """The round's collectives, then the outer step. Every collective comes before
+        anything changes here, so a lost peer (``PeerLostError``) leaves this rank's
+        replica, global parameters and error feedback as they were: the survivors call
+        it again in the next generation and commit the round among themselves."""
+        if self._compute_s is None:  # a retry after a loss keeps the first measurement
+            self._compute_s = time.perf_counter() - self._started
+        compute_s = self._compute_s
         group, rank, world_size = self.group, self.group.rank(), self.group.size()
-        speeds = torch.zeros(world_size, dtype=torch.float64, device=self.device)
-        speeds[rank] = self._samples / max(compute_s, 1e-9)
+        # Who takes part, with what: speed (samples/s), samples, part [start, stop).
+        table = torch.zeros(world_size, 4, dtype=torch.float64, device=self.device)
+        table[rank] = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
+                                    *self._part], dtype=torch.float64)
         began = time.perf_counter()
-        settle(lambda: group.allreduce([speeds]), group, "the round's speeds")
+        settle(lambda: group.allreduce([table]), group, "the round's speeds and parts")
         waited = time.perf_counter() - began
+        rows = table.cpu().tolist()
+        lost = lost_ranges(self._block, [(int(r[2]), int(r[3])) for r in rows])
+        share = weight(self._samples, sum(int(r[1]) for r in rows))
         sent_before = self.traffic.sent
-        share = weight(self._samples, self._block)
+        saved = self.feedback.state_dict() if self.feedback is not None else None
+        try:
+            sums = self._sum_pseudo_gradients(share)
+            buffers = list(self.module.buffers())
+            if buffers and world_size > 1:
+                broadcast_coalesced(buffers, group, src=0)
+        except PeerLostError:
+            if self.feedback is not None and saved is not None:
+                self.feedback.load_state_dict(saved)  # nothing of this attempt was sent
+            raise
+        self._outer_step(sums)
+        self.rounds += 1
+        self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
+                                time.perf_counter() - began - waited,
+                                self.traffic.sent - sent_before, lost)
+        self.speeds = [float(r[0]) for r in rows]
+        if self.config.adaptive:
+            self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
+                                   min_gain=self.config.min_gain)
+        self._due = 0
+        if lost:
+            log.warning("round %d committed without positions %s of its block %s (members "
+                        "lost mid-round): they are handed out again", self.rounds,
+                        list(lost), self._block)
+        return lost
+
+    def _sum_pseudo_gradients(self, share: float) -> list[tuple[list[int], torch.Tensor]]:
+        """Per (device, dtype): this rank's weighted pseudo-gradient, summed over the
+        ranks through the codec (one collective each)."""
+        sums = []
         with torch.no_grad():
             for members in _by_kind(self._params):
                 pseudo = torch.cat([(self._global[i] - self._params[i]).reshape(-1)
                                     for i in members]).mul_(share)
-                summed = reduce_sum(pseudo, self.codec, group, feedback=self.feedback,
+                summed = reduce_sum(pseudo, self.codec, self.group, feedback=self.feedback,
                                     key=f"{pseudo.device}/{pseudo.dtype}",
                                     traffic=self.traffic, what="the round's pseudo-gradient")
+                sums.append((members, summed))
+        return sums
+
+    def _outer_step(self, sums: list[tuple[list[int], torch.Tensor]]) -> None:
+        """The outer optimizer steps the global parameters; every replica takes them. A
+        non-finite sum (the same on every rank: the same decision) skips the step."""
+        with torch.no_grad():
+            for members, summed in sums:
                 offset = 0
                 for i in members:
                     n = self._global[i].numel()
                     self._global[i].grad = summed[offset:offset + n].view_as(self._global[i])
                     offset += n
-            finite = all(bool(torch.isfinite(g.grad).all()) for g in self._global
-                         if g.grad is not None)
-            if finite:  # the same sum on every rank: the same decision
+            if all(bool(torch.isfinite(summed).all()) for _, summed in sums):
                 self._outer.step()
             else:
                 self.skipped += 1
@@ -154,18 +214,6 @@ class DiLoCoSync:
                             self.rounds + 1, self.skipped)
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)
-            buffers = list(self.module.buffers())
-            if buffers and world_size > 1:
-                broadcast_coalesced(buffers, group, src=0)
-        self.rounds += 1
-        self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
-                                time.perf_counter() - began - waited,
-                                self.traffic.sent - sent_before)
-        self.speeds = [float(s) for s in speeds.cpu()]
-        if self.config.adaptive:
-            self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
-                                   min_gain=self.config.min_gain)
-        self._due = 0
 
     # ------------------------------------------------------------ step part
 
@@ -196,6 +244,7 @@ class DiLoCoSync:
         self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
+        self._due = 0  # a state is taken at a round's boundary: no round is under way
         if self.feedback is not None:
             self.feedback.load_state_dict(state["feedback"])
 

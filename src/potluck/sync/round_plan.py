@@ -11,7 +11,10 @@
   wall time. A new plan replaces the current one only when it is predicted to make
   the round at least ``min_gain`` faster (the share planner's hysteresis).
 - **The rule of the average**: rank r's pseudo-gradient weighs ``n_r / n``, its samples
-  over the round's samples, so a sample counts the same wherever it was trained.
+  over the samples of every rank that takes part in the sync, so a sample counts the
+  same wherever it was trained. Normally that is the whole round; when a member is lost
+  mid-round the survivors commit the round alone, ``n`` is theirs, and the lost part of
+  the block (``lost_ranges``) is owed: the cursor hands it out again.
 """
 
 from __future__ import annotations
@@ -47,6 +50,24 @@ def plan_round(speeds: Sequence[float | None], inner_steps: int, *,
     if current is not None and len(current) == world_size and sum(current) == total:
         plan = Plan(tuple(current), (1,) * world_size)
     return plan_shares(speeds, total, current=plan, min_gain=min_gain).counts
+
+
+def lost_ranges(block: tuple[int, int],
+                parts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The positions of ``block`` that none of ``parts`` (the members' parts that reach
+    the sync) covers, as ranges in order: what the lost members had trained on."""
+    start, stop = block
+    lost, at = [], start
+    for a, b in sorted(p for p in parts if p[0] < p[1]):
+        if not start <= a < b <= stop or a < at:
+            raise ConfigError(f"part [{a}, {b}) is outside the round's block [{start}, {stop}) "
+                              "or overlaps another: the members disagree about the round")
+        if a > at:
+            lost.append((at, a))
+        at = b
+    if at < stop:
+        lost.append((at, stop))
+    return tuple(lost)
 
 
 def weight(samples: int, round_samples: int) -> float:

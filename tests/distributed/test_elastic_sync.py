@@ -1,0 +1,190 @@
+"""DiLoCo on an elastic cohort: a worker lost mid-round does not cost the round.
+
+Three workers train DiLoCo rounds (2 global batches each, float64); one is SIGKILLed
+after its first local step of the second round. The survivors' sync fails, they form
+the next generation and commit the round among themselves, weighted by their samples;
+the positions the lost worker had trained on since the last sync never reached the
+global model, so the cursor hands them out again as a round of their own. The ledgers
+of committed samples then hold every sample of every epoch exactly once, and the
+survivors' replicas are equal and equal a one-process replay of what each worker
+committed, weighted by samples (float64, rtol 1e-9).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from potluck.data import DataCursor
+from potluck.harness.elastic_job import (
+    ElasticJob,
+    Indexed,
+    ledger_problems,
+    mlp,
+    params,
+    start_worker,
+    train,
+    wait_for_joiner,
+)
+from potluck.harness.ranks import free_port, run_ranks
+from potluck.sync import DiLoCoSync
+
+# 48 samples, rounds of 2 x 12: two rounds an epoch, 8 samples (2 local steps) a rank.
+JOB = ElasticJob(epochs=2, inner_steps=2, collective_timeout=4.0)
+VICTIM, KILL_ROUND = 2, 1
+
+
+def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
+    worker = start_worker(JOB, f"worker-{rank}", "127.0.0.1", port)
+    calls = {"n": 0}
+
+    def inject(rounds: int) -> None:
+        if rank == VICTIM and rounds == KILL_ROUND:
+            calls["n"] += 1
+            if calls["n"] == 2:  # one local step of the round done, one to go: mid-round
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return train(worker, JOB, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
+
+
+@pytest.mark.timeout(120)
+def test_worker_lost_mid_round_survivors_commit_it_and_every_sample_counts_once(
+        tmp_path: Path) -> None:
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_worker, 3, port, str(tmp_path), init_group=False, may_die={VICTIM},
+                        timeout=100)
+    del store
+    assert results[VICTIM] is None  # the victim died
+    survivors = [r for r in results if r is not None]
+    assert len(survivors) == 2
+    # What the victim had: its part of round 0 (its ledger), and the same part of round 1
+    # (equal shares, the same cohort rank), 24 positions on.
+    (epoch, indices), = (json.loads(line) for line in
+                         Path(tmp_path, f"rank{VICTIM}.jsonl").read_text().splitlines())
+    perm = DataCursor(JOB.samples, JOB.inner_steps * JOB.global_batch,
+                      seed=JOB.data_seed).permutation(0).tolist()
+    first_pos = perm.index(indices[0])
+    assert epoch == 0 and perm[first_pos:first_pos + 8] == indices
+    for result in survivors:
+        assert result["world_size"] == 2 and result["generation"] == 1
+        assert result["lost"] == [[first_pos + 24, first_pos + 32]]
+        assert result["steps"] == 5  # 2 rounds an epoch, 2 epochs, and the owed round
+    problems = ledger_problems(tmp_path, JOB)
+    assert not problems, f"not exactly once: {problems}"
+    first, second = (s["params"] for s in survivors)
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+    # The weights: a one-process replay of what the ledgers say each worker committed,
+    # each round's pseudo-gradients weighted by samples over the participants' samples.
+    ledgers = [[json.loads(line)[1] for line in
+                Path(tmp_path, f"rank{rank}.jsonl").read_text().splitlines()]
+               for rank in range(3)]
+    expected = _replay(ledgers, worlds=[3, 3, 2, 2, 2])
+    for name, value in expected.items():
+        torch.testing.assert_close(first[name], value, rtol=1e-9, atol=1e-12)
+
+
+JOIN_JOB = replace(JOB, epochs=3, expected=2, collective_timeout=20.0)
+TRAINING_KEY = "test/founders-train"
+
+
+def _join(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
+    from torch.distributed import TCPStore
+
+    # Rank 2 joins once the founders train; they wait for it at round 1's first local
+    # step, so it is admitted at the round's end on any machine.
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=100))
+    worker = start_worker(JOIN_JOB, f"worker-{rank}", "127.0.0.1", port,
+                          before_join=(lambda: store.wait([TRAINING_KEY]))
+                          if rank == 2 else None)
+    waited = {"done": False}
+
+    def hook(rounds: int) -> None:
+        if rank == 0 and rounds == 1:
+            store.set(TRAINING_KEY, "1")
+        if rank < 2 and rounds == 1 and not waited["done"]:
+            wait_for_joiner(worker.cohort)
+            waited["done"] = True
+
+    result = train(worker, JOIN_JOB, Path(ledger_dir, f"rank{rank}.jsonl"), hook)
+    outer = worker.optimizer.part(DiLoCoSync)
+    assert outer is not None
+    result["outer"] = outer.state_dict()["outer"]
+    return result
+
+
+@pytest.mark.timeout(120)
+def test_a_joiner_takes_the_global_parameters_and_the_outer_optimizer(tmp_path: Path) -> None:
+    """Admitted at a round's boundary, a joiner takes the live state (the global
+    parameters, the outer optimizer's momentum, the cursor) and trains the next round
+    as an equal: the three replicas and outer optimizers end equal, every sample once."""
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_join, 3, port, str(tmp_path), init_group=False, timeout=100)
+    del store
+    assert [r["joined_late"] for r in results] == [False, False, True]
+    assert {r["world_size"] for r in results} == {3}
+    assert not ledger_problems(tmp_path, JOIN_JOB)
+    for other in results[1:]:
+        for name, value in results[0]["params"].items():
+            assert torch.equal(value, other["params"][name]), f"replicas differ in {name}"
+        momenta = [s["momentum_buffer"] for s in other["outer"]["state"].values()]
+        expected = [s["momentum_buffer"] for s in results[0]["outer"]["state"].values()]
+        assert len(momenta) == len(expected) > 0
+        assert all(torch.equal(a, b) for a, b in zip(momenta, expected, strict=True))
+
+
+def _replay(ledgers: list[list[list[int]]], worlds: list[int]) -> dict[str, torch.Tensor]:
+    """Each worker a replica with its own inner SGD (momentum 0.9, lr 0.1, as
+    ``start_worker``); round k: every worker with a k-th ledger entry trains its local
+    steps on it, the outer Nesterov SGD (DiLoCo's defaults) takes the pseudo-gradients
+    weighted by samples. A round's local steps follow the world size it began with."""
+    from potluck import DiLoCo
+    from potluck.data.split import equal_shares, split_counts
+    from potluck.sync import local_steps
+
+    config, data = DiLoCo(JOB.inner_steps), Indexed(JOB.samples)
+    global_net = mlp()
+    replicas = [copy.deepcopy(global_net) for _ in ledgers]
+    inners = [torch.optim.SGD(r.parameters(), lr=0.1, momentum=0.9) for r in replicas]
+    outer = torch.optim.SGD(global_net.parameters(), lr=config.outer_lr,
+                            momentum=config.outer_momentum, nesterov=config.nesterov)
+    for k, world in enumerate(worlds):
+        parts = {w: ledger[k] for w, ledger in enumerate(ledgers) if k < len(ledger)}
+        total = sum(len(part) for part in parts.values())
+        for w, part in parts.items():
+            steps = local_steps(len(part), JOB.global_batch, world)
+            offset = 0
+            for count in split_counts(len(part), equal_shares(steps)):
+                idx = part[offset:offset + count]
+                offset += count
+                inners[w].zero_grad()
+                ((replicas[w](data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+                inners[w].step()
+        outer.zero_grad()
+        with torch.no_grad():
+            for name, g in global_net.named_parameters():
+                g.grad = sum(len(part) / total * (g - dict(replicas[w].named_parameters())[name])
+                             for w, part in parts.items())
+        outer.step()
+        with torch.no_grad():
+            for replica in replicas:
+                for p, g in zip(replica.parameters(), global_net.parameters(), strict=True):
+                    p.copy_(g)
+    return params(global_net)
