@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
     from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction
     from potluck.step.accumulate import accumulate
-    from potluck.sync import DiLoCo, LocalSGD
+    from potluck.sync import DiLoCo, LocalSGD, StreamingDiLoCo
 
 # Imported on first use: ``potluck run`` and ``potluck --help`` need none of it, and
 # the launcher starts its workers while it imports torch.
@@ -54,6 +54,7 @@ _LAZY = {
     "GroupHandle": "potluck.group",
     "GuardedOptimizer": "potluck.step",
     "LocalSGD": "potluck.sync",
+    "StreamingDiLoCo": "potluck.sync",
     "MinimumSize": "potluck.step",
     "ModelMismatchError": "potluck.errors",
     "PeerLostError": "potluck.errors",
@@ -99,6 +100,7 @@ __all__ = [
     "RendezvousError",
     "ShardedLoader",
     "StepTransaction",
+    "StreamingDiLoCo",
     "__version__",
     "accumulate",
     "allreduce_mean",

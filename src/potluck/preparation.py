@@ -72,10 +72,10 @@ def prepare(
     asks for). Each rank's gradient weighs its part of the step, so the update is the
     global batch's mean; ``weight(batch)`` (e.g. the count of real tokens) weighs by
     that instead of by samples: the loss must then be the mean over those units of the
-    rank's batch. ``sync=DiLoCo(inner_steps=H)`` (or ``LocalSGD(H)``) trains each
-    replica alone for a round of H global batches, then averages pseudo-gradients
-    (``docs/sync.md``): a step of the loop is then a local step, ``opt.steps`` counts
-    rounds. ``minimum``, ``checkpoint_dir`` and
+    rank's batch. ``sync=DiLoCo(inner_steps=H)`` (or ``LocalSGD(H)``,
+    ``StreamingDiLoCo(H, P)``) trains each replica alone for a round of H global
+    batches, then averages pseudo-gradients (``docs/sync.md``): a step of the loop is
+    then a local step, ``opt.steps`` counts rounds. ``minimum``, ``checkpoint_dir`` and
     ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
     where its checkpoint goes. Other keywords go to ``DataParallel``.
     """
@@ -100,6 +100,12 @@ def prepare(
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
+    if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
+        raise ConfigError(
+            f"sync=StreamingDiLoCo(fragments={sync.fragments}) on an elastic cohort (potluck "
+            "run --elastic, minimum=): a member lost mid-round would leave the fragments "
+            "already applied holding its samples, so the round could not be owed exactly; "
+            "use DiLoCo(...) (one fragment) there, or a fixed cohort")
     if sync is not None and cohort.env.balance and balance is None:
         raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
                           "steps follow each worker's speed by themselves; drop --balance")

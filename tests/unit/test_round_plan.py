@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from potluck.errors import ConfigError
-from potluck.sync import local_steps, plan_round, weight
+from potluck.sync import local_steps, lost_ranges, plan_round, weight
+from potluck.sync.fragments import deal
 
 
 def test_local_steps_in_proportion_to_speed_each_at_least_one() -> None:
@@ -39,3 +40,59 @@ def test_local_steps_of_a_part_and_its_weight() -> None:
     assert weight(6, 48) == 0.125
     with pytest.raises(ConfigError, match="within the round"):
         weight(49, 48)
+
+
+def test_fragments_are_sent_spread_over_a_part_and_dealt_in_turn() -> None:
+    from potluck.sync.round_plan import fragment_points
+
+    assert fragment_points(4, 3) == (2, 3)  # the third goes with the round's sync
+    assert fragment_points(12, 4) == (3, 6, 9) and fragment_points(1, 4) == (1, 1, 1)
+    assert fragment_points(7, 1) == ()
+    assert deal(5, 2) == [[0, 2, 4], [1, 3]]
+    with pytest.raises(ConfigError, match="fragments <= 3"):
+        deal(3, 4)
+
+
+def test_lost_ranges_are_the_block_less_the_parts() -> None:
+    assert lost_ranges((24, 48), [(24, 32), (32, 40), (40, 48)]) == ()
+    assert lost_ranges((24, 48), [(40, 48), (24, 32)]) == ((32, 40),)
+    assert lost_ranges((0, 10), [(3, 5)]) == ((0, 3), (5, 10))
+    with pytest.raises(ConfigError, match="disagree"):
+        lost_ranges((0, 10), [(0, 6), (5, 10)])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"fragments": 0}, "fragments=0"), ({"mixing": 1.0}, "mixing=1.0"),
+    ({"fragments": True}, "fragments=True")])
+def test_bad_fragments_are_refused(kwargs: dict[str, object], message: str) -> None:
+    from potluck import DiLoCo
+
+    with pytest.raises(ConfigError, match=message):
+        DiLoCo(**kwargs)  # type: ignore[arg-type]
+
+
+def test_streaming_diloco_is_diloco_with_fragments() -> None:
+    from potluck import StreamingDiLoCo
+
+    config = StreamingDiLoCo(30, 4)
+    assert (config.fragments, config.mixing, config.strategy) == (4, 0.5, "streaming-diloco")
+    with pytest.raises(ConfigError, match="at least 2 fragments"):
+        StreamingDiLoCo(30, 1)
+
+
+def test_outer_step_of_one_fragment_and_the_merge() -> None:
+    """Only the summed fragment moves (the others' gradient is None); the replica keeps
+    ``mixing`` of its own value; a non-finite sum skips the step but still merges."""
+    import torch
+
+    from potluck.sync.fragments import outer_step
+
+    global_ = [torch.zeros(2), torch.zeros(3)]
+    local = [torch.ones(2), torch.ones(3)]
+    outer = torch.optim.SGD(global_, lr=1.0)
+    assert outer_step(global_, local, outer, [([0], torch.tensor([-2.0, -4.0]))], 0.5)
+    assert global_[0].tolist() == [2.0, 4.0] and global_[1].tolist() == [0.0] * 3
+    assert local[0].tolist() == [1.5, 2.5] and local[1].tolist() == [1.0] * 3
+    assert not outer_step(global_, local, outer, [([1], torch.tensor([1.0, float("nan"), 0]))],
+                          0.0)
+    assert global_[1].tolist() == [0.0] * 3 and local[1].tolist() == [0.0] * 3

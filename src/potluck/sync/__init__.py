@@ -1,13 +1,15 @@
 """Sync strategies: how replicas are reconciled when not every step (DiLoCo, Local SGD).
 
-``config.py`` (``DiLoCo``, ``LocalSGD``: what a user passes to ``prepare(sync=...)``),
-``round_plan.py`` (pure: local steps per rank by speed, the weight of a pseudo-gradient),
-``diloco.py`` (``DiLoCoSync``, the step transaction's part).
+``config.py`` (``DiLoCo``, ``LocalSGD``, ``StreamingDiLoCo``: what a user passes to
+``prepare(sync=...)``), ``round_plan.py`` (pure: local steps per rank by speed, the
+weight of a pseudo-gradient, when each fragment is sent, what a lost member took),
+``fragments.py`` (the outer step and merge of one fragment), ``diloco.py``
+(``DiLoCoSync``, the step transaction's part).
 """
 
-from potluck.sync.config import DiLoCo, LocalSGD
+from potluck.sync.config import DiLoCo, LocalSGD, StreamingDiLoCo
 from potluck.sync.diloco import DiLoCoSync, RoundRecord
 from potluck.sync.round_plan import local_steps, lost_ranges, plan_round, weight
 
 __all__ = ["DiLoCo", "DiLoCoSync", "LocalSGD", "RoundRecord", "local_steps", "lost_ranges",
-           "plan_round", "weight"]
+           "plan_round", "StreamingDiLoCo", "weight"]

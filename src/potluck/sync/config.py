@@ -6,6 +6,13 @@ pseudo-gradient (the parameters at the last sync minus its parameters now) is av
 and an outer optimizer (SGD, Nesterov momentum: lr 0.7, momentum 0.9 in the paper)
 steps the global parameters with it. Local SGD is the outer SGD with lr 1 and no
 momentum: the new global parameters are the replicas' (weighted) average.
+
+Streaming DiLoCo (Douillard et al., arXiv 2501.18512) cuts the parameters into
+``fragments`` synced in turn within a round: fragment f's pseudo-gradient is sent at
+``(f + 1) / P`` of each worker's part of the round and received while the worker goes
+on with its next local steps (the overlap), then the outer step for that fragment and
+the merge ``local = mixing * local + (1 - mixing) * global``. Peak bandwidth is 1/P
+of DiLoCo's, and only the last fragment's sync is on the round's critical path.
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ class DiLoCo:
     - ``adaptive``: each worker's local steps per round follow its measured speed, so a
       fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
       instead (one count per rank); ``min_gain``: the plan's hysteresis.
+    - ``fragments`` (P > 1: Streaming DiLoCo; see the module doc), parameter tensors
+      dealt out in turn (tensor i to fragment ``i % P``), and ``mixing``: how much of its
+      own fragment a worker keeps when the new global one arrives (0: it takes the
+      global one).
     """
 
     inner_steps: int = 50
@@ -41,6 +52,8 @@ class DiLoCo:
     adaptive: bool = True
     split: tuple[int, ...] | None = None
     min_gain: float = 0.05
+    fragments: int = 1
+    mixing: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
@@ -68,11 +81,37 @@ class DiLoCo:
                               "momentum; set outer_momentum (e.g. 0.9) or nesterov=False")
         if self.split is not None:
             check_split(self.split)
+        if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) \
+                or self.fragments < 1:
+            raise ConfigError(f"DiLoCo(fragments={self.fragments!r}): the number of parts "
+                              "the parameters are synced in, a positive int (1: all at once)")
+        if not isinstance(self.mixing, (int, float)) or not 0 <= self.mixing < 1:
+            raise ConfigError(f"DiLoCo(mixing={self.mixing!r}) must be in [0, 1): the share "
+                              "of its own fragment a worker keeps (0.5 in Streaming DiLoCo)")
 
     @property
     def strategy(self) -> str:
+        if self.fragments > 1:
+            return "streaming-diloco"
         plain = self.outer_lr == 1 and self.outer_momentum == 0
         return "local-sgd" if plain else "diloco"
+
+
+def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float = 0.5,
+                    outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                    nesterov: bool = True, codec: Codec | None = None,
+                    error_feedback: bool = True, adaptive: bool = True,
+                    split: tuple[int, ...] | None = None,
+                    min_gain: float = 0.05) -> DiLoCo:
+    """Streaming DiLoCo: ``fragments`` parts synced in turn, each overlapped with the
+    following local steps (see the module doc)."""
+    if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments < 2:
+        raise ConfigError(f"StreamingDiLoCo(fragments={fragments!r}): streaming needs at "
+                          "least 2 fragments (DiLoCo(...) syncs everything at once)")
+    return DiLoCo(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                  nesterov=nesterov, codec=codec, error_feedback=error_feedback,
+                  adaptive=adaptive, split=split, min_gain=min_gain, fragments=fragments,
+                  mixing=mixing)
 
 
 def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,

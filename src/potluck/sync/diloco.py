@@ -32,14 +32,23 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.futures import Future
 
-from potluck.collectives import broadcast_coalesced, settle
+from potluck.collectives import broadcast_coalesced, settle, wait_for
 from potluck.compress import ErrorFeedback, Identity, Traffic, reduce_sum
 from potluck.compress.codec import Codec
+from potluck.compress.exchange import start_sum
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
-from potluck.sync.round_plan import local_steps, lost_ranges, plan_round, weight
+from potluck.sync.fragments import Summed, by_kind, deal, outer_step, pseudo_gradient
+from potluck.sync.round_plan import (
+    fragment_points,
+    local_steps,
+    lost_ranges,
+    plan_round,
+    weight,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +83,7 @@ class DiLoCoSync:
         self.feedback = ErrorFeedback() if config.error_feedback and config.codec else None
         self.traffic = Traffic()
         self._params = [p for p in module.parameters() if p.requires_grad]
+        self._fragments = deal(len(self._params), config.fragments)
         # The global parameters: what the replicas hold at the start of a round. Taken
         # again at the first round (weights loaded after prepare() count), unless a
         # live state or checkpoint gave them.
@@ -92,6 +102,12 @@ class DiLoCoSync:
         self._block: Range = (0, 0)
         self._started = 0.0
         self._compute_s: float | None = None
+        # Streaming: after which local steps fragments 0 .. P-2 go, the next one to go,
+        # the one in flight, and the time spent waiting for them in this round.
+        self._points: tuple[int, ...] = ()
+        self._next = 0
+        self._pending: tuple[int, list[tuple[list[int], Future[torch.Tensor]]]] | None = None
+        self._blocked = 0.0
 
     # ------------------------------------------------------------ share policy
 
@@ -125,6 +141,8 @@ class DiLoCoSync:
         self._samples = part[1] - part[0]
         self._due = local_steps(self._samples, self.global_batch, self.group.size())
         self._done, self._compute_s = 0, None
+        self._points, self._next, self._blocked = (
+            fragment_points(self._due, len(self._fragments)), 0, 0.0)
         self._started = time.perf_counter()
         return self._due
 
@@ -133,31 +151,72 @@ class DiLoCoSync:
             raise ConfigError("a local step outside a round: under sync=DiLoCo(...) take "
                               "batches from prepare's loader, one optimizer step each")
         self._done += 1
+        while self._next < len(self._points) and self._points[self._next] <= self._done:
+            self._send_fragment()
         return self._done >= self._due
+
+    # ------------------------------------------------------------ streaming
+
+    def _send_fragment(self) -> None:
+        """Streaming DiLoCo: finish the fragment in flight (its outer step and merge),
+        then send the next one's pseudo-gradient and go on training meanwhile."""
+        began = time.perf_counter()
+        self._finish_fragment()
+        index = self._next
+        share = weight(self._samples, self._block[1] - self._block[0])
+        works = []
+        with torch.no_grad():
+            for members in by_kind(self._params, self._fragments[index]):
+                flat = pseudo_gradient(self._global, self._params, members, share)
+                try:
+                    future = start_sum(flat, self.codec, self.group, feedback=self.feedback,
+                                       key=f"{flat.device}/{flat.dtype}/{index}",
+                                       traffic=self.traffic)
+                except RuntimeError as exc:
+                    raise PeerLostError.from_failure(
+                        f"fragment {index}'s pseudo-gradient", exc, rank=self.group.rank(),
+                        generation=self.group.generation) from exc
+                works.append((members, future))
+        self._pending, self._next = (index, works), index + 1
+        self._blocked += time.perf_counter() - began
+
+    def _finish_fragment(self) -> None:
+        if self._pending is None:
+            return
+        index, works = self._pending
+        self._pending = None
+        sums = [(members, wait_for(future, self.group, f"fragment {index}'s pseudo-gradient"))
+                for members, future in works]
+        if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
+            self._skip(f"fragment {index}")
 
     def synchronize(self) -> tuple[Range, ...]:
         """The round's collectives, then the outer step. Every collective comes before
         anything changes here, so a lost peer (``PeerLostError``) leaves this rank's
         replica, global parameters and error feedback as they were: the survivors call
-        it again in the next generation and commit the round among themselves."""
+        it again in the next generation and commit the round among themselves. (With
+        fragments, the earlier ones are already applied: Streaming DiLoCo runs on fixed
+        cohorts.)"""
         if self._compute_s is None:  # a retry after a loss keeps the first measurement
-            self._compute_s = time.perf_counter() - self._started
+            self._compute_s = time.perf_counter() - self._started - self._blocked
         compute_s = self._compute_s
+        began = time.perf_counter()
+        self._finish_fragment()  # the one sent last, still in flight
         group, rank, world_size = self.group, self.group.rank(), self.group.size()
         # Who takes part, with what: speed (samples/s), samples, part [start, stop).
         table = torch.zeros(world_size, 4, dtype=torch.float64, device=self.device)
         table[rank] = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
                                     *self._part], dtype=torch.float64)
-        began = time.perf_counter()
+        waiting = time.perf_counter()
         settle(lambda: group.allreduce([table]), group, "the round's speeds and parts")
-        waited = time.perf_counter() - began
+        waited = time.perf_counter() - waiting
         rows = table.cpu().tolist()
         lost = lost_ranges(self._block, [(int(r[2]), int(r[3])) for r in rows])
         share = weight(self._samples, sum(int(r[1]) for r in rows))
         sent_before = self.traffic.sent
         saved = self.feedback.state_dict() if self.feedback is not None else None
         try:
-            sums = self._sum_pseudo_gradients(share)
+            sums = self._sum_pseudo_gradients(share, self._fragments[-1])
             buffers = list(self.module.buffers())
             if buffers and world_size > 1:
                 broadcast_coalesced(buffers, group, src=0)
@@ -165,10 +224,11 @@ class DiLoCoSync:
             if self.feedback is not None and saved is not None:
                 self.feedback.load_state_dict(saved)  # nothing of this attempt was sent
             raise
-        self._outer_step(sums)
+        if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
+            self._skip("the round")
         self.rounds += 1
         self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
-                                time.perf_counter() - began - waited,
+                                time.perf_counter() - began - waited + self._blocked,
                                 self.traffic.sent - sent_before, lost)
         self.speeds = [float(r[0]) for r in rows]
         if self.config.adaptive:
@@ -181,39 +241,27 @@ class DiLoCoSync:
                         list(lost), self._block)
         return lost
 
-    def _sum_pseudo_gradients(self, share: float) -> list[tuple[list[int], torch.Tensor]]:
-        """Per (device, dtype): this rank's weighted pseudo-gradient, summed over the
-        ranks through the codec (one collective each)."""
+    def _sum_pseudo_gradients(self, share: float, fragment: list[int]) -> Summed:
+        """Per (device, dtype): this rank's weighted pseudo-gradient of ``fragment``,
+        summed over the ranks through the codec (one collective each)."""
         sums = []
         with torch.no_grad():
-            for members in _by_kind(self._params):
-                pseudo = torch.cat([(self._global[i] - self._params[i]).reshape(-1)
-                                    for i in members]).mul_(share)
-                summed = reduce_sum(pseudo, self.codec, self.group, feedback=self.feedback,
-                                    key=f"{pseudo.device}/{pseudo.dtype}",
-                                    traffic=self.traffic, what="the round's pseudo-gradient")
+            for members in by_kind(self._params, fragment):
+                flat = pseudo_gradient(self._global, self._params, members, share)
+                key = f"{flat.device}/{flat.dtype}"
+                if len(self._fragments) > 1:
+                    key += f"/{len(self._fragments) - 1}"
+                summed = reduce_sum(flat, self.codec, self.group, feedback=self.feedback,
+                                    key=key, traffic=self.traffic,
+                                    what="the round's pseudo-gradient")
                 sums.append((members, summed))
         return sums
 
-    def _outer_step(self, sums: list[tuple[list[int], torch.Tensor]]) -> None:
-        """The outer optimizer steps the global parameters; every replica takes them. A
-        non-finite sum (the same on every rank: the same decision) skips the step."""
-        with torch.no_grad():
-            for members, summed in sums:
-                offset = 0
-                for i in members:
-                    n = self._global[i].numel()
-                    self._global[i].grad = summed[offset:offset + n].view_as(self._global[i])
-                    offset += n
-            if all(bool(torch.isfinite(summed).all()) for _, summed in sums):
-                self._outer.step()
-            else:
-                self.skipped += 1
-                log.warning("round %d: the summed pseudo-gradient is not finite; the global "
-                            "parameters stay, every replica restarts from them (%d skipped)",
-                            self.rounds + 1, self.skipped)
-            for param, value in zip(self._params, self._global, strict=True):
-                param.copy_(value)
+    def _skip(self, what: str) -> None:
+        self.skipped += 1
+        log.warning("round %d: the summed pseudo-gradient of %s is not finite; the global "
+                    "parameters stay, every replica restarts from them (%d skipped)",
+                    self.rounds + 1, what, self.skipped)
 
     # ------------------------------------------------------------ step part
 
@@ -247,11 +295,3 @@ class DiLoCoSync:
         self._due = 0  # a state is taken at a round's boundary: no round is under way
         if self.feedback is not None:
             self.feedback.load_state_dict(state["feedback"])
-
-
-def _by_kind(params: list[torch.nn.Parameter]) -> list[list[int]]:
-    """Parameter indices grouped by (device, dtype): one flat buffer each."""
-    kinds: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, p in enumerate(params):
-        kinds.setdefault((p.device, p.dtype), []).append(i)
-    return list(kinds.values())

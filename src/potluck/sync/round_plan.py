@@ -52,6 +52,14 @@ def plan_round(speeds: Sequence[float | None], inner_steps: int, *,
     return plan_shares(speeds, total, current=plan, min_gain=min_gain).counts
 
 
+def fragment_points(local: int, fragments: int) -> tuple[int, ...]:
+    """After which of its ``local`` steps a rank sends fragments ``0 .. P-2`` of a round
+    (Streaming DiLoCo): at ``ceil(local * (f + 1) / P)``, spread over its part of the
+    round; the last fragment goes with the round's sync. Every rank sends them in the
+    same order whatever its number of local steps, so the collectives match up."""
+    return tuple(-(-local * (f + 1) // fragments) for f in range(fragments - 1))
+
+
 def lost_ranges(block: tuple[int, int],
                 parts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The positions of ``block`` that none of ``parts`` (the members' parts that reach
