@@ -1,5 +1,6 @@
 """``potluck bench wan``: torch DDP (plain, and with torch's fp16 hook) vs potluck DiLoCo
-(plain, and int8 on the wire) over a rate-limited link between two network namespaces.
+(plain, and int8 on the wire) and Streaming DiLoCo (int8) over a rate-limited link
+between two network namespaces.
 (``wan_job`` can run ``ddp-powersgd``, but torch 2.13's DDP with its PowerSGD hook fails on
 Gloo here: "Received data size doesn't match expected size" in the first steps; not
 root-caused, so it is not in the default contenders.)
@@ -52,7 +53,8 @@ class WanConfig:
     measure_steps: int = 4
     quota: float | None = None
     # ddp-powersgd is left out: torch 2.13 DDP + PowerSGD on Gloo fails (module doc)
-    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "diloco", "diloco-int8")
+    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "diloco", "diloco-int8",
+                                   "streaming-int8")
     logs: str | None = None
 
     def validated(self) -> WanConfig:

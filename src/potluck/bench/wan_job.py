@@ -9,7 +9,9 @@ the busy figure, every rank) writes a JSON of what it saw.
 
 Contenders: ``ddp``, ``ddp-fp16`` and ``ddp-powersgd`` (torch DDP, with torch's own
 hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), and
-``diloco-fixed`` (the same with ``adaptive=False``: every worker takes H local steps).
+``diloco-fixed`` (the same with ``adaptive=False``: every worker takes H local steps),
+and ``streaming-int8`` (``StreamingDiLoCo(H, 4, codec=Int8Blockwise())``: four fragments
+in turn, each overlapped with the following local steps).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed")
+CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed",
+              "streaming-int8")
+STREAMING_FRAGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -154,9 +158,12 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     from potluck.compress import Int8Blockwise
     from potluck.sync import DiLoCoSync
 
-    sync = potluck.DiLoCo(inner_steps=args.inner_steps,
-                          codec=Int8Blockwise() if args.contender == "diloco-int8" else None,
-                          adaptive=args.contender != "diloco-fixed")
+    codec = Int8Blockwise() if args.contender.endswith("-int8") else None
+    if args.contender.startswith("streaming"):
+        sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec)
+    else:
+        sync = potluck.DiLoCo(inner_steps=args.inner_steps, codec=codec,
+                              adaptive=args.contender != "diloco-fixed")
     inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
                                          seed=1, sync=sync, collate=data.collate)

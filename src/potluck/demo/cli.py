@@ -31,6 +31,7 @@ from potluck.demo.text import Vocabulary, load_corpus, stdlib_dir
 from potluck.demo.train import TrainConfig, WorkerResult
 from potluck.demo.uneven import UNEVEN_METRICS
 from potluck.demo.uneven import add_arguments as add_uneven_arguments
+from potluck.demo.wan import add_arguments as add_wan_arguments
 from potluck.errors import ConfigError
 from potluck.metrics.figures import scaling_figures
 
@@ -115,7 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "move to the faster worker on screen and in the metrics, then "
                              "a few steps on equal shares to compare (no 1-worker baseline, "
                              "no checkpoints; needs --workers 2 or more)")
+    parser.add_argument("--wan", action="store_true",
+                        help="torch DDP beside potluck DiLoCo, two workers on two hosts joined "
+                             "by a rate-limited link (network namespaces and tc tbf: needs "
+                             "root), in about a minute")
     add_uneven_arguments(parser)
+    add_wan_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -172,6 +178,10 @@ def main(args: argparse.Namespace) -> int:
         from potluck.demo import chaos
 
         return chaos.main(args)
+    if args.wan:
+        from potluck.demo import wan
+
+        return wan.main(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:
