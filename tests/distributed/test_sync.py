@@ -87,8 +87,9 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
 
 def _replay(rounds: list[list[int]], local: list[list[int]], *, inner_steps: int,
             momentum: float, outer_lr: float, outer_momentum: float,
-            nesterov: bool) -> dict[str, torch.Tensor]:
-    """One process: each rank's local steps on its part, the weighted outer step."""
+            nesterov: bool, first: int) -> dict[str, torch.Tensor]:
+    """One process: each rank's local steps on its part, the weighted outer step; the
+    first round is ``first`` samples."""
     from potluck.data import DataCursor
     from potluck.data.split import equal_shares, split_counts
 
@@ -99,6 +100,7 @@ def _replay(rounds: list[list[int]], local: list[list[int]], *, inner_steps: int
     outer = torch.optim.SGD(global_net.parameters(), lr=outer_lr, momentum=outer_momentum,
                             nesterov=nesterov)
     cursor = DataCursor(SAMPLES, inner_steps * GLOBAL_BATCH, seed=SEED)
+    cursor.start_with_short_step(first)
     for k, split in enumerate(rounds):
         block = cursor.global_indices()
         assert sum(split) == len(block)
@@ -160,12 +162,14 @@ def test_uneven_local_steps_are_weighted_by_samples_exactly() -> None:
     results = run_ranks(_train, 2, free_port(), "slow", init_group=False, timeout=110)
     rounds = results[0]["rounds"]
     assert all(r["rounds"] == rounds for r in results)
-    # the first round is even; then the fast rank 0 takes more local steps
-    assert results[0]["local"][0] == results[1]["local"][0] == 4
+    # the first round is short (one global batch: 4 x 0.125, at least 1) and even; then
+    # the fast rank 0 takes more local steps
+    assert rounds[0] == [6, 6] and results[0]["local"][0] == results[1]["local"][0] == 1
     assert results[0]["local"][-1] > results[1]["local"][-1] >= 1
     assert rounds[-1][0] > rounds[-1][1]
     expected = _replay(rounds, [results[0]["local"], results[1]["local"]], inner_steps=4,
-                       momentum=0.9, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+                       momentum=0.9, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                       first=GLOBAL_BATCH)
     for result in results:
         _close(result["params"], expected)
 

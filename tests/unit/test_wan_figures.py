@@ -16,7 +16,8 @@ def test_the_first_point_at_or_below_the_target() -> None:
 
 
 def test_loss_at_equal_samples_and_ratios() -> None:
-    assert loss_at(CURVE, 960) == 2.2 and loss_at(CURVE, 1000) is None
+    assert loss_at(CURVE, 960) == 2.2 and loss_at(CURVE, 2000) is None
+    assert abs(loss_at(CURVE, 1120) - 2.15) < 1e-12  # between two points: interpolated
     assert ratio(10.0, 0.5) == 20.0 and ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
 

@@ -37,8 +37,17 @@ def steps_to_target(curve: Curve, target: float, global_batch: int) -> int | Non
 
 
 def loss_at(curve: Curve, samples: int) -> float | None:
-    """The loss at exactly ``samples`` (None: no point there)."""
-    return next((point[2] for point in curve if round(point[0]) == samples), None)
+    """The loss at ``samples``: a point's, or interpolated linearly between the points
+    either side (DiLoCo's short first round puts its evaluations off the multiples of
+    a round); None outside the curve."""
+    exact = next((point[2] for point in curve if round(point[0]) == samples), None)
+    if exact is not None:
+        return exact
+    for before, after in zip(curve, curve[1:], strict=False):
+        if before[0] < samples < after[0]:
+            t = (samples - before[0]) / (after[0] - before[0])
+            return float(before[2] + t * (after[2] - before[2]))
+    return None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -170,8 +170,8 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     strategy = opt.part(DiLoCoSync)
     assert strategy is not None
     clock, curve, rounds = Clock(), [], []
-    rounds_due = args.batches // args.inner_steps
-    while opt.steps < rounds_due:
+    due, trained = args.batches * args.global_batch, 0  # samples (the first round is short)
+    while trained < due:
         for x, y in loader:
             opt.zero_grad()
             _loss(model, x, y).backward()
@@ -181,15 +181,15 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
                 continue
             record = strategy.last
             assert record is not None
+            trained += record.round_samples
             rounds.append({"inner_steps": record.inner_steps, "samples": record.samples,
                            "compute_s": record.compute_s, "wait_s": record.wait_s,
                            "sync_s": record.sync_s, "sent": record.sent_bytes,
                            "at_s": clock.now()})
             paused = clock.pause()
-            curve.append([opt.steps * args.inner_steps * args.global_batch, clock.now(),
-                          _evaluate(net, held_out)])
+            curve.append([trained, clock.now(), _evaluate(net, held_out)])
             clock.resume(paused)
-            if opt.steps >= rounds_due:
+            if trained >= due:
                 break
     wall = clock.now()
     opt.finish()

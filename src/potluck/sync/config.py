@@ -37,6 +37,10 @@ class DiLoCo:
     - ``adaptive``: each worker's local steps per round follow its measured speed, so a
       fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
       instead (one count per rank); ``min_gain``: the plan's hysteresis.
+    - ``first_round``: with ``adaptive``, the run's first round is this fraction of a
+      round (at least one global batch): nobody's speed is known yet, so it is even,
+      and a short one costs a fast worker little waiting before the plan takes over (1:
+      a full first round).
     - ``fragments`` (P > 1: Streaming DiLoCo; see the module doc), parameter tensors
       dealt out in turn (tensor i to fragment ``i % P``), and ``mixing``: how much of its
       own fragment a worker keeps when the new global one arrives (0: it takes the
@@ -54,6 +58,7 @@ class DiLoCo:
     min_gain: float = 0.05
     fragments: int = 1
     mixing: float = 0.0
+    first_round: float = 0.125
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
@@ -85,6 +90,10 @@ class DiLoCo:
                 or self.fragments < 1:
             raise ConfigError(f"DiLoCo(fragments={self.fragments!r}): the number of parts "
                               "the parameters are synced in, a positive int (1: all at once)")
+        if isinstance(self.first_round, bool) or not isinstance(self.first_round, (int, float)) \
+                or not 0 < self.first_round <= 1:
+            raise ConfigError(f"DiLoCo(first_round={self.first_round!r}) must be in (0, 1]: "
+                              "the first round's length as a fraction of a round (1: full)")
         if not isinstance(self.mixing, (int, float)) or not 0 <= self.mixing < 1:
             raise ConfigError(f"DiLoCo(mixing={self.mixing!r}) must be in [0, 1): the share "
                               "of its own fragment a worker keeps (0.5 in Streaming DiLoCo)")
@@ -101,8 +110,8 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
                     outer_lr: float = 0.7, outer_momentum: float = 0.9,
                     nesterov: bool = True, codec: Codec | None = None,
                     error_feedback: bool = True, adaptive: bool = True,
-                    split: tuple[int, ...] | None = None,
-                    min_gain: float = 0.05) -> DiLoCo:
+                    split: tuple[int, ...] | None = None, min_gain: float = 0.05,
+                    first_round: float = 0.125) -> DiLoCo:
     """Streaming DiLoCo: ``fragments`` parts synced in turn, each overlapped with the
     following local steps (see the module doc)."""
     if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments < 2:
@@ -111,16 +120,16 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
     return DiLoCo(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                   nesterov=nesterov, codec=codec, error_feedback=error_feedback,
                   adaptive=adaptive, split=split, min_gain=min_gain, fragments=fragments,
-                  mixing=mixing)
+                  mixing=mixing, first_round=first_round)
 
 
 def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,
              adaptive: bool = True, split: tuple[int, ...] | None = None,
-             min_gain: float = 0.05) -> DiLoCo:
+             min_gain: float = 0.05, first_round: float = 0.125) -> DiLoCo:
     """Local SGD: H local steps, then the replicas' weighted average."""
     return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
                   codec=codec, error_feedback=error_feedback, adaptive=adaptive, split=split,
-                  min_gain=min_gain)
+                  min_gain=min_gain, first_round=first_round)
 
 
 def check_split(split: Sequence[int]) -> None:

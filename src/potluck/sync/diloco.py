@@ -67,6 +67,7 @@ class RoundRecord:
     sync_s: float  # the pseudo-gradient's sum and the outer step
     sent_bytes: int  # payload bytes this rank sent for it
     lost: tuple[Range, ...] = ()  # positions of the block lost with members mid-round
+    round_samples: int = 0  # samples of every member that took part (the global model's)
 
 
 class DiLoCoSync:
@@ -212,7 +213,8 @@ class DiLoCoSync:
         waited = time.perf_counter() - waiting
         rows = table.cpu().tolist()
         lost = lost_ranges(self._block, [(int(r[2]), int(r[3])) for r in rows])
-        share = weight(self._samples, sum(int(r[1]) for r in rows))
+        round_samples = sum(int(r[1]) for r in rows)
+        share = weight(self._samples, round_samples)
         sent_before = self.traffic.sent
         saved = self.feedback.state_dict() if self.feedback is not None else None
         try:
@@ -229,7 +231,7 @@ class DiLoCoSync:
         self.rounds += 1
         self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
                                 time.perf_counter() - began - waited + self._blocked,
-                                self.traffic.sent - sent_before, lost)
+                                self.traffic.sent - sent_before, lost, round_samples)
         self.speeds = [float(r[0]) for r in rows]
         if self.config.adaptive:
             self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,

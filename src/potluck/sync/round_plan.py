@@ -23,7 +23,17 @@ from collections.abc import Sequence
 
 from potluck.balance.planner import Plan, plan_shares
 from potluck.errors import ConfigError
-from potluck.sync.config import check_split
+from potluck.sync.config import DiLoCo, check_split
+
+
+def first_round_samples(config: DiLoCo, global_batch: int, world_size: int) -> int:
+    """The run's first round, in samples: short (``config.first_round`` of a round, at
+    least a global batch) when local steps follow speeds, which nobody has measured
+    yet; a full round otherwise (fixed steps, or one worker: nothing to measure)."""
+    full = config.inner_steps * global_batch
+    if not config.adaptive or config.split is not None or world_size < 2:
+        return full
+    return max(1, round(config.inner_steps * config.first_round)) * global_batch
 
 
 def local_steps(samples: int, global_batch: int, world_size: int) -> int:
