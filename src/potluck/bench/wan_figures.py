@@ -17,6 +17,7 @@ many samples; wall time without the evaluations).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from potluck.bench.common import median
@@ -43,7 +44,7 @@ def loss_at(curve: Curve, samples: int) -> float | None:
     exact = next((point[2] for point in curve if round(point[0]) == samples), None)
     if exact is not None:
         return exact
-    for before, after in zip(curve, curve[1:], strict=False):
+    for before, after in itertools.pairwise(curve):
         if before[0] < samples < after[0]:
             t = (samples - before[0]) / (after[0] - before[0])
             return float(before[2] + t * (after[2] - before[2]))
