@@ -202,9 +202,11 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                                group=cohort.group, agree=False)
     cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
                         drop_last=drop_last)
-    # A short first round measures the speeds (a resumed or joining worker's cursor is
-    # replaced by the live state's).
-    cursor.start_with_short_step(first_round_samples(sync, global_batch, cohort.world_size))
+    # A short first round measures the speeds, if asked for (a resumed or joining
+    # worker's cursor is replaced by the live state's).
+    first = first_round_samples(sync, global_batch, cohort.world_size)
+    if first < cursor.state.global_batch:
+        cursor.start_with_short_step(first)
     strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   minimum=minimum, checkpoint_dir=checkpoint_dir,

@@ -59,7 +59,7 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     momentum = 0.0 if kind == "local" else 0.9
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
     sync = {"local": LocalSGD(1, adaptive=False),
-            "slow": DiLoCo(inner_steps=4, min_gain=0.0),
+            "slow": DiLoCo(inner_steps=4, min_gain=0.0, first_round=0.25),
             "int8": DiLoCo(inner_steps=4, adaptive=False, codec=Int8Blockwise(block=64)),
             "plain": DiLoCo(inner_steps=4, adaptive=False)}[kind]
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
@@ -162,7 +162,7 @@ def test_uneven_local_steps_are_weighted_by_samples_exactly() -> None:
     results = run_ranks(_train, 2, free_port(), "slow", init_group=False, timeout=110)
     rounds = results[0]["rounds"]
     assert all(r["rounds"] == rounds for r in results)
-    # the first round is short (one global batch: 4 x 0.125, at least 1) and even; then
+    # the first round is short (first_round=0.25: one global batch of 4) and even; then
     # the fast rank 0 takes more local steps
     assert rounds[0] == [6, 6] and results[0]["local"][0] == results[1]["local"][0] == 1
     assert results[0]["local"][-1] > results[1]["local"][-1] >= 1

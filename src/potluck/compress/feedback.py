@@ -34,6 +34,14 @@ class ErrorFeedback:
     def residual(self, key: str) -> torch.Tensor | None:
         return self._residuals.get(key)
 
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The residuals as they are (no copy: ``remember`` replaces, never changes one),
+        for ``restore`` after an attempt whose payload never arrived."""
+        return dict(self._residuals)
+
+    def restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+        self._residuals = dict(snapshot)
+
     def clear(self) -> None:
         self._residuals.clear()
 

@@ -95,14 +95,15 @@ class LiveState:
         log.warning("[rank %d] joined at step %d with the cohort's live state", cohort.rank,
                     self._progress.steps)
 
-    def realign(self, cohort: Cohort) -> None:
+    def realign(self, cohort: Cohort) -> bool:
         """Members of a new generation may be one step apart: a peer that died after
         some members had finished the step's last collective (they committed) but before
-        others had (they abandoned). The most advanced member's state wins."""
+        others had (they abandoned). The most advanced member's state wins. Returns
+        whether the members were apart (False: nothing changed)."""
         steps = torch.tensor([self._progress.steps], dtype=torch.int64, device=cohort.device)
         counts = [int(t.item()) for t in allgather_tensor(steps, cohort.group)]
         if len(set(counts)) == 1:
-            return
+            return False
         source = counts.index(max(counts))
         state = broadcast_object(self.capture() if cohort.rank == source else None,
                                  cohort.group, src=source, device=cohort.device)
@@ -110,6 +111,7 @@ class LiveState:
             self.apply(state)
         log.warning("[rank %d] members were at steps %s after recovery; all take step %d",
                     cohort.rank, counts, max(counts))
+        return True
 
     # ------------------------------------------------------------------ on disk
 

@@ -59,13 +59,17 @@ class SyncStrategy(SharePolicy, Protocol):
     round's collectives. It returns the positions of the block that did not reach the
     global model (the parts of members lost mid-round): the cursor commits the round
     and owes those. A lost peer raises ``PeerLostError`` before anything changed here,
-    so on an elastic cohort the survivors call it again in the next generation."""
+    so on an elastic cohort the survivors call it again in the next generation; if the
+    members turn out to be a round apart, ``abandon_round()`` restarts this rank's round
+    from the committed state."""
 
     def inner_steps(self, part: tuple[int, int], block: tuple[int, int]) -> int: ...
 
     def after_inner_step(self) -> bool: ...
 
     def synchronize(self) -> tuple[tuple[int, int], ...]: ...
+
+    def abandon_round(self) -> None: ...
 
 
 class EqualShares:

@@ -61,6 +61,7 @@ class StepTransaction:
         # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
         self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
         self.progress = Progress()
+        self._hold_at_boundary = False
         self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
         minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
         if not cohort.elastic and minimum.workers > cohort.world_size:
@@ -141,13 +142,16 @@ class StepTransaction:
                 return result  # a local step of the round: the round commits at its end
             synced = self._synchronize()
             if synced is None:
-                return result  # another member had committed the round: its state is ours
+                return result  # the round starts again from the committed state
             lost = synced
         self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
         for part in self.parts:
             part.on_commit(self.progress.steps)
         self.boundary.after_commit()
+        if self._hold_at_boundary:  # a recovery inside a round's sync: hold here, where
+            self._hold_at_boundary = False  # the live state is a committed one
+            self.boundary.hold_minimum()
         return result
 
     def _redo(self) -> None:
@@ -167,9 +171,10 @@ class StepTransaction:
         """The round's sync; the positions of its block that did not reach the global
         model. A member lost mid-round fails it before anything changed here: on an
         elastic cohort the survivors form the next generation and sync again, weighted
-        among themselves (their replicas are still their round's work). None: a member
-        had finished the round's collectives before the loss and committed it; realign
-        gave everyone its state."""
+        among themselves (their replicas are still their round's work). None: the
+        members were a round apart (a peer died after some had finished the previous
+        round's sync): realign gave everyone the most advanced member's committed state
+        and the round starts again from it, split among the new members."""
         assert self._sync is not None
         while True:
             try:
@@ -177,11 +182,17 @@ class StepTransaction:
             except PeerLostError:
                 if not self.cohort.elastic:
                     raise
-                steps = self.progress.steps
                 log.warning("[rank %d] round %d: a member was lost in its sync; the survivors "
-                            "commit it", self.cohort.rank, steps + 1)
-                self._recover("a collective of the round's sync failed")
-                if self.progress.steps > steps:
+                            "commit it", self.cohort.rank, self.progress.steps + 1)
+                # No minimum hold (and so no admission) here: mid-round, the live state
+                # is no committed one. It waits for the round's boundary.
+                self.cohort.mark_step_failed()
+                self.cohort.recover("a collective of the round's sync failed")
+                apart = self.live_state.realign(self.cohort)
+                self._tell_parts()
+                self._hold_at_boundary = True
+                if apart:
+                    self._sync.abandon_round()
                     return None
 
     def _tell_parts(self) -> None:

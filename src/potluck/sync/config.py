@@ -37,10 +37,11 @@ class DiLoCo:
     - ``adaptive``: each worker's local steps per round follow its measured speed, so a
       fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
       instead (one count per rank); ``min_gain``: the plan's hysteresis.
-    - ``first_round``: with ``adaptive``, the run's first round is this fraction of a
-      round (at least one global batch): nobody's speed is known yet, so it is even,
-      and a short one costs a fast worker little waiting before the plan takes over (1:
-      a full first round).
+    - ``first_round``: with ``adaptive``, the run's first round may be this fraction of
+      a round (at least one global batch): nobody's speed is known yet, so it is even,
+      and a short one costs a fast worker little waiting before the plan takes over.
+      1 (the default) keeps it full: in the WAN bench a first round of 0.125 reached a
+      given loss later (``docs/sync.md``).
     - ``fragments`` (P > 1: Streaming DiLoCo; see the module doc), parameter tensors
       dealt out in turn (tensor i to fragment ``i % P``), and ``mixing``: how much of its
       own fragment a worker keeps when the new global one arrives (0: it takes the
@@ -58,7 +59,7 @@ class DiLoCo:
     min_gain: float = 0.05
     fragments: int = 1
     mixing: float = 0.0
-    first_round: float = 0.125
+    first_round: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
@@ -111,7 +112,7 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
                     nesterov: bool = True, codec: Codec | None = None,
                     error_feedback: bool = True, adaptive: bool = True,
                     split: tuple[int, ...] | None = None, min_gain: float = 0.05,
-                    first_round: float = 0.125) -> DiLoCo:
+                    first_round: float = 1.0) -> DiLoCo:
     """Streaming DiLoCo: ``fragments`` parts synced in turn, each overlapped with the
     following local steps (see the module doc)."""
     if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments < 2:
@@ -125,7 +126,7 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
 
 def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,
              adaptive: bool = True, split: tuple[int, ...] | None = None,
-             min_gain: float = 0.05, first_round: float = 0.125) -> DiLoCo:
+             min_gain: float = 0.05, first_round: float = 1.0) -> DiLoCo:
     """Local SGD: H local steps, then the replicas' weighted average."""
     return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
                   codec=codec, error_feedback=error_feedback, adaptive=adaptive, split=split,

@@ -216,7 +216,7 @@ class DiLoCoSync:
         round_samples = sum(int(r[1]) for r in rows)
         share = weight(self._samples, round_samples)
         sent_before = self.traffic.sent
-        saved = self.feedback.state_dict() if self.feedback is not None else None
+        saved = self.feedback.snapshot() if self.feedback is not None else None
         try:
             sums = self._sum_pseudo_gradients(share, self._fragments[-1])
             buffers = list(self.module.buffers())
@@ -224,7 +224,7 @@ class DiLoCoSync:
                 broadcast_coalesced(buffers, group, src=0)
         except PeerLostError:
             if self.feedback is not None and saved is not None:
-                self.feedback.load_state_dict(saved)  # nothing of this attempt was sent
+                self.feedback.restore(saved)  # nothing of this attempt was sent
             raise
         if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
             self._skip("the round")
@@ -265,6 +265,14 @@ class DiLoCoSync:
                     "parameters stay, every replica restarts from them (%d skipped)",
                     self.rounds + 1, what, self.skipped)
 
+    def abandon_round(self) -> None:
+        """The round under way is dropped: the replica restarts from the global
+        parameters, and the loader hands the round out again."""
+        self._due, self._pending, self._next = 0, None, 0
+        with torch.no_grad():
+            for param, value in zip(self._params, self._global, strict=True):
+                param.copy_(value)
+
     # ------------------------------------------------------------ step part
 
     def on_commit(self, steps: int) -> None:
@@ -290,10 +298,12 @@ class DiLoCoSync:
             for mine, saved in zip(self._global, state["global"], strict=True):
                 mine.copy_(saved)
         self._global_set = True
+        # The replica restarts from the committed global parameters: a state captured
+        # mid-round (a realign after a loss) carries its sender's half-trained replica.
+        self.abandon_round()
         # A copy: torch's optimizer keeps the tensors it is given (the caller's state)
         self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
-        self._due = 0  # a state is taken at a round's boundary: no round is under way
         if self.feedback is not None:
             self.feedback.load_state_dict(state["feedback"])

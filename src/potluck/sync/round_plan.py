@@ -27,9 +27,9 @@ from potluck.sync.config import DiLoCo, check_split
 
 
 def first_round_samples(config: DiLoCo, global_batch: int, world_size: int) -> int:
-    """The run's first round, in samples: short (``config.first_round`` of a round, at
-    least a global batch) when local steps follow speeds, which nobody has measured
-    yet; a full round otherwise (fixed steps, or one worker: nothing to measure)."""
+    """The run's first round, in samples: ``config.first_round`` of a round (at least a
+    global batch) when local steps follow speeds, which nobody has measured yet; a full
+    round otherwise (fixed steps, or one worker: nothing to measure)."""
     full = config.inner_steps * global_batch
     if not config.adaptive or config.split is not None or world_size < 2:
         return full
