@@ -38,6 +38,7 @@ from potluck.collectives import broadcast_coalesced, settle, wait_for
 from potluck.compress import ErrorFeedback, Identity, Traffic, reduce_sum
 from potluck.compress.codec import Codec
 from potluck.compress.exchange import start_sum
+from potluck.data.state import Range
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
@@ -51,8 +52,6 @@ from potluck.sync.round_plan import (
 )
 
 log = logging.getLogger(__name__)
-
-Range = tuple[int, int]  # [start, stop) positions in the epoch permutation
 
 
 @dataclass(frozen=True)
