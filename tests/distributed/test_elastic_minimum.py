@@ -66,12 +66,23 @@ def _train(rank: int, opt: Any, model: Any, cursor: Any, loader: Any, ledger_dir
                     ledger.flush()
 
 
+def _wait_for_generation(port: int, number: int) -> None:
+    """Until the rendezvous published generation ``number`` (the cohort below minimum)."""
+    from potluck import keys
+    from potluck.rendezvous import RendezvousConfig
+
+    store = torch.distributed.PrefixStore(
+        RendezvousConfig(token="min").prefix,
+        torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
+                                   timeout=timedelta(seconds=30)))
+    while not (store.check([keys.CURRENT]) and int(store.get(keys.CURRENT)) >= number):
+        time.sleep(0.05)
+
+
 def _joiner_in_time(rank: int, world_size: int, port: int, ledger_dir: str,
                     checkpoint_dir: str) -> dict[str, Any]:
-    if rank == 3:  # arrives only after the victim is gone: the cohort must be waiting
-        while not Path(ledger_dir, "killed").exists():
-            time.sleep(0.05)
-        time.sleep(0.5)
+    if rank == 3:  # arrives only once the survivors formed generation 1 without the victim
+        _wait_for_generation(port, 1)
     cohort, model, cursor, opt, loader = _worker(rank, port, expected=3, min_workers=3,
                                                  wait_s=60.0, checkpoint_dir=checkpoint_dir)
     _train(rank, opt, model, cursor, loader, ledger_dir, victim=2)
@@ -94,7 +105,8 @@ def test_cohort_below_minimum_waits_and_a_joiner_lets_it_go_on(tmp_path: Path) -
         assert result["world_size"] == 3 and result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
         for name, value in expected.items():
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert results[0]["waited_s"] > 0.4  # the survivors did wait below the minimum
+    # the joiner came only once generation 1 (two workers) existed: the survivors waited
+    assert results[0]["waited_s"] > 0
     assert_exactly_once(tmp_path, JOB)
     assert not (tmp_path / "ckpt").exists()  # a joiner came: no checkpoint, no stop
     del store
