@@ -18,6 +18,8 @@ from potluck import __version__
 _COMMANDS = [
     ("run", "potluck.launch.cli", "launch a training script on N workers (torchrun-compatible)"),
     ("demo", "potluck.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
+    ("plot", "potluck.metrics.plot_cli",
+     "write PNG plots of a run (loss, throughput, compute vs wait, shares, events)"),
 ]
 _BENCHES = [
     ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),

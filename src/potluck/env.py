@@ -41,6 +41,8 @@ AGENT_PID = "POTLUCK_AGENT_PID"
 # how many it stops training to wait for joiners (then checkpoints and exits).
 ELASTIC = "POTLUCK_ELASTIC"  # "1" under `potluck run --elastic`
 BALANCE = "POTLUCK_BALANCE"  # "1" under `potluck run --balance`: prepare() balances shares
+STATUS = "POTLUCK_STATUS"  # "1" under `potluck run --status-port`: workers publish their steps
+METRICS_DIR = "POTLUCK_METRICS_DIR"  # `potluck run --metrics-dir`: rank_step journals go here
 FOUNDERS = "POTLUCK_FOUNDERS"
 MIN_WORKERS = "POTLUCK_MIN_WORKERS"
 MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
@@ -78,6 +80,10 @@ class WorkerEnv:
     """Started by ``potluck run --elastic``: ``potluck.init()`` joins an elastic cohort."""
     balance: bool = False
     """Started by ``potluck run --balance``: ``potluck.prepare`` sets shares by speed."""
+    status: bool = False
+    """Publish each step's figures on the store for the launcher's status page."""
+    metrics_dir: str | None = None
+    """Where each worker writes its ``rank_step`` journal (``ranks/rank-<pid>.jsonl``)."""
 
     @property
     def distributed(self) -> bool:
@@ -159,6 +165,8 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         min_workers_timeout=_seconds(env, MIN_WORKERS_TIMEOUT, 60.0),
         elastic=env.get(ELASTIC, "") == "1",
         balance=env.get(BALANCE, "") == "1",
+        status=env.get(STATUS, "") == "1",
+        metrics_dir=env.get(METRICS_DIR) or None,
     )
 
 

@@ -9,6 +9,9 @@ them from here (the launcher imports nothing else of the worker side):
 ``potluck/<run>/rdzv/...``              the rendezvous (below)
 ``potluck/<run>/process/<host>/<pid>``  member id of worker process pid (elastic)
 ``potluck/<run>/agents/...``            the launchers' agents meeting each other
+``potluck/<run>/status/count``          workers that publish steps for the status page
+``potluck/<run>/status/slot/<i>``       the i-th of them (its worker name)
+``potluck/<run>/status/w/<worker>``     its latest pulse (JSON: where it is, new steps)
 
 The rendezvous's own keys, relative to its prefix:
 
@@ -58,6 +61,19 @@ def rendezvous_root(run_id: str) -> str:
 def process(run_id: str, pid: int, host: str | None = None) -> str:
     """Where an elastic worker writes its member id, so its agent can report its death."""
     return f"potluck/{run_id}/process/{host or socket.gethostname()}/{pid}"
+
+
+def status_count(run_id: str) -> str:
+    return f"potluck/{run_id}/status/count"
+
+
+def status_slot(run_id: str, slot: int) -> str:
+    return f"potluck/{run_id}/status/slot/{slot}"
+
+
+def status_pulse(run_id: str, worker: str) -> str:
+    """A worker's latest pulse for the status page (``potluck.metrics.publisher``)."""
+    return f"potluck/{run_id}/status/w/{worker}"
 
 
 def agents(run_id: str, name: str) -> str:

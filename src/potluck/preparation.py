@@ -26,6 +26,7 @@ from potluck.cohort import Cohort, init
 from potluck.data import DataCursor
 from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError
+from potluck.metrics.observing import observer_for
 from potluck.reducer import DataParallel
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import sums_prescaled
@@ -57,6 +58,7 @@ def prepare(
     minimum: MinimumSize | None = None,
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
+    metrics_dir: str | Path | None = None,
     timeout: float = 60.0,
     **data_parallel: Any,
 ) -> tuple[DataParallel, StepTransaction, StepLoader]:
@@ -78,7 +80,9 @@ def prepare(
     batches, then averages pseudo-gradients (``docs/sync.md``): a step of the loop is
     then a local step, ``opt.steps`` counts rounds. ``minimum``, ``checkpoint_dir`` and
     ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
-    where its checkpoint goes. Other keywords go to ``DataParallel``.
+    where its checkpoint goes. Each step is timed (``docs/status.md``): ``metrics_dir``
+    (default: ``potluck run --metrics-dir``) gets every rank's ``rank_step`` journal for
+    ``potluck plot``. Other keywords go to ``DataParallel``.
     """
     if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
         raise ConfigError(
@@ -118,14 +122,22 @@ def prepare(
                                seed=seed, drop_last=drop_last, collate=collate,
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
-                               resume=resume, data_parallel=data_parallel)
+                               resume=resume, metrics_dir=metrics_dir,
+                               data_parallel=data_parallel)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
     contribution = None if _weighs_itself(data_parallel) else Contribution()
     clock = ComputeClock(cohort.device) if config else None
+
+    def samples() -> tuple[int, int] | None:  # this rank's and the step's, last handed out
+        split = loader.split
+        return (split[cohort.rank], sum(split)) if cohort.rank < len(split) else None
+
+    observer = observer_for(cohort, lambda: wrapped.reducer.last_pass, samples=samples,
+                            inner=clock, metrics_dir=metrics_dir)
     wrapped = DataParallel(model, group=cohort.group,
                            on_failure="abandon" if cohort.elastic else "raise",
                            init_sync=not cohort.joined_late, contribution=contribution,
-                           clock=clock, **data_parallel)
+                           clock=observer, **data_parallel)
     guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                group=cohort.group, recoverable=cohort.elastic)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
@@ -134,7 +146,8 @@ def prepare(
     policy = balancer or shares or EqualShares()
     transaction = StepTransaction(guarded, wrapped, cohort, cursor,
                                   parts=(policy, *parts), minimum=minimum,
-                                  checkpoint_dir=checkpoint_dir, resume=resume)
+                                  checkpoint_dir=checkpoint_dir, resume=resume,
+                                  observer=observer)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=policy.shares,
                         stop=lambda: transaction.left,
@@ -192,12 +205,14 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     clip_grad_norm: float | None, scaler: torch.amp.GradScaler | None,
                     parts: Sequence[StepPart], minimum: MinimumSize | None,
                     checkpoint_dir: str | Path | None, resume: bool,
-                    data_parallel: dict[str, Any]
+                    metrics_dir: str | Path | None, data_parallel: dict[str, Any]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
+    observer = observer_for(cohort, lambda: wrapped.reducer.last_pass,
+                            metrics_dir=metrics_dir)
     wrapped = DataParallel(model, group=cohort.group, init_sync=not cohort.joined_late,
-                           sync_gradients=False, **data_parallel)
+                           sync_gradients=False, clock=observer, **data_parallel)
     guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                group=cohort.group, agree=False)
     cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
@@ -210,7 +225,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
     strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   minimum=minimum, checkpoint_dir=checkpoint_dir,
-                                  resume=resume)
+                                  resume=resume, observer=observer)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps)

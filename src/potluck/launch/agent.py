@@ -59,6 +59,8 @@ from potluck.launch.sweep import Sweeper
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
 
+    from potluck.status.service import StatusService
+
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -103,6 +105,7 @@ class Agent:
         self._signal: int | None = None
         self._layout = Layout.assumed(self.config)  # until the nodes have met
         self._said_not_joined = False
+        self._status: StatusService | None = None  # node 0's status page (--status-port)
 
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
@@ -116,6 +119,8 @@ class Agent:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self._status is not None:
+                self._status.close()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
@@ -126,6 +131,8 @@ class Agent:
     def _run(self) -> int:
         cfg = self.config
         job_store = JobStore(cfg, self._stopping)  # node 0: the port is bound, no torch yet
+        if cfg.status_port is not None and cfg.node_rank == 0:
+            self._serve_status(job_store.port)
         if cfg.node_rank > 0:
             job_store.get()  # reach node 0 before starting workers that would need it
         if cfg.elastic:
@@ -418,7 +425,23 @@ class Agent:
         with contextlib.suppress(RuntimeError):
             mark_exited(store, self.config.run_id, worker.proc.pid)
 
+    def _serve_status(self, store_port: int) -> None:
+        from potluck.status.service import StatusService
+
+        cfg = self.config
+        assert cfg.status_port is not None
+        self._status = StatusService(cfg.run_id, store_port, host=cfg.status_host,
+                                     port=cfg.status_port, store_host=cfg.master_addr).start()
+        url = self._status.url
+        self._emit(f"potluck run: status page at {url} (JSON {url}api/status, Prometheus "
+                   f"{url}metrics)")
+
     def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
+        if self._status is not None:
+            result = _result(worker)
+            self._status.event("exit", f"local rank {worker.local_rank} (pid {result.pid}) "
+                                       f"exited with code {result.exitcode}"
+                                       f"{f' ({worker.why})' if worker.why else ''}")
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
                                  title="a worker was lost (elastic: the others train on)"))

@@ -58,6 +58,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="--elastic with --max-restarts: do not keep a worker process warm (torch "
               "imported, at the lowest CPU priority) for the next restart; restarts then "
               "pay the interpreter's start-up (seconds) and the spare's memory is saved")
+    flag("status-port", type=int, default=None, metavar="PORT",
+         help="serve a live status page of the cohort on PORT (0: a free one; node 0 "
+              "only): who computes, who waits, the slowest rank and why, events, loss "
+              "and throughput; /api/status (JSON) and /metrics (Prometheus) beside it")
+    flag("status-host", default="127.0.0.1", metavar="ADDR",
+         help="the address the status page listens on (default 127.0.0.1; 0.0.0.0 for "
+              "every interface)")
+    flag("metrics-dir", default=None, metavar="DIR",
+         help="every worker writes its per-step figures to DIR/ranks/*.jsonl, for "
+              "`potluck plot DIR`")
     flag("token", default=None, metavar="SECRET",
          help="the job's shared secret: a worker must prove it to join an elastic cohort. "
               "Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
@@ -128,6 +138,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         log_dir=args.log_dir,
         local_ranks_filter=parse_local_ranks(args.local_ranks_filter),
         warm_spare=args.warm_spare,
+        status_port=args.status_port,
+        status_host=args.status_host,
+        metrics_dir=None if args.metrics_dir is None else os.path.abspath(args.metrics_dir),
     ).validated()
 
 

@@ -53,6 +53,12 @@ class LaunchConfig:
     """torchrun's ``--local-ranks-filter``: only these local ranks' output is shown."""
     warm_spare: bool = True
     """Elastic with restarts: keep a worker process warm (torch imported) for the next one."""
+    status_port: int | None = None
+    """Node 0 serves the live status page on this port (0: a free one); None: no page."""
+    status_host: str = "127.0.0.1"
+    """The address the status page listens on (0.0.0.0: every interface)."""
+    metrics_dir: str | None = None
+    """Every worker writes its ``rank_step`` journal under it (``potluck plot``)."""
 
     @property
     def world_size(self) -> int:
@@ -89,6 +95,9 @@ class LaunchConfig:
                 f"{self.nproc_per_node} worker(s): use 0..{self.nproc_per_node - 1}, e.g. "
                 "--local-ranks-filter 0"
             )
+        if self.status_port is not None and not 0 <= self.status_port < 65536:
+            raise ConfigError(f"--status-port {self.status_port} is not a TCP port; use "
+                              "1..65535, or 0 for a free one")
         if not self.script:
             raise ConfigError("no script to run: potluck run [options] script.py [args...]")
         return self
@@ -198,6 +207,10 @@ def worker_environ(
         env[names.TOKEN] = config.token
     if config.balance:
         env[names.BALANCE] = "1"
+    if config.status_port is not None:
+        env[names.STATUS] = "1"
+    if config.metrics_dir is not None:
+        env[names.METRICS_DIR] = config.metrics_dir
     if config.elastic:
         env[names.ELASTIC] = "1"
         env[names.FOUNDERS] = str(config.founders)

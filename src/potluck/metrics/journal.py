@@ -28,6 +28,10 @@ A record is one JSON object on one line: ``{"kind": str, "time": float, "pid": i
             ``workers``
 ``kill``    a driver SIGKILLed a worker: ``target`` (its pid); ``launch_rank?``,
             ``after_step?`` (the last step committed before it)
+``rank_step`` one worker's own view of a committed step (``potluck.metrics.observer``):
+            ``rank``, ``world_size``, ``generation``, ``worker``, ``host``, ``step``,
+            ``compute_s``, ``wait_s``, ``comm_s``, ``step_s``, ``bytes``; ``samples?``,
+            ``share?``, ``samples_per_s?``, ``loss?`` (``docs/status.md``)
 ``done``    the loop ended: ``steps`` committed; ``redone?``, ``left?``, ``rank?``,
             ``generation?``, ``workers?``, ``n_params?``, ``sample?``
 ==========  ==============================================================================
@@ -49,7 +53,7 @@ from types import TracebackType
 from typing import Any
 
 KINDS = ("hello", "member", "joined", "step", "redo", "event", "held", "waited", "kill",
-         "done")
+         "done", "rank_step")
 RESERVED = ("kind", "time", "pid")
 
 

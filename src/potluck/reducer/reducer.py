@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,17 @@ class ReducerConfig:
     abandon_on_failure: bool = False
 
 
+@dataclass
+class PassStats:
+    """What one synchronized backward pass put on the wire (``time.perf_counter``
+    instants), for observers (``potluck.metrics.observer``). On a GPU the instants are
+    when the CPU launched and finished waiting, not when the kernels ran."""
+
+    launched_at: float | None = None  # the first bucket's collective was launched
+    settled_at: float | None = None  # every collective of the pass was done
+    bytes: int = 0  # bucket bytes handed to the hook (before any codec)
+
+
 class Reducer:
     """Averages the gradients of ``params`` across ``group`` during backward."""
 
@@ -94,6 +106,8 @@ class Reducer:
         self.failure: CommunicationError | None = None  # set when a step was abandoned
         self._failed_generation = -1  # ... in this generation of the handle
         self._rebuilt = not config.rebuild_buckets
+        self.last_pass = PassStats()  # the last synchronized pass that settled or failed
+        self._pass = PassStats()
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
         self._members: list[list[int]] = []
@@ -324,6 +338,9 @@ class Reducer:
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
             return
+        if self._pass.launched_at is None:
+            self._pass.launched_at = time.perf_counter()
+        self._pass.bytes += bucket.buffer.nbytes
         try:
             if self._chains and b > 0:  # every collective of bucket b - 1 issued first
                 self._result(b - 1)
@@ -356,6 +373,8 @@ class Reducer:
         finally:
             if self.failure is not None:
                 self._abandon()
+            self._pass.settled_at = time.perf_counter()
+            self.last_pass, self._pass = self._pass, PassStats()
             self._reset_window()
 
     def _fail(self, error: CommunicationError) -> None:

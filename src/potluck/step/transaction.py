@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
 from potluck.errors import ConfigError, PeerLostError
+from potluck.metrics.observer import StepObserver
 from potluck.reducer import DataParallel
 from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
@@ -52,12 +54,15 @@ class StepTransaction:
     def __init__(self, optimizer: GuardedOptimizer, model: DataParallel, cohort: Cohort,
                  cursor: DataCursor, *, parts: tuple[StepPart, ...] = (),
                  minimum: MinimumSize | None = None, admit_every: int = 1,
-                 checkpoint_dir: str | Path | None = None, resume: bool = False) -> None:
+                 checkpoint_dir: str | Path | None = None, resume: bool = False,
+                 observer: StepObserver | None = None) -> None:
         """``minimum`` defaults to the launcher's (``potluck run --min-workers``);
         ``resume`` starts the founders from the newest checkpoint in ``checkpoint_dir``
-        (written when the cohort stopped below its minimum), if there is one."""
+        (written when the cohort stopped below its minimum), if there is one;
+        ``observer`` times each step (``potluck.metrics.observer``)."""
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         self.parts = parts
+        self.observer = observer
         # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
         self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
         self.progress = Progress()
@@ -128,22 +133,42 @@ class StepTransaction:
 
     # ------------------------------------------------------------------- the step
 
+    def report(self, **figures: float) -> None:
+        """Figures of the step in progress that only the script knows, for the status
+        page, the ``rank_step`` journal and ``potluck plot``: ``opt.report(loss=...)``
+        (a float: ``loss.item()``)."""
+        if self.observer is not None:
+            self.observer.report(**figures)
+
     def step(self) -> StepResult:
+        observer = self.observer
+        if observer is not None:
+            observer.step_started()
         if self.model.step_failed:  # a collective of backward failed: never apply it
             result = StepResult(committed=False, grad_norm=float("nan"), failed=True)
         else:
             result = self.guarded.step()
         if result.failed:
+            if observer is not None:
+                observer.abandoned()
             self._redo()
             return result
         lost: tuple[tuple[int, int], ...] = ()
         if self._sync is not None:
             if not self._sync.after_inner_step():
-                return result  # a local step of the round: the round commits at its end
+                if observer is not None:  # a local step of the round: it commits at its end
+                    observer.committed()
+                return result
+            started = time.perf_counter()
             synced = self._synchronize()
+            if observer is not None:
+                observer.blocked("the round's sync", time.perf_counter() - started)
+                observer.committed()
             if synced is None:
                 return result  # the round starts again from the committed state
             lost = synced
+        elif observer is not None:
+            observer.committed(self.progress.steps)
         self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
         for part in self.parts:
@@ -161,6 +186,8 @@ class StepTransaction:
         self._recover("a collective of the step failed")
 
     def _recover(self, why: str) -> None:
+        if self.observer is not None:
+            self.observer.moving("recovering from a lost peer, before step {step}")
         self.cohort.mark_step_failed()
         self.cohort.recover(why)
         self.live_state.realign(self.cohort)
@@ -217,6 +244,8 @@ class StepTransaction:
     def finish(self) -> None:
         """The run is over for this worker: tell any joiner still waiting (unless this
         worker left alone), then release the cohort."""
+        if self.observer is not None:
+            self.observer.close()
         if self.left:
             self.cohort.close()
         else:

@@ -1,0 +1,36 @@
+"""``observer_for``: the step observer a prepared worker runs, with the sinks its launch
+asked for: a ``rank_step`` journal under ``metrics_dir`` (``prepare(metrics_dir=)`` or
+``potluck run --metrics-dir``), and pulses for the status page (``potluck run
+--status-port``). Timing itself is always on: it costs a few clock reads a step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from potluck.balance.clock import ComputeClock
+from potluck.cohort import Cohort
+from potluck.metrics.observer import LocalClock, Samples, StepObserver, StepSink
+from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
+from potluck.reducer.reducer import PassStats
+
+
+def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
+                 samples: Samples | None = None, inner: LocalClock | None = None,
+                 metrics_dir: str | Path | None = None) -> StepObserver:
+    def where() -> tuple[int, int, int]:
+        return cohort.rank, cohort.world_size, cohort.generation
+
+    directory = metrics_dir if metrics_dir is not None else cohort.env.metrics_dir
+    sinks: list[StepSink] = [JournalSink(directory)] if directory else []
+    observer = StepObserver(ComputeClock(cohort.device), where, passes, samples=samples,
+                            inner=inner, sinks=sinks)
+    env = cohort.env
+    if env.status and env.master_addr is not None and env.master_port is not None:
+        observer.add_sink(StorePublisher(
+            store_client(env.master_addr, env.master_port), env.run_id,
+            f"{observer.host}:{os.getpid()}", position=observer.position, where=where,
+            events=lambda: list(cohort.events)).start())
+    return observer

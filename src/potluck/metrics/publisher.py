@@ -1,0 +1,111 @@
+"""Where a worker's step figures go: its ``rank_step`` journal, and pulses on the store.
+
+``StorePublisher`` is what the launcher's status page reads (``potluck.status.board``).
+A daemon thread sets this worker's pulse key every ``interval`` seconds: where the rank
+is now (``observer.describe``), its rank, generation, the steps committed since the last
+pulse and its membership events. The thread keeps pulsing while the training thread is
+blocked in a collective, so a rank whose pulses stop is stopped, dead or cut off, not
+merely waiting; that is how the page names a frozen rank. The thread has its own store
+connection; a store that went away (the run ended) ends the thread quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from torch._C._distributed_c10d import Store, TCPStore
+
+from potluck import keys
+from potluck.metrics.journal import Journal
+from potluck.metrics.observer import Position, StepFigures, describe
+
+log = logging.getLogger(__name__)
+
+Where = Callable[[], tuple[int, int, int]]  # () -> (rank, world_size, generation)
+MAX_STEPS_PER_PULSE = 256  # a pulse carries at most this many new steps (the newest)
+MAX_EVENTS_PER_PULSE = 20
+
+
+class JournalSink:
+    """Appends each step as a ``rank_step`` record to ``<directory>/ranks/rank-<pid>.jsonl``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / "ranks" / f"rank-{os.getpid()}.jsonl"
+        self._journal = Journal(self.path)
+
+    def write(self, figures: StepFigures) -> None:
+        self._journal.write("rank_step", **figures.record())
+
+    def close(self) -> None:
+        self._journal.close()
+
+
+def store_client(host: str, port: int, timeout: float = 10.0) -> Callable[[], Store]:
+    """A factory of a fresh client connection to the job's store."""
+    return lambda: TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+
+
+class StorePublisher:
+    """Pulses this worker's position and new steps onto the store (a daemon thread)."""
+
+    def __init__(self, connect: Callable[[], Store], run_id: str, worker: str, *,
+                 position: Callable[[], Position], where: Where,
+                 events: Callable[[], list[dict[str, Any]]] = list,
+                 interval: float = 0.5) -> None:
+        self._connect, self._run_id, self._worker = connect, run_id, worker
+        self._position, self._where, self._events = position, where, events
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._new: deque[dict[str, Any]] = deque(maxlen=MAX_STEPS_PER_PULSE)
+        self._stop = threading.Event()
+        self._seq = 0
+        self._thread = threading.Thread(target=self._run, name="potluck-status",
+                                         daemon=True)
+
+    def start(self) -> StorePublisher:
+        self._thread.start()
+        return self
+
+    def write(self, figures: StepFigures) -> None:
+        with self._lock:
+            self._new.append(figures.record())
+
+    def close(self) -> None:
+        """Send the last steps (marked done) and end the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def pulse(self, *, done: bool = False) -> dict[str, Any]:
+        """The next pulse's content (the new steps are taken)."""
+        with self._lock:
+            steps, self._new = list(self._new), deque(maxlen=MAX_STEPS_PER_PULSE)
+        rank, world_size, generation = self._where()
+        position = self._position()
+        self._seq += 1
+        return {"seq": self._seq, "worker": self._worker, "pid": os.getpid(),
+                "rank": rank, "world_size": world_size, "generation": generation,
+                "phase": describe(position), "phase_s": time.perf_counter() - position.since,
+                "steps": steps, "events": self._events()[-MAX_EVENTS_PER_PULSE:],
+                "done": done}
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+            slot = int(store.add(keys.status_count(self._run_id), 1)) - 1
+            store.set(keys.status_slot(self._run_id, slot), self._worker)
+            key = keys.status_pulse(self._run_id, self._worker)
+            while not self._stop.wait(self._interval):
+                store.set(key, json.dumps(self.pulse()))
+            store.set(key, json.dumps(self.pulse(done=True)))
+        except Exception as exc:  # the store is gone (the run ended): nothing to tell
+            log.debug("status pulses stopped: %s", exc)

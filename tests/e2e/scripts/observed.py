@@ -1,0 +1,61 @@
+"""A training script for the status page's tests: trains until a stop file appears.
+
+``--slow RANKS``: a comma list; trial i (steps i*M .. i*M + M - 1, M = ``--trial-steps``)
+sleeps ``--slow-ms`` inside the backward of the rank named i-th (the list repeats). The
+sleep sits in a gradient hook of the first layer, so it counts as that rank's compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import potluck
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--max-steps", type=int, default=5000)
+    parser.add_argument("--slow", default="")
+    parser.add_argument("--trial-steps", type=int, default=10)
+    parser.add_argument("--slow-ms", type=float, default=40.0)
+    parser.add_argument("--step-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    schedule = [int(r) for r in args.slow.split(",") if r]
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
+    sgd = torch.optim.SGD(net.parameters(), lr=0.01)
+    model, opt, loader = potluck.prepare(net, sgd, data, global_batch=24)
+    cohort_rank = lambda: opt.cohort.rank  # noqa: E731
+
+    def slow_down(grad: torch.Tensor) -> torch.Tensor:
+        if schedule and schedule[(opt.steps // args.trial_steps) % len(schedule)] == \
+                cohort_rank():
+            time.sleep(args.slow_ms / 1000)
+        return grad
+
+    net[0].weight.register_hook(slow_down)
+    stop = Path(args.stop_file)
+    while opt.steps < args.max_steps and not stop.exists():
+        for x, y in loader:
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.report(loss=loss.item())
+            opt.step()
+            opt.zero_grad()
+            if args.step_ms:
+                time.sleep(args.step_ms / 1000)
+            if opt.steps >= args.max_steps or stop.exists():
+                break
+    opt.finish()
+
+
+if __name__ == "__main__":
+    main()
