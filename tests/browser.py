@@ -117,5 +117,16 @@ def _run_chromium(args: list[str], timeout: float) -> str:
     return stdout
 
 
+def keep_artifact(path: Path, name: str | None = None) -> Path:
+    """Copy a test's output (a screenshot) to ``$POTLUCK_TEST_ARTIFACTS`` or, unset, to
+    ``test-artifacts/`` in the checkout (git-ignored), where a person can look at it."""
+    root = Path(os.environ.get("POTLUCK_TEST_ARTIFACTS")
+                or Path(__file__).resolve().parents[1] / "test-artifacts")
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / (name or path.name)
+    shutil.copy(path, target)
+    return target
+
+
 def _tail(text: str | None, lines: int = 20) -> str:
     return "\n".join((text or "").splitlines()[-lines:])

@@ -34,6 +34,7 @@ from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_en
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import (
     WorkerResult,
+    describe_exit,
     format_report,
     format_teardown_warning,
     read_error_file,
@@ -439,8 +440,9 @@ class Agent:
     def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
         if self._status is not None:
             result = _result(worker)
-            self._status.event("exit", f"local rank {worker.local_rank} (pid {result.pid}) "
-                                       f"exited with code {result.exitcode}"
+            self._status.event("exit", f"the worker of local rank {worker.local_rank} on "
+                                       f"{socket.gethostname()} (pid {result.pid}) ended: "
+                                       f"{describe_exit(result.exitcode)}"
                                        f"{f' ({worker.why})' if worker.why else ''}")
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,

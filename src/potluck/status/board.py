@@ -214,7 +214,11 @@ class StatusBoard:
             if generation in self._generations_seen:
                 continue
             self._generations_seen.add(generation)
-            self._events.append({"time": self._wall(), "step": self._step(),
+            # The step the new generation began at: its first step in this pulse.
+            steps = [int(r["step"]) for r in pulse.get("steps", [])
+                     if int(r.get("generation", -1)) >= generation]
+            self._events.append({"time": self._wall(),
+                                 "step": min(steps) if steps else self._step(),
                                  "what": _what(event), "text": _text(event)})
 
 

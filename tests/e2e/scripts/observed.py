@@ -1,7 +1,7 @@
 """A training script for the status page's tests: trains until a stop file appears.
 
 ``--slow RANKS``: a comma list; trial i (steps i*M .. i*M + M - 1, M = ``--trial-steps``)
-sleeps ``--slow-ms`` inside the backward of the rank named i-th (the list repeats). The
+sleeps ``--slow-ms`` inside the backward of the rank named i-th (after the list: none). The
 sleep sits in a gradient hook of the first layer, so it counts as that rank's compute.
 """
 
@@ -36,8 +36,8 @@ def main() -> None:
     cohort_rank = lambda: opt.cohort.rank  # noqa: E731
 
     def slow_down(grad: torch.Tensor) -> torch.Tensor:
-        if schedule and schedule[(opt.steps // args.trial_steps) % len(schedule)] == \
-                cohort_rank():
+        trial = opt.steps // args.trial_steps
+        if trial < len(schedule) and schedule[trial] == cohort_rank():
             time.sleep(args.slow_ms / 1000)
         return grad
 
