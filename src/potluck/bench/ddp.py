@@ -1,23 +1,33 @@
 """potluck.DataParallel vs torch DDP: median step time, same models, one run, interleaved.
 
-Two ranks on Gloo, one torch thread each. Both wrappers train identical copies of the
-model on the same batches; blocks of steps alternate between them (ABBA), so drift in
-the machine's speed hits both alike. Reported: median step time of each and the ratio
-potluck / torch (below 1.00 means potluck is faster).
+Two ranks on Gloo, one torch thread each. The wrappers train identical copies of the
+model on the same batches; blocks of steps alternate between them, so drift in the
+machine's speed hits all alike. Reported: median step time of each and the ratio
+potluck / torch (below 1.00 means potluck is faster). A third contender is potluck with
+the step observation on, as ``potluck run --status-port --metrics-dir`` runs it (the
+observer as DataParallel's clock, a ``rank_step`` journal, pulses onto a store from a
+thread): the ratio observed / plain is the instrumentation's cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch._C._distributed_c10d import TCPStore
 
+from potluck.balance.clock import ComputeClock
 from potluck.bench import models
 from potluck.bench.common import interleaved, median, table, write_json
 from potluck.harness.ranks import run_ranks
+from potluck.metrics.observer import StepObserver
+from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
+from potluck.reducer.reducer import PassStats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,20 +54,26 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"potluck bench ddp: --world-size must be >= 2, got {args.world_size}")
     rounds, steps = (4, 2) if args.quick else (args.rounds, args.steps)
     results = []
-    for name in names:
-        per_rank = run_ranks(_rank_main, args.world_size, name, rounds, steps,
-                             args.bucket_cap_mb, timeout=600)
-        times = per_rank[0]
-        ours, theirs = median(times["potluck"]), median(times["torch"])
-        results.append({"model": name, "params_m": times["params"] / 1e6,
-                        "potluck_step_s": ours, "torch_step_s": theirs,
-                        "ratio": ours / theirs, "steps_each": len(times["potluck"])})
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the agent's
+    with tempfile.TemporaryDirectory(prefix="potluck-bench-ddp-") as journals:
+        for name in names:
+            per_rank = run_ranks(_rank_main, args.world_size, name, rounds, steps,
+                                 args.bucket_cap_mb, store.port, journals, timeout=600)
+            times = per_rank[0]
+            ours, theirs = median(times["potluck"]), median(times["torch"])
+            observed = median(times["observed"])
+            results.append({"model": name, "params_m": times["params"] / 1e6,
+                            "potluck_step_s": ours, "torch_step_s": theirs,
+                            "ratio": ours / theirs, "observed_step_s": observed,
+                            "observe_ratio": observed / ours,
+                            "steps_each": len(times["potluck"])})
+    del store
     print(f"potluck bench ddp: {args.world_size} ranks, gloo, 1 thread per rank, "
           f"{rounds} interleaved rounds x {steps} steps")
     print(table(["model", "params (M)", "potluck step (s)", "torch step (s)",
-                 "ratio potluck/torch"],
+                 "ratio potluck/torch", "observed step (s)", "ratio observed/plain"],
                 [[r["model"], r["params_m"], r["potluck_step_s"], r["torch_step_s"],
-                  r["ratio"]] for r in results]))
+                  r["ratio"], r["observed_step_s"], r["observe_ratio"]] for r in results]))
     if args.json:
         write_json(args.json, {"world_size": args.world_size, "results": results})
     return 0
@@ -90,7 +106,7 @@ def _loss(name: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _rank_main(rank: int, world_size: int, name: str, rounds: int, steps: int,
-               bucket_cap_mb: float) -> dict[str, Any]:
+               bucket_cap_mb: float, store_port: int, journals: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     from potluck import DataParallel
@@ -99,13 +115,19 @@ def _rank_main(rank: int, world_size: int, name: str, rounds: int, steps: int,
     module, batch = _WORKLOADS[name]()
     twin, _ = _WORKLOADS[name]()
     twin.load_state_dict(module.state_dict())
+    third, _ = _WORKLOADS[name]()
+    third.load_state_dict(module.state_dict())
+    observed = _observer(rank, world_size, store_port, journals,
+                         lambda: on.reducer.last_pass)
+    on = DataParallel(third, bucket_cap_mb=bucket_cap_mb, clock=observed)
     wrapped: dict[str, torch.nn.Module] = {
         "potluck": DataParallel(module, bucket_cap_mb=bucket_cap_mb),
         "torch": TorchDDP(twin, bucket_cap_mb=bucket_cap_mb),
+        "observed": on,
     }
     optims = {k: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
               for k, m in wrapped.items()}
-    times: dict[str, Any] = {"potluck": [], "torch": [],
+    times: dict[str, Any] = {"potluck": [], "torch": [], "observed": [],
                              "params": models.parameter_count(module)}
     step = 0
     for warmup in (True, False):  # warm-up: buckets rebuilt, allocator and caches warm
@@ -117,7 +139,27 @@ def _rank_main(rank: int, world_size: int, name: str, rounds: int, steps: int,
                 start = time.perf_counter()
                 opt.zero_grad()
                 _loss(name, model(x), y).backward()  # type: ignore[no-untyped-call]
-                opt.step()
+                if contender == "observed":  # what the step transaction tells it
+                    observed.step_started()
+                    opt.step()
+                    observed.committed(step)
+                else:
+                    opt.step()
                 if not warmup:
                     times[contender].append(time.perf_counter() - start)
+    observed.close()
     return times
+
+
+def _observer(rank: int, world_size: int, store_port: int, journals: str,
+              passes: Callable[[], PassStats]) -> StepObserver:
+    """The observation ``potluck.prepare`` sets up under ``--status-port --metrics-dir``."""
+    def where() -> tuple[int, int, int]:
+        return rank, world_size, 0
+
+    observer = StepObserver(ComputeClock(), where, passes, samples=lambda: (32, 32 * world_size),
+                            sinks=[JournalSink(journals)])
+    observer.add_sink(StorePublisher(store_client("127.0.0.1", store_port), "bench",
+                                     observer.worker, position=observer.position,
+                                     where=where).start())
+    return observer

@@ -232,9 +232,23 @@ def main(args: argparse.Namespace) -> int:
         print("\npotluck demo: interrupted", file=sys.stderr)
         return 130
     _print_report(config, train, result, baseline)
+    _print_plots(run_dir)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}")
     return 0
+
+
+def _print_plots(run_dir: Path) -> None:
+    """Write the run's plots (``potluck plot``) and say where they are."""
+    from potluck.metrics.plots import load_run, write_plots
+
+    try:
+        written = write_plots(load_run(run_dir), run_dir / "plots")
+    except (ConfigError, OSError) as exc:
+        print(f"no plots: {exc}")
+        return
+    print(f"plots in {run_dir / 'plots'}: {', '.join(p.name for p in written)} "
+          f"(again any time: potluck plot {run_dir})")
 
 
 def _print_header(config: DemoConfig, train: TrainConfig, chars: int, vocab: int) -> None:

@@ -9,6 +9,7 @@ plain lines in a file or a pipe) follows the metrics rank 0 appends.
 from __future__ import annotations
 
 import secrets
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,9 +44,16 @@ def run_phase(train: TrainConfig, workers: int, corpus_chars: int, run_dir: Path
         train = replace(train, metrics_path=str(run_dir / f"metrics-{name}.jsonl"))
         Path(train.metrics_path or "").unlink(missing_ok=True)
     write_phase(phase, train, corpus_chars, result)
+    # The N-worker phase has the live status page and writes rank_step journals for
+    # `potluck plot`; the baseline only feeds the display.
+    main = workers > 1
     launch = LaunchConfig(script=WORKER_MODULE, script_args=("--phase", str(phase)),
                           module=True, nproc_per_node=workers,
-                          run_id=f"demo-{secrets.token_hex(4)}", grace_period=3.0)
+                          run_id=f"demo-{secrets.token_hex(4)}", grace_period=3.0,
+                          status_port=0 if main else None,
+                          metrics_dir=str(run_dir.resolve()) if main else None)
+    if main:
+        shutil.rmtree(run_dir / "ranks", ignore_errors=True)  # an older run's journals
     total = train.steps if train.stop_after is None else train.stop_after
     progress = MetricsFollower(Path(train.metrics_path or ""),
                                make_progress(display, total, train.label, sys.stdout))
@@ -69,6 +77,8 @@ def run_agent(launch: LaunchConfig, log_path: Path, progress: MetricsFollower,
             emitted.append(line)
             log.write(line.encode() + b"\n")
             log.flush()
+            if "status page at " in line:  # worth seeing while it runs
+                print(line.replace("potluck run: ", "live "), flush=True)
 
         progress.start()
         try:

@@ -30,6 +30,8 @@ from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
 from potluck.metrics.journal import Journal
 from potluck.metrics.latency import RoundTrips, measure_round_trips
 from potluck.metrics.sync_timer import SyncTimer
+from potluck.metrics.observer import StepObserver
+from potluck.metrics.observing import observer_for
 from potluck.reducer import DataParallel
 
 
@@ -85,7 +87,12 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
     vocab = Vocabulary.from_text(text)
     tokens = vocab.encode(text)
     model = CharTransformer(config.model)
-    ddp = DataParallel(model, group=cohort.group)
+    # Each step timed for the status page and the rank_step journal (potluck run
+    # --status-port / --metrics-dir set them for the main phase).
+    observer = observer_for(cohort, lambda: ddp.reducer.last_pass,
+                            samples=lambda: (config.global_batch // world_size,
+                                             config.global_batch))
+    ddp = DataParallel(model, group=cohort.group, clock=observer)
     timer = SyncTimer()
     ddp.register_comm_hook(None, timer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
@@ -101,7 +108,7 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
         for step in range(result.first_step, run_steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config.steps, config.lr, config.warmup_steps)
-            record = _train_step(ddp, optimizer, timer, tokens, step, config)
+            record = _train_step(ddp, optimizer, timer, observer, tokens, step, config)
             result.losses.append(record["loss"])
             result.step_s.append(record["step_s"])
             result.sync_s.append(record["sync_s"])
@@ -118,6 +125,7 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
         if checkpoints is not None:
             checkpoints.wait()
     finally:
+        observer.close()
         if journal is not None:
             journal.close()
 
@@ -144,6 +152,7 @@ def _train_step(
     ddp: DataParallel,
     optimizer: torch.optim.Optimizer,
     timer: SyncTimer,
+    observer: StepObserver,
     tokens: torch.Tensor,
     step: int,
     config: TrainConfig,
@@ -161,11 +170,14 @@ def _train_step(
     group = ddp.group
     pending = group.allreduce([mean_loss]) if group is not None and ddp.world_size > 1 else None
     torch.autograd.backward(loss)
+    observer.step_started()
     torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if pending is not None:
         pending.wait()
+    observer.report(loss=float(mean_loss))
+    observer.committed(step)
     step_s = time.perf_counter() - start
     samples_per_s = config.global_batch / step_s
     return {

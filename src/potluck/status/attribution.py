@@ -32,7 +32,7 @@ class AttributionRule:
     """Steps whose median compute is compared (a switch is seen within about half)."""
 
     def __post_init__(self) -> None:
-        if not self.ratio > 1 or self.min_gap_s < 0 or not self.silent_after_s > 0 \
+        if not self.ratio > 1 or not self.min_gap_s >= 0 or not self.silent_after_s > 0 \
                 or self.window < 1:
             raise ConfigError(
                 f"AttributionRule(ratio={self.ratio}, min_gap_s={self.min_gap_s}, "

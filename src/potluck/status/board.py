@@ -141,7 +141,10 @@ class StatusBoard:
     def _judge(self) -> None:
         """Judge each step every member has reported, in order, once."""
         members = self._members()
-        if not members:
+        # Until every member of the generation has pulsed, a step is not complete: the
+        # ones heard from first would be judged (and plotted) alone.
+        if not members or len(members) < max(int(w.pulse.get("world_size", 1))
+                                              for w in members):
             return
         upto = min(w.last_step for w in members)
         for step in range(max(self._judged + 1, upto - KEEP_STEPS + 1), upto + 1):
