@@ -29,9 +29,9 @@ from potluck.demo.model import CharTransformer, ModelConfig, generate, language_
 from potluck.demo.text import Vocabulary, batch_offsets, make_batch, rank_share
 from potluck.metrics.journal import Journal
 from potluck.metrics.latency import RoundTrips, measure_round_trips
-from potluck.metrics.sync_timer import SyncTimer
 from potluck.metrics.observer import StepObserver
 from potluck.metrics.observing import observer_for
+from potluck.metrics.sync_timer import SyncTimer
 from potluck.reducer import DataParallel
 
 
