@@ -31,7 +31,7 @@ def workload(width: int, depth: int, batch: int) -> tuple[nn.Module, torch.Tenso
 
 def main() -> None:
     print(torch.__version__, torch.cuda.get_device_name(0))
-    for width, depth, batch in ((256, 4, 64), (2048, 8, 512), (8192, 8, 1024)):
+    for width, depth, batch in ((256, 4, 64), (2048, 8, 512), (4096, 8, 512)):
         module, x = workload(width, depth, batch)
         twin, _ = workload(width, depth, batch)
         twin.load_state_dict(module.state_dict())
@@ -41,7 +41,7 @@ def main() -> None:
         optims = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
         times: dict[str, list[float]] = {"plain": [], "observed": []}
         steps = 50
-        for block in range(41):
+        for block in range(21):
             for name in (("plain", "observed") if block % 2 else ("observed", "plain")):
                 model, opt = models[name], optims[name]
                 torch.cuda.synchronize()
