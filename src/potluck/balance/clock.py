@@ -8,7 +8,8 @@ and a step of several micro-batches is timed as a whole. ``DataParallel`` drives
 engine ahead of the reducer's own); the balancer reads it once per committed step.
 
 On a GPU the two instants are CUDA events on the current stream, read after the step
-(the kernels were only queued when the CPU passed those points); on the CPU,
+(the kernels were only queued when the CPU passed those points): ``take`` waits for
+them, ``take_reading`` hands them over to be read later; on the CPU,
 ``time.perf_counter``.
 """
 
@@ -39,16 +40,18 @@ class ComputeClock:
 
     def take(self) -> float | None:
         """Seconds from the step's first forward to its last backward; None if either
-        is missing. Starts the next step's timing."""
+        is missing. Starts the next step's timing. On a GPU this waits for the step's
+        backward kernels; ``take_reading`` does not."""
+        return self.take_reading().seconds()
+
+    def take_reading(self) -> Reading:
+        """The step's two instants, to be read once ``ready()`` (at once on the CPU; on
+        a GPU when the backward's kernels ran: waiting for them each step would stop the
+        CPU from queueing the next step ahead). Starts the next step's timing."""
         start, end = self._start, self._end
         self._start = self._end = None
-        if start is None or end is None:
-            return None
-        if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1000.0
-        assert isinstance(start, float) and isinstance(end, float)
-        return end - start
+        return Reading(start, end)
+
 
     def _now(self) -> float | torch.cuda.Event:
         if self._cuda:
@@ -56,3 +59,27 @@ class ComputeClock:
             event.record()
             return event
         return time.perf_counter()
+
+
+class Reading:
+    """One step's compute interval, read when its instants are known."""
+
+    def __init__(self, start: float | torch.cuda.Event | None,
+                 end: float | torch.cuda.Event | None) -> None:
+        self._start, self._end = start, end
+
+    def ready(self) -> bool:
+        """Whether ``seconds()`` answers without waiting for the GPU."""
+        return not isinstance(self._end, torch.cuda.Event) or bool(
+            self._end.query())  # type: ignore[no-untyped-call]
+
+    def seconds(self) -> float | None:
+        """Seconds from the first forward to the last backward (None: either missing)."""
+        start, end = self._start, self._end
+        if start is None or end is None:
+            return None
+        if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1000.0
+        assert isinstance(start, float) and isinstance(end, float)
+        return end - start

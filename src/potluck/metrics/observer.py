@@ -12,7 +12,8 @@ balancer's clock when there is one) and the transaction tells it where the step 
 (``step_started``, ``committed``, ``abandoned``). It keeps a phase ("computing step 41")
 for the status page's "last seen", and hands each step's figures to its sinks (a
 journal, the store publisher). Cost per step: a few ``perf_counter`` calls and one small
-dict; on a GPU the compute clock reads two CUDA events after the step.
+dict; on a GPU the compute clock's two CUDA events are read once they completed, a
+step or so later (waiting for them would stop the CPU from queueing ahead).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from potluck.balance.clock import ComputeClock
+from potluck.balance.clock import ComputeClock, Reading
 from potluck.reducer.reducer import PassStats
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ class StepObserver:
         self._last_end = time.perf_counter()
         self._wait_extra = 0.0  # blocked in the step's own collectives (a round's sync)
         self._loss: float | None = None
+        # Steps whose compute time is not known yet (a GPU's events), oldest first.
+        self._unread: deque[tuple[Reading, StepFigures]] = deque()
 
     # ------------------------------------------------------------- DataParallel's clock
 
@@ -143,12 +147,14 @@ class StepObserver:
         if "loss" in figures:
             self._loss = float(figures["loss"])
 
-    def committed(self, step: int | None = None) -> StepFigures:
-        """The step in progress is done (applied, or a local step of a round)."""
+    def committed(self, step: int | None = None) -> StepFigures | None:
+        """The step in progress is done (applied, or a local step of a round). Its
+        figures go to the sinks once its compute time can be read: at once on the CPU
+        (and returned), on a GPU at a later step, when its kernels ran (None here)."""
         now = time.perf_counter()
         rank, world_size, generation = self._where()
         last = self._passes()
-        compute = self._clock.take()
+        reading = self._clock.take_reading()
         wait = comm = None
         if last.settled_at is not None and self._backward_done_at is not None \
                 and last.settled_at >= self._backward_done_at:
@@ -159,17 +165,17 @@ class StepObserver:
         counts = self._samples() if self._samples is not None else None
         figures = StepFigures(
             step=self._step if step is None else step, rank=rank, world_size=world_size,
-            generation=generation, worker=self.worker, host=self.host, compute_s=compute,
+            generation=generation, worker=self.worker, host=self.host, compute_s=None,
             wait_s=wait, comm_s=comm, step_s=now - self._last_end,
             bytes=last.bytes if last.settled_at is not None and wait is not None else 0,
             samples=counts[0] if counts else None,
             share=counts[0] / counts[1] if counts and counts[1] else None, loss=self._loss)
         self._step = figures.step + 1
         self._reset(now)
-        for sink in self._sinks:
-            sink.write(figures)
+        self._unread.append((reading, figures))
+        done = self._flush(wait=False)
         self._move("between steps, before step {step}")
-        return figures
+        return done[-1] if done and done[-1].step == figures.step else None
 
     def abandoned(self) -> None:
         """The step failed and will be redone: its timing is void."""
@@ -185,11 +191,23 @@ class StepObserver:
         self._sinks.append(sink)
 
     def close(self) -> None:
+        self._flush(wait=True)
         for sink in self._sinks:
             try:
                 sink.close()
             except Exception:  # a sink that cannot flush must not fail the run's end
                 log.warning("a metrics sink failed to close", exc_info=True)
+
+    def _flush(self, *, wait: bool) -> list[StepFigures]:
+        """Hand every step whose compute time can be read (all, ``wait``) to the sinks."""
+        done = []
+        while self._unread and (wait or self._unread[0][0].ready()):
+            reading, figures = self._unread.popleft()
+            figures = replace(figures, compute_s=reading.seconds())
+            for sink in self._sinks:
+                sink.write(figures)
+            done.append(figures)
+        return done
 
     def _reset(self, now: float) -> None:
         self._backward_done_at, self._wait_extra, self._loss = None, 0.0, None
