@@ -1,6 +1,7 @@
 """``observer_for``: the step observer a prepared worker runs, with the sinks its launch
 asked for: a ``rank_step`` journal under ``metrics_dir`` (``prepare(metrics_dir=)`` or
-``potluck run --metrics-dir``), and pulses for the status page (``potluck run
+``potluck run --metrics-dir``; TensorBoard scalars beside it when TensorBoard is
+installed), and pulses for the status page (``potluck run
 --status-port``). Timing itself is always on: it costs a few clock reads a step.
 """
 
@@ -13,7 +14,12 @@ from pathlib import Path
 from potluck.balance.clock import ComputeClock
 from potluck.cohort import Cohort
 from potluck.metrics.observer import LocalClock, Samples, StepObserver, StepSink
-from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
+from potluck.metrics.publisher import (
+    JournalSink,
+    StorePublisher,
+    store_client,
+    tensorboard_sink,
+)
 from potluck.reducer.reducer import PassStats
 
 
@@ -24,7 +30,12 @@ def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
         return cohort.rank, cohort.world_size, cohort.generation
 
     directory = metrics_dir if metrics_dir is not None else cohort.env.metrics_dir
-    sinks: list[StepSink] = [JournalSink(directory)] if directory else []
+    sinks: list[StepSink] = []
+    if directory:
+        sinks.append(JournalSink(directory))
+        board = tensorboard_sink(directory)  # when TensorBoard is installed
+        if board is not None:
+            sinks.append(board)
     observer = StepObserver(ComputeClock(cohort.device), where, passes, samples=samples,
                             inner=inner, sinks=sinks)
     env = cohort.env

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch._C._distributed_c10d import Store, TCPStore
 
@@ -109,3 +109,41 @@ class StorePublisher:
             store.set(key, json.dumps(self.pulse(done=True)))
         except Exception as exc:  # the store is gone (the run ended): nothing to tell
             log.debug("status pulses stopped: %s", exc)
+
+
+class ScalarWriter(Protocol):
+    """What ``torch.utils.tensorboard.SummaryWriter`` offers that the sink uses."""
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardSink:
+    """Each step's figures as TensorBoard scalars (``rank<r>/compute_s`` ...), through
+    the standard ``SummaryWriter``; ``tensorboard_sink`` makes one when it is installed."""
+
+    FIELDS = ("compute_s", "wait_s", "comm_s", "step_s", "samples_per_s", "share", "loss")
+
+    def __init__(self, writer: ScalarWriter) -> None:
+        self._writer = writer
+
+    def write(self, figures: StepFigures) -> None:
+        record = figures.record()
+        for name in self.FIELDS:
+            if record.get(name) is not None:
+                self._writer.add_scalar(f"rank{figures.rank}/{name}", record[name],
+                                        figures.step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def tensorboard_sink(directory: str | Path) -> TensorBoardSink | None:
+    """A sink writing under ``<directory>/tensorboard/<pid>``, or None when TensorBoard
+    is not installed (``pip install tensorboard``)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return TensorBoardSink(SummaryWriter(str(Path(directory) / "tensorboard" / str(os.getpid()))))
