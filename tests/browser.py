@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 NAMES = ("chromium", "chromium-browser", "google-chrome")
-INSTALL_TIMEOUT_S = 600.0
+INSTALL_TIMEOUT_S = 300.0  # each of apt-get update and install: within the tests' 900 s
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-dev-shm-usage")
 

@@ -27,8 +27,12 @@ class LiveRun:
             [sys.executable, "-m", "potluck", "run", "--status-port", "0", *run_args,
              str(SCRIPTS / "observed.py"), "--stop-file", str(self.stop_file), *script_args],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, text=True,
-            start_new_session=True)  # its own group: close() ends the workers with it
-        self.url = self._address(deadline=time.monotonic() + 60)
+            start_new_session=True)
+        try:
+            self.url = self._address(deadline=time.monotonic() + 60)
+        except BaseException:
+            self.close()
+            raise
 
     def output(self) -> str:
         self.log.flush()
@@ -64,12 +68,18 @@ class LiveRun:
                              f"{json.dumps(status)[:2000]}\nlauncher:\n{self.output()}")
 
     def finish(self, timeout: float = 60.0) -> int:
-        """Ask the script to stop; its exit code."""
-        self.stop_file.touch()
+        """Ask the script to stop 20 steps on (every rank stops at that same step: a rank
+        that stopped alone would leave the others' all-reduce without a peer); its exit
+        code."""
+        target = max(r["step"] for r in self.status()["ranks"]) + 20
+        partial = self.stop_file.with_suffix(".tmp")
+        partial.write_text(str(target))
+        partial.rename(self.stop_file)  # whole, or not there yet
         return self.proc.wait(timeout=timeout)
 
     def close(self) -> None:
-        """Kill the launcher and its workers if still running (a test's ``finally``)."""
+        """Kill the launcher if still running (a test's ``finally``); its workers die
+        with it (the launcher gives each a parent-death signal)."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped worker must die too

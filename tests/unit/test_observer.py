@@ -324,7 +324,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def steps_in(pulses: list[dict[str, Any]]) -> list[int]:
-    return [record["step"] for pulse in pulses for record in pulse["steps"]]
+    """Every step the pulses carried, once (each pulse repeats the last ones)."""
+    return sorted({record["step"] for pulse in pulses for record in pulse["steps"]})
 
 
 @pytest.fixture
@@ -361,7 +362,9 @@ def test_publisher_pulses_each_step_once_then_says_done(no_thread_left: None) ->
     pulses = store.pulses("h:7")
     assert len(pulses) >= 3
     assert [p["seq"] for p in pulses] == list(range(1, len(pulses) + 1))
-    assert steps_in(pulses) == [0, 1, 2, 3, 4, 5]  # each step in exactly one pulse
+    assert steps_in(pulses) == [0, 1, 2, 3, 4, 5]
+    # every pulse carries the last steps, so one the poller missed costs nothing
+    assert [r["step"] for r in pulses[-1]["steps"]] == [0, 1, 2, 3, 4, 5]
     assert [p["done"] for p in pulses] == [False] * (len(pulses) - 1) + [True]
     assert json.loads(store.get(keys.status_pulse(RUN, "h:7"))) == pulses[-1]
     for pulse in pulses:

@@ -19,6 +19,7 @@ step or so later (waiting for them would stop the CPU from queueing ahead).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from potluck.balance.clock import ComputeClock, Reading
+from potluck.errors import ConfigError
 from potluck.reducer.reducer import PassStats
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,9 @@ class StepFigures:
         return self.samples / self.compute_s
 
     def record(self) -> dict[str, Any]:
-        fields = {k: v for k, v in asdict(self).items() if v is not None}
-        if self.samples_per_s is not None:
+        """The fields that have a finite value (a NaN loss is left out: JSON has none)."""
+        fields = {k: v for k, v in asdict(self).items() if _finite(v)}
+        if _finite(self.samples_per_s):
             fields["samples_per_s"] = self.samples_per_s
         return fields
 
@@ -144,6 +147,10 @@ class StepObserver:
 
     def report(self, **figures: float) -> None:
         """Figures of the step in progress the script knows (``loss=``)."""
+        unknown = sorted(set(figures) - {"loss"})
+        if unknown:
+            raise ConfigError(f"report({', '.join(unknown)}=...): the figures a step reports "
+                              "are: loss (e.g. opt.report(loss=loss.item()))")
         if "loss" in figures:
             self._loss = float(figures["loss"])
 
@@ -179,7 +186,7 @@ class StepObserver:
 
     def abandoned(self) -> None:
         """The step failed and will be redone: its timing is void."""
-        self._clock.take()
+        self._clock.take_reading()  # dropped unread: never wait on a failed step's GPU work
         self._reset(time.perf_counter())
         self._move("redoing step {step}")
 
@@ -204,8 +211,12 @@ class StepObserver:
         while self._unread and (wait or self._unread[0][0].ready()):
             reading, figures = self._unread.popleft()
             figures = replace(figures, compute_s=reading.seconds())
-            for sink in self._sinks:
-                sink.write(figures)
+            for sink in list(self._sinks):
+                try:
+                    sink.write(figures)
+                except Exception:  # seeing the run must never stop it: drop that sink
+                    log.warning("a metrics sink failed; it gets no more steps", exc_info=True)
+                    self._sinks.remove(sink)
             done.append(figures)
         return done
 
@@ -216,6 +227,10 @@ class StepObserver:
     def _move(self, phase: str) -> None:
         with self._lock:
             self._position = Position(phase, self._step, time.perf_counter())
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))
 
 
 def describe(position: Position) -> str:

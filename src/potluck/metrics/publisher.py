@@ -2,11 +2,12 @@
 
 ``StorePublisher`` is what the launcher's status page reads (``potluck.status.board``).
 A daemon thread sets this worker's pulse key every ``interval`` seconds: where the rank
-is now (``observer.describe``), its rank, generation, the steps committed since the last
-pulse and its membership events. The thread keeps pulsing while the training thread is
-blocked in a collective, so a rank whose pulses stop is stopped, dead or cut off, not
-merely waiting; that is how the page names a frozen rank. The thread has its own store
-connection; a store that went away (the run ended) ends the thread quietly.
+is now (``observer.describe``), its rank, generation, its last steps (a poller that
+missed a pulse finds them in the next) and its membership events. The thread keeps
+pulsing while the training thread is blocked in a collective, so a rank whose pulses
+stop is stopped, dead or cut off, not merely waiting; that is how the page names a
+frozen rank. The thread has its own store connection; a store that went away (the run
+ended) ends the thread quietly.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from potluck.metrics.observer import Position, StepFigures, describe
 log = logging.getLogger(__name__)
 
 Where = Callable[[], tuple[int, int, int]]  # () -> (rank, world_size, generation)
-MAX_STEPS_PER_PULSE = 256  # a pulse carries at most this many new steps (the newest)
+RECENT_STEPS = 64  # every pulse carries the last this many steps: one missed costs none
 MAX_EVENTS_PER_PULSE = 20
 
 
@@ -65,7 +66,7 @@ class StorePublisher:
         self._position, self._where, self._events = position, where, events
         self._interval = interval
         self._lock = threading.Lock()
-        self._new: deque[dict[str, Any]] = deque(maxlen=MAX_STEPS_PER_PULSE)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_STEPS)
         self._stop = threading.Event()
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="potluck-status",
@@ -77,7 +78,7 @@ class StorePublisher:
 
     def write(self, figures: StepFigures) -> None:
         with self._lock:
-            self._new.append(figures.record())
+            self._recent.append(figures.record())
 
     def close(self) -> None:
         """Send the last steps (marked done) and end the thread."""
@@ -86,9 +87,10 @@ class StorePublisher:
             self._thread.join(timeout=5.0)
 
     def pulse(self, *, done: bool = False) -> dict[str, Any]:
-        """The next pulse's content (the new steps are taken)."""
+        """The next pulse's content: where the worker is, its last steps (a poller that
+        missed a pulse gets them from the next; the board files them by step)."""
         with self._lock:
-            steps, self._new = list(self._new), deque(maxlen=MAX_STEPS_PER_PULSE)
+            steps = list(self._recent)
         rank, world_size, generation = self._where()
         position = self._position()
         self._seq += 1

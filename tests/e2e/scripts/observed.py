@@ -42,8 +42,9 @@ def main() -> None:
         return grad
 
     net[0].weight.register_hook(slow_down)
-    stop = Path(args.stop_file)
-    while opt.steps < args.max_steps and not stop.exists():
+    stop = Path(args.stop_file)  # holds the step every rank stops at (written whole)
+    target = args.max_steps
+    while opt.steps < target:
         for x, y in loader:
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
@@ -52,7 +53,9 @@ def main() -> None:
             opt.zero_grad()
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
-            if opt.steps >= args.max_steps or stop.exists():
+            if stop.exists():
+                target = min(target, int(stop.read_text()))
+            if opt.steps >= target:
                 break
     opt.finish()
 
