@@ -49,7 +49,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"potluck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command, module, help_ in _COMMANDS:
-        command_parser = sub.add_parser(command, help=help_, description=help_)
+        # No abbreviations: `potluck run script.py --metrics m` must hand --metrics to the
+        # script, not take it for an abbreviation of run's --metrics-dir.
+        command_parser = sub.add_parser(command, help=help_, description=help_,
+                                        allow_abbrev=False)
         if named[:1] == [command]:
             _module(module).add_arguments(command_parser)
     bench = sub.add_parser("bench", help="side-by-side benchmarks")

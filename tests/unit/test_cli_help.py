@@ -27,3 +27,17 @@ def test_every_flag_has_help_and_no_rest_markup(words: list[str]) -> None:
     assert not silent, f"potluck {' '.join(words)}: flags without help: {silent}"
     text = parser.format_help()
     assert "``" not in text, f"potluck {' '.join(words)} --help shows reST markup"
+
+
+@pytest.mark.timeout(30)
+def test_run_hands_flags_after_the_script_to_the_script() -> None:
+    """A script flag that looks like an abbreviation of a run flag (--metrics of
+    --metrics-dir, --status of --status-port) is the script's, not the launcher's."""
+    from potluck.cli import build_parser
+
+    argv = ["run", "--nproc-per-node", "2", "train.py", "--metrics", "m.jsonl", "--status",
+            "--elastic"]
+    args = build_parser(argv).parse_args(argv)
+    assert args.script == "train.py"
+    assert args.script_args == ["--metrics", "m.jsonl", "--status", "--elastic"]
+    assert args.metrics_dir is None and args.status_port is None and not args.elastic
