@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from potluck.balance.clock import ComputeClock, Reading
 from potluck.errors import ConfigError
+from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,6 @@ class Position:
     phase: str
     step: int
     since: float
-
-
-class LocalClock(Protocol):
-    def forward_started(self) -> None: ...
-
-    def backward_done(self) -> None: ...
 
 
 class StepObserver:

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from potluck.balance.clock import ComputeClock
 from potluck.cohort import Cohort
-from potluck.metrics.observer import LocalClock, Samples, StepObserver, StepSink
+from potluck.metrics.observer import Samples, StepObserver, StepSink
 from potluck.metrics.publisher import (
     JournalSink,
     StorePublisher,
     store_client,
     tensorboard_sink,
 )
+from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 
 

@@ -27,11 +27,10 @@ from torch._C._distributed_c10d import Store, TCPStore
 
 from potluck import keys
 from potluck.metrics.journal import Journal
-from potluck.metrics.observer import Position, StepFigures, describe
+from potluck.metrics.observer import Position, StepFigures, Where, describe
 
 log = logging.getLogger(__name__)
 
-Where = Callable[[], tuple[int, int, int]]  # () -> (rank, world_size, generation)
 RECENT_STEPS = 64  # every pulse carries the last this many steps: one missed costs none
 MAX_EVENTS_PER_PULSE = 20
 
