@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction
     from potluck.step.accumulate import accumulate
     from potluck.sync import DiLoCo, LocalSGD, StreamingDiLoCo
+    from potluck.trust import Trust
 
 # Imported on first use: ``potluck run`` and ``potluck --help`` need none of it, and
 # the launcher starts its workers while it imports torch.
@@ -55,6 +56,7 @@ _LAZY = {
     "GuardedOptimizer": "potluck.step",
     "LocalSGD": "potluck.sync",
     "StreamingDiLoCo": "potluck.sync",
+    "Trust": "potluck.trust",
     "MinimumSize": "potluck.step",
     "ModelMismatchError": "potluck.errors",
     "PeerLostError": "potluck.errors",
@@ -101,6 +103,7 @@ __all__ = [
     "ShardedLoader",
     "StepTransaction",
     "StreamingDiLoCo",
+    "Trust",
     "__version__",
     "accumulate",
     "allreduce_mean",

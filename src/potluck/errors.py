@@ -94,3 +94,8 @@ class BelowMinimumError(PotluckError):
     def __init__(self, message: str, *, checkpoint: str | None) -> None:
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+class QuarantinedError(PotluckError):
+    """This worker was quarantined by the cohort's trust checks (``potluck.trust``): it
+    left the cohort, and its seat is refused if it comes back."""

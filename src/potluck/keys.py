@@ -104,6 +104,16 @@ def leave(worker_id: str) -> str:
     return f"leave/{worker_id}"
 
 
+def seat(worker_id: str) -> str:
+    """Where a joiner runs (host, node and local rank): what a restart keeps."""
+    return f"seat/{worker_id}"
+
+
+def ban(seat_name: str) -> str:
+    """Set when a member was quarantined (``potluck.trust``): its seat is refused."""
+    return f"ban/{seat_name}"
+
+
 def left_out(worker_id: str) -> str:
     """Set when a published generation no longer lists ``worker_id`` (the agent ends a
     process that was left out without leaving: frozen, or cut off)."""

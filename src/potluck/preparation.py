@@ -36,6 +36,7 @@ from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
 from potluck.sync import DiLoCo, DiLoCoSync
 from potluck.sync.round_plan import first_round_samples
+from potluck.trust import Trust, TrustPart
 
 
 def prepare(
@@ -59,6 +60,7 @@ def prepare(
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
     metrics_dir: str | Path | None = None,
+    trust: Trust | None = None,
     timeout: float = 60.0,
     **data_parallel: Any,
 ) -> tuple[DataParallel, StepTransaction, StepLoader]:
@@ -82,7 +84,9 @@ def prepare(
     ``resume`` are the elastic minimum size (default: ``potluck run --min-workers``) and
     where its checkpoint goes. Each step is timed (``docs/status.md``): ``metrics_dir``
     (default: ``potluck run --metrics-dir``) gets every rank's ``rank_step`` journal for
-    ``potluck plot``. Other keywords go to ``DataParallel``.
+    ``potluck plot``. ``trust=potluck.Trust()`` aggregates gradients robustly and
+    quarantines workers caught sending bad ones (``docs/trust.md``). Other keywords go
+    to ``DataParallel``.
     """
     if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
         raise ConfigError(
@@ -104,6 +108,7 @@ def prepare(
     # Refused before joining; what potluck run --balance adds is checked after.
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
+    _check_trust(trust, sync, weight, data_parallel)
     cohort = cohort or init(timeout=timeout)
     if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
         raise ConfigError(
@@ -124,7 +129,9 @@ def prepare(
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
                                resume=resume, metrics_dir=metrics_dir,
                                data_parallel=data_parallel)
-    # Each rank's gradient weighs its part of the step, unless the user's own hook decides.
+    # Each rank's gradient weighs its part of the step, unless the user's own hook decides
+    # (under trust the slice owners weigh the copies by the split; the balancer still
+    # reads this rank's samples from the contribution).
     contribution = None if _weighs_itself(data_parallel) else Contribution()
     clock = ComputeClock(cohort.device) if config else None
 
@@ -134,6 +141,9 @@ def prepare(
 
     observer = observer_for(cohort, lambda: wrapped.reducer.last_pass, samples=samples,
                             inner=clock, metrics_dir=metrics_dir)
+    guard = TrustPart(trust, cohort, model, lambda: loader.split) if trust else None
+    if guard is not None:
+        data_parallel = {**data_parallel, "comm_hook": guard.exchange}
     wrapped = DataParallel(model, group=cohort.group,
                            on_failure="abandon" if cohort.elastic else "raise",
                            init_sync=not cohort.joined_late, contribution=contribution,
@@ -145,7 +155,8 @@ def prepare(
                 if config and contribution and clock else None)
     policy = balancer or shares or EqualShares()
     transaction = StepTransaction(guarded, wrapped, cohort, cursor,
-                                  parts=(policy, *parts), minimum=minimum,
+                                  parts=(policy, *parts, *([guard] if guard else [])),
+                                  minimum=minimum,
                                   checkpoint_dir=checkpoint_dir, resume=resume,
                                   observer=observer)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
@@ -197,6 +208,24 @@ def _check_sync(sync: DiLoCo | None, balance: bool | BalanceConfig | None,
             "follow each worker's measured speed by themselves (DiLoCo(adaptive=True) or "
             "split=...), and pseudo-gradients travel by DiLoCo(codec=...); drop "
             f"{', '.join(clash)}")
+
+
+def _check_trust(trust: Trust | None, sync: DiLoCo | None,
+                 weight: Callable[[Any], float] | None, data_parallel: dict[str, Any]) -> None:
+    """Refuse what cannot go with trust (before joining)."""
+    if trust is None:
+        return
+    if not isinstance(trust, Trust):
+        raise ConfigError(f"trust={trust!r}: pass potluck.Trust() (or Trust(aggregator=...,"
+                          " ...)); leave it out to average gradients plainly")
+    clash = [name for name, given in (("sync=", sync), ("weight=", weight)) if given]
+    clash += ["comm_hook="] if "comm_hook" in data_parallel else []
+    if clash:
+        raise ConfigError(
+            f"prepare() got trust=Trust(...) with {', '.join(clash)}: trust aggregates each "
+            "step's gradients itself (its own communication hook), weighing each rank by "
+            "its assigned samples; it does not yet check DiLoCo's pseudo-gradients or "
+            f"token weights (docs/trust.md); drop {', '.join(clash)}")
 
 
 def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,

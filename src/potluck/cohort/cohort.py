@@ -128,6 +128,11 @@ class Cohort:
         waiting in a collective for data from this one gives up at once."""
         self._source.mark_step_failed(self.generation)
 
+    def expel(self, worker_id: str, why: str) -> None:
+        """Remove a quarantined member at this boundary and ban its seat (elastic: every
+        member calls it, then ``boundary()``); a fixed cohort keeps it (see the source)."""
+        self._source.expel(worker_id, why)
+
     def leave(self) -> None:
         """Announce a graceful departure; the others form the next generation at once."""
         self._source.announce_leave()

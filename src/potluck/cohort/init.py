@@ -58,8 +58,10 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         # The agent that started this process reports its death under this key.
         store.set(keys.process(env.run_id, os.getpid()), worker_id)
+        # A restarted worker keeps its seat (host, node, local rank), not its id.
+        seat = f"{socket.gethostname()}:node{env.node_rank}:local{env.local_rank}"
         cohort = join_elastic(store, worker_id, config, spec, keys.elastic_root(env.run_id),
-                              device=device, env=env)
+                              device=device, env=env, seat=seat)
     else:
         store = connect_store(env, timeout)
         cohort = Cohort(FixedMembership(env.rank, env.world_size), store, spec,
@@ -71,9 +73,10 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
 
 def join_elastic(store: Store, worker_id: str, config: RendezvousConfig, spec: GroupSpec,
                  root: str = "potluck/elastic", *, device: torch.device | None = None,
-                 env: WorkerEnv | None = None) -> Cohort:
-    """Join (or found) the elastic cohort that meets on ``store`` under ``root``."""
-    membership = RendezvousMembership(store, worker_id, config, root)
+                 env: WorkerEnv | None = None, seat: str | None = None) -> Cohort:
+    """Join (or found) the elastic cohort that meets on ``store`` under ``root``;
+    ``seat``: where it runs (a quarantined member's seat is refused; default its id)."""
+    membership = RendezvousMembership(store, worker_id, config, root, seat)
     return Cohort(membership, store, spec, lambda g: keys.elastic_group(root, g),
                   device=device, env=env)
 

@@ -43,6 +43,8 @@ class MembershipSource(Protocol):
 
     def announce_leave(self) -> None: ...
 
+    def expel(self, worker_id: str, why: str) -> None: ...
+
     def mark_step_failed(self, generation: int) -> None: ...
 
     def step_failed(self, generation: int) -> bool: ...
@@ -81,6 +83,10 @@ class FixedMembership:
     def announce_leave(self) -> None:
         """Nobody to tell: a fixed job ends for everyone together."""
 
+    def expel(self, worker_id: str, why: str) -> None:
+        """Nothing can leave a fixed job: a quarantined member stays in the group, and
+        the trust part no longer counts it (``potluck.trust``)."""
+
     def mark_step_failed(self, generation: int) -> None:
         """A fixed job does not redo steps: the failure is raised, not announced."""
 
@@ -100,9 +106,9 @@ class RendezvousMembership:
     elastic = True
 
     def __init__(self, store: Store, worker_id: str, config: RendezvousConfig,
-                 root: str) -> None:
+                 root: str, seat: str | None = None) -> None:
         self.worker_id = worker_id
-        self.rendezvous = StoreRendezvous(store, worker_id, config)
+        self.rendezvous = StoreRendezvous(store, worker_id, config, seat)
         self._store, self._root = store, root
         self._failures: FailureWatch | None = None
 
@@ -137,6 +143,9 @@ class RendezvousMembership:
 
     def announce_leave(self) -> None:
         self.rendezvous.announce_leave()
+
+    def expel(self, worker_id: str, why: str) -> None:
+        self.rendezvous.expel(worker_id, why)
 
     def mark_step_failed(self, generation: int) -> None:
         if self._failures is not None:

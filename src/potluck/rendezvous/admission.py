@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 NO_TOKEN = "-"  # what a worker without a token answers, so it is refused at once
 ADMITTED = keys.ADMITTED
 REFUSED = "refused:"
+QUARANTINED = "quarantined: "  # a refusal's reason starts so for a banned seat
 
 
 def make_challenge() -> str:
@@ -118,6 +119,11 @@ def read_verdict(store: Store, joiner_id: str) -> int | None:
     if verdict.startswith(ADMITTED):
         return int(verdict[len(ADMITTED):])
     why = verdict[len(REFUSED):] if verdict.startswith(REFUSED) else verdict
+    if why.startswith(QUARANTINED):
+        raise AdmissionError(
+            f"worker {joiner_id!r} was refused entry to the cohort: its seat was "
+            f"{why}; the cohort does not readmit a quarantined worker: check that "
+            "machine (hardware, code version) and start a new run to use it again")
     raise AdmissionError(
         f"worker {joiner_id!r} was refused entry to the cohort: {why}; start it with the "
         "same token as the other workers of this job (the token is compared by "

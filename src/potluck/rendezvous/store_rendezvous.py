@@ -48,13 +48,17 @@ NEXT = "next:"
 class StoreRendezvous:
     """The membership of ``worker_id`` in the cohort that meets in ``store``."""
 
-    def __init__(self, store: Store, worker_id: str, config: RendezvousConfig) -> None:
+    def __init__(self, store: Store, worker_id: str, config: RendezvousConfig,
+                 seat: str | None = None) -> None:
+        """``seat``: where this worker runs (what a restart keeps; default its id): a
+        quarantined member's seat is banned (``expel``), and joiners from it refused."""
         if not worker_id or "/" in worker_id:
             raise ConfigError(
                 f"worker_id={worker_id!r} must be a non-empty string without '/', "
                 "e.g. 'host:pid:nonce'"
             )
         self.worker_id = worker_id
+        self.seat = seat or worker_id
         self.config = config
         self._store: Store = PrefixStore(config.prefix, store)
         self._heartbeat: Heartbeat | None = None
@@ -72,6 +76,7 @@ class StoreRendezvous:
             )
         self._start_heartbeat()
         started = time.monotonic()
+        self._store.set(keys.seat(self.worker_id), self.seat)  # before it can be pending
         slot = int(self._store.add(keys.JOIN_COUNT, 1)) - 1
         self._store.set(keys.join_slot(slot), self.worker_id)
         try:
@@ -192,7 +197,7 @@ class StoreRendezvous:
 
     def _decide_boundary(self, current: Membership) -> str:
         leavers = tuple(m for m in current.members if self._store.check([keys.leave(m)]))
-        pending = self.pending_joiners()
+        pending = self._refuse_banned(self.pending_joiners())
         accepted: list[str] = []
         if pending:
             accepted, _ = admission.check_answers(
@@ -206,6 +211,29 @@ class StoreRendezvous:
                         reason, joined=tuple(accepted), left=leavers)
         winner = self._publish(record)
         return f"{NEXT}{winner.generation}"
+
+    def _refuse_banned(self, pending: list[str]) -> list[str]:
+        """Refuse joiners whose seat was banned (a quarantined member restarted)."""
+        allowed: list[str] = []
+        for joiner in pending:
+            seat = (self._store.get(keys.seat(joiner)).decode()
+                    if self._store.check([keys.seat(joiner)]) else joiner)
+            if self._store.check([keys.ban(seat)]):
+                why = self._store.get(keys.ban(seat)).decode()
+                log.warning("refused worker %s: its seat %s is quarantined", joiner, seat)
+                self._store.set(keys.verdict(joiner),
+                                f"{admission.REFUSED}{admission.QUARANTINED}{why}")
+            else:
+                allowed.append(joiner)
+        return allowed
+
+    def expel(self, worker_id: str, why: str) -> None:
+        """Remove a member at this boundary (it was quarantined) and ban its seat; every
+        member may call it (the keys are the same). The caller then runs ``admit()``."""
+        seat = (self._store.get(keys.seat(worker_id)).decode()
+                if self._store.check([keys.seat(worker_id)]) else worker_id)
+        self._store.set(keys.ban(seat), why)
+        self._store.set(keys.leave(worker_id), f"quarantined {time.time():.6f}")
 
     # ------------------------------------------------------------------ failures
 

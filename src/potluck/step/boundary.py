@@ -73,8 +73,9 @@ class Boundary:
         """Leave at the next step boundary (e.g. from a SIGTERM handler)."""
         self._leave_requested = True
 
-    def after_commit(self) -> None:
-        """Every member, after a committed step: the vote, then admission if asked."""
+    def after_commit(self, expel: bool = False) -> None:
+        """Every member, after a committed step: the vote, then admission if asked;
+        ``expel``: a member was quarantined (its leave key is written): move on now."""
         cohort = self._cohort
         if not cohort.elastic:
             return
@@ -82,7 +83,7 @@ class Boundary:
             cohort.leave()  # the key is in the store before the flag travels
         pending = (cohort.rank == 0 and self._progress.steps % self._admit_every == 0
                    and cohort.pending_joiners())
-        flags = torch.tensor([float(self._leave_requested), float(pending)],
+        flags = torch.tensor([float(self._leave_requested or expel), float(pending)],
                              device=cohort.device)
         try:
             allreduce_max(flags, cohort.group, "the boundary vote")

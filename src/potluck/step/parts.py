@@ -72,6 +72,15 @@ class SyncStrategy(SharePolicy, Protocol):
     def abandon_round(self) -> None: ...
 
 
+@runtime_checkable
+class Gatekeeper(StepPart, Protocol):
+    """A part that can decide a member must go (``potluck.trust``): after its
+    ``on_commit`` the transaction takes ``removals()`` (member id, why) and, on an
+    elastic cohort, removes them at this step's boundary and bans their seats."""
+
+    def removals(self) -> list[tuple[str, str]]: ...
+
+
 class EqualShares:
     """Every rank takes the same share (the cursor's largest-remainder split)."""
 

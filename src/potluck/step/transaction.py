@@ -31,14 +31,14 @@ from typing import Any, TypeVar
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
-from potluck.errors import ConfigError, PeerLostError
+from potluck.errors import ConfigError, PeerLostError, QuarantinedError
 from potluck.metrics.observer import StepObserver
 from potluck.reducer import DataParallel
 from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
 from potluck.step.live_state import LiveState, Progress
 from potluck.step.minimum import MinimumSize
-from potluck.step.parts import StepPart, SyncStrategy
+from potluck.step.parts import Gatekeeper, StepPart, SyncStrategy
 
 DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
 
@@ -173,11 +173,34 @@ class StepTransaction:
         self.progress.steps += 1
         for part in self.parts:
             part.on_commit(self.progress.steps)
-        self.boundary.after_commit()
+        quarantined = self._remove_quarantined()
+        self.boundary.after_commit(expel=quarantined is not None)
+        if quarantined:
+            raise QuarantinedError(
+                f"this worker ({self.cohort.worker_id}) was quarantined by the cohort after "
+                f"step {self.progress.steps}: {quarantined}; it left the cohort and will "
+                "not be readmitted (docs/trust.md)")
         if self._hold_at_boundary:  # a recovery inside a round's sync: hold here, where
             self._hold_at_boundary = False  # the live state is a committed one
             self.boundary.hold_minimum()
         return result
+
+    def _remove_quarantined(self) -> str | None:
+        """Members a gatekeeper part (trust) quarantined in this step: on an elastic
+        cohort they are removed at this boundary and their seats banned. None if nobody;
+        else why this worker itself must go ('' if it stays)."""
+        removed = [r for part in self.parts if isinstance(part, Gatekeeper)
+                   for r in part.removals()]
+        if not removed or not self.cohort.elastic:
+            return None
+        mine = ""
+        for member, why in removed:
+            self.cohort.expel(member, why)
+            if member == self.cohort.worker_id:
+                mine = why
+        if mine:
+            self.boundary.request_leave()
+        return mine
 
     def _redo(self) -> None:
         self.progress.redone += 1

@@ -1,0 +1,109 @@
+"""Robust aggregation of one slice: every rank's copy in, one aggregate out (pure).
+
+``copies`` is ``[n, m]`` (row i: rank i's copy of the slice) and ``weights`` is ``[n]``,
+each rank's assigned part of the step (never a number the rank claimed): a row of
+weight 0 is left out. Both aggregators equal the weighted mean when the copies agree
+closely, and bound what one far-off copy can do when they do not.
+
+- ``CenteredClip`` (Karimireddy, He and Jaggi, 2021): start at the coordinate-wise
+  median, then ``iterations`` times move the center by the weighted mean of the copies'
+  offsets, each offset clipped to length ``tau``. ``tau`` is ``tau_scale`` times the
+  median distance of the copies from the start, so it follows the gradients' own
+  spread. A copy within ``tau`` of the center pulls with its full weight: with no
+  outlier the first iteration lands on the weighted mean and stays there.
+- ``TrimmedMean``: per coordinate, drop the ``trim`` largest and smallest values, and
+  take the weighted mean of the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from potluck.errors import ConfigError
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """``aggregate(copies [n, m], weights [n]) -> [m]``; deterministic."""
+
+    @property
+    def name(self) -> str: ...
+
+    def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class CenteredClip:
+    tau_scale: float = 2.0
+    iterations: int = 5
+    name: str = "centered_clip"
+
+    def __post_init__(self) -> None:
+        if not self.tau_scale > 0:
+            raise ConfigError(f"CenteredClip(tau_scale={self.tau_scale!r}) must be > 0: the "
+                              "clip radius in units of the copies' median spread, e.g. 2.0")
+        if not (isinstance(self.iterations, int) and self.iterations >= 1):
+            raise ConfigError(f"CenteredClip(iterations={self.iterations!r}) must be an int "
+                              ">= 1, e.g. 5")
+
+    def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        x, w = _kept(copies, weights)
+        if x.shape[0] == 1:
+            return x[0].clone()
+        center = x.median(dim=0).values  # the lower middle value: an honest one
+        spread = (x - center).norm(dim=1)
+        tau = self.tau_scale * float(spread.median())
+        if tau == 0.0:  # most copies are equal: that value is the center
+            return center
+        for _ in range(self.iterations):
+            offsets = x - center
+            norms = offsets.norm(dim=1)
+            scale = torch.where(norms > tau, tau / norms.clamp_min(1e-30),
+                                torch.ones_like(norms))
+            center = center + (w * scale) @ offsets
+        return center
+
+
+@dataclass(frozen=True)
+class TrimmedMean:
+    trim: int = 1
+    name: str = "trimmed_mean"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.trim, int) and self.trim >= 0):
+            raise ConfigError(f"TrimmedMean(trim={self.trim!r}) must be an int >= 0: how "
+                              "many of the largest and of the smallest values to drop")
+
+    def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        x, w = _kept(copies, weights)
+        n = x.shape[0]
+        trim = min(self.trim, (n - 1) // 2)  # always keep at least one value
+        if trim == 0:
+            return w @ x
+        values, order = x.sort(dim=0)
+        kept = values[trim:n - trim]
+        kept_w = w[order[trim:n - trim]]
+        return (kept * kept_w).sum(dim=0) / kept_w.sum(dim=0)
+
+
+def _kept(copies: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that count (weight > 0, every value finite) and their weights, summing
+    to 1. Non-finite copies are left out here; the verdict names their senders."""
+    if copies.dim() != 2 or weights.shape != (copies.shape[0],):
+        raise ConfigError(f"aggregate() takes copies [n, m] and weights [n], got "
+                          f"{tuple(copies.shape)} and {tuple(weights.shape)}")
+    keep = (weights > 0) & torch.isfinite(copies).all(dim=1)
+    if not bool(keep.any()):  # nothing usable: the step is non-finite, and skipped
+        return torch.full_like(copies[:1], float("nan")), torch.ones(
+            1, dtype=copies.dtype, device=copies.device)
+    w = weights[keep].to(copies.dtype)
+    return copies[keep], w / w.sum()
+
+
+def distances(copies: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Each copy's squared distance to the aggregate; ``inf`` for a non-finite copy."""
+    d2 = ((copies - value) ** 2).sum(dim=1)
+    return torch.where(torch.isfinite(d2), d2, torch.full_like(d2, float("inf")))

@@ -1,0 +1,36 @@
+"""``Trust``: what ``potluck.prepare(trust=...)`` turns on (``docs/trust.md``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from potluck.errors import ConfigError
+from potluck.trust.aggregate import Aggregator, CenteredClip
+from potluck.trust.verdict import Rules
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Robust aggregation, replica agreement, an audit of the slice owners, quarantine.
+
+    ``aggregator``: ``CenteredClip()`` (default) or ``TrimmedMean(trim)``.
+    ``fingerprint_every``: compare the replicas' parameters every K steps (0: never).
+    ``audit``: each step, every rank recomputes one owner's slices (picked after the
+    step, so no owner knows in advance) from an all-gather of every rank's copy.
+    ``rules``: when evidence becomes quarantine (``potluck.trust.Rules``).
+    """
+
+    aggregator: Aggregator = field(default_factory=CenteredClip)
+    fingerprint_every: int = 1
+    audit: bool = True
+    rules: Rules = field(default_factory=Rules)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.aggregator, Aggregator):
+            raise ConfigError(f"Trust(aggregator={self.aggregator!r}): pass "
+                              "potluck.trust.CenteredClip() or TrimmedMean(trim=1)")
+        if not (isinstance(self.fingerprint_every, int) and self.fingerprint_every >= 0):
+            raise ConfigError(f"Trust(fingerprint_every={self.fingerprint_every!r}) must be "
+                              "an int >= 0 (steps between replica checks; 0: never)")
+        if not isinstance(self.rules, Rules):
+            raise ConfigError(f"Trust(rules={self.rules!r}) must be a potluck.trust.Rules")

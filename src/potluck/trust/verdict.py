@@ -1,0 +1,179 @@
+"""Who misbehaved in a step, from the reports every rank all-gathered (pure).
+
+Each owner of gradient slices reports, for every sender, whether all its copies were
+finite and their squared distance to the owner's aggregates (``Reports``). Every honest
+rank holds the same reports and runs the same rules, so honest ranks never disagree
+about who is out. A liar's own reports are outvoted: a sender is judged by the median
+over owners, so with an honest majority one owner cannot accuse or acquit anyone.
+
+The rules (``Rules``):
+
+- **non-finite**: more than half of the owners saw a non-finite value from the sender
+  while most senders were finite (when most are not, e.g. an fp16 overflow under a
+  ``GradScaler``, it is the step that is bad, not a rank: it is skipped on every rank);
+- **far from the center**: the sender's distance to the aggregates, scaled by the
+  square root of its samples (a smaller part of the batch is a noisier gradient) and
+  divided by the median sender's, is over ``far_ratio``, by the median over owners;
+- **diverged replica**: the parameters' fingerprint differs from the majority's;
+- **wrong aggregate**: an owner's aggregate differs from what every rank recomputed
+  from all copies of that slice (the audit, ``exchange.py``).
+
+One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
+``Rules.strikes[kind]`` strikes of a kind within ``Rules.memory`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from potluck.errors import ConfigError
+
+NON_FINITE = "non-finite gradient"
+FAR = "far from the center"
+DIVERGED = "diverged replica"
+WRONG_AGGREGATE = "wrong aggregate"
+
+
+@dataclass(frozen=True)
+class Rules:
+    far_ratio: float = 4.0
+    """A sender this many times farther from the center than the median sender is far."""
+    strikes: dict[str, int] = field(default_factory=lambda: {
+        NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1})
+    """Strikes of each kind, within ``memory`` steps, that quarantine a member."""
+    memory: int = 50
+
+    def __post_init__(self) -> None:
+        if not self.far_ratio > 1:
+            raise ConfigError(f"far_ratio={self.far_ratio!r} must be > 1 (honest senders "
+                              "are about 1 apart from the median sender), e.g. 4.0")
+        unknown = set(self.strikes) - {NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE}
+        if unknown or any(not (isinstance(v, int) and v >= 1) for v in self.strikes.values()):
+            raise ConfigError(f"strikes={self.strikes!r}: keys are {NON_FINITE!r}, {FAR!r}, "
+                              f"{DIVERGED!r}, {WRONG_AGGREGATE!r}; values ints >= 1")
+        if not (isinstance(self.memory, int) and self.memory >= 1):
+            raise ConfigError(f"memory={self.memory!r} must be an int >= 1 (steps)")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One strike against a member, as every honest rank recorded it."""
+
+    member: str  # the member's id (worker id on an elastic cohort, "rank<i>" on a fixed one)
+    rank: int  # its rank in the step's generation
+    step: int
+    kind: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What every rank reported about one step; row r is rank r's report."""
+
+    finite: Sequence[Sequence[float]]  # [owner][sender]: 1 if all copies were finite
+    distance: Sequence[Sequence[float]]  # [owner][sender]: squared distance to the aggregates
+    owns: Sequence[float]  # [owner]: values the owner aggregated (0: it owned nothing)
+    fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint after the step
+
+
+def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
+          rules: Rules) -> list[tuple[int, str, str]]:
+    """``(rank, kind, detail)`` for each piece of evidence in one step; ``trusted`` are
+    the ranks whose copies and reports count (the others were quarantined already)."""
+    found: list[tuple[int, str, str]] = [
+        (i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
+                      "the majority's") for i in diverged(reports.fingerprint, trusted)]
+    owners = [r for r in trusted if reports.owns[r] > 0]
+    if not owners:
+        return found
+    finite_votes = {i: sum(reports.finite[o][i] < 0.5 for o in owners) for i in trusted}
+    mostly_finite = sum(v * 2 <= len(owners) for v in finite_votes.values()) * 2 > len(trusted)
+    for i in trusted:
+        if mostly_finite and finite_votes[i] * 2 > len(owners):
+            found.append((i, NON_FINITE, f"{finite_votes[i]} of {len(owners)} slice owners "
+                                         "received non-finite values from it"))
+    flagged = {i for i, kind, _ in found if kind == NON_FINITE}
+    for i, score in far_scores(reports, samples, trusted, owners).items():
+        if i not in flagged and score > rules.far_ratio:
+            found.append((i, FAR, f"{score:.1f}x the median sender's distance from the "
+                                  f"robust center (limit {rules.far_ratio:g})"))
+    return found
+
+
+def far_scores(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
+               owners: Sequence[int]) -> dict[int, float]:
+    """Each sender's distance ratio, by the median over owners."""
+    per_owner: dict[int, list[float]] = {i: [] for i in trusted}
+    for o in owners:
+        scaled = {i: math.sqrt(max(reports.distance[o][i], 0.0) * max(samples[i], 1))
+                  for i in trusted if math.isfinite(reports.distance[o][i])}
+        if not scaled:
+            continue
+        middle = _median(list(scaled.values()))
+        for i in trusted:
+            if i in scaled:
+                per_owner[i].append(scaled[i] / middle if middle > 0 else
+                                    (0.0 if scaled[i] == 0 else math.inf))
+    return {i: _median(v) for i, v in per_owner.items() if v}
+
+
+def diverged(fingerprints: Sequence[int], trusted: Sequence[int]) -> list[int]:
+    """Trusted ranks whose fingerprint is not the one more than half of them hold
+    (none when no fingerprint has a majority: nothing to repair from)."""
+    majority = majority_fingerprint(fingerprints, trusted)
+    if majority is None:
+        return []
+    return [i for i in trusted if fingerprints[i] != majority]
+
+
+def majority_fingerprint(fingerprints: Sequence[int], trusted: Sequence[int]) -> int | None:
+    counts: dict[int, int] = {}
+    for i in trusted:
+        counts[fingerprints[i]] = counts.get(fingerprints[i], 0) + 1
+    value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]), default=(0, 0))
+    return value if count * 2 > len(trusted) else None
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return 0.0
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+class Strikes:
+    """Strikes per member over the last ``rules.memory`` steps; who is quarantined."""
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.evidence: list[Evidence] = []
+        self.quarantined: dict[str, list[Evidence]] = {}
+
+    def add(self, evidence: Evidence) -> bool:
+        """Record a strike; True if it quarantines the member now."""
+        self.evidence.append(evidence)
+        if evidence.member in self.quarantined:
+            return False
+        recent = [e for e in self.evidence if e.member == evidence.member
+                  and e.kind == evidence.kind and e.step > evidence.step - self.rules.memory]
+        if len(recent) >= self.rules.strikes.get(evidence.kind, 1):
+            self.quarantined[evidence.member] = recent
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"evidence": [e.as_dict() for e in self.evidence[-200:]],
+                "quarantined": {m: [e.as_dict() for e in ev]
+                                for m, ev in self.quarantined.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evidence = [Evidence(**e) for e in state.get("evidence", [])]
+        self.quarantined = {m: [Evidence(**e) for e in ev]
+                            for m, ev in state.get("quarantined", {}).items()}
