@@ -29,6 +29,8 @@ _BENCHES = [
      "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
     ("straggler", "potluck.bench.straggler",
      "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
+    ("byzantine", "potluck.bench.byzantine",
+     "plain mean vs potluck trust, 4 workers with 1 attacker (6 attacks)"),
     ("wan", "potluck.bench.wan",
      "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
 ]

@@ -10,7 +10,8 @@ closely, and bound what one far-off copy can do when they do not.
   offsets, each offset clipped to length ``tau``. ``tau`` is ``tau_scale`` times the
   median distance of the copies from the start, so it follows the gradients' own
   spread. A copy within ``tau`` of the center pulls with its full weight: with no
-  outlier the first iteration lands on the weighted mean and stays there.
+  outlier the first iteration lands on the weighted mean, and the second, finding
+  nobody clipped there, stops.
 - ``TrimmedMean``: per coordinate, drop the ``trim`` largest and smallest values, and
   take the weighted mean of the rest.
 """
@@ -58,11 +59,13 @@ class CenteredClip:
         tau = self.tau_scale * float(spread.median())
         if tau == 0.0:  # most copies are equal: that value is the center
             return center
-        for _ in range(self.iterations):
+        for iteration in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)
-            scale = torch.where(norms > tau, tau / norms.clamp_min(1e-30),
-                                torch.ones_like(norms))
+            clipped = norms > tau
+            if iteration > 0 and not bool(clipped.any()):
+                break  # at the weighted mean with nobody clipped: a fixed point
+            scale = torch.where(clipped, tau / norms.clamp_min(1e-30), torch.ones_like(norms))
             center = center + (w * scale) @ offsets
         return center
 

@@ -1,0 +1,107 @@
+"""``potluck bench byzantine``: 4 workers, 1 attacker; plain mean vs potluck with trust.
+
+Each attack runs twice, interleaved: the plain mean (torch DDP's semantics) and
+``prepare(trust=Trust())``. Reported: the final held-out loss of an honest replica over
+a clean run's (plain mean, no attacker), the steps from the attack's start to the
+attacker's quarantine, quarantines over clean runs with trust (false ones), and the
+step time with trust over without on a clean run (interleaved rounds, medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+from potluck.bench.byzantine_job import ATTACKER, run_rank
+from potluck.bench.common import interleaved, median, table, write_json
+from potluck.harness.attacks import ATTACKS, GROSS
+from potluck.harness.ranks import free_port, run_ranks
+
+WORKERS = 4
+GOALS = {"worst_loss_ratio": 1.05, "max_steps_to_quarantine": 3, "false_quarantines": 0,
+         "clean_overhead": 0.10}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attack", choices=ATTACKS, action="append",
+                        help="an attack to run (repeatable; default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer steps, clean runs and timing rounds (a smoke run)")
+    parser.add_argument("--json", metavar="PATH", help="write the figures here")
+
+
+def main(args: argparse.Namespace) -> int:
+    attacks = tuple(args.attack or ATTACKS)
+    steps, clean_runs, rounds = (30, 4, 2) if args.quick else (60, 20, 4)
+    started = time.monotonic()
+    baseline = _run("none", False, 0, steps)
+    print(f"clean run (plain mean, no attacker): held-out loss {baseline['loss']:.4f}")
+    results: dict[str, dict[str, Any]] = {}
+    for attack in attacks:
+        row: dict[str, Any] = {}
+        for contender in interleaved(("plain", "trust"), 1):
+            run = _run(attack, contender == "trust", 0, steps)
+            row[contender] = _ratio(run["loss"], baseline["loss"])
+            if contender == "trust":
+                row["steps_to_quarantine"] = _steps_to_quarantine(run)
+        results[attack] = row
+        print(f"  {attack}: plain {row['plain']:.4g}x, trust {row['trust']:.4g}x, "
+              f"quarantined after {row['steps_to_quarantine']} step(s)", flush=True)
+    false = 0
+    for seed in range(clean_runs):
+        run = _run("none", True, seed, steps)
+        false += any(e["event"] == "quarantine" for e in run["events"])
+    overhead = _overhead(rounds, steps)
+    worst = max((r["trust"] for r in results.values()), default=math.nan)
+    gross = [r["steps_to_quarantine"] for a, r in results.items() if a in GROSS]
+    max_steps = max((math.inf if s is None else s for s in gross), default=math.nan)
+    print()
+    print(table(["attack", "plain mean loss / clean", "trust loss / clean",
+                 "steps to quarantine"],
+                [[a, r["plain"], r["trust"], "-" if r["steps_to_quarantine"] is None
+                  else r["steps_to_quarantine"]] for a, r in results.items()]))
+    figures = {"worst_loss_ratio": worst, "max_steps_to_quarantine": max_steps,
+               "false_quarantines": false, "clean_overhead": overhead["overhead"]}
+    print()
+    print(f"worst_loss_ratio {worst:.4f} (goal <= {GOALS['worst_loss_ratio']})")
+    print(f"max_steps_to_quarantine {max_steps} (goal <= {GOALS['max_steps_to_quarantine']}"
+          f", over {', '.join(a for a in attacks if a in GROSS) or 'no gross attack'})")
+    print(f"false_quarantines {false} of {clean_runs} clean runs (goal 0)")
+    print(f"clean_overhead {overhead['overhead']:+.3f} (step {overhead['trust_ms']:.2f} ms "
+          f"with trust vs {overhead['plain_ms']:.2f} ms without; goal <= "
+          f"{GOALS['clean_overhead']})")
+    print(f"({time.monotonic() - started:.0f} s)")
+    if args.json:
+        write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
+                               "clean_loss": baseline["loss"], "clean_runs": clean_runs,
+                               "steps": steps, "workers": WORKERS, "attacker_rank": ATTACKER,
+                               "step_ms": {k: overhead[k] for k in ("plain_ms", "trust_ms")},
+                               "quick": bool(args.quick)})
+    return 0
+
+
+def _run(attack: str, trust: bool, seed: int, steps: int, wrap: bool = True) -> dict[str, Any]:
+    spec = {"attack": attack, "trust": trust, "seed": seed, "steps": steps, "wrap": wrap}
+    results = run_ranks(run_rank, WORKERS, free_port(), spec, init_group=False, timeout=300)
+    return results[0]  # type: ignore[no-any-return]
+
+
+def _ratio(loss: float, clean: float) -> float:
+    return loss / clean if math.isfinite(loss) else math.inf
+
+
+def _steps_to_quarantine(run: dict[str, Any]) -> int | None:
+    caught = [e for e in run["events"] if e["event"] == "quarantine"
+              and e["member"] == f"rank{ATTACKER}"]
+    return caught[0]["step"] - run["start"] + 1 if caught else None
+
+
+def _overhead(rounds: int, steps: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {"plain": [], "trust": []}
+    for contender in interleaved(("plain", "trust"), rounds):
+        run = _run("none", contender == "trust", 0, steps, wrap=False)
+        times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
+    plain, trust = median(times["plain"]), median(times["trust"])
+    return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "overhead": trust / plain - 1}
