@@ -57,7 +57,9 @@ def run_ranks(
     is None, and once every other rank has reported they are killed.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    # torch._dynamo too: a rank's first optimizer imports it (seconds, on every rank
+    # at once); imported once here it starts no thread, so forking after it is safe.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # no semaphores to leak
     procs = [

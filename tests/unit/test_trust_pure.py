@@ -1,0 +1,143 @@
+"""The pure parts of trust: aggregators, the verdict, strikes, the fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from potluck.errors import ConfigError
+from potluck.trust import CenteredClip, Rules, TrimmedMean
+from potluck.trust.fingerprint import fingerprint
+from potluck.trust.verdict import (
+    DIVERGED,
+    FAR,
+    NON_FINITE,
+    Evidence,
+    Reports,
+    Strikes,
+    judge,
+)
+
+
+def _honest(n: int = 4, m: int = 64, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.ones(m) + 0.1 * torch.randn(n, m, generator=gen)
+
+
+@pytest.mark.parametrize("aggregator", [CenteredClip(), TrimmedMean(trim=0)])
+def test_close_copies_aggregate_to_their_weighted_mean(aggregator: object) -> None:
+    copies, weights = _honest(), torch.tensor([1.0, 2.0, 3.0, 2.0])
+    got = aggregator.aggregate(copies, weights)  # type: ignore[attr-defined]
+    expected = (weights / weights.sum()) @ copies
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregator", [CenteredClip(), TrimmedMean(trim=1)])
+def test_one_far_copy_moves_the_aggregate_little(aggregator: object) -> None:
+    copies, weights = _honest(), torch.ones(4)
+    honest_mean = copies[:3].mean(0)
+    copies[3] = -10 * copies[3]  # a sign flip times 10
+    got = aggregator.aggregate(copies, weights)  # type: ignore[attr-defined]
+    plain = copies.mean(0)
+    assert (got - honest_mean).norm() < 0.1 * (plain - honest_mean).norm()
+
+
+def test_non_finite_copies_are_left_out_and_none_usable_is_nan() -> None:
+    copies, weights = _honest(), torch.ones(4)
+    honest_mean = copies[:3].mean(0)
+    copies[3, 5] = float("nan")
+    assert torch.allclose(CenteredClip().aggregate(copies, weights), honest_mean, atol=1e-6)
+    assert torch.isnan(CenteredClip().aggregate(torch.full((4, 8), float("inf")),
+                                                 weights)).all()
+
+
+def test_zero_weight_copies_do_not_count() -> None:
+    copies = _honest()
+    copies[1] = 1e6
+    got = CenteredClip().aggregate(copies, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    assert torch.allclose(got, copies[[0, 2, 3]].mean(0), atol=1e-6)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="tau_scale"):
+        CenteredClip(tau_scale=0)
+    with pytest.raises(ConfigError, match="trim"):
+        TrimmedMean(trim=-1)
+    with pytest.raises(ConfigError, match="far_ratio"):
+        Rules(far_ratio=0.5)
+    with pytest.raises(ConfigError, match="strikes"):
+        Rules(strikes={"bogus": 1})
+
+
+def _reports(distance: list[list[float]], finite: list[list[float]] | None = None,
+             fingerprint_: list[int] | None = None) -> Reports:
+    n = len(distance)
+    return Reports(finite=finite or [[1.0] * n for _ in range(n)], distance=distance,
+                   owns=[10.0] * n, fingerprint=fingerprint_ or [7] * n)
+
+
+def test_a_far_sender_is_named_by_the_median_over_owners() -> None:
+    near, far = 1.0, 100.0
+    distance = [[near, near, near, far] for _ in range(4)]
+    found = judge(_reports(distance), [8] * 4, [0, 1, 2, 3], Rules())
+    assert [(r, k) for r, k, _ in found] == [(3, FAR)]
+
+
+def test_one_lying_owner_can_neither_accuse_nor_acquit() -> None:
+    near, far = 1.0, 100.0
+    # Owner 3 (the attacker) reports honest rank 0 far and itself near.
+    distance = [[near, near, near, far], [near, near, near, far],
+                [near, near, near, far], [far, near, near, near]]
+    found = judge(_reports(distance), [8] * 4, [0, 1, 2, 3], Rules())
+    assert [(r, k) for r, k, _ in found] == [(3, FAR)]
+
+
+def test_samples_scale_the_distance_a_smaller_part_is_noisier() -> None:
+    # Rank 3 trained on 1/16 of the samples of the others: its gradient is 4x noisier.
+    distance = [[1.0, 1.0, 1.0, 16.0] for _ in range(4)]
+    assert judge(_reports(distance), [16, 16, 16, 1], [0, 1, 2, 3], Rules()) == []
+
+
+def test_non_finite_is_a_rank_only_when_most_are_finite() -> None:
+    finite = [[1.0, 1.0, 0.0, 1.0] for _ in range(4)]
+    found = judge(_reports([[1.0] * 4] * 4, finite), [8] * 4, [0, 1, 2, 3], Rules())
+    assert [(r, k) for r, k, _ in found] == [(2, NON_FINITE)]
+    overflow = [[0.0, 0.0, 0.0, 1.0] for _ in range(4)]  # an fp16 overflow everywhere
+    assert judge(_reports([[1.0] * 4] * 4, overflow), [8] * 4, [0, 1, 2, 3], Rules()) == []
+
+
+def test_a_diverged_fingerprint_is_named_only_with_a_majority() -> None:
+    found = judge(_reports([[1.0] * 4] * 4, fingerprint_=[5, 5, 9, 5]), [8] * 4,
+                  [0, 1, 2, 3], Rules())
+    assert [(r, k) for r, k, _ in found] == [(2, DIVERGED)]
+    split = judge(_reports([[1.0] * 4] * 4, fingerprint_=[5, 5, 9, 9]), [8] * 4,
+                  [0, 1, 2, 3], Rules())
+    assert split == []
+
+
+def test_quarantined_ranks_do_not_count() -> None:
+    distance = [[1.0, 1.0, 1.0, 1e9] for _ in range(4)]
+    assert judge(_reports(distance), [8] * 4, [0, 1, 2], Rules()) == []
+
+
+def test_strikes_quarantine_after_enough_of_a_kind_within_memory() -> None:
+    strikes = Strikes(Rules(memory=10))
+    far = [Evidence("w3", 3, step, FAR, "far") for step in (1, 20, 21)]
+    assert not strikes.add(far[0])
+    assert not strikes.add(far[1])  # step 1 is out of memory by step 20
+    assert strikes.add(far[2])
+    assert list(strikes.quarantined) == ["w3"]
+    assert not strikes.add(Evidence("w3", 3, 22, NON_FINITE, "nan"))  # once is enough
+    restored = Strikes(Rules())
+    restored.load_state_dict(strikes.state_dict())
+    assert restored.quarantined == strikes.quarantined
+    assert Strikes(Rules()).add(Evidence("w1", 1, 3, NON_FINITE, "nan"))  # one strike
+
+
+def test_fingerprint_sees_a_single_flipped_bit() -> None:
+    params = [torch.randn(100), torch.randn(7, 3).to(torch.bfloat16), torch.arange(5)]
+    before = fingerprint(params)
+    assert fingerprint([p.clone() for p in params]) == before
+    params[0].view(torch.int32)[42] ^= 1
+    assert fingerprint(params) != before
+    assert 0 <= before < 2 ** 63
