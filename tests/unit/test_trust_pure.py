@@ -141,3 +141,14 @@ def test_fingerprint_sees_a_single_flipped_bit() -> None:
     params[0].view(torch.int32)[42] ^= 1
     assert fingerprint(params) != before
     assert 0 <= before < 2 ** 63
+
+
+def test_copies_at_the_median_do_not_shrink_the_clip_radius_to_nothing() -> None:
+    copies = torch.stack([torch.ones(8), 1.5 * torch.ones(8), torch.zeros(8), torch.zeros(8)])
+    got = CenteredClip().aggregate(copies, torch.ones(4))
+    assert torch.allclose(got, copies.mean(0), atol=1e-6)  # not the all-zero median
+
+
+def test_a_partial_strikes_setting_keeps_the_other_defaults() -> None:
+    rules = Rules(strikes={FAR: 3})
+    assert rules.strikes[FAR] == 3 and rules.strikes[DIVERGED] == 2

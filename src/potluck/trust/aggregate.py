@@ -56,9 +56,10 @@ class CenteredClip:
             return x[0].clone()
         center = x.median(dim=0).values  # the lower middle value: an honest one
         spread = (x - center).norm(dim=1)
-        tau = self.tau_scale * float(spread.median())
-        if tau == 0.0:  # most copies are equal: that value is the center
-            return center
+        apart = spread[spread > 0]  # copies at the median (e.g. zeros of unused
+        if apart.numel() == 0:  # parameters) must not shrink the radius to nothing
+            return center  # every copy is equal
+        tau = self.tau_scale * float(apart.median())
         for iteration in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)

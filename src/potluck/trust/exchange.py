@@ -133,6 +133,7 @@ def recompute(kept: Sequence[Kept], owner: int, gathered: Sequence[Sequence[torc
         where = bucket.owners.index(owner) * bucket.piece
         given = bucket.result[where:where + bucket.piece].float()
         expected = aggregator.aggregate(torch.stack(list(copies)).float(), bucket.weights)
+        expected = expected.to(bucket.result.dtype).float()  # rounded as the owner's was
         diff = (given - expected).abs()
         diff = torch.where(torch.isnan(given) & torch.isnan(expected),
                            torch.zeros_like(diff), diff)

@@ -115,6 +115,8 @@ class TrustPart:
                 raise
             cohort.mark_step_failed()  # the next step recovers; this step's verdict is void
             return
+        finally:
+            self.ledger.reset(0)  # a step with no synced backward reports nothing stale
         self._record(found, steps)
 
     def on_membership(self, rank: int, world_size: int) -> None:

@@ -47,6 +47,9 @@ class Rules:
     memory: int = 50
 
     def __post_init__(self) -> None:
+        # A partial dict changes those kinds only; the others keep their defaults.
+        merged = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, **self.strikes}
+        object.__setattr__(self, "strikes", merged)
         if not self.far_ratio > 1:
             raise ConfigError(f"far_ratio={self.far_ratio!r} must be > 1 (honest senders "
                               "are about 1 apart from the median sender), e.g. 4.0")
