@@ -152,3 +152,18 @@ def test_copies_at_the_median_do_not_shrink_the_clip_radius_to_nothing() -> None
 def test_a_partial_strikes_setting_keeps_the_other_defaults() -> None:
     rules = Rules(strikes={FAR: 3})
     assert rules.strikes[FAR] == 3 and rules.strikes[DIVERGED] == 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 33])
+def test_the_lower_median_is_torch_median_also_with_ties(n: int) -> None:
+    from potluck.trust.aggregate import lower_median
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randint(-3, 4, (n, 257), generator=gen).float()  # many ties
+    assert torch.equal(lower_median(x), x.median(dim=0).values)
+
+
+def test_finite_rows_sees_nan_and_inf_anywhere() -> None:
+    from potluck.trust.aggregate import finite_rows
+    x = torch.ones(4, 9)
+    x[1, 8], x[2, 0], x[3, 4] = float("nan"), float("inf"), -float("inf")
+    assert finite_rows(x).tolist() == [True, False, False, False]

@@ -15,14 +15,16 @@ class Trust:
 
     ``aggregator``: ``CenteredClip()`` (default) or ``TrimmedMean(trim)``.
     ``fingerprint_every``: compare the replicas' parameters every K steps (0: never).
-    ``audit``: each step, every rank recomputes one owner's slices (picked after the
-    step, so no owner knows in advance) from an all-gather of every rank's copy.
+    ``audit_every``: on average one step in K (picked from a hash of the step's
+    reports, so no owner knows in advance), one owner's slices are audited: in the next
+    step every rank's copy of them rides along and every rank recomputes them (bytes:
+    ``(N - 1) / N`` of the gradient more in that step; 0: never).
     ``rules``: when evidence becomes quarantine (``potluck.trust.Rules``).
     """
 
     aggregator: Aggregator = field(default_factory=CenteredClip)
     fingerprint_every: int = 1
-    audit: bool = True
+    audit_every: int = 1
     rules: Rules = field(default_factory=Rules)
 
     def __post_init__(self) -> None:
@@ -32,5 +34,8 @@ class Trust:
         if not (isinstance(self.fingerprint_every, int) and self.fingerprint_every >= 0):
             raise ConfigError(f"Trust(fingerprint_every={self.fingerprint_every!r}) must be "
                               "an int >= 0 (steps between replica checks; 0: never)")
+        if not (isinstance(self.audit_every, int) and self.audit_every >= 0):
+            raise ConfigError(f"Trust(audit_every={self.audit_every!r}) must be an int >= 0 "
+                              "(one audit per K steps on average; 0: never)")
         if not isinstance(self.rules, Rules):
             raise ConfigError(f"Trust(rules={self.rules!r}) must be a potluck.trust.Rules")

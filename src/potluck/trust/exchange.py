@@ -5,14 +5,24 @@ For each gradient bucket every trusted rank owns one slice (as in a reduce-scatt
 1. an all-to-all sends each owner every rank's copy of its slice (each rank's plain
    gradient, averaged over its own samples: the reducer does not weigh it);
 2. the owner aggregates its slice robustly (``aggregate.py``) with the ranks' weights
-   from the step's split (``samples()``: the share planner's, never the ranks' word),
-   and notes each sender's distance to the aggregate and whether its copy was finite;
+   from the step's split (``samples()``: the share planner's, never the ranks' word);
 3. a second all-to-all hands every rank every owner's aggregate (an all-gather).
 
-Per rank that is ``2 (N - 1) / N`` of the bucket, the bytes of a ring all-reduce. A
-quarantined member of a fixed cohort still takes part but owns no slice and sends
-nothing that counts. What this rank needs to judge the step later (the reports, its
-own copy and the aggregates, for the audit) goes into a ``Ledger``.
+Per rank that is ``2 (N - 1) / N`` of the bucket, the bytes of a ring all-reduce. What
+trust needs to judge the step rides on the same two all-to-alls (``wire.py``), so a
+clean step has no other collective:
+
+- each copy carries its sender's fingerprint (of the parameters the gradient was
+  computed on, taken at the step's first bucket);
+- each aggregate carries its owner's report: per sender, whether its copies were
+  finite, their squared distance to the aggregate, and the fingerprint received;
+- the **audit**: after a step, ``TrustPart`` may pick one owner (from a hash of the
+  reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
+  copy of that owner's slices rides along with its aggregate, so every rank holds all
+  of them and recomputes the owner's aggregate (``recompute``).
+
+A quarantined member of a fixed cohort still takes part but owns no slice and sends
+nothing that counts. What this rank received goes into a ``Ledger``.
 """
 
 from __future__ import annotations
@@ -26,20 +36,57 @@ import torch
 
 from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
-from potluck.trust.aggregate import Aggregator, distances
+from potluck.trust import wire
+from potluck.trust.aggregate import Aggregator, distances, finite_rows
 
 
 @dataclass
 class Kept:
-    """One bucket of the step: this rank's copy and the aggregates, padded to
-    ``piece * len(owners)`` values (owner o's slice at ``o * piece``)."""
+    """One bucket of the step as this rank saw it. ``mine`` is its copy, padded to
+    ``piece * len(owners)`` (owner k's slice at ``k * piece``); ``received`` holds, per
+    owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values)
+    and the audit copy it sent (the rest)."""
 
     mine: torch.Tensor
-    result: torch.Tensor
+    received: torch.Tensor
     piece: int
+    report: int
     owners: tuple[int, ...]
     senders: tuple[int, ...]
     weights: torch.Tensor
+
+    @property
+    def stride(self) -> int:
+        return self.received.numel() // max(1, len(self.owners))
+
+    def rows(self) -> torch.Tensor:
+        return self.received.view(len(self.owners), self.stride)
+
+    def aggregate_of(self, owner: int) -> torch.Tensor:
+        return self.rows()[self.owners.index(owner), :self.piece]
+
+    def copy_of(self, owner: int) -> torch.Tensor:
+        """This rank's copy of ``owner``'s slice."""
+        at = self.owners.index(owner) * self.piece
+        return self.mine[at:at + self.piece]
+
+    def reports(self) -> torch.Tensor:
+        """``[owners, report words]``."""
+        block = self.rows()[:, self.piece:self.piece + self.report]
+        return wire.to_words(block).view(len(self.owners), -1)
+
+    def audit_copies(self) -> torch.Tensor:
+        """``[owners, values]``: each owner's copy of the audited slice."""
+        return self.rows()[:, self.piece + self.report:]
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """Audit ``owner``'s slices of ``step``: ``kept`` is that step's buckets."""
+
+    owner: int
+    step: int
+    kept: dict[int, Kept]
 
 
 @dataclass
@@ -47,98 +94,121 @@ class Ledger:
     """What this rank saw in the step's buckets (reset by the first bucket)."""
 
     world_size: int = 0
-    finite: list[float] = field(default_factory=list)  # per sender, as this rank's owner
-    distance: list[float] = field(default_factory=list)  # per sender
-    owned: int = 0  # values this rank aggregated
     buckets: dict[int, Kept] = field(default_factory=dict)
+    audit: AuditPlan | None = None  # the plan this step carried the copies for
 
-    def reset(self, world_size: int) -> None:
-        self.world_size, self.owned = world_size, 0
-        self.finite, self.distance = [1.0] * world_size, [0.0] * world_size
-        self.buckets = {}
+    def reset(self, world_size: int, audit: AuditPlan | None = None) -> None:
+        self.world_size, self.buckets, self.audit = world_size, {}, audit
 
 
 class RobustExchange:
-    """The hook (``DataParallel(comm_hook=...)``; ``state`` is unused)."""
+    """The hook (``DataParallel(comm_hook=...)``; ``state`` is unused). ``fingerprint()``
+    is called at each step's first bucket (0: not compared this step)."""
 
     prescaled = False  # each rank's plain gradient: the owner weighs the copies
 
     def __init__(self, aggregator: Aggregator, ledger: Ledger,
                  samples: Callable[[], Sequence[int] | None],
-                 trusted: Callable[[int], Sequence[int]]) -> None:
+                 trusted: Callable[[int], Sequence[int]],
+                 fingerprint: Callable[[], int]) -> None:
         self.aggregator, self.ledger = aggregator, ledger
-        self._samples, self._trusted = samples, trusted
+        self._samples, self._trusted, self._fingerprint = samples, trusted, fingerprint
+        self._plan: AuditPlan | None = None
+        self._print = 0
+
+    def plan_audit(self, plan: AuditPlan | None) -> None:
+        """Carry every rank's copy of ``plan.owner``'s slices in the next step."""
+        self._plan = plan
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
         group, n, me = bucket.group, bucket.world_size, bucket.rank
         if bucket.index == 0:
-            self.ledger.reset(n)
+            self.ledger.reset(n, self._plan)
+            self._plan, self._print = None, self._fingerprint()
         flat = bucket.buffer.view(-1)
+        dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
         senders = owners  # the copies that count come from the trusted ranks
         split = self._samples()
-        counts = [float(split[r]) if split is not None and r < len(split) else 1.0
-                  for r in senders]
-        weights = torch.tensor(counts, dtype=torch.float32, device=flat.device)
+        weights = torch.tensor([float(split[r]) if split is not None and r < len(split)
+                                else 1.0 for r in senders], dtype=torch.float32,
+                               device=flat.device)
         piece = max(1, math.ceil(flat.numel() / len(owners)))
-        mine = torch.zeros(piece * len(owners), dtype=flat.dtype, device=flat.device)
+        mine = torch.zeros(piece * len(owners), dtype=dtype, device=flat.device)
         mine[:flat.numel()] = flat
-        owner = me in owners
-        to_each = [piece if r in owners else 0 for r in range(n)]
-        from_each = [piece if owner and r in senders else 0 for r in range(n)]
-        received = torch.empty(sum(from_each), dtype=flat.dtype, device=flat.device)
-        send = mine if me in senders else torch.empty(0, dtype=flat.dtype, device=flat.device)
-        if me not in senders:
-            to_each = [0] * n
+        owner, sending = me in owners, me in senders
+        # 1. each owner gets every sender's copy of its slice, and the sender's fingerprint
+        if sending:
+            header = wire.to_values(torch.tensor([self._print], dtype=torch.int64), dtype)
+            send = torch.cat([mine.view(len(owners), piece),
+                              header.to(flat.device).expand(len(owners), word)], 1).view(-1)
+        else:
+            send = torch.empty(0, dtype=dtype, device=flat.device)
+        to_each = [piece + word if sending and r in owners else 0 for r in range(n)]
+        from_each = [piece + word if owner and r in senders else 0 for r in range(n)]
+        received = torch.empty(sum(from_each), dtype=dtype, device=flat.device)
         work = group.alltoall_base(received, send, from_each, to_each)  # type: ignore[attr-defined]
         wait_for(work, group, "robust aggregation (scatter)")
+        # 2. every rank gets every owner's aggregate, its report and any audit copy
+        audited = self._audited(bucket.index, owners, flat)
+        report = wire.report_words(len(senders)) * word
+        stride = piece + report + audited.numel()
         if owner:
-            copies = received.view(len(senders), piece).float()
+            rows = received.view(len(senders), piece + word)
+            copies = rows[:, :piece].float()
             value = self.aggregator.aggregate(copies, weights)
-            self._note(senders, copies, value)
-            outgoing = value.to(flat.dtype).repeat(n)
+            prints = wire.to_words(rows[:, piece:]).tolist()
+            words = wire.encode_report(
+                piece, finite_rows(copies).tolist(),
+                distances(copies, value).tolist(), prints)
+            outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
+                                  audited]).repeat(n)
         else:
-            outgoing = torch.empty(0, dtype=flat.dtype, device=flat.device)
-        result = torch.empty(piece * len(owners), dtype=flat.dtype, device=flat.device)
+            outgoing = torch.empty(0, dtype=dtype, device=flat.device)
+        result = torch.empty(stride * len(owners), dtype=dtype, device=flat.device)
         work = group.alltoall_base(  # type: ignore[attr-defined]
-            result, outgoing, [piece if r in owners else 0 for r in range(n)],
-            [piece if owner else 0] * n)
-        self.ledger.buckets[bucket.index] = Kept(mine, result, piece, owners, senders, weights)
+            result, outgoing, [stride if r in owners else 0 for r in range(n)],
+            [stride if owner else 0] * n)
+        self.ledger.buckets[bucket.index] = Kept(mine, result, piece, report, owners,
+                                                 senders, weights)
         numel = flat.numel()
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
             fut.value()  # re-raises the collective's failure
-            return result[:numel].view_as(bucket.buffer)
+            values = result.view(len(owners), stride)[:, :piece].reshape(-1)
+            return values[:numel].view_as(bucket.buffer)
 
         return work.get_future().then(done)  # type: ignore[no-any-return]
 
-    def _note(self, senders: Sequence[int], copies: torch.Tensor, value: torch.Tensor) -> None:
-        ledger = self.ledger
-        d2 = distances(copies, value).tolist()
-        finite = torch.isfinite(copies).all(dim=1).tolist()
-        ledger.owned += int(copies.shape[1])
-        for row, sender in enumerate(senders):
-            ledger.distance[sender] += d2[row]
-            if not finite[row]:
-                ledger.finite[sender] = 0.0
+    def _audited(self, index: int, owners: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """This rank's copy of the audited owner's slice in bucket ``index`` of the
+        planned step (empty when nothing is audited or the buckets changed since)."""
+        plan = self.ledger.audit
+        kept = plan.kept.get(index) if plan is not None else None
+        if plan is None or kept is None or kept.owners != owners:
+            return like.new_empty(0)
+        return kept.copy_of(plan.owner)
 
 
-def recompute(kept: Sequence[Kept], owner: int, gathered: Sequence[Sequence[torch.Tensor]],
-              aggregator: Aggregator) -> float:
-    """The audit of ``owner``'s slices: the largest difference, relative to the slice's
-    size, between what it handed out and the aggregate of every rank's copy
-    (``gathered[b][i]``: sender i's copy of the slice in bucket b)."""
-    worst = 0.0
-    for bucket, copies in zip(kept, gathered, strict=True):
-        where = bucket.owners.index(owner) * bucket.piece
-        given = bucket.result[where:where + bucket.piece].float()
-        expected = aggregator.aggregate(torch.stack(list(copies)).float(), bucket.weights)
-        expected = expected.to(bucket.result.dtype).float()  # rounded as the owner's was
+def recompute(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
+    """The audit of ``plan.owner``'s slices: the largest difference, relative to the
+    slice's size, between what it handed out in ``plan.step`` and the aggregate of every
+    rank's copy (``carried``: the next step's buckets, whose audit copies they are).
+    NaN when no bucket carried its copies."""
+    worst = math.nan
+    for index, kept in plan.kept.items():
+        later = carried.get(index)
+        if (later is None or later.owners != kept.owners
+                or later.audit_copies().shape[1] != kept.piece):
+            continue
+        given = kept.aggregate_of(plan.owner).float()
+        expected = aggregator.aggregate(later.audit_copies().float(), kept.weights)
+        expected = expected.to(kept.received.dtype).float()  # rounded as the owner's was
         diff = (given - expected).abs()
         diff = torch.where(torch.isnan(given) & torch.isnan(expected),
                            torch.zeros_like(diff), diff)
         diff = torch.nan_to_num(diff, nan=math.inf)
         scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
                                              neginf=0.0).abs().max())
-        worst = max(worst, float(diff.max()) / scale)
+        worst = max(0.0 if math.isnan(worst) else worst, float(diff.max()) / scale)
     return worst

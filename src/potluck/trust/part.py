@@ -1,14 +1,15 @@
 """``TrustPart``: the step transaction's trust part (``docs/trust.md``).
 
-After each committed step every rank all-gathers one small report (its parameters'
-fingerprint; as a slice owner, each sender's distance to the aggregates and whether
-its copies were finite), then:
+The exchange (``exchange.py``) brings every rank, inside the step's own all-to-alls,
+each owner's report on the copies it aggregated and every sender's fingerprint. After
+each committed step every rank then, with no collective on a clean step:
 
-1. **audit**: one owner, picked from a hash of the reports (so after the fact), has
-   its slices recomputed by every rank from an all-gather of every rank's copy; an
-   aggregate that differs is evidence against the owner;
-2. **verdict**: the pure rules of ``verdict.py`` turn the reports into evidence, and
+1. **verdict**: the pure rules of ``verdict.py`` turn the reports into evidence, and
    evidence into strikes and quarantine (the same on every honest rank);
+2. **audit**: if the previous step planned one, recompute the audited owner's slices
+   from every rank's copy (carried by this step); an aggregate that differs is
+   evidence against the owner. Then a hash of this step's reports decides whether the
+   next step carries an audit, and of whom (so no owner knows in advance);
 3. **repair**: a replica whose fingerprint differs from the majority's gets the
    majority's parameters and buffers (a broadcast from the lowest such rank);
 4. **quarantine**: a member with enough strikes is out. On an elastic cohort the
@@ -22,7 +23,6 @@ Every quarantine and repair is logged with its evidence and kept in ``events``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from potluck.cohort import Cohort
-from potluck.collectives import allgather_tensor, broadcast_coalesced
+from potluck.collectives import broadcast_coalesced
 from potluck.errors import PeerLostError
 from potluck.trust.config import Trust
-from potluck.trust.exchange import Ledger, RobustExchange, recompute
+from potluck.trust.exchange import AuditPlan, Kept, Ledger, RobustExchange, recompute
 from potluck.trust.fingerprint import fingerprint
 from potluck.trust.verdict import (
     DIVERGED,
@@ -44,6 +44,7 @@ from potluck.trust.verdict import (
     judge,
     majority_fingerprint,
 )
+from potluck.trust.wire import decode_reports
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,10 @@ class TrustPart:
         self.ledger = Ledger()
         self.strikes = Strikes(config.rules)
         self.events: list[dict[str, Any]] = []  # quarantines and repairs, with evidence
-        self.exchange = RobustExchange(config.aggregator, self.ledger, samples, self.trusted)
+        self.exchange = RobustExchange(config.aggregator, self.ledger, samples, self.trusted,
+                                       self._fingerprint)
         self._removals: list[tuple[str, str]] = []  # (member, why) for this boundary
+        self._steps = 0  # committed steps: the exchange's step is the next one
 
     # --------------------------------------------------------------- who counts
 
@@ -86,29 +89,22 @@ class TrustPart:
     # ----------------------------------------------------------- the step part
 
     def on_commit(self, steps: int) -> None:
-        cohort = self._cohort
-        group = cohort.group
-        n = group.size()
-        if n == 1:
+        self._steps = steps
+        cohort, ledger = self._cohort, self.ledger
+        n = cohort.group.size()
+        if n == 1 or not (ledger.world_size == n and ledger.buckets):
+            self.exchange.plan_audit(None)  # no synced backward: nothing to judge
+            ledger.reset(0)
             return
         trusted = self.trusted(n)
-        every = self.config.fingerprint_every
-        fp = fingerprint(self._tensors()) if every and steps % every == 0 else 0
-        fresh = self.ledger.world_size == n and bool(self.ledger.buckets)
-        row = [float(fp >> 32), float(fp & 0xFFFFFFFF), float(self.ledger.owned if fresh else 0)]
-        row += self.ledger.finite if fresh else [1.0] * n
-        row += self.ledger.distance if fresh else [0.0] * n
+        kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
+        found: list[tuple[int, str, str]] = []
         try:
-            rows = allgather_tensor(torch.tensor(row, dtype=torch.float64,
-                                                 device=cohort.device), group)
-            table = [r.tolist() for r in rows]
-            reports = Reports(finite=[t[3:3 + n] for t in table],
-                              distance=[t[3 + n:3 + 2 * n] for t in table],
-                              owns=[t[2] for t in table],
-                              fingerprint=[(int(t[0]) << 32) | int(t[1]) for t in table])
+            reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
             found = judge(reports, self._split(n), trusted, self.config.rules)
-            if self.config.audit and fresh:
-                found += self._audit(table, trusted, steps)
+            if ledger.audit is not None:
+                found += self._audit(ledger.audit)
+            self.exchange.plan_audit(self._next_audit(kept, steps))
             self._repair(reports, trusted, found, steps)
         except PeerLostError:
             if not cohort.elastic:
@@ -116,12 +112,13 @@ class TrustPart:
             cohort.mark_step_failed()  # the next step recovers; this step's verdict is void
             return
         finally:
-            self.ledger.reset(0)  # a step with no synced backward reports nothing stale
+            ledger.reset(0)  # a step with no synced backward reports nothing stale
         self._record(found, steps)
 
     def on_membership(self, rank: int, world_size: int) -> None:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
+        self.exchange.plan_audit(None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:]}
@@ -132,26 +129,36 @@ class TrustPart:
 
     # ----------------------------------------------------------------- the work
 
-    def _audit(self, table: list[list[float]], trusted: list[int],
-               steps: int) -> list[tuple[int, str, str]]:
-        kept = [self.ledger.buckets[b] for b in sorted(self.ledger.buckets)]
-        owners = kept[0].owners
-        digest = hashlib.sha256(json.dumps([steps, table]).encode()).digest()
-        owner = owners[int.from_bytes(digest[:8], "big") % len(owners)]
-        pieces = [k.mine[k.owners.index(owner) * k.piece:(k.owners.index(owner) + 1) * k.piece]
-                  for k in kept]
-        gathered = allgather_tensor(torch.cat(pieces), self._cohort.group)
-        per_bucket: list[list[torch.Tensor]] = []
-        start = 0
-        for k in kept:
-            per_bucket.append([gathered[i][start:start + k.piece] for i in k.senders])
-            start += k.piece
-        worst = recompute(kept, owner, per_bucket, self.config.aggregator)
-        if worst <= _AUDIT_TOLERANCE:
+    def _audit(self, plan: AuditPlan) -> list[tuple[int, str, str]]:
+        worst = recompute(plan, self.ledger.buckets, self.config.aggregator)
+        if not worst > _AUDIT_TOLERANCE:  # NaN: the buckets changed, nothing audited
             return []
-        return [(owner, WRONG_AGGREGATE, f"the aggregate of the slices it owns differs from "
-                                         f"every rank's recomputation by {worst:.3g} "
-                                         "(relative)")]
+        return [(plan.owner, WRONG_AGGREGATE,
+                 f"its aggregate of step {plan.step} differs from every rank's "
+                 f"recomputation by {worst:.3g} (relative)")]
+
+    def _next_audit(self, kept: list[Kept], steps: int) -> AuditPlan | None:
+        """Whether the next step carries an audit, and of whom: a hash of this step's
+        reports, which every honest rank holds alike and no owner knew when it sent."""
+        every = self.config.audit_every
+        if not every:
+            return None
+        digest = hashlib.sha256(str(steps).encode())
+        for k in kept:
+            digest.update(k.reports().numpy().tobytes())
+        pick = int.from_bytes(digest.digest()[:8], "big")
+        if pick % every:
+            return None
+        owners = kept[0].owners
+        return AuditPlan(owners[(pick // every) % len(owners)], steps,
+                         {b: k for b, k in self.ledger.buckets.items()})
+
+    def _fingerprint(self) -> int:
+        """The replica's fingerprint for the step about to be exchanged (0: not compared)."""
+        every = self.config.fingerprint_every
+        if not every or (self._steps + 1) % every:
+            return 0
+        return fingerprint(self._tensors())
 
     def _repair(self, reports: Reports, trusted: list[int],
                 found: list[tuple[int, str, str]], steps: int) -> None:

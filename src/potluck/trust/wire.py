@@ -1,0 +1,101 @@
+"""What rides on the robust exchange's two all-to-alls besides the gradient (pure).
+
+Trust needs a few numbers from every rank each step: its parameters' fingerprint, and
+each owner's report on the copies it aggregated. Rather than a collective of their own,
+they travel as 64-bit *words* appended to the gradient slices, their bytes reinterpreted
+in the bucket's dtype (a word is 2 float32 values, 4 bf16 ones): an all-to-all only
+moves bytes, so every bit arrives as sent.
+
+- A sender's message to each owner: its slice, then one word, its fingerprint.
+- An owner's message to each rank: its aggregate, then its report, ``report_words``
+  words (``encode_report``), then any audit copy (``exchange.py``).
+
+``decode_reports`` turns the reports every rank received into the ``Reports`` that
+``verdict.judge`` reads.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import torch
+
+from potluck.trust.verdict import Reports
+
+WORD = 8  # bytes
+
+
+def per_word(dtype: torch.dtype) -> int:
+    """Values of ``dtype`` in one word."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    if WORD % size:
+        raise ValueError(f"gradient buckets of {dtype} cannot carry 8-byte words")
+    return WORD // size
+
+
+def to_values(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``words`` (int64, 1-D) as values of ``dtype`` (the same bytes)."""
+    return words.contiguous().view(dtype)
+
+
+def to_words(values: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``to_values``: a run of values back to int64 words (copied: a
+    run inside a bucket need not start on a word boundary)."""
+    return values.reshape(-1).clone().view(torch.int64)
+
+
+def float_word(value: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def word_float(word: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", word))[0])
+
+
+def report_words(senders: int) -> int:
+    """Words in one owner's report on one bucket."""
+    return 1 + 3 * senders
+
+
+def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
+                  prints: Sequence[int]) -> torch.Tensor:
+    """``[owned, then per sender: finite, squared distance, the fingerprint it sent]``."""
+    words = [owned]
+    for ok, d2, fp in zip(finite, distance, prints, strict=True):
+        words += [int(ok), float_word(d2), fp]
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.Tensor]],
+                   world_size: int) -> Reports:
+    """The step's ``Reports`` from each bucket's ``(owners, senders, reports)``, where
+    ``reports[k]`` is owner ``owners[k]``'s report words (every bucket's are summed).
+
+    A sender's fingerprint is the one most owners received from it (a sender that sent
+    owners different ones, or whose owners disagree, gets none: it counts as diverged)."""
+    n = world_size
+    owns = [0.0] * n
+    finite = [[1.0] * n for _ in range(n)]
+    distance = [[0.0] * n for _ in range(n)]
+    forwarded: dict[int, list[int]] = {}
+    for number, (owners, senders, reports) in enumerate(buckets):
+        rows = reports.tolist()
+        for owner, row in zip(owners, rows, strict=True):
+            owns[owner] += float(row[0])
+            for k, sender in enumerate(senders):
+                ok, d2, fp = row[1 + 3 * k:4 + 3 * k]
+                if not ok:
+                    finite[owner][sender] = 0.0
+                distance[owner][sender] += word_float(d2)
+                if number == 0:
+                    forwarded.setdefault(sender, []).append(fp)
+    prints = [0] * n
+    for sender, seen in forwarded.items():
+        counts = {fp: seen.count(fp) for fp in seen}
+        value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
+        prints[sender] = value if count * 2 > len(seen) else _NO_MAJORITY - sender
+    return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints)
+
+
+_NO_MAJORITY = -(1 << 62)  # below any fingerprint (they are >= 0), one per sender

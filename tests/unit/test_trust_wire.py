@@ -1,0 +1,47 @@
+"""What rides on the robust exchange: 64-bit words in any bucket dtype, the owners'
+reports and the fingerprints every rank decodes alike (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from potluck.trust import wire
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16,
+                                   torch.float64])
+def test_words_survive_any_bucket_dtype_bit_for_bit(dtype: torch.dtype) -> None:
+    # extremes, and patterns that read as NaN or Inf in the narrow dtypes
+    words = torch.tensor([0, -1, (1 << 63) - 1, -(1 << 63), 0x7FF8_0000_0000_0001,
+                          0x7C01_7FC1_FFFF_FF80, wire.float_word(math.pi)], dtype=torch.int64)
+    values = wire.to_values(words, dtype)
+    assert values.dtype == dtype and values.numel() == words.numel() * wire.per_word(dtype)
+    carried = torch.cat([torch.randn(3).to(dtype), values]).clone()[3:]  # moved, as on the wire
+    assert torch.equal(wire.to_words(carried), words)
+    assert wire.word_float(wire.float_word(-2.5e-300)) == -2.5e-300
+
+
+def test_reports_decode_to_what_each_owner_saw_summed_over_buckets() -> None:
+    owners = senders = (0, 1, 3)  # rank 2 is out: it owns nothing and nobody hears it
+    one = torch.stack([wire.encode_report(10, [True, True, o != 1], [1.0, 2.0, 3.0 + o],
+                                          [5, 5, 9]) for o in owners])
+    two = torch.stack([wire.encode_report(4, [True, True, True], [0.5, 0.5, 0.5], [5, 5, 9])
+                       for _ in owners])
+    reports = wire.decode_reports([(owners, senders, one), (owners, senders, two)], 4)
+    assert reports.owns == [14.0, 14.0, 0.0, 14.0]
+    assert reports.finite[1] == [1.0, 1.0, 1.0, 0.0] and reports.finite[0][3] == 1.0
+    assert reports.distance[3] == [1.5, 2.5, 0.0, 6.5]
+    assert reports.fingerprint == [5, 5, 0, 9]
+
+
+def test_a_fingerprint_without_a_majority_of_owners_counts_as_no_fingerprint() -> None:
+    owners = senders = (0, 1, 2, 3)
+    # rank 3 told owners 0 and 1 one fingerprint and owners 2 and 3 another
+    rows = torch.stack([wire.encode_report(1, [True] * 4, [1.0] * 4,
+                                           [7, 7, 7, 11 if o < 2 else 12]) for o in owners])
+    prints = wire.decode_reports([(owners, senders, rows)], 4).fingerprint
+    assert prints[:3] == [7, 7, 7]
+    assert prints[3] not in (7, 11, 12) and prints[3] < 0
