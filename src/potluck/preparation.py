@@ -141,7 +141,13 @@ def prepare(
 
     observer = observer_for(cohort, lambda: wrapped.reducer.last_pass, samples=samples,
                             inner=clock, metrics_dir=metrics_dir)
-    guard = TrustPart(trust, cohort, model, lambda: loader.split) if trust else None
+    if trust is not None and trust.spot_check is not None and config:
+        raise ConfigError("trust=Trust(spot_check=...) with balancing (balance= or potluck "
+                          "run --balance): a spot check recomputes a rank's gradient on its "
+                          "whole part in one pass, which micro-batches would not match; "
+                          "drop one of them")
+    guard = TrustPart(trust, cohort, model, lambda: loader.split,
+                      lambda rank: loader.part_of(rank)) if trust else None
     if guard is not None:
         data_parallel = {**data_parallel, "comm_hook": guard.exchange}
     wrapped = DataParallel(model, group=cohort.group,

@@ -15,8 +15,10 @@ from potluck.harness.ranks import free_port, run_ranks
 STEPS = 20
 
 
-def _run(attack: str, trust: bool, steps: int = STEPS, wrap: bool = True) -> dict[str, Any]:
-    spec = {"attack": attack, "trust": trust, "seed": 0, "steps": steps, "wrap": wrap}
+def _run(attack: str, trust: bool, steps: int = STEPS, wrap: bool = True,
+         spot: int = 0) -> dict[str, Any]:
+    spec = {"attack": attack, "trust": trust, "seed": 0, "steps": steps, "wrap": wrap,
+            "spot": spot}
     return run_ranks(run_rank, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
                      timeout=120)[0]
 
@@ -83,3 +85,16 @@ def test_each_attack_is_survived_and_the_gross_ones_quarantined_at_once() -> Non
             assert caught, f"{attack}: the attacker was never quarantined"
             assert caught[0]["step"] - run["start"] + 1 <= 3, (attack, caught[0])
             assert caught[0]["evidence"], attack  # quarantine comes with its evidence
+
+
+@pytest.mark.timeout(120)
+def test_spot_checks_catch_a_stale_replay_and_accuse_no_honest_rank() -> None:
+    # Every step is checked (a target picked at random among 4): an honest copy
+    # recomputes exactly, the stale one (from step 11) is caught within a few checks.
+    clean = _run("none", True, steps=40, spot=1)
+    assert clean["events"] == []
+    run = _run("stale", True, steps=40, spot=1)
+    caught = [e for e in run["events"] if e["event"] == "quarantine"]
+    assert [e["member"] for e in caught] == [f"rank{ATTACKER}"]
+    assert caught[0]["evidence"][0]["kind"] == "wrong gradient"
+    assert caught[0]["step"] >= run["start"]

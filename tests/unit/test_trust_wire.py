@@ -45,3 +45,13 @@ def test_a_fingerprint_without_a_majority_of_owners_counts_as_no_fingerprint() -
     prints = wire.decode_reports([(owners, senders, rows)], 4).fingerprint
     assert prints[:3] == [7, 7, 7]
     assert prints[3] not in (7, 11, 12) and prints[3] < 0
+
+
+def test_an_owners_spot_check_rides_in_its_report() -> None:
+    from potluck.trust.verdict import SpotResult
+    owners = senders = (0, 1, 2)
+    rows = torch.stack([wire.encode_report(3, [True] * 3, [1.0] * 3, [1, 1, 1],
+                                           SpotResult(2, 0.25, True) if o == 0 else None)
+                        for o in owners])
+    spots = wire.decode_reports([(owners, senders, rows)], 3).spot
+    assert spots == [SpotResult(2, 0.25, True), None, None]

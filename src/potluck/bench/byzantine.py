@@ -1,10 +1,11 @@
 """``potluck bench byzantine``: 4 workers, 1 attacker; plain mean vs potluck with trust.
 
 Each attack runs twice, interleaved: the plain mean (torch DDP's semantics) and
-``prepare(trust=Trust())``. Reported: the final held-out loss of an honest replica over
-a clean run's (plain mean, no attacker), the steps from the attack's start to the
-attacker's quarantine, quarantines over clean runs with trust (false ones), and the
-step time with trust over without on a clean run (interleaved rounds, medians).
+``prepare(trust=Trust(spot_check=SpotCheck(loss, every=2)))``. Reported: the final
+held-out loss of an honest replica over a clean run's (plain mean, no attacker), the
+steps from the attack's start to the attacker's quarantine, quarantines over clean runs
+with trust (false ones), and the step time with trust over without on a clean run
+(interleaved rounds, medians), with and without spot checks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from potluck.harness.attacks import ATTACKS, GROSS
 from potluck.harness.ranks import free_port, run_ranks
 
 WORKERS = 4
+SPOT_EVERY = 2  # the trust contender spot-checks one step in 2 on average
 GOALS = {"worst_loss_ratio": 1.05, "max_steps_to_quarantine": 3, "false_quarantines": 0,
          "clean_overhead": 0.10}
 
@@ -42,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     for attack in attacks:
         row: dict[str, Any] = {}
         for contender in interleaved(("plain", "trust"), 1):
-            run = _run(attack, contender == "trust", 0, steps)
+            run = _run(attack, contender == "trust", 0, steps, spot=SPOT_EVERY)
             row[contender] = _ratio(run["loss"], baseline["loss"])
             if contender == "trust":
                 row["steps_to_quarantine"] = _steps_to_quarantine(run)
@@ -51,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
               f"quarantined after {row['steps_to_quarantine']} step(s)", flush=True)
     false = 0
     for seed in range(clean_runs):
-        run = _run("none", True, seed, steps)
+        run = _run("none", True, seed, steps, spot=SPOT_EVERY)
         false += any(e["event"] == "quarantine" for e in run["events"])
     overhead = _overhead(rounds, steps)
     worst = max((r["trust"] for r in results.values()), default=math.nan)
@@ -72,18 +74,25 @@ def main(args: argparse.Namespace) -> int:
     print(f"clean_overhead {overhead['overhead']:+.3f} (step {overhead['trust_ms']:.2f} ms "
           f"with trust vs {overhead['plain_ms']:.2f} ms without; goal <= "
           f"{GOALS['clean_overhead']})")
+    print(f"  without spot checks (Trust()): {overhead['overhead_no_spot']:+.3f} (step "
+          f"{overhead['no_spot_ms']:.2f} ms)")
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
         write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
                                "clean_loss": baseline["loss"], "clean_runs": clean_runs,
                                "steps": steps, "workers": WORKERS, "attacker_rank": ATTACKER,
-                               "step_ms": {k: overhead[k] for k in ("plain_ms", "trust_ms")},
+                               "clean_overhead_without_spot_checks":
+                                   overhead["overhead_no_spot"], "spot_every": SPOT_EVERY,
+                               "step_ms": {k: overhead[k] for k in
+                                           ("plain_ms", "trust_ms", "no_spot_ms")},
                                "quick": bool(args.quick)})
     return 0
 
 
-def _run(attack: str, trust: bool, seed: int, steps: int, wrap: bool = True) -> dict[str, Any]:
-    spec = {"attack": attack, "trust": trust, "seed": seed, "steps": steps, "wrap": wrap}
+def _run(attack: str, trust: bool, seed: int, steps: int, wrap: bool = True,
+         spot: int = 0) -> dict[str, Any]:
+    spec = {"attack": attack, "trust": trust, "seed": seed, "steps": steps, "wrap": wrap,
+            "spot": spot}
     results = run_ranks(run_rank, WORKERS, free_port(), spec, init_group=False, timeout=300)
     return results[0]  # type: ignore[no-any-return]
 
@@ -99,9 +108,11 @@ def _steps_to_quarantine(run: dict[str, Any]) -> int | None:
 
 
 def _overhead(rounds: int, steps: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {"plain": [], "trust": []}
-    for contender in interleaved(("plain", "trust"), rounds):
-        run = _run("none", contender == "trust", 0, steps, wrap=False)
+    times: dict[str, list[float]] = {"plain": [], "trust": [], "no_spot": []}
+    for contender in interleaved(("plain", "trust", "no_spot"), rounds):
+        run = _run("none", contender != "plain", 0, steps, wrap=False,
+                   spot=SPOT_EVERY if contender == "trust" else 0)
         times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
-    plain, trust = median(times["plain"]), median(times["trust"])
-    return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "overhead": trust / plain - 1}
+    plain, trust, no_spot = (median(times[k]) for k in ("plain", "trust", "no_spot"))
+    return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
+            "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1}

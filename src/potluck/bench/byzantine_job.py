@@ -32,9 +32,15 @@ def model(seed: int) -> nn.Module:
                          nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
+def spot_loss(net: Any, batch: Any) -> torch.Tensor:
+    """The loop's loss, for spot checks."""
+    return nn.functional.cross_entropy(net(batch[0]), batch[1])
+
+
 def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: attack (a name or "none"), trust (bool), seed, steps, wrap (bool: put
-    the attack wrapper in even with no attack; False for the timing runs)."""
+    the attack wrapper in even with no attack; False for the timing runs), spot (spot
+    check every K steps under trust; 0: none)."""
     import logging
 
     import potluck
@@ -47,9 +53,12 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     train, (hx, hy) = data(spec["steps"])
     net = model(spec["seed"])
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    every = spec.get("spot", 0)
+    trust = potluck.Trust(spot_check=potluck.trust.SpotCheck(spot_loss, every=every)
+                          if every else None)
     wrapped, opt, loader = potluck.prepare(
         net, optimizer, train, global_batch=GLOBAL_BATCH, seed=spec["seed"], cohort=cohort,
-        trust=potluck.Trust() if spec["trust"] else None)
+        trust=trust if spec["trust"] else None)
     part = opt.part(potluck.trust.TrustPart)
     attack = None
     if spec["wrap"]:

@@ -22,6 +22,7 @@ from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
 from potluck.data.split import equal_shares, split_block, split_counts
+from potluck.data.state import CursorState
 from potluck.errors import ConfigError, CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
@@ -55,6 +56,7 @@ class StepLoader:
         self._inner_of = inner_steps
         self.micro_batches = 1  # for the step last handed out
         self.split: list[int] = []  # samples per rank of the step last handed out
+        self._handed: tuple[CursorState, Sequence[float]] | None = None  # its cursor state, shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
@@ -81,6 +83,7 @@ class StepLoader:
             start, stop = state.block
             shares = self._shares_for(stop - start, world_size)
             self.split = split_counts(stop - start, shares)
+            self._handed = (state, shares)
             indices = self.cursor.rank_indices(rank, shares)
             if not indices:
                 raise CursorError(
@@ -98,6 +101,15 @@ class StepLoader:
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
             yield batch
+
+    def part_of(self, rank: int) -> Any:
+        """``rank``'s batch of the step last handed out (what it trained on: a spot
+        check recomputes its gradient, ``potluck.trust``)."""
+        if self._handed is None:
+            raise CursorError("part_of(): no step was handed out yet")
+        state, shares = self._handed
+        return self.collate([self.dataset[i] for i in
+                             self.cursor.rank_indices(rank, shares, state=state)])
 
     def _round(self, indices: list[int], part: tuple[int, int],
                block: tuple[int, int]) -> Iterator[Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from potluck.errors import ConfigError
 from potluck.trust.aggregate import Aggregator, CenteredClip
+from potluck.trust.spot import SpotCheck
 from potluck.trust.verdict import Rules
 
 
@@ -20,12 +21,15 @@ class Trust:
     step every rank's copy of them rides along and every rank recomputes them (bytes:
     ``(N - 1) / N`` of the gradient more in that step; 0: never).
     ``rules``: when evidence becomes quarantine (``potluck.trust.Rules``).
+    ``spot_check``: ``SpotCheck(loss)`` has the owners recompute, now and then, one
+    rank's gradient on its own samples (off by default: it needs the loss).
     """
 
     aggregator: Aggregator = field(default_factory=CenteredClip)
     fingerprint_every: int = 1
     audit_every: int = 1
     rules: Rules = field(default_factory=Rules)
+    spot_check: SpotCheck | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.aggregator, Aggregator):
@@ -37,5 +41,8 @@ class Trust:
         if not (isinstance(self.audit_every, int) and self.audit_every >= 0):
             raise ConfigError(f"Trust(audit_every={self.audit_every!r}) must be an int >= 0 "
                               "(one audit per K steps on average; 0: never)")
+        if self.spot_check is not None and not isinstance(self.spot_check, SpotCheck):
+            raise ConfigError(f"Trust(spot_check={self.spot_check!r}) must be a "
+                              "potluck.trust.SpotCheck(loss) or None")
         if not isinstance(self.rules, Rules):
             raise ConfigError(f"Trust(rules={self.rules!r}) must be a potluck.trust.Rules")

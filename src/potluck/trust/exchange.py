@@ -15,7 +15,8 @@ clean step has no other collective:
 - each copy carries its sender's fingerprint (of the parameters the gradient was
   computed on, taken at the step's first bucket);
 - each aggregate carries its owner's report: per sender, whether its copies were
-  finite, their squared distance to the aggregate, and the fingerprint received;
+  finite, their squared distance to the aggregate, and the fingerprint received; and
+  the owner's spot check of the last step (``report_spot``, ``spot.py``);
 - the **audit**: after a step, ``TrustPart`` may pick one owner (from a hash of the
   reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
   copy of that owner's slices rides along with its aggregate, so every rank holds all
@@ -38,6 +39,7 @@ from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, distances, finite_rows
+from potluck.trust.verdict import SpotResult
 
 
 @dataclass
@@ -45,7 +47,8 @@ class Kept:
     """One bucket of the step as this rank saw it. ``mine`` is its copy, padded to
     ``piece * len(owners)`` (owner k's slice at ``k * piece``); ``received`` holds, per
     owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values)
-    and the audit copy it sent (the rest)."""
+    and the audit copy it sent (the rest). As an owner, ``copies`` are the senders'
+    copies of its slice (``[senders, piece]``; empty otherwise)."""
 
     mine: torch.Tensor
     received: torch.Tensor
@@ -54,6 +57,8 @@ class Kept:
     owners: tuple[int, ...]
     senders: tuple[int, ...]
     weights: torch.Tensor
+    copies: torch.Tensor
+    parameters: tuple[torch.nn.Parameter, ...]
 
     @property
     def stride(self) -> int:
@@ -114,17 +119,24 @@ class RobustExchange:
         self.aggregator, self.ledger = aggregator, ledger
         self._samples, self._trusted, self._fingerprint = samples, trusted, fingerprint
         self._plan: AuditPlan | None = None
+        self._spot: SpotResult | None = None
+        self._sending_spot: SpotResult | None = None
         self._print = 0
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
         """Carry every rank's copy of ``plan.owner``'s slices in the next step."""
         self._plan = plan
 
+    def report_spot(self, result: SpotResult | None) -> None:
+        """This owner's spot check of the last step, for the next step's reports."""
+        self._spot = result
+
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
         group, n, me = bucket.group, bucket.world_size, bucket.rank
         if bucket.index == 0:
             self.ledger.reset(n, self._plan)
             self._plan, self._print = None, self._fingerprint()
+            self._sending_spot, self._spot = self._spot, None
         flat = bucket.buffer.view(-1)
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
@@ -160,17 +172,18 @@ class RobustExchange:
             prints = wire.to_words(rows[:, piece:]).tolist()
             words = wire.encode_report(
                 piece, finite_rows(copies).tolist(),
-                distances(copies, value).tolist(), prints)
+                distances(copies, value).tolist(), prints, self._sending_spot)
             outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
                                   audited]).repeat(n)
         else:
+            rows = received.view(0, piece + word)
             outgoing = torch.empty(0, dtype=dtype, device=flat.device)
         result = torch.empty(stride * len(owners), dtype=dtype, device=flat.device)
         work = group.alltoall_base(  # type: ignore[attr-defined]
             result, outgoing, [stride if r in owners else 0 for r in range(n)],
             [stride if owner else 0] * n)
-        self.ledger.buckets[bucket.index] = Kept(mine, result, piece, report, owners,
-                                                 senders, weights)
+        self.ledger.buckets[bucket.index] = Kept(mine, result, piece, report, owners, senders,
+                                                 weights, rows[:, :piece], bucket.parameters)
         numel = flat.numel()
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:

@@ -35,11 +35,14 @@ from potluck.errors import PeerLostError
 from potluck.trust.config import Trust
 from potluck.trust.exchange import AuditPlan, Kept, Ledger, RobustExchange, recompute
 from potluck.trust.fingerprint import fingerprint
+from potluck.trust.spot import recompute as recompute_gradient
+from potluck.trust.spot import relative, slice_error, snapshot
 from potluck.trust.verdict import (
     DIVERGED,
     WRONG_AGGREGATE,
     Evidence,
     Reports,
+    SpotResult,
     Strikes,
     judge,
     majority_fingerprint,
@@ -57,9 +60,15 @@ class TrustPart:
     name = "trust"
 
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
-                 samples: Callable[[], Sequence[int] | None]) -> None:
+                 samples: Callable[[], Sequence[int] | None],
+                 part_of: Callable[[int], Any] | None = None) -> None:
+        """``samples()``: the step's split; ``part_of(rank)``: that rank's batch of the
+        step (the loader's, for spot checks)."""
         self.config = config
         self._cohort, self._module, self._samples = cohort, module, samples
+        self._part_of = part_of
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        self._snapshot: dict[str, torch.Tensor] | None = None  # the step's parameters
         self.ledger = Ledger()
         self.strikes = Strikes(config.rules)
         self.events: list[dict[str, Any]] = []  # quarantines and repairs, with evidence
@@ -104,7 +113,9 @@ class TrustPart:
             found = judge(reports, self._split(n), trusted, self.config.rules)
             if ledger.audit is not None:
                 found += self._audit(ledger.audit)
-            self.exchange.plan_audit(self._next_audit(kept, steps))
+            pick = self._pick(kept, steps)
+            self.exchange.plan_audit(self._next_audit(kept, steps, pick))
+            self.exchange.report_spot(self._spot_check(kept, pick))
             self._repair(reports, trusted, found, steps)
         except PeerLostError:
             if not cohort.elastic:
@@ -137,24 +148,53 @@ class TrustPart:
                  f"its aggregate of step {plan.step} differs from every rank's "
                  f"recomputation by {worst:.3g} (relative)")]
 
-    def _next_audit(self, kept: list[Kept], steps: int) -> AuditPlan | None:
-        """Whether the next step carries an audit, and of whom: a hash of this step's
-        reports, which every honest rank holds alike and no owner knew when it sent."""
-        every = self.config.audit_every
-        if not every:
-            return None
+    @staticmethod
+    def _pick(kept: list[Kept], steps: int) -> tuple[int, int]:
+        """Two numbers from a hash of this step's reports, which every honest rank holds
+        alike and no rank knew when it sent its copies: what to audit and spot-check."""
         digest = hashlib.sha256(str(steps).encode())
         for k in kept:
-            digest.update(k.reports().numpy().tobytes())
-        pick = int.from_bytes(digest.digest()[:8], "big")
-        if pick % every:
+            digest.update(k.reports().cpu().numpy().tobytes())
+        raw = digest.digest()
+        return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+
+    def _next_audit(self, kept: list[Kept], steps: int,
+                    picks: tuple[int, int]) -> AuditPlan | None:
+        """Whether the next step carries an audit, and of whom."""
+        every, pick = self.config.audit_every, picks[0]
+        if not every or pick % every:
             return None
         owners = kept[0].owners
         return AuditPlan(owners[(pick // every) % len(owners)], steps,
                          {b: k for b, k in self.ledger.buckets.items()})
 
+    def _spot_check(self, kept: list[Kept], picks: tuple[int, int]) -> SpotResult | None:
+        """If the hash picked a target, recompute its gradient and compare this owner's
+        slices of its copy (every other owner does the same)."""
+        spot, pick = self.config.spot_check, picks[1]
+        if spot is None or self._snapshot is None or self._part_of is None or pick % spot.every:
+            return None
+        owners, me = kept[0].owners, self._cohort.rank
+        target = owners[(pick // spot.every) % len(owners)]
+        if me not in owners or me == target:
+            return None
+        grads = recompute_gradient(self._module, self._snapshot, spot.loss, self._part_of(target))
+        parts = []
+        for k in kept:
+            if target not in k.senders or me not in k.owners:
+                continue
+            flat = torch.cat([grads[self._names[id(p)]].reshape(-1) for p in k.parameters])
+            parts.append(slice_error(flat.to(k.copies.dtype), k.copies[k.senders.index(target)],
+                                     k.owners.index(me) * k.piece))
+        difference = relative(parts)
+        log.debug("[rank %d] trust: spot check of rank %d: %.3g", me, target, difference)
+        return SpotResult(target, difference, not difference <= spot.tolerance)
+
     def _fingerprint(self) -> int:
-        """The replica's fingerprint for the step about to be exchanged (0: not compared)."""
+        """At the step's first bucket (before the update): the replica's fingerprint
+        (0: not compared this step), and the parameters spot checks recompute with."""
+        if self.config.spot_check is not None:
+            self._snapshot = snapshot(self._module)
         every = self.config.fingerprint_every
         if not every or (self._steps + 1) % every:
             return 0

@@ -16,7 +16,10 @@ The rules (``Rules``):
   divided by the median sender's, is over ``far_ratio``, by the median over owners;
 - **diverged replica**: the parameters' fingerprint differs from the majority's;
 - **wrong aggregate**: an owner's aggregate differs from what every rank recomputed
-  from all copies of that slice (the audit, ``exchange.py``).
+  from all copies of that slice (the audit, ``exchange.py``);
+- **wrong gradient**: more than half of the other owners recomputed the rank's
+  gradient on its own samples and found their slices of its copy off (the spot
+  check, ``spot.py``).
 
 One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
 ``Rules.strikes[kind]`` strikes of a kind within ``Rules.memory`` steps.
@@ -35,28 +38,30 @@ NON_FINITE = "non-finite gradient"
 FAR = "far from the center"
 DIVERGED = "diverged replica"
 WRONG_AGGREGATE = "wrong aggregate"
+WRONG_GRADIENT = "wrong gradient"
+KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT)
+_DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1}
 
 
 @dataclass(frozen=True)
 class Rules:
     far_ratio: float = 4.0
     """A sender this many times farther from the center than the median sender is far."""
-    strikes: dict[str, int] = field(default_factory=lambda: {
-        NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1})
+    strikes: dict[str, int] = field(default_factory=lambda: dict(_DEFAULT_STRIKES))
     """Strikes of each kind, within ``memory`` steps, that quarantine a member."""
     memory: int = 50
 
     def __post_init__(self) -> None:
         # A partial dict changes those kinds only; the others keep their defaults.
-        merged = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, **self.strikes}
+        merged = {**_DEFAULT_STRIKES, **self.strikes}
         object.__setattr__(self, "strikes", merged)
         if not self.far_ratio > 1:
             raise ConfigError(f"far_ratio={self.far_ratio!r} must be > 1 (honest senders "
                               "are about 1 apart from the median sender), e.g. 4.0")
-        unknown = set(self.strikes) - {NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE}
+        unknown = set(self.strikes) - set(KINDS)
         if unknown or any(not (isinstance(v, int) and v >= 1) for v in self.strikes.values()):
-            raise ConfigError(f"strikes={self.strikes!r}: keys are {NON_FINITE!r}, {FAR!r}, "
-                              f"{DIVERGED!r}, {WRONG_AGGREGATE!r}; values ints >= 1")
+            raise ConfigError(f"strikes={self.strikes!r}: keys are "
+                              f"{', '.join(repr(k) for k in KINDS)}; values ints >= 1")
         if not (isinstance(self.memory, int) and self.memory >= 1):
             raise ConfigError(f"memory={self.memory!r} must be an int >= 1 (steps)")
 
@@ -76,13 +81,24 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class SpotResult:
+    """An owner's spot check of ``target``'s copy: the relative difference on its slices
+    and whether it is over the tolerance (``spot.py``)."""
+
+    target: int
+    difference: float
+    mismatch: bool
+
+
+@dataclass(frozen=True)
 class Reports:
     """What every rank reported about one step; row r is rank r's report."""
 
     finite: Sequence[Sequence[float]]  # [owner][sender]: 1 if all copies were finite
     distance: Sequence[Sequence[float]]  # [owner][sender]: squared distance to the aggregates
     owns: Sequence[float]  # [owner]: values the owner aggregated (0: it owned nothing)
-    fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint after the step
+    fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint in the step
+    spot: Sequence[SpotResult | None] = ()  # [owner]: its spot check of the last step
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
@@ -95,6 +111,7 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
     owners = [r for r in trusted if reports.owns[r] > 0]
     if not owners:
         return found
+    found += spot_checked(reports, trusted, owners)
     finite_votes = {i: sum(reports.finite[o][i] < 0.5 for o in owners) for i in trusted}
     mostly_finite = sum(v * 2 <= len(owners) for v in finite_votes.values()) * 2 > len(trusted)
     for i in trusted:
@@ -106,6 +123,26 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
         if i not in flagged and score > rules.far_ratio:
             found.append((i, FAR, f"{score:.1f}x the median sender's distance from the "
                                   f"robust center (limit {rules.far_ratio:g})"))
+    return found
+
+
+def spot_checked(reports: Reports, trusted: Sequence[int],
+                 owners: Sequence[int]) -> list[tuple[int, str, str]]:
+    """A target whose copies more than half of the owners that recomputed them (all but
+    itself) found wrong."""
+    checks: dict[int, list[SpotResult]] = {}
+    for o in owners:
+        spot = reports.spot[o] if o < len(reports.spot) else None
+        if spot is not None and spot.target != o and spot.target in trusted:
+            checks.setdefault(spot.target, []).append(spot)
+    found = []
+    for target, seen in sorted(checks.items()):
+        wrong = sum(s.mismatch for s in seen)
+        if wrong * 2 > len(owners) - (target in owners):
+            middle = _median([s.difference for s in seen])
+            found.append((target, WRONG_GRADIENT,
+                          f"{wrong} of {len(seen)} owners recomputed its gradient on its own "
+                          f"samples and found it off by {middle:.3g} (relative, median)"))
     return found
 
 

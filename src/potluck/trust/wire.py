@@ -8,7 +8,8 @@ moves bytes, so every bit arrives as sent.
 
 - A sender's message to each owner: its slice, then one word, its fingerprint.
 - An owner's message to each rank: its aggregate, then its report, ``report_words``
-  words (``encode_report``), then any audit copy (``exchange.py``).
+  words (``encode_report``: what it saw of each sender, and its spot check of the
+  last step), then any audit copy (``exchange.py``).
 
 ``decode_reports`` turns the reports every rank received into the ``Reports`` that
 ``verdict.judge`` reads.
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from potluck.trust.verdict import Reports
+from potluck.trust.verdict import Reports, SpotResult
 
 WORD = 8  # bytes
 
@@ -53,15 +54,20 @@ def word_float(word: int) -> float:
     return float(struct.unpack("<d", struct.pack("<q", word))[0])
 
 
+_HEAD = 4  # owned, then the spot check: target + 1 (0: none), difference, mismatch
+
+
 def report_words(senders: int) -> int:
     """Words in one owner's report on one bucket."""
-    return 1 + 3 * senders
+    return _HEAD + 3 * senders
 
 
 def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
-                  prints: Sequence[int]) -> torch.Tensor:
-    """``[owned, then per sender: finite, squared distance, the fingerprint it sent]``."""
-    words = [owned]
+                  prints: Sequence[int], spot: SpotResult | None = None) -> torch.Tensor:
+    """``[owned, spot check of the last step (target + 1 or 0, relative difference,
+    mismatch), then per sender: finite, squared distance, the fingerprint it sent]``."""
+    words = [owned, 0, 0, 0] if spot is None else [
+        owned, spot.target + 1, float_word(spot.difference), int(spot.mismatch)]
     for ok, d2, fp in zip(finite, distance, prints, strict=True):
         words += [int(ok), float_word(d2), fp]
     return torch.tensor(words, dtype=torch.int64)
@@ -78,13 +84,16 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
     owns = [0.0] * n
     finite = [[1.0] * n for _ in range(n)]
     distance = [[0.0] * n for _ in range(n)]
+    spots: list[SpotResult | None] = [None] * n
     forwarded: dict[int, list[int]] = {}
     for number, (owners, senders, reports) in enumerate(buckets):
         rows = reports.tolist()
         for owner, row in zip(owners, rows, strict=True):
             owns[owner] += float(row[0])
+            if number == 0 and 0 < row[1] <= n:
+                spots[owner] = SpotResult(row[1] - 1, word_float(row[2]), bool(row[3]))
             for k, sender in enumerate(senders):
-                ok, d2, fp = row[1 + 3 * k:4 + 3 * k]
+                ok, d2, fp = row[_HEAD + 3 * k:_HEAD + 3 + 3 * k]
                 if not ok:
                     finite[owner][sender] = 0.0
                 distance[owner][sender] += word_float(d2)
@@ -95,7 +104,8 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
         counts = {fp: seen.count(fp) for fp in seen}
         value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
         prints[sender] = value if count * 2 > len(seen) else _NO_MAJORITY - sender
-    return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints)
+    return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints,
+                   spot=spots)
 
 
 _NO_MAJORITY = -(1 << 62)  # below any fingerprint (they are >= 0), one per sender

@@ -1,0 +1,104 @@
+"""Spot checks: the slice owners recompute one rank's gradient on its own samples.
+
+After a step, a hash of the step's reports (which no rank knew when it sent its copy)
+may pick a *target*. Every other owner then recomputes the target's gradient: the same
+parameters (a snapshot taken at the step's first bucket, before the update), the same
+samples (the exactly-once cursor knows which each rank trained on), the user's
+``loss(model, batch)``. Each compares it with the copy the target sent it, on its own
+slices, and reports the relative difference in the next step's report; the verdict is
+the majority of the owners that checked (``verdict.py``). A stale replay, a gradient of
+other data, or one computed by other code differs; an honest rank's differs only by
+float rounding.
+
+The recomputation runs on a functional copy of the model (``torch.func.functional_call``
+with cloned parameters and buffers), so the model, its hooks and BatchNorm statistics
+are untouched, and under ``torch.random.fork_rng``, so the training's random stream is
+too. The loss must therefore be deterministic given the parameters and the batch (no
+dropout, or a fixed seed inside it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.errors import ConfigError
+
+Loss = Callable[[Callable[..., Any], Any], torch.Tensor]  # loss(model, batch) -> scalar
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    """``loss(model, batch)``: the scalar the training loop calls ``backward()`` on, for
+    one rank's batch as the loader yields it (the mean over its samples), e.g.
+    ``lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])``.
+    ``every``: on average one step in K is checked (each check costs every other owner
+    one forward and backward of the target's part). ``tolerance``: the relative L2
+    difference on an owner's slices above which the copy is wrong."""
+
+    loss: Loss
+    every: int = 8
+    tolerance: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not callable(self.loss):
+            raise ConfigError(f"SpotCheck(loss={self.loss!r}) must be a callable "
+                              "loss(model, batch) -> scalar tensor")
+        if not (isinstance(self.every, int) and self.every >= 1):
+            raise ConfigError(f"SpotCheck(every={self.every!r}) must be an int >= 1 (one "
+                              "checked step in K on average)")
+        if not (isinstance(self.tolerance, float) and 0 < self.tolerance < 1):
+            raise ConfigError(f"SpotCheck(tolerance={self.tolerance!r}) must be a float in "
+                              "(0, 1): the relative difference an honest recomputation "
+                              "stays under, e.g. 1e-3")
+
+
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and buffers, detached copies, by name."""
+    state = {name: p.detach().clone() for name, p in module.named_parameters()}
+    state.update({name: b.detach().clone() for name, b in module.named_buffers()})
+    return state
+
+
+def recompute(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
+              batch: Any) -> dict[str, torch.Tensor]:
+    """The gradient of ``loss`` at ``state`` on ``batch``, by parameter name (zeros for
+    a parameter the loss does not reach)."""
+    names = [name for name, _ in module.named_parameters()]
+    leaves = {name: state[name].clone().requires_grad_(True) for name in names}
+    values = {**{k: v.clone() for k, v in state.items() if k not in leaves}, **leaves}
+
+    def model(*args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(module, values, args, kwargs)
+
+    devices = [state[names[0]].device] if names and state[names[0]].is_cuda else []
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        value = loss(model, batch)
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+            raise ConfigError(f"SpotCheck's loss(model, batch) returned {type(value).__name__}"
+                              f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}"
+                              "; it must return the scalar loss the loop calls backward() on")
+        grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
+    return {n: torch.zeros_like(leaves[n]) if g is None else g.detach()
+            for n, g in zip(names, grads, strict=True)}
+
+
+def slice_error(flat: torch.Tensor, copy: torch.Tensor, start: int) -> tuple[float, float]:
+    """``(squared difference, squared norm)`` of the recomputed ``flat`` gradient of one
+    bucket against ``copy``, the target's values at ``[start, start + len(copy))``
+    (past the end of ``flat`` both are padding)."""
+    mine = flat[start:start + copy.numel()].float()
+    theirs = copy[:mine.numel()].float()
+    diff = float((mine - theirs).pow(2).sum())
+    return (diff if math.isfinite(diff) else math.inf), float(mine.pow(2).sum())
+
+
+def relative(parts: Sequence[tuple[float, float]]) -> float:
+    """The relative L2 difference over several slices."""
+    diff, norm = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return math.sqrt(diff / norm) if norm > 0 else (0.0 if diff == 0 else math.inf)

@@ -1,0 +1,84 @@
+"""Spot checks (pure and local): the recomputed gradient is the loop's, the model and
+the random stream are untouched, and the verdict needs most of the other owners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from potluck.errors import ConfigError
+from potluck.trust import Rules, SpotCheck
+from potluck.trust.spot import recompute, relative, slice_error, snapshot
+from potluck.trust.verdict import WRONG_GRADIENT, Reports, SpotResult, judge, spot_checked
+
+
+def _loss(model: Any, batch: Any) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def test_the_recomputed_gradient_is_the_loops_and_touches_nothing() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    batch = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
+    state = snapshot(net)
+    stats = net[1].running_mean.clone()
+    rng = torch.get_rng_state()
+    got = recompute(net, state, _loss, batch)
+    assert torch.equal(net[1].running_mean, stats)  # BatchNorm's statistics untouched
+    assert torch.equal(torch.get_rng_state(), rng)  # the training's random stream too
+    assert all(p.grad is None for p in net.parameters())
+    _loss(net, batch).backward()
+    for name, p in net.named_parameters():
+        assert torch.allclose(got[name], p.grad, rtol=1e-6, atol=1e-7), name
+
+
+def test_an_unused_parameter_gets_a_zero_gradient() -> None:
+    seq = nn.Sequential(nn.Linear(4, 2))
+    seq.register_parameter("spare", nn.Parameter(torch.ones(3)))
+    grads = recompute(seq, snapshot(seq), lambda m, b: m(b).sum(), torch.randn(3, 4))
+    assert torch.equal(grads["spare"], torch.zeros(3))
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused_clearly() -> None:
+    net = nn.Linear(4, 2)
+    with pytest.raises(ConfigError, match="scalar loss"):
+        recompute(net, snapshot(net), lambda m, b: m(b), torch.randn(3, 4))
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="every"):
+        SpotCheck(_loss, every=0)
+    with pytest.raises(ConfigError, match="tolerance"):
+        SpotCheck(_loss, tolerance=2.0)
+    with pytest.raises(ConfigError, match="callable"):
+        SpotCheck("loss")  # type: ignore[arg-type]
+
+
+def test_slice_error_compares_the_owned_slice_and_ignores_padding() -> None:
+    flat = torch.arange(10.0)
+    assert slice_error(flat, flat[4:8].clone(), 4) == (0.0, float((flat[4:8] ** 2).sum()))
+    diff, _ = slice_error(flat, torch.tensor([8.0, 9.0, 123.0]), 8)  # 123: padding
+    assert diff == 0.0
+    assert relative([(1.0, 4.0), (0.0, 0.0)]) == 0.5
+    assert relative([]) == 0.0
+
+
+def _spots(results: list[SpotResult | None]) -> Reports:
+    n = len(results)
+    return Reports(finite=[[1.0] * n] * n, distance=[[1.0] * n] * n, owns=[5.0] * n,
+                   fingerprint=[3] * n, spot=results)
+
+
+def test_a_wrong_gradient_needs_most_of_the_other_owners() -> None:
+    wrong, right = SpotResult(3, 0.9, True), SpotResult(3, 0.0, False)
+    found = judge(_spots([wrong, wrong, right, None]), [8] * 4, range(4), Rules())
+    assert [(i, kind) for i, kind, _ in found] == [(3, WRONG_GRADIENT)]
+    # one lying owner cannot accuse an honest rank
+    assert spot_checked(_spots([SpotResult(2, 5.0, True), SpotResult(2, 0.0, False),
+                                None, SpotResult(2, 0.0, False)]), range(4), range(4)) == []
+    # nor can the target acquit itself: its own report is not a vote
+    assert spot_checked(_spots([wrong, wrong, None, SpotResult(3, 0.0, False)]), range(4),
+                        range(4))[0][0] == 3
