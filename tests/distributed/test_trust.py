@@ -24,7 +24,7 @@ def _run(attack: str, trust: bool, steps: int = STEPS, wrap: bool = True,
 
 
 def _params(rank: int, world_size: int, port: int, trust: bool,
-            flip_after: int | None) -> dict[str, Any]:
+            flip_after: int | None, batchnorm: bool = False) -> dict[str, Any]:
     import potluck
     from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
     from potluck.env import WorkerEnv
@@ -36,6 +36,8 @@ def _params(rank: int, world_size: int, port: int, trust: bool,
                                         source="torchrun"), timeout=60.0)
     train, _ = data(8)
     net = model(0)
+    if batchnorm:  # each rank's statistics differ until rank 0's are broadcast
+        net = torch.nn.Sequential(net[0], torch.nn.BatchNorm1d(net[0].out_features), *net[1:])
     wrapped, opt, loader = potluck.prepare(
         net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
         global_batch=GLOBAL_BATCH, cohort=cohort, trust=potluck.Trust() if trust else None)
@@ -64,8 +66,10 @@ def test_with_no_attacker_the_robust_aggregate_is_the_mean_and_nobody_is_out() -
 
 
 @pytest.mark.timeout(120)
-def test_a_diverged_replica_is_detected_and_repaired_not_quarantined() -> None:
-    results = run_ranks(_params, 4, free_port(), True, 3, init_group=False, timeout=100)
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_a_diverged_replica_is_detected_and_repaired_not_quarantined(batchnorm: bool) -> None:
+    results = run_ranks(_params, 4, free_port(), True, 3, batchnorm, init_group=False,
+                        timeout=100)
     for r in results:  # every rank saw the same thing
         assert [(e["event"], e["step"], e["members"]) for e in r["events"]] == [
             ("repair", 4, ["rank2"])]

@@ -63,14 +63,14 @@ class CenteredClip:
         mean = w @ x
         if bool(((x - mean).norm(dim=1) <= tau).all()):
             return mean  # nobody is clipped at the weighted mean: it is the fixed point
-        for iteration in range(self.iterations):
+        for _ in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)
             clipped = norms > tau
-            if iteration > 0 and not bool(clipped.any()):
-                break  # at the weighted mean with nobody clipped: a fixed point
             scale = torch.where(clipped, tau / norms.clamp_min(1e-30), torch.ones_like(norms))
             center = center + (w * scale) @ offsets
+            if not bool(clipped.any()):
+                break  # nobody was clipped: that move landed on the weighted mean
         return center
 
 

@@ -198,8 +198,9 @@ class RobustExchange:
         planned step (empty when nothing is audited or the buckets changed since)."""
         plan = self.ledger.audit
         kept = plan.kept.get(index) if plan is not None else None
-        if plan is None or kept is None or kept.owners != owners:
-            return like.new_empty(0)
+        if (plan is None or kept is None or kept.owners != owners  # the same on every rank
+                or kept.mine.dtype != like.dtype or kept.mine.device != like.device):
+            return like.new_empty(0)  # (the first pass's rebuild may change a bucket's dtype)
         return kept.copy_of(plan.owner)
 
 
@@ -211,7 +212,7 @@ def recompute(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator)
     worst = math.nan
     for index, kept in plan.kept.items():
         later = carried.get(index)
-        if (later is None or later.owners != kept.owners
+        if (later is None or later.owners != kept.owners or later.mine.dtype != kept.mine.dtype
                 or later.audit_copies().shape[1] != kept.piece):
             continue
         given = kept.aggregate_of(plan.owner).float()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_MASK = (1 << 63) - 1  # non-negative, and exact in a float64 pair (see part.py)
+_MASK = (1 << 63) - 1  # non-negative: below it, wire.py marks "no majority"
 
 
 def fingerprint(tensors: Sequence[torch.Tensor]) -> int:

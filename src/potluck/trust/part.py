@@ -132,11 +132,13 @@ class TrustPart:
         self.exchange.plan_audit(None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"strikes": self.strikes.state_dict(), "events": self.events[-100:]}
+        return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
+                "steps": self._steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.strikes.load_state_dict(state.get("strikes", {}))
         self.events = list(state.get("events", []))
+        self._steps = int(state.get("steps", 0))  # a joiner fingerprints when the others do
 
     # ----------------------------------------------------------------- the work
 
@@ -198,7 +200,9 @@ class TrustPart:
         every = self.config.fingerprint_every
         if not every or (self._steps + 1) % every:
             return 0
-        return fingerprint(self._tensors())
+        # Parameters only: in backward each rank's buffers (BatchNorm statistics) still
+        # hold its own forward's values; rank 0's are broadcast after the pass.
+        return fingerprint([p.data for p in self._module.parameters()])
 
     def _repair(self, reports: Reports, trusted: list[int],
                 found: list[tuple[int, str, str]], steps: int) -> None:

@@ -1,4 +1,4 @@
-"""Who misbehaved in a step, from the reports every rank all-gathered (pure).
+"""Who misbehaved in a step, from the owners' reports every rank received (pure).
 
 Each owner of gradient slices reports, for every sender, whether all its copies were
 finite and their squared distance to the owner's aggregates (``Reports``). Every honest
@@ -97,7 +97,7 @@ class Reports:
     finite: Sequence[Sequence[float]]  # [owner][sender]: 1 if all copies were finite
     distance: Sequence[Sequence[float]]  # [owner][sender]: squared distance to the aggregates
     owns: Sequence[float]  # [owner]: values the owner aggregated (0: it owned nothing)
-    fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint in the step
+    fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint, before the update
     spot: Sequence[SpotResult | None] = ()  # [owner]: its spot check of the last step
 
 
