@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from potluck.metrics.journal import read_journal
 from tests.e2e.helpers import SCRIPTS, potluck_run
 
 
 @pytest.mark.timeout(150)
 def test_attacker_is_quarantined_removed_and_refused_when_it_restarts(tmp_path: Path) -> None:
     refused, out = tmp_path / "refused", tmp_path / "final.pt"
+    metrics = tmp_path / "metrics"
     result = potluck_run("--nproc-per-node", "4", "--elastic", "--max-restarts", "1",
-                         "--token", "s3cret", str(SCRIPTS / "trust_attacker.py"),
+                         "--token", "s3cret", "--metrics-dir", str(metrics),
+                         str(SCRIPTS / "trust_attacker.py"),
                          "--refused", str(refused), "--out", str(out), timeout=140)
     err = result.stderr
     assert result.returncode == 0, err[-3000:]
@@ -34,3 +37,10 @@ def test_attacker_is_quarantined_removed_and_refused_when_it_restarts(tmp_path: 
     assert len({(member, step) for _, member, step, _ in done}) == 1
     assert all(int(step) <= 3 and workers == "3" for _, _, step, workers in done), done
     assert all(torch.isfinite(v).all() for v in torch.load(out).values())
+    # Each honest worker's journal has the quarantine as an event (the status page and
+    # potluck plot show it from there).
+    notes = [r for r in read_journal(sorted((metrics / "ranks").glob("*.jsonl")))
+             if r["kind"] == "event" and r.get("what") == "quarantine"]
+    assert len({r["pid"] for r in notes}) >= 3, notes
+    assert {(r["member"], r["step"]) for r in notes} == {(done[0][1], int(done[0][2]))}
+    assert all("far from the center" in r["text"] for r in notes)

@@ -25,6 +25,8 @@ from potluck.checkpoint import (
 from potluck.checkpoint.atomic import atomic_write
 from potluck.data import DataCursor
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from potluck.metrics import notes
+from potluck.metrics.notes import Note
 
 
 def state(step: int) -> dict[str, Any]:
@@ -53,6 +55,22 @@ def test_round_trip_and_names(tmp_path: Path) -> None:
     step, loaded, path = manager.load_latest()  # type: ignore[misc]
     assert step == 7 and path.name == "ckpt-000000000007.pt"
     assert torch.equal(loaded["weights"], state(7)["weights"]) and loaded["name"] == "s7"
+
+
+def test_each_written_checkpoint_is_noted_once_it_is_durable(tmp_path: Path) -> None:
+    heard: list[Note] = []
+    stop = notes.listen(heard.append)
+    try:
+        manager = CheckpointManager(tmp_path)
+        manager.save(3, state(3))
+        manager.save(4, state(4), blocking=False)  # noted from the writing thread
+        manager.wait()
+        CheckpointManager(tmp_path, rank=1).save(5, state(5))  # not the writer: no file
+    finally:
+        stop()
+    assert [(n.what, n.step) for n in heard] == [("checkpoint", 3), ("checkpoint", 4)]
+    assert heard[1].text.startswith(f"step 4 saved to {tmp_path / 'ckpt-000000000004.pt'} (")
+    assert heard[1].text.endswith(" s)") and " MB in " in heard[1].text
 
 
 def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:

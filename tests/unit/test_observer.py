@@ -16,7 +16,9 @@ import torch.distributed as dist
 
 from potluck import keys
 from potluck.balance.clock import ComputeClock
+from potluck.metrics import notes
 from potluck.metrics.journal import read_journal
+from potluck.metrics.notes import Note
 from potluck.metrics.observer import Position, StepFigures, StepObserver, describe
 from potluck.metrics.publisher import JournalSink, StorePublisher
 from potluck.reducer.reducer import PassStats
@@ -38,10 +40,14 @@ class Passes:
 class ListSink:
     def __init__(self) -> None:
         self.written: list[StepFigures] = []
+        self.notes: list[Note] = []
         self.closed = False
 
     def write(self, figures: StepFigures) -> None:
         self.written.append(figures)
+
+    def note(self, note: Note) -> None:
+        self.notes.append(note)
 
     def close(self) -> None:
         self.closed = True
@@ -238,6 +244,47 @@ def test_close_closes_every_sink_even_past_a_failing_one() -> None:
     assert fine.closed
 
 
+@pytest.mark.timeout(10)
+def test_notes_reach_the_sinks_from_any_thread_until_close(tmp_path: Path) -> None:
+    sink, journal = ListSink(), JournalSink(tmp_path)
+    observer = make_observer(Passes(), sinks=[sink, journal])
+    notes.note("checkpoint", "before anybody listened", step=0)
+    observer.hear_notes()
+    observer.hear_notes()  # once is enough: each note reaches a sink once
+    notes.note("rebalance", "samples per rank [40, 24]", step=4)
+    writer = threading.Thread(target=notes.note, args=("checkpoint", "step 5 saved"),
+                              kwargs={"step": 5})
+    writer.start()
+    writer.join()
+    observer.close()
+    notes.note("checkpoint", "after close", step=6)
+    assert sink.notes == [Note("rebalance", "samples per rank [40, 24]", 4),
+                          Note("checkpoint", "step 5 saved", 5)]
+    records = read_journal(journal.path)
+    assert [(r["kind"], r["what"], r["step"], r["text"]) for r in records] == [
+        ("event", "rebalance", 4, "samples per rank [40, 24]"),
+        ("event", "checkpoint", 5, "step 5 saved")]
+
+
+@pytest.mark.timeout(10)
+def test_a_failing_listener_is_dropped_and_a_bad_note_refused() -> None:
+    heard: list[Note] = []
+
+    def broken(note: Note) -> None:
+        raise RuntimeError("listener bug")
+
+    stop_broken, stop_heard = notes.listen(broken), notes.listen(heard.append)
+    try:
+        notes.note("repair", "one", step=1)  # does not raise
+        notes.note("repair", "two", step=2)
+        with pytest.raises(ValueError, match="'chekpoint' is not one of checkpoint"):
+            notes.note("chekpoint", "typo")
+    finally:
+        stop_broken()  # already gone: no error
+        stop_heard()
+    assert [n.text for n in heard] == ["one", "two"]
+
+
 # ------------------------------------------------------------------- StepFigures
 
 
@@ -372,6 +419,25 @@ def test_publisher_pulses_each_step_once_then_says_done(no_thread_left: None) ->
         assert (pulse["rank"], pulse["world_size"], pulse["generation"]) == WHERE
         assert pulse["phase"] == "computing step 4" and pulse["phase_s"] >= 0
         assert pulse["events"] == [EVENT]
+
+
+@pytest.mark.timeout(20)
+def test_a_pulse_carries_the_last_notes_the_member_and_the_attempt(
+        no_thread_left: None) -> None:
+    store = RecordingStore()
+    publisher = StorePublisher(
+        lambda: store, RUN, "h:8", position=lambda: Position("starting", 0, time.perf_counter()),
+        where=lambda: WHERE, member="h:8:beef", attempt=2, interval=0.01)
+    for index in range(25):
+        publisher.note(Note("checkpoint", f"step {index} saved", index))
+    publisher.note(Note("strike", "rank 1 (x): far", 25, member="x"))
+    pulse = publisher.pulse()
+    assert (pulse["member"], pulse["attempt"]) == ("h:8:beef", 2)
+    assert len(pulse["notes"]) == 20  # the newest: a poller that missed some gets them
+    assert [n["step"] for n in pulse["notes"]] == list(range(6, 26))
+    assert {k: v for k, v in pulse["notes"][-1].items() if k != "time"} == {
+        "what": "strike", "text": "rank 1 (x): far", "step": 25, "member": "x"}
+    assert pulse["notes"][-1]["time"] > 1e9
 
 
 @pytest.mark.timeout(20)

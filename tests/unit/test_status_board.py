@@ -56,18 +56,21 @@ def rec(step: int, compute: float = 0.1, *, step_s: float = 0.2, samples: int | 
 class Worker:
     """Makes one worker's successive pulses (``seq`` counts up)."""
 
-    def __init__(self, name: str, rank: int, generation: int = 0, world_size: int = 2) -> None:
+    def __init__(self, name: str, rank: int, generation: int = 0, world_size: int = 2, *,
+                 attempt: int = 0) -> None:
         self.name, self.rank = name, rank
-        self.generation, self.world_size = generation, world_size
+        self.generation, self.world_size, self.attempt = generation, world_size, attempt
         self.seq = 0
 
     def pulse(self, steps: Iterable[dict[str, Any]] = (), *, phase: str = "computing step 0",
-              done: bool = False, events: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+              done: bool = False, events: Sequence[dict[str, Any]] = (),
+              notes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
         self.seq += 1
-        return {"seq": self.seq, "worker": self.name, "pid": 1, "rank": self.rank,
+        return {"seq": self.seq, "worker": self.name, "pid": 1, "member": f"m-{self.name}",
+                "attempt": self.attempt, "rank": self.rank,
                 "world_size": self.world_size, "generation": self.generation,
                 "phase": phase, "phase_s": 0.01, "steps": list(steps),
-                "events": list(events), "done": done}
+                "events": list(events), "notes": list(notes), "done": done}
 
 
 def ranks_of(snapshot: dict[str, Any]) -> list[tuple[int, str]]:
@@ -448,6 +451,77 @@ def test_add_event_shows_the_agents_events() -> None:
         {"time": WALL, "step": -1, "what": "exit", "text": "worker h:1 exited with code -9"},
         {"time": WALL + 3.0, "step": 2, "what": "checkpoint", "text": "saved step 2"},
     ]
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def a_note(what: str, text: str, step: int, member: str | None = None,
+           at: float = WALL) -> dict[str, Any]:
+    """A note as a pulse carries it (``metrics.notes.Note.record`` and its time)."""
+    note: dict[str, Any] = {"what": what, "text": text, "step": step, "time": at}
+    if member is not None:
+        note["member"] = member
+    return note
+
+
+@pytest.mark.timeout(10)
+def test_a_note_every_member_sends_is_shown_once_at_its_own_time_and_step() -> None:
+    clocks = Clocks()
+    board = board_of(clocks)
+    a, b = Worker("h:0", 0), Worker("h:1", 1)
+    saved = a_note("checkpoint", "step 3 saved to c/step-3.pt (1.0 MB in 0.02 s)", 3,
+                   at=WALL - 5.0)
+    shares = a_note("rebalance", "samples per rank [40, 24]", 4, at=WALL - 4.0)
+    board.ingest({a.name: a.pulse([rec(4)], notes=[saved]), b.name: b.pulse([rec(4)])})
+    # the publisher repeats its last notes in every pulse; b sends the same rebalance
+    board.ingest({a.name: a.pulse([rec(5)], notes=[saved, shares]),
+                  b.name: b.pulse([rec(5)], notes=[shares])})
+    assert board.snapshot()["events"] == [
+        {"time": WALL - 5.0, "step": 3, "what": "checkpoint",
+         "text": "step 3 saved to c/step-3.pt (1.0 MB in 0.02 s)"},
+        {"time": WALL - 4.0, "step": 4, "what": "rebalance", "text": "samples per rank [40, 24]"},
+    ]
+
+
+@pytest.mark.timeout(10)
+def test_trust_notes_set_the_members_trust_cell() -> None:
+    board = board_of(Clocks())
+    a, b = Worker("h:0", 0), Worker("h:1", 1)
+    board.ingest({a.name: a.pulse([rec(0)]), b.name: b.pulse([rec(0)])})
+    assert [row["trust"] for row in board.snapshot()["ranks"]] == [None, None]
+    strike = a_note("strike", "rank 1 (m-h:1): far (3.1 x the radius)", 7, member="m-h:1")
+    board.ingest({a.name: a.pulse([rec(1)], notes=[strike]),
+                  b.name: b.pulse([rec(1)], notes=[strike])})
+    assert [row["trust"] for row in board.snapshot()["ranks"]] == [None, "struck (step 7)"]
+    gone = a_note("quarantine", "rank 1 (m-h:1): step 7: far; step 8: far", 8, member="m-h:1")
+    board.ingest({a.name: a.pulse([rec(2)], notes=[strike, gone]), b.name: b.pulse([rec(2)])})
+    snapshot = board.snapshot()
+    assert [row["trust"] for row in snapshot["ranks"]] == [None, "quarantined (step 8)"]
+    assert [e["what"] for e in snapshot["events"]] == ["strike", "quarantine"]
+
+
+@pytest.mark.timeout(10)
+def test_a_restarted_fixed_job_shows_only_its_new_workers_and_judges_their_steps() -> None:
+    clocks = Clocks()
+    board = board_of(clocks)
+    old = [Worker("h:10", 0), Worker("h:11", 1)]
+    board.ingest({w.name: w.pulse([rec(s, 0.1 if w.rank == 0 else 0.3) for s in range(6)])
+                  for w in old})
+    assert board.snapshot()["step"] == 5
+    clocks.advance(10.0)  # the launcher restarts every worker; they resume from step 3
+    new = [Worker("h:20", 0, attempt=1), Worker("h:21", 1, attempt=1)]
+    board.ingest({**{w.name: w.pulse() for w in old},  # the dead workers' last pulses
+                  **{w.name: w.pulse([rec(s, 0.3 if w.rank == 0 else 0.1)
+                                      for s in range(3, 8)]) for w in new}})
+    snapshot = board.snapshot()
+    assert ranks_of(snapshot) == [(0, "h:20"), (1, "h:21")]  # not the dead ones, not stale
+    assert snapshot["step"] == 7
+    assert [e["what"] for e in snapshot["events"]] == ["restart"]
+    # steps 3..7 were judged again with the new workers: now rank 0 is the slow one
+    assert snapshot["slowest"]["rank"] == 0
+    assert snapshot["slowest_history"][-1]["rank"] == 0
+    assert snapshot["curves"]["step"] == list(range(8))  # in step order, no gaps
 
 
 # ---------------------------------------------------------------------- StorePoller

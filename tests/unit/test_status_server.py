@@ -97,7 +97,7 @@ def test_metrics_is_prometheus_text(server: StatusServer) -> None:
     assert code == 200
     assert ctype.startswith("text/plain; version=0.0.4")
     assert "# TYPE potluck_step gauge" in body
-    assert 'potluck_rank_stale{rank="1"} 1' in body
+    assert 'potluck_rank_stale{rank="1",worker="host:101"} 1' in body
 
 
 @pytest.mark.timeout(30)
@@ -165,6 +165,11 @@ def test_requests_do_not_write_to_stderr(server: StatusServer,
 # ---- Prometheus text ----------------------------------------------------------------
 
 
+def labels(rank: int) -> str:
+    """The labels of rank ``rank``'s samples (its worker is ``host:10<rank>`` here)."""
+    return f'{{rank="{rank}",worker="host:10{rank}"}}'
+
+
 def samples(text: str) -> dict[str, str]:
     """name{labels} -> value of every sample line."""
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
@@ -187,17 +192,17 @@ def test_prometheus_cohort_gauges() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_prometheus_per_rank_gauges_in_seconds_with_rank_label() -> None:
+def test_prometheus_per_rank_gauges_in_seconds_with_rank_and_worker_labels() -> None:
     got = samples(render_prometheus(status()))
-    assert float(got['potluck_rank_compute_seconds{rank="0"}']) == pytest.approx(0.095)
-    assert float(got['potluck_rank_wait_seconds{rank="1"}']) == pytest.approx(0.110)
-    assert float(got['potluck_rank_comm_seconds{rank="0"}']) == pytest.approx(0.120)
-    assert float(got['potluck_rank_step_seconds{rank="0"}']) == pytest.approx(0.210)
-    assert got['potluck_rank_bytes{rank="1"}'] == "1048576"
-    assert got['potluck_rank_share{rank="0"}'] == "0.5"
-    assert got['potluck_rank_samples_per_second{rank="0"}'] == "168.0"
-    assert got['potluck_rank_stale{rank="0"}'] == "0"
-    assert got['potluck_rank_stale{rank="1"}'] == "1"
+    assert float(got[f"potluck_rank_compute_seconds{labels(0)}"]) == pytest.approx(0.095)
+    assert float(got[f"potluck_rank_wait_seconds{labels(1)}"]) == pytest.approx(0.110)
+    assert float(got[f"potluck_rank_comm_seconds{labels(0)}"]) == pytest.approx(0.120)
+    assert float(got[f"potluck_rank_step_seconds{labels(0)}"]) == pytest.approx(0.210)
+    assert got['potluck_rank_bytes{rank="1",worker="host:101"}'] == "1048576"
+    assert got['potluck_rank_share{rank="0",worker="host:100"}'] == "0.5"
+    assert got['potluck_rank_samples_per_second{rank="0",worker="host:100"}'] == "168.0"
+    assert got['potluck_rank_stale{rank="0",worker="host:100"}'] == "0"
+    assert got['potluck_rank_stale{rank="1",worker="host:101"}'] == "1"
 
 
 @pytest.mark.timeout(10)
@@ -210,7 +215,7 @@ def test_prometheus_skips_missing_and_null_values() -> None:
     assert "potluck_rank_compute_seconds" not in text
     assert "potluck_rank_bytes" not in text
     assert "potluck_rank_share" not in text
-    assert 'potluck_rank_wait_seconds{rank="0"}' in text
+    assert 'potluck_rank_wait_seconds{rank="0",worker="host:100"}' in text
 
 
 @pytest.mark.timeout(10)

@@ -33,6 +33,7 @@ from potluck.collectives import allgather_tensor
 from potluck.data.split import equal_shares
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
+from potluck.metrics.notes import note
 from potluck.reducer.contribution import Contribution
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,12 @@ class Balancer:
                            min_gain=self.config.min_gain)
         if self.plan is None or plan.counts != self.plan.counts:
             self.changes += 1
+            speeds = [None if s is None else round(s, 1) for s in self.speeds]
             if self._cohort.rank == 0:
-                log.info("shares after step %d: %s (samples/s %s)", steps, plan.counts,
-                         [None if s is None else round(s, 1) for s in self.speeds])
+                log.info("shares after step %d: %s (samples/s %s)", steps, plan.counts, speeds)
+            if self.plan is not None or len(set(plan.counts)) > 1:  # not equal as before
+                note("rebalance", f"samples per rank {list(plan.counts)} (measured "
+                                  f"samples/s {speeds})", step=steps)
         self.plan = plan
 
     def on_membership(self, rank: int, world_size: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,6 +31,7 @@ from potluck.checkpoint.fileformat import (
 )
 from potluck.checkpoint.snapshot import cpu_copy, resolve_state
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from potluck.metrics.notes import note
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +181,12 @@ class CheckpointManager:
         return checkpoint.step
 
     def _write(self, path: Path, step: int, state: dict[str, Any]) -> None:
+        started = time.perf_counter()
         write_checkpoint(path, step, state)
         log.info("rank %d: wrote checkpoint %s", self.rank, path)
         self._prune()
+        note("checkpoint", f"step {step} saved to {path} ({path.stat().st_size / 1e6:.1f} MB "
+                           f"in {time.perf_counter() - started:.2f} s)", step=step)
 
     def _prune(self) -> None:
         """Delete all but the newest ``keep`` checkpoints (after the new one is durable)."""

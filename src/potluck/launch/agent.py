@@ -161,6 +161,9 @@ class Agent:
                 return 0
             self._emit(format_report(results, host=socket.gethostname(),
                                      node_rank=cfg.node_rank))
+            self._post_exits(results, "" if action is Action.GIVE_UP
+                             else f"; restarting every worker ({restarts + 1} of "
+                                  f"{cfg.max_restarts} restarts)")
             if action is Action.GIVE_UP:
                 self._check_out(store)
                 return 1
@@ -437,13 +440,21 @@ class Agent:
         self._emit(f"potluck run: status page at {url} (JSON {url}api/status, Prometheus "
                    f"{url}metrics)")
 
-    def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
+    def _post_exits(self, results: list[WorkerResult], then: str) -> None:
+        """A fixed job's attempt failed: its failed workers' exits, on the status page."""
+        for result in results:
+            if result.exitcode != 0 and not result.stopped:
+                self._post_exit(result, then)
+
+    def _post_exit(self, result: WorkerResult, then: str = "") -> None:
         if self._status is not None:
-            result = _result(worker)
-            self._status.event("exit", f"the worker of local rank {worker.local_rank} on "
+            self._status.event("exit", f"the worker of local rank {result.local_rank} on "
                                        f"{socket.gethostname()} (pid {result.pid}) ended: "
                                        f"{describe_exit(result.exitcode)}"
-                                       f"{f' ({worker.why})' if worker.why else ''}")
+                                       f"{f' ({result.why})' if result.why else ''}{then}")
+
+    def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
+        self._post_exit(_result(worker))
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
                                  title="a worker was lost (elastic: the others train on)"))

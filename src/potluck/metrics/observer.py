@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 from potluck.balance.clock import ComputeClock, Reading
 from potluck.errors import ConfigError
+from potluck.metrics import notes
+from potluck.metrics.notes import Note
 from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 
@@ -75,9 +77,12 @@ class StepFigures:
 
 
 class StepSink(Protocol):
-    """Where each step's figures go (``publisher.JournalSink``, ``StorePublisher``)."""
+    """Where each step's figures go (``publisher.JournalSink``, ``StorePublisher``), and
+    the process's notes (``metrics.notes``: a checkpoint, a rebalance, a quarantine)."""
 
     def write(self, figures: StepFigures) -> None: ...
+
+    def note(self, note: Note) -> None: ...
 
     def close(self) -> None: ...
 
@@ -111,6 +116,7 @@ class StepObserver:
         self._loss: float | None = None
         # Steps whose compute time is not known yet (a GPU's events), oldest first.
         self._unread: deque[tuple[Reading, StepFigures]] = deque()
+        self._unlisten: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- DataParallel's clock
 
@@ -192,7 +198,20 @@ class StepObserver:
     def add_sink(self, sink: StepSink) -> None:
         self._sinks.append(sink)
 
+    def hear_notes(self) -> None:
+        """Pass this process's notes (``metrics.notes``) to the sinks until ``close``."""
+        if self._unlisten is None:
+            self._unlisten = notes.listen(self.noted)
+
+    def noted(self, note: Note) -> None:
+        """A note of this process (any thread): to every sink."""
+        for sink in list(self._sinks):
+            sink.note(note)
+
     def close(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         self._flush(wait=True)
         for sink in self._sinks:
             try:

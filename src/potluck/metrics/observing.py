@@ -44,5 +44,9 @@ def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
         observer.add_sink(StorePublisher(
             store_client(env.master_addr, env.master_port), env.run_id,
             f"{observer.host}:{os.getpid()}", position=observer.position, where=where,
-            events=lambda: list(cohort.events)).start())
+            events=lambda: list(cohort.events), member=cohort.worker_id,
+            # A fixed job's restart starts every worker again; an elastic one's restarted
+            # worker is a new member of the same run.
+            attempt=0 if cohort.elastic else env.restart_count).start())
+    observer.hear_notes()
     return observer

@@ -27,12 +27,13 @@ from torch._C._distributed_c10d import Store, TCPStore
 
 from potluck import keys
 from potluck.metrics.journal import Journal
+from potluck.metrics.notes import Note
 from potluck.metrics.observer import Position, StepFigures, Where, describe
 
 log = logging.getLogger(__name__)
 
 RECENT_STEPS = 64  # every pulse carries the last this many steps: one missed costs none
-MAX_EVENTS_PER_PULSE = 20
+MAX_EVENTS_PER_PULSE = 20  # membership events, and notes
 
 
 class JournalSink:
@@ -44,6 +45,9 @@ class JournalSink:
 
     def write(self, figures: StepFigures) -> None:
         self._journal.write("rank_step", **figures.record())
+
+    def note(self, note: Note) -> None:
+        self._journal.write("event", **note.record())
 
     def close(self) -> None:
         self._journal.close()
@@ -60,12 +64,17 @@ class StorePublisher:
     def __init__(self, connect: Callable[[], Store], run_id: str, worker: str, *,
                  position: Callable[[], Position], where: Where,
                  events: Callable[[], list[dict[str, Any]]] = list,
+                 member: str | None = None, attempt: int = 0,
                  interval: float = 0.5) -> None:
+        """``member``: this worker's id in the cohort (trust notes name it); ``attempt``:
+        the launcher's restart of a fixed job (its workers all start again)."""
         self._connect, self._run_id, self._worker = connect, run_id, worker
         self._position, self._where, self._events = position, where, events
+        self._member, self._attempt = member, attempt
         self._interval = interval
         self._lock = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_STEPS)
+        self._notes: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_PULSE)
         self._stop = threading.Event()
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="potluck-status",
@@ -79,6 +88,10 @@ class StorePublisher:
         with self._lock:
             self._recent.append(figures.record())
 
+    def note(self, note: Note) -> None:
+        with self._lock:
+            self._notes.append({**note.record(), "time": time.time()})
+
     def close(self) -> None:
         """Send the last steps (marked done) and end the thread."""
         self._stop.set()
@@ -89,15 +102,16 @@ class StorePublisher:
         """The next pulse's content: where the worker is, its last steps (a poller that
         missed a pulse gets them from the next; the board files them by step)."""
         with self._lock:
-            steps = list(self._recent)
+            steps, notes = list(self._recent), list(self._notes)
         rank, world_size, generation = self._where()
         position = self._position()
         self._seq += 1
         return {"seq": self._seq, "worker": self._worker, "pid": os.getpid(),
+                "member": self._member, "attempt": self._attempt,
                 "rank": rank, "world_size": world_size, "generation": generation,
                 "phase": describe(position), "phase_s": time.perf_counter() - position.since,
                 "steps": steps, "events": self._events()[-MAX_EVENTS_PER_PULSE:],
-                "done": done}
+                "notes": notes, "done": done}
 
     def _run(self) -> None:
         try:
@@ -135,6 +149,9 @@ class TensorBoardSink:
             if record.get(name) is not None:
                 self._writer.add_scalar(f"rank{figures.rank}/{name}", record[name],
                                         figures.step)
+
+    def note(self, note: Note) -> None:
+        """Notes are in the journal and on the page; TensorBoard gets the scalars only."""
 
     def close(self) -> None:
         self._writer.close()

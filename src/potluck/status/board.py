@@ -3,11 +3,14 @@
 Each worker pulses onto the store (``metrics.publisher``): where it is, its new steps,
 its membership events. ``StorePoller`` reads every pulse a few times a second and hands
 them to ``StatusBoard.ingest``; ``snapshot()`` is the ``/api/status`` document
-(``docs/status.md``). The members shown are the workers of the newest generation still
-pulsing; a worker of an older generation, or one that said it is done, drops out (its
-loss is an event). Each complete step (every member reported it) is judged once, in
-order, by ``attribution.slowest_compute``, so the history of "who was the bottleneck"
-does not depend on how often anybody polls; silence is judged at snapshot time.
+(``docs/status.md``). The members shown are the workers of the newest attempt (a fixed
+job's restart by the launcher starts all of them again) and generation still pulsing; a
+worker of an older one, or one that said it is done, drops out (its loss is an event).
+Notes (``metrics.notes``: checkpoints, rebalances, trust's strikes and quarantines) come
+with the pulses; every member may send the same one, and it is shown once. Each
+complete step (every member reported it) is judged once, in order, by
+``attribution.slowest_compute``, so the history of "who was the bottleneck" does not
+depend on how often anybody polls; silence is judged at snapshot time.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 KEEP_STEPS = 600  # per worker, and points of each curve
 KEEP_EVENTS = 200
+KEEP_NOTES_SEEN = 2000  # notes recognized as already shown
 
 
 @dataclass
@@ -42,6 +46,10 @@ class _Worker:
     @property
     def generation(self) -> int:
         return int(self.pulse.get("generation", 0))
+
+    @property
+    def attempt(self) -> int:
+        return int(self.pulse.get("attempt", 0))
 
     @property
     def last_step(self) -> int:
@@ -61,8 +69,11 @@ class StatusBoard:
         self._judged = -1  # the last step judged for the bottleneck history
         self._history: list[dict[str, Any]] = []
         self._events: deque[dict[str, Any]] = deque(maxlen=KEEP_EVENTS)
-        self._generations_seen: set[int] = set()
+        self._generations_seen: set[tuple[int, int]] = set()  # (attempt, generation)
         self._curve: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._attempt = 0  # the newest attempt heard from
+        self._notes_seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+        self._standing: dict[str, str] = {}  # member -> trust's last word on it
 
     # ------------------------------------------------------------------- input
 
@@ -82,7 +93,9 @@ class StatusBoard:
                     known.steps.move_to_end(int(record["step"]))
                 while len(known.steps) > KEEP_STEPS:
                     known.steps.popitem(last=False)
-                self._take_events(pulse)
+                self._take_attempt(known.attempt)
+                self._take_events(pulse, known.attempt)
+                self._take_notes(pulse)
             self._judge()
 
     def add_event(self, what: str, text: str) -> None:
@@ -103,7 +116,7 @@ class StatusBoard:
                        for w in members if not w.pulse.get("done")]
             verdict = slowest(windows, self.rule)
             since = self._history[-1]["step"] if self._history else None
-            curve = list(self._curve.items())
+            curve = sorted(self._curve.items())  # a restarted job redoes its steps
             return {
                 "run_id": self.run_id, "time": self._wall(), "step": self._step(),
                 "generation": max((w.generation for w in members), default=0),
@@ -123,8 +136,10 @@ class StatusBoard:
     # --------------------------------------------------------------- internals
 
     def _members(self) -> list[_Worker]:
-        """The newest generation's workers that have not said they are done."""
-        live = [w for w in self._workers.values() if not w.pulse.get("done")]
+        """The newest attempt's and generation's workers that have not said they are
+        done (a worker of an attempt the launcher gave up on never says so)."""
+        live = [w for w in self._workers.values()
+                if not w.pulse.get("done") and w.attempt == self._attempt]
         if not live:
             return []
         newest = max(w.generation for w in live)
@@ -136,7 +151,8 @@ class StatusBoard:
         return [float(r["compute_s"]) for r in tail if r.get("compute_s") is not None]
 
     def _step(self) -> int:
-        return max((w.last_step for w in self._workers.values()), default=-1)
+        return max((w.last_step for w in self._workers.values()
+                    if w.attempt == self._attempt), default=-1)
 
     def _judge(self) -> None:
         """Judge each step every member has reported, in order, once."""
@@ -148,6 +164,8 @@ class StatusBoard:
             return
         upto = min(w.last_step for w in members)
         for step in range(max(self._judged + 1, upto - KEEP_STEPS + 1), upto + 1):
+            if not any(step in w.steps for w in members):
+                continue  # before a restarted attempt resumed: the last attempt's steps
             windows = []
             for w in members:
                 computes = [float(w.steps[s]["compute_s"])
@@ -209,20 +227,57 @@ class StatusBoard:
                 "comm_ms": ms("comm_s"), "step_ms": ms("step_s"),
                 "bytes": record.get("bytes"), "samples": record.get("samples"),
                 "share": record.get("share"), "samples_per_s": record.get("samples_per_s"),
-                "trust": None}
+                "trust": self._standing.get(str(pulse.get("member")))}
 
-    def _take_events(self, pulse: dict[str, Any]) -> None:
+    def _take_attempt(self, attempt: int) -> None:
+        """A fixed job's workers started again (``--max-restarts``): the old ones are
+        gone, and the steps are counted (and judged) from where the new ones begin."""
+        if attempt <= self._attempt:
+            return
+        self._attempt, self._judged = attempt, -1
+        self._events.append({"time": self._wall(), "step": None, "what": "restart",
+                             "text": f"attempt {attempt}: the launcher started every worker "
+                                     "again"})
+
+    def _take_events(self, pulse: dict[str, Any], attempt: int) -> None:
         for event in pulse.get("events", []):
             generation = int(event.get("generation", -1))
-            if generation in self._generations_seen:
+            if (attempt, generation) in self._generations_seen:
                 continue
-            self._generations_seen.add(generation)
+            self._generations_seen.add((attempt, generation))
             # The step the new generation began at: its first step in this pulse.
             steps = [int(r["step"]) for r in pulse.get("steps", [])
                      if int(r.get("generation", -1)) >= generation]
             self._events.append({"time": self._wall(),
                                  "step": min(steps) if steps else self._step(),
                                  "what": _what(event), "text": _text(event)})
+
+    def _take_notes(self, pulse: dict[str, Any]) -> None:
+        """Each note once, however many members sent it; trust notes set the member's
+        standing in the table."""
+        for note in pulse.get("notes", []):
+            key = (note.get("what"), note.get("step"), note.get("member"), note.get("text"))
+            if key in self._notes_seen:
+                continue
+            self._notes_seen[key] = None
+            while len(self._notes_seen) > KEEP_NOTES_SEEN:
+                self._notes_seen.popitem(last=False)
+            step = note.get("step")
+            self._events.append({"time": float(note.get("time") or self._wall()),
+                                 "step": self._step() if step is None else int(step),
+                                 "what": str(note.get("what")), "text": str(note.get("text"))})
+            member = note.get("member")
+            if member is not None:
+                self._standing[str(member)] = _standing(note)
+
+
+def _standing(note: Mapping[str, Any]) -> str:
+    """The table's trust cell after a trust note: ``quarantined (step 12)``."""
+    what = str(note.get("what"))
+    label = {"strike": "struck", "repair": "repaired", "quarantine": "quarantined"}.get(
+        what, what)
+    step = note.get("step")
+    return label if step is None else f"{label} (step {step})"
 
 
 def _what(event: Mapping[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """The status snapshot as Prometheus text (exposition format 0.0.4), for ``/metrics``.
 
 ``render_prometheus`` is a pure function of the ``/api/status`` mapping (docs/status.md):
-every metric is a gauge; per-rank metrics carry the label ``rank``. A value that is
+every metric is a gauge; per-rank metrics carry the labels ``rank`` and ``worker`` (the
+process, ``host:pid``: a rank is a seat that another worker takes after a membership
+change or a restart). A value that is
 missing or null is left out rather than written as NaN; ``potluck_slowest_rank`` is -1
 when no rank stands out.
 """
@@ -50,8 +52,8 @@ def render_prometheus(status: Mapping[str, Any]) -> str:
            [("", -1 if slowest_rank is None else slowest_rank)])
     ranks = [r for r in status.get("ranks") or () if isinstance(r, Mapping)]
     for name, help_text, key, factor in _PER_RANK:
-        samples = [(f'{{rank="{_label(r.get("rank"))}"}}', _scaled(r.get(key), factor))
-                   for r in ranks]
+        samples = [(f'{{rank="{_label(r.get("rank"))}",worker="{_label(r.get("worker"))}"}}',
+                    _scaled(r.get(key), factor)) for r in ranks]
         _gauge(lines, name, help_text, samples)
     return "\n".join(lines) + "\n"
 

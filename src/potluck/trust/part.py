@@ -32,6 +32,7 @@ import torch
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced
 from potluck.errors import PeerLostError
+from potluck.metrics.notes import note
 from potluck.trust.config import Trust
 from potluck.trust.exchange import AuditPlan, Kept, Ledger, RobustExchange, recompute
 from potluck.trust.fingerprint import fingerprint
@@ -219,12 +220,19 @@ class TrustPart:
         log.warning("[rank %d] trust: after step %d the replica of %s diverged from the "
                     "majority; repaired from %s", self._cohort.rank, steps, event["members"],
                     event["from"])
+        for i in bad:
+            note("repair", f"rank {i} ({members[i]}): its replica diverged from the "
+                           f"majority; repaired from rank {source}", step=steps,
+                 member=members[i])
 
     def _record(self, found: list[tuple[int, str, str]], steps: int) -> None:
         members = self._cohort.membership.members
         for rank, kind, detail in found:
             evidence = Evidence(members[rank], rank, steps, kind, detail)
             if not self.strikes.add(evidence):
+                if evidence.member not in self.strikes.quarantined:
+                    note("strike", f"rank {rank} ({evidence.member}): {kind} ({detail})",
+                         step=steps, member=evidence.member)
                 continue
             why = "; ".join(f"step {e.step}: {e.kind} ({e.detail})"
                             for e in self.strikes.quarantined[evidence.member])
@@ -232,6 +240,8 @@ class TrustPart:
                      "rank": rank, "evidence": [e.as_dict() for e in
                                                 self.strikes.quarantined[evidence.member]]}
             self.events.append(event)
+            note("quarantine", f"rank {rank} ({evidence.member}): {why}", step=steps,
+                 member=evidence.member)
             self._removals.append((evidence.member, why))
             log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
                         self._cohort.rank, evidence.member, rank, steps, why)

@@ -3,6 +3,8 @@
 ``--slow RANKS``: a comma list; trial i (steps i*M .. i*M + M - 1, M = ``--trial-steps``)
 sleeps ``--slow-ms`` inside the backward of the rank named i-th (after the list: none). The
 sleep sits in a gradient hook of the first layer, so it counts as that rank's compute.
+``--checkpoint-dir D --checkpoint-every K``: a checkpoint every K steps, and a (re)started
+job resumes from the newest one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> None:
     parser.add_argument("--trial-steps", type=int, default=10)
     parser.add_argument("--slow-ms", type=float, default=40.0)
     parser.add_argument("--step-ms", type=float, default=0.0)
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
     args = parser.parse_args()
     schedule = [int(r) for r in args.slow.split(",") if r]
 
@@ -32,7 +36,11 @@ def main() -> None:
     net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
     data = torch.utils.data.TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
     sgd = torch.optim.SGD(net.parameters(), lr=0.01)
-    model, opt, loader = potluck.prepare(net, sgd, data, global_batch=24)
+    model, opt, loader = potluck.prepare(net, sgd, data, global_batch=24,
+                                         checkpoint_dir=args.checkpoint_dir,
+                                         resume=args.checkpoint_dir is not None)
+    checkpoints = (potluck.CheckpointManager(args.checkpoint_dir, rank=opt.cohort.rank)
+                   if args.checkpoint_every and args.checkpoint_dir else None)
     cohort_rank = lambda: opt.cohort.rank  # noqa: E731
 
     def slow_down(grad: torch.Tensor) -> torch.Tensor:
@@ -53,6 +61,8 @@ def main() -> None:
             opt.zero_grad()
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
+            if checkpoints is not None and opt.steps % args.checkpoint_every == 0:
+                checkpoints.save(opt.steps, opt.state_dict())
             if stop.exists():
                 target = min(target, int(stop.read_text()))
             if opt.steps >= target:
