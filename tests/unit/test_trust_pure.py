@@ -42,6 +42,20 @@ def test_one_far_copy_moves_the_aggregate_little(aggregator: object) -> None:
     assert (got - honest_mean).norm() < 0.1 * (plain - honest_mean).norm()
 
 
+def test_a_copy_far_beyond_the_others_spread_gets_no_say_unless_clipping_only() -> None:
+    copies, weights = _honest(), torch.tensor([1.0, 2.0, 1.0, 1.0])
+    honest = (weights[:3] / weights[:3].sum()) @ copies[:3]
+    copies[3] = -10 * copies[3]
+    assert torch.allclose(CenteredClip().aggregate(copies, weights), honest, atol=1e-6)
+    clipped = CenteredClip(reject_scale=None).aggregate(copies, weights)
+    spread = float((copies[:3] - copies[:3].median(dim=0).values).norm(dim=1).median())
+    assert float((clipped - honest).norm()) > 0.05 * spread  # clipped: it still pulls
+    # a copy within reject_scale of the typical spread is clipped, not left out
+    copies[3] = honest + 3.0 * spread * torch.nn.functional.normalize(torch.ones(64), dim=0)
+    kept = CenteredClip().aggregate(copies, weights)
+    assert float((kept - honest).norm()) > 0.05 * spread
+
+
 def test_non_finite_copies_are_left_out_and_none_usable_is_nan() -> None:
     copies, weights = _honest(), torch.ones(4)
     honest_mean = copies[:3].mean(0)
@@ -61,6 +75,8 @@ def test_zero_weight_copies_do_not_count() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="tau_scale"):
         CenteredClip(tau_scale=0)
+    with pytest.raises(ConfigError, match="reject_scale=1.5.* must be >= tau_scale"):
+        CenteredClip(reject_scale=1.5)
     with pytest.raises(ConfigError, match="trim"):
         TrimmedMean(trim=-1)
     with pytest.raises(ConfigError, match="far_ratio"):

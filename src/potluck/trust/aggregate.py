@@ -11,7 +11,11 @@ closely, and bound what one far-off copy can do when they do not.
   median distance of the copies from the start, so it follows the gradients' own
   spread. When no copy is farther than ``tau`` from the weighted mean, that mean is
   the fixed point and the result (the clean case: one pass); a far copy is clipped,
-  so it pulls with at most its weight times ``tau``.
+  so it pulls with at most its weight times ``tau``. A copy farther from the start than
+  ``reject_scale`` times that median distance gets no say at all in this slice (the
+  trust verdict's ``far_ratio`` uses the same yardstick): a gross attacker's gradient
+  (a sign flip, noise) would otherwise pull with its full ``tau`` until it is
+  quarantined. ``reject_scale=None`` clips only.
 - ``TrimmedMean``: per coordinate, drop the ``trim`` largest and smallest values, and
   take the weighted mean of the rest.
 """
@@ -40,6 +44,7 @@ class Aggregator(Protocol):
 class CenteredClip:
     tau_scale: float = 2.0
     iterations: int = 5
+    reject_scale: float | None = 4.0
     name: str = "centered_clip"
 
     def __post_init__(self) -> None:
@@ -49,6 +54,11 @@ class CenteredClip:
         if not (isinstance(self.iterations, int) and self.iterations >= 1):
             raise ConfigError(f"CenteredClip(iterations={self.iterations!r}) must be an int "
                               ">= 1, e.g. 5")
+        if self.reject_scale is not None and not self.reject_scale >= self.tau_scale:
+            raise ConfigError(
+                f"CenteredClip(reject_scale={self.reject_scale!r}) must be >= tau_scale "
+                f"({self.tau_scale}): a copy is left out only beyond the clip radius; "
+                "e.g. 4.0, or None to clip only")
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         x, w = _kept(copies, weights)
@@ -59,7 +69,12 @@ class CenteredClip:
         apart = spread[spread > 0]  # copies at the median (e.g. zeros of unused
         if apart.numel() == 0:  # parameters) must not shrink the radius to nothing
             return center  # every copy is equal
-        tau = self.tau_scale * float(apart.median())
+        typical = float(apart.median())
+        tau = self.tau_scale * typical
+        if self.reject_scale is not None:
+            near = spread <= self.reject_scale * typical
+            if not bool(near.all()):  # the median's own row is always near
+                x, w = x[near], w[near] / w[near].sum()
         mean = w @ x
         if bool(((x - mean).norm(dim=1) <= tau).all()):
             return mean  # nobody is clipped at the weighted mean: it is the fixed point
