@@ -75,7 +75,7 @@ def test_zero_weight_copies_do_not_count() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="tau_scale"):
         CenteredClip(tau_scale=0)
-    with pytest.raises(ConfigError, match="reject_scale=1.5.* must be >= tau_scale"):
+    with pytest.raises(ConfigError, match=r"reject_scale=1\.5\) must be >= tau_scale"):
         CenteredClip(reject_scale=1.5)
     with pytest.raises(ConfigError, match="trim"):
         TrimmedMean(trim=-1)
