@@ -168,7 +168,7 @@ def test_a_plot_without_data_is_skipped(tmp_path: Path) -> None:
     written = write_plots(series, tmp_path / "out")
     assert [path.name for path in written] == ["throughput.png", "compute_wait.png",
                                               "shares.png", "events.png"]  # no loss
-    assert series.events == ()  # events.png says "no membership events"
+    assert series.events == ()  # events.png says "no events (...)"
     assert _png_size(written[-1]) == (800, 450)
 
 
