@@ -73,6 +73,21 @@ def test_each_written_checkpoint_is_noted_once_it_is_durable(tmp_path: Path) -> 
     assert heard[1].text.endswith(" s)") and " MB in " in heard[1].text
 
 
+def test_a_checkpoint_older_than_the_kept_ones_is_pruned_at_once_without_error(
+        tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep=2)
+    manager.save(8, state(8))
+    manager.save(9, state(9))
+    heard: list[Note] = []
+    stop = notes.listen(heard.append)
+    try:
+        manager.save(1, state(1))  # a new run into an old run's directory: kept are newer
+    finally:
+        stop()
+    assert [step for step, _ in manager.checkpoints()] == [8, 9]
+    assert [(n.what, n.step) for n in heard] == [("checkpoint", 1)]
+
+
 def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path)
     manager.save(1, state(1))

@@ -266,6 +266,30 @@ def test_notes_reach_the_sinks_from_any_thread_until_close(tmp_path: Path) -> No
         ("event", "checkpoint", 5, "step 5 saved")]
 
 
+class NoteFailingSink(ListSink):
+    def note(self, note: Note) -> None:
+        raise OSError("disk full")
+
+
+@pytest.mark.timeout(10)
+def test_a_sink_failing_on_a_note_is_dropped_and_the_others_still_hear(
+        tmp_path: Path) -> None:
+    broken, fine, journal = NoteFailingSink(), ListSink(), JournalSink(tmp_path)
+    observer = make_observer(Passes(), sinks=[broken, fine, journal])
+    observer.hear_notes()
+    try:
+        notes.note("checkpoint", "one", step=1)
+        notes.note("checkpoint", "two", step=2)
+        observer.committed()
+    finally:
+        observer.close()
+    assert [n.text for n in fine.notes] == ["one", "two"]
+    assert broken.written == []  # dropped at its first failure: no steps either
+    journal.note(Note("checkpoint", "after the end", 3))  # racing the close: dropped
+    records = read_journal(journal.path)
+    assert [r.get("text") for r in records if r["kind"] == "event"] == ["one", "two"]
+
+
 @pytest.mark.timeout(10)
 def test_a_failing_listener_is_dropped_and_a_bad_note_refused() -> None:
     heard: list[Note] = []

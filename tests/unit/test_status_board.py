@@ -506,22 +506,42 @@ def test_a_restarted_fixed_job_shows_only_its_new_workers_and_judges_their_steps
     clocks = Clocks()
     board = board_of(clocks)
     old = [Worker("h:10", 0), Worker("h:11", 1)]
-    board.ingest({w.name: w.pulse([rec(s, 0.1 if w.rank == 0 else 0.3) for s in range(6)])
-                  for w in old})
-    assert board.snapshot()["step"] == 5
+    board.ingest({w.name: w.pulse([rec(s, 0.1 if w.rank == 0 else 0.3, loss=1.0)
+                                   for s in range(10)]) for w in old})
+    assert board.snapshot()["slowest_history"][-1]["rank"] == 1
     clocks.advance(10.0)  # the launcher restarts every worker; they resume from step 3
     new = [Worker("h:20", 0, attempt=1), Worker("h:21", 1, attempt=1)]
-    board.ingest({**{w.name: w.pulse() for w in old},  # the dead workers' last pulses
-                  **{w.name: w.pulse([rec(s, 0.3 if w.rank == 0 else 0.1)
-                                      for s in range(3, 8)]) for w in new}})
+    board.ingest({w.name: w.pulse([rec(s, 0.3 if w.rank == 0 else 0.1, loss=2.0)
+                                   for s in range(3, 8)]) for w in new})
+    # a dead worker's last pulse read after the new ones changes nothing
+    board.ingest({w.name: w.pulse([rec(10, loss=1.0)]) for w in old})
     snapshot = board.snapshot()
     assert ranks_of(snapshot) == [(0, "h:20"), (1, "h:21")]  # not the dead ones, not stale
     assert snapshot["step"] == 7
     assert [e["what"] for e in snapshot["events"]] == ["restart"]
-    # steps 3..7 were judged again with the new workers: now rank 0 is the slow one
+    # steps 3..7 were judged again with the new workers: now rank 0 is the slow one, and
+    # nothing the last attempt said about step 3 on is left
     assert snapshot["slowest"]["rank"] == 0
-    assert snapshot["slowest_history"][-1]["rank"] == 0
-    assert snapshot["curves"]["step"] == list(range(8))  # in step order, no gaps
+    assert all(h["step"] < 3 or h["rank"] == 0 for h in snapshot["slowest_history"])
+    assert snapshot["slowest"]["since_step"] <= 7
+    assert snapshot["curves"]["step"] == list(range(8))
+    assert snapshot["curves"]["loss"] == [1.0] * 3 + [2.0] * 5  # the old tail is gone
+
+
+@pytest.mark.timeout(10)
+def test_trust_standing_and_notes_do_not_leak_into_a_restarted_attempt() -> None:
+    board = board_of(Clocks())
+    old = [Worker("h:10", 0), Worker("h:11", 1)]
+    gone = a_note("quarantine", "rank 1 (m-rank1): far", 8, member="m-h:21")
+    board.ingest({w.name: w.pulse([rec(8)], notes=[gone]) for w in old})
+    new = [Worker("h:20", 0, attempt=1), Worker("h:21", 1, attempt=1)]
+    board.ingest({w.name: w.pulse([rec(8)]) for w in new})
+    assert [row["trust"] for row in board.snapshot()["ranks"]] == [None, None]
+    # the same verdict again in the new attempt is news, and its standing counts
+    board.ingest({w.name: w.pulse([rec(9)], notes=[gone]) for w in new})
+    snapshot = board.snapshot()
+    assert [row["trust"] for row in snapshot["ranks"]] == [None, "quarantined (step 8)"]
+    assert [e["what"] for e in snapshot["events"]] == ["quarantine", "restart", "quarantine"]
 
 
 # ---------------------------------------------------------------------- StorePoller

@@ -47,13 +47,38 @@ def test_a_copy_far_beyond_the_others_spread_gets_no_say_unless_clipping_only() 
     honest = (weights[:3] / weights[:3].sum()) @ copies[:3]
     copies[3] = -10 * copies[3]
     assert torch.allclose(CenteredClip().aggregate(copies, weights), honest, atol=1e-6)
-    clipped = CenteredClip(reject_scale=None).aggregate(copies, weights)
+    clipped = CenteredClip(reject_at=None).aggregate(copies, weights)
     spread = float((copies[:3] - copies[:3].median(dim=0).values).norm(dim=1).median())
     assert float((clipped - honest).norm()) > 0.05 * spread  # clipped: it still pulls
-    # a copy within reject_scale of the typical spread is clipped, not left out
+    # a copy within reject_at clip radii is clipped, not left out
     copies[3] = honest + 3.0 * spread * torch.nn.functional.normalize(torch.ones(64), dim=0)
     kept = CenteredClip().aggregate(copies, weights)
     assert float((kept - honest).norm()) > 0.05 * spread
+
+
+@pytest.mark.parametrize("parts", [[64, 64, 64, 2], [32, 32, 32, 1], [100] * 5 + [3]])
+def test_an_honest_copy_of_a_small_part_is_never_left_out(parts: list[int]) -> None:
+    """A rank with few samples sends a noisier gradient (its noise ~ 1/sqrt(samples)):
+    farther off, honestly. Its say must stay (clipped at most), trial after trial."""
+    gen = torch.Generator().manual_seed(len(parts))
+    weights = torch.tensor(parts, dtype=torch.float32)
+    for _ in range(10):
+        signal = torch.randn(20000, generator=gen)
+        copies = torch.stack([signal + torch.randn(20000, generator=gen) / k ** 0.5
+                              for k in parts])
+        clipped_only = CenteredClip(reject_at=None).aggregate(copies, weights)
+        assert torch.equal(CenteredClip().aggregate(copies, weights), clipped_only)
+
+
+def test_with_two_copies_or_a_split_majority_nobody_is_left_out() -> None:
+    two = torch.tensor([[1.0, -0.1], [0.0, 0.0]])
+    assert torch.equal(CenteredClip().aggregate(two, torch.ones(2)),
+                       CenteredClip(reject_at=None).aggregate(two, torch.ones(2)))
+    # two camps far apart: leaving out half would let the other half decide alone
+    camps = torch.cat([torch.zeros(2, 16), 100.0 * torch.ones(2, 16)])
+    camps += 0.01 * torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(CenteredClip().aggregate(camps, torch.ones(4)),
+                       CenteredClip(reject_at=None).aggregate(camps, torch.ones(4)))
 
 
 def test_non_finite_copies_are_left_out_and_none_usable_is_nan() -> None:
@@ -75,8 +100,9 @@ def test_zero_weight_copies_do_not_count() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="tau_scale"):
         CenteredClip(tau_scale=0)
-    with pytest.raises(ConfigError, match=r"reject_scale=1\.5\) must be >= tau_scale"):
-        CenteredClip(reject_scale=1.5)
+    with pytest.raises(ConfigError, match=r"reject_at=0\.5\) must be >= 1"):
+        CenteredClip(reject_at=0.5)
+    assert CenteredClip(tau_scale=5.0).reject_at == 2.0  # any clip radius goes with it
     with pytest.raises(ConfigError, match="trim"):
         TrimmedMean(trim=-1)
     with pytest.raises(ConfigError, match="far_ratio"):

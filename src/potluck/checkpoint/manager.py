@@ -183,10 +183,11 @@ class CheckpointManager:
     def _write(self, path: Path, step: int, state: dict[str, Any]) -> None:
         started = time.perf_counter()
         write_checkpoint(path, step, state)
+        took, size = time.perf_counter() - started, path.stat().st_size
         log.info("rank %d: wrote checkpoint %s", self.rank, path)
-        self._prune()
-        note("checkpoint", f"step {step} saved to {path} ({path.stat().st_size / 1e6:.1f} MB "
-                           f"in {time.perf_counter() - started:.2f} s)", step=step)
+        self._prune()  # (may remove it: a directory holding `keep` newer checkpoints)
+        note("checkpoint", f"step {step} saved to {path} ({size / 1e6:.1f} MB in {took:.2f} s)",
+             step=step)
 
     def _prune(self) -> None:
         """Delete all but the newest ``keep`` checkpoints (after the new one is durable)."""

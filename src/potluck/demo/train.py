@@ -105,6 +105,7 @@ def train_worker(cohort: Cohort, text: str, config: TrainConfig) -> WorkerResult
               if rank == 0 and config.metrics_path else None)
     run_steps = config.steps if config.stop_after is None else config.stop_after
     try:
+        observer.hear_notes()  # the checkpoints on the status page (closed below)
         for step in range(result.first_step, run_steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config.steps, config.lr, config.warmup_steps)

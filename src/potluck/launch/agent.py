@@ -443,15 +443,17 @@ class Agent:
     def _post_exits(self, results: list[WorkerResult], then: str) -> None:
         """A fixed job's attempt failed: its failed workers' exits, on the status page."""
         for result in results:
-            if result.exitcode != 0 and not result.stopped:
-                self._post_exit(result, then)
+            if result.failed or result.died_after_finishing:
+                self._post_exit(result, then if result.failed else "")
 
     def _post_exit(self, result: WorkerResult, then: str = "") -> None:
-        if self._status is not None:
-            self._status.event("exit", f"the worker of local rank {result.local_rank} on "
-                                       f"{socket.gethostname()} (pid {result.pid}) ended: "
-                                       f"{describe_exit(result.exitcode)}"
-                                       f"{f' ({result.why})' if result.why else ''}{then}")
+        if self._status is None:
+            return
+        late = " after its script had finished" if result.died_after_finishing else ""
+        why = f" ({result.why})" if result.why else ""
+        self._status.event("exit", f"the worker of local rank {result.local_rank} on "
+                                   f"{socket.gethostname()} (pid {result.pid}) ended: "
+                                   f"{describe_exit(result.exitcode)}{late}{why}{then}")
 
     def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
         self._post_exit(_result(worker))

@@ -18,6 +18,7 @@ step or so later (waiting for them would stop the CPU from queueing ahead).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -204,9 +205,16 @@ class StepObserver:
             self._unlisten = notes.listen(self.noted)
 
     def noted(self, note: Note) -> None:
-        """A note of this process (any thread): to every sink."""
+        """A note of this process (any thread): to every sink; one that fails is
+        dropped, the others still get it (seeing the run must never stop it)."""
         for sink in list(self._sinks):
-            sink.note(note)
+            try:
+                sink.note(note)
+            except Exception:
+                log.warning("a metrics sink failed on a note; it gets no more steps",
+                            exc_info=True)
+                with contextlib.suppress(ValueError):  # (another thread dropped it)
+                    self._sinks.remove(sink)
 
     def close(self) -> None:
         if self._unlisten is not None:

@@ -48,5 +48,4 @@ def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
             # A fixed job's restart starts every worker again; an elastic one's restarted
             # worker is a new member of the same run.
             attempt=0 if cohort.elastic else env.restart_count).start())
-    observer.hear_notes()
     return observer

@@ -331,8 +331,9 @@ def draw_events(series: RunSeries) -> Figure:
     axes.set(xlabel="time since the run's first record (s)", ylabel="step committed")
     axes.grid(alpha=0.3)
     if not series.events:
-        axes.text(0.5, 0.5, "no events (membership changes, checkpoints, rebalances, trust)", transform=axes.transAxes,
-                  ha="center", va="center", fontsize=14, color="0.3")
+        axes.text(0.5, 0.5, "no events (membership changes, checkpoints, rebalances, "
+                  "trust)", transform=axes.transAxes, ha="center", va="center",
+                  fontsize=14, color="0.3")
         return figure
     for index, event in enumerate(series.events):
         at = event.time - series.start

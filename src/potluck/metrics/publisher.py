@@ -42,15 +42,24 @@ class JournalSink:
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / "ranks" / f"rank-{os.getpid()}.jsonl"
         self._journal = Journal(self.path)
+        self._lock = threading.Lock()  # notes come from other threads (a checkpoint's)
+        self._closed = False
 
     def write(self, figures: StepFigures) -> None:
-        self._journal.write("rank_step", **figures.record())
+        self._append("rank_step", figures.record())
 
     def note(self, note: Note) -> None:
-        self._journal.write("event", **note.record())
+        self._append("event", note.record())
 
     def close(self) -> None:
-        self._journal.close()
+        with self._lock:
+            self._closed = True
+            self._journal.close()
+
+    def _append(self, kind: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:  # a note racing the run's end is dropped, not an error
+                self._journal.write(kind, **fields)
 
 
 def store_client(host: str, port: int, timeout: float = 10.0) -> Callable[[], Store]:

@@ -72,6 +72,7 @@ class StatusBoard:
         self._generations_seen: set[tuple[int, int]] = set()  # (attempt, generation)
         self._curve: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._attempt = 0  # the newest attempt heard from
+        self._restarted = False  # its first judged step drops the last attempt's later ones
         self._notes_seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._standing: dict[str, str] = {}  # member -> trust's last word on it
 
@@ -95,7 +96,7 @@ class StatusBoard:
                     known.steps.popitem(last=False)
                 self._take_attempt(known.attempt)
                 self._take_events(pulse, known.attempt)
-                self._take_notes(pulse)
+                self._take_notes(pulse, known.attempt)
             self._judge()
 
     def add_event(self, what: str, text: str) -> None:
@@ -166,6 +167,11 @@ class StatusBoard:
         for step in range(max(self._judged + 1, upto - KEEP_STEPS + 1), upto + 1):
             if not any(step in w.steps for w in members):
                 continue  # before a restarted attempt resumed: the last attempt's steps
+            if self._restarted:  # the last attempt's steps from here on are void
+                self._restarted = False
+                for old in [s for s in self._curve if s >= step]:
+                    del self._curve[old]
+                self._history = [h for h in self._history if h["step"] < step]
             windows = []
             for w in members:
                 computes = [float(w.steps[s]["compute_s"])
@@ -234,7 +240,8 @@ class StatusBoard:
         gone, and the steps are counted (and judged) from where the new ones begin."""
         if attempt <= self._attempt:
             return
-        self._attempt, self._judged = attempt, -1
+        self._attempt, self._judged, self._restarted = attempt, -1, True
+        self._standing.clear()  # a fixed job's member ids ("rank1") name new workers now
         self._events.append({"time": self._wall(), "step": None, "what": "restart",
                              "text": f"attempt {attempt}: the launcher started every worker "
                                      "again"})
@@ -252,11 +259,12 @@ class StatusBoard:
                                  "step": min(steps) if steps else self._step(),
                                  "what": _what(event), "text": _text(event)})
 
-    def _take_notes(self, pulse: dict[str, Any]) -> None:
-        """Each note once, however many members sent it; trust notes set the member's
-        standing in the table."""
+    def _take_notes(self, pulse: dict[str, Any], attempt: int) -> None:
+        """Each note once, however many members sent it; trust notes of the newest
+        attempt set the member's standing in the table."""
         for note in pulse.get("notes", []):
-            key = (note.get("what"), note.get("step"), note.get("member"), note.get("text"))
+            key = (attempt, note.get("what"), note.get("step"), note.get("member"),
+                   note.get("text"))
             if key in self._notes_seen:
                 continue
             self._notes_seen[key] = None
@@ -267,7 +275,7 @@ class StatusBoard:
                                  "step": self._step() if step is None else int(step),
                                  "what": str(note.get("what")), "text": str(note.get("text"))})
             member = note.get("member")
-            if member is not None:
+            if member is not None and attempt == self._attempt:
                 self._standing[str(member)] = _standing(note)
 
 

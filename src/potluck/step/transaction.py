@@ -84,6 +84,8 @@ class StepTransaction:
         elif resume:
             self.live_state.resume(cohort, self.boundary.checkpoint_dir)
         self.boundary.hold_minimum()
+        if observer is not None:  # set up: from now on finish() closes it
+            observer.hear_notes()
 
     # ------------------------------------------------------------ optimizer surface
 

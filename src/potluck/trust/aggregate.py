@@ -12,10 +12,12 @@ closely, and bound what one far-off copy can do when they do not.
   spread. When no copy is farther than ``tau`` from the weighted mean, that mean is
   the fixed point and the result (the clean case: one pass); a far copy is clipped,
   so it pulls with at most its weight times ``tau``. A copy farther from the start than
-  ``reject_scale`` times that median distance gets no say at all in this slice (the
-  trust verdict's ``far_ratio`` uses the same yardstick): a gross attacker's gradient
-  (a sign flip, noise) would otherwise pull with its full ``tau`` until it is
-  quarantined. ``reject_scale=None`` clips only.
+  ``reject_at`` clip radii gets no say at all in this slice: a gross attacker's
+  gradient (a sign flip, noise) would otherwise pull with its full ``tau`` until it is
+  quarantined. As in the trust verdict's "far" score, a copy's distance is scaled by
+  the square root of its weight over the median weight (a smaller part of the step is
+  a noisier gradient, honestly farther off); with fewer than 3 copies, or when more
+  than half of them would go, nobody is left out. ``reject_at=None`` clips only.
 - ``TrimmedMean``: per coordinate, drop the ``trim`` largest and smallest values, and
   take the weighted mean of the rest.
 """
@@ -44,7 +46,7 @@ class Aggregator(Protocol):
 class CenteredClip:
     tau_scale: float = 2.0
     iterations: int = 5
-    reject_scale: float | None = 4.0
+    reject_at: float | None = 2.0
     name: str = "centered_clip"
 
     def __post_init__(self) -> None:
@@ -54,11 +56,11 @@ class CenteredClip:
         if not (isinstance(self.iterations, int) and self.iterations >= 1):
             raise ConfigError(f"CenteredClip(iterations={self.iterations!r}) must be an int "
                               ">= 1, e.g. 5")
-        if self.reject_scale is not None and not self.reject_scale >= self.tau_scale:
+        if self.reject_at is not None and not self.reject_at >= 1:
             raise ConfigError(
-                f"CenteredClip(reject_scale={self.reject_scale!r}) must be >= tau_scale "
-                f"({self.tau_scale}): a copy is left out only beyond the clip radius; "
-                "e.g. 4.0, or None to clip only")
+                f"CenteredClip(reject_at={self.reject_at!r}) must be >= 1: a copy farther "
+                "than this many clip radii is left out, so never one inside the radius; "
+                "e.g. 2.0, or None to clip only")
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         x, w = _kept(copies, weights)
@@ -69,12 +71,9 @@ class CenteredClip:
         apart = spread[spread > 0]  # copies at the median (e.g. zeros of unused
         if apart.numel() == 0:  # parameters) must not shrink the radius to nothing
             return center  # every copy is equal
-        typical = float(apart.median())
-        tau = self.tau_scale * typical
-        if self.reject_scale is not None:
-            near = spread <= self.reject_scale * typical
-            if not bool(near.all()):  # the median's own row is always near
-                x, w = x[near], w[near] / w[near].sum()
+        tau = self.tau_scale * float(apart.median())
+        if self.reject_at is not None and x.shape[0] >= 3:
+            x, w = self._without_gross(x, w, spread)
         mean = w @ x
         if bool(((x - mean).norm(dim=1) <= tau).all()):
             return mean  # nobody is clipped at the weighted mean: it is the fixed point
@@ -87,6 +86,19 @@ class CenteredClip:
             if not bool(clipped.any()):
                 break  # nobody was clipped: that move landed on the weighted mean
         return center
+
+    def _without_gross(self, x: torch.Tensor, w: torch.Tensor,
+                       spread: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows whose weight-scaled distance from the start is within ``reject_at``
+        clip radii (of the scaled distances), unless more than half would go."""
+        assert self.reject_at is not None
+        scaled = spread * (w / w.median()).sqrt()
+        apart = scaled[scaled > 0]
+        near = scaled <= self.reject_at * self.tau_scale * float(apart.median())
+        kept = int(near.sum())
+        if kept == x.shape[0] or 2 * kept <= x.shape[0]:
+            return x, w
+        return x[near], w[near] / w[near].sum()
 
 
 @dataclass(frozen=True)
