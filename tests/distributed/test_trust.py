@@ -3,6 +3,7 @@ diverged replica is repaired (the elastic quarantine is in tests/e2e/test_trust_
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -102,3 +103,66 @@ def test_spot_checks_catch_a_stale_replay_and_accuse_no_honest_rank() -> None:
     assert [e["member"] for e in caught] == [f"rank{ATTACKER}"]
     assert caught[0]["evidence"][0]["kind"] == "wrong gradient"
     assert caught[0]["step"] >= run["start"]
+
+
+class _LyingAggregator:
+    """An owner that hands out its honest aggregate plus 0.5 from its ``after``-th
+    aggregation on (modified code on the attacker's rank); its audits of others it
+    recomputes honestly, so its own view of the verdicts stays the cohort's."""
+
+    name = "lying"
+
+    def __init__(self, after: int) -> None:
+        from potluck.trust import CenteredClip
+
+        self.inner, self.after, self.owned = CenteredClip(), after, 0
+
+    def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        honest = self.inner.aggregate(copies, weights)
+        if sys._getframe(1).f_code.co_name == "recompute":  # an audit, not its own slice
+            return honest
+        self.owned += 1
+        return honest + 0.5 if self.owned > self.after else honest
+
+
+def _lying_owner(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
+    from potluck.env import WorkerEnv
+
+    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
+                                        master_addr="127.0.0.1", master_port=port,
+                                        source="torchrun"), timeout=60.0)
+    train, _ = data(30)
+    net = model(0)
+    trust = potluck.Trust(aggregator=_LyingAggregator(after=5)) if rank == ATTACKER \
+        else potluck.Trust()
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
+        global_batch=GLOBAL_BATCH, cohort=cohort, trust=trust)
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+        opt.step()
+    part = opt.part(potluck.trust.TrustPart)
+    assert part is not None
+    out = {"events": part.events, "params": [p.detach().clone() for p in net.parameters()]}
+    opt.finish()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_handing_out_a_wrong_aggregate_is_caught_by_the_audit() -> None:
+    """The audit carries every rank's copy of the picked owner's slices in the next step
+    (tagged with the audit): each honest rank recomputes, finds the lie, and all of them
+    quarantine the liar at the same step; nobody honest is accused."""
+    results = run_ranks(_lying_owner, 4, free_port(), init_group=False, timeout=100)
+    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
+    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
+    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
+    assert [(what, member) for what, member, _ in verdicts[0]] == [
+        ("quarantine", f"rank{ATTACKER}")], verdicts[0]
+    evidence = honest[0]["events"][0]["evidence"]
+    assert evidence[0]["kind"] == "wrong aggregate" and evidence[0]["step"] > 5
+    for got, expected in zip(honest[1]["params"], honest[0]["params"], strict=True):
+        assert torch.equal(got, expected)  # the honest replicas agree bit for bit

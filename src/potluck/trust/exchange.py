@@ -19,8 +19,10 @@ clean step has no other collective:
   the owner's spot check of the last step (``report_spot``, ``spot.py``);
 - the **audit**: after a step, ``TrustPart`` may pick one owner (from a hash of the
   reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
-  copy of that owner's slices rides along with its aggregate, so every rank holds all
-  of them and recomputes the owner's aggregate (``recompute``).
+  copy of that owner's slices rides along with its aggregate, tagged with the owner
+  and step it believes were picked (``wire.audit_tag``), so every rank holds all of
+  them and recomputes the owner's aggregate (``recompute``; ``audit_agreed`` says
+  whether every tag named the same audit).
 
 A quarantined member of a fixed cohort still takes part but owns no slice and sends
 nothing that counts. What this rank received goes into a ``Ledger``.
@@ -47,8 +49,9 @@ class Kept:
     """One bucket of the step as this rank saw it. ``mine`` is its copy, padded to
     ``piece * len(owners)`` (owner k's slice at ``k * piece``); ``received`` holds, per
     owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values)
-    and the audit copy it sent (the rest). As an owner, ``copies`` are the senders'
-    copies of its slice (``[senders, piece]``; empty otherwise)."""
+    and the audit copy it sent with its tag (the rest: ``piece`` values and one word, or
+    nothing). As an owner, ``copies`` are the senders' copies of its slice
+    (``[senders, piece]``; empty otherwise)."""
 
     mine: torch.Tensor
     received: torch.Tensor
@@ -82,7 +85,16 @@ class Kept:
 
     def audit_copies(self) -> torch.Tensor:
         """``[owners, values]``: each owner's copy of the audited slice."""
-        return self.rows()[:, self.piece + self.report:]
+        block = self.rows()[:, self.piece + self.report:]
+        return block[:, :max(0, block.shape[1] - wire.per_word(block.dtype))]
+
+    def audit_tags(self) -> list[int]:
+        """Each owner's tag on its audit copy (``wire.audit_tag``); empty: none carried."""
+        block = self.rows()[:, self.piece + self.report:]
+        if block.shape[1] == 0:
+            return []
+        word = wire.per_word(block.dtype)
+        return wire.to_words(block[:, -word:]).tolist()
 
 
 @dataclass(frozen=True)
@@ -201,19 +213,30 @@ class RobustExchange:
         if (plan is None or kept is None or kept.owners != owners  # the same on every rank
                 or kept.mine.dtype != like.dtype or kept.mine.device != like.device):
             return like.new_empty(0)  # (the first pass's rebuild may change a bucket's dtype)
-        return kept.copy_of(plan.owner)
+        tag = torch.tensor([wire.audit_tag(plan.owner, plan.step)], dtype=torch.int64)
+        return torch.cat([kept.copy_of(plan.owner),
+                          wire.to_values(tag, like.dtype).to(like.device)])
+
+
+def audit_agreed(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
+    """Whether every carried audit copy is tagged with this rank's plan (False: the
+    ranks picked different audits, so the reports they hashed differed)."""
+    expected = wire.audit_tag(plan.owner, plan.step)
+    return all(tag == expected for kept in carried.values() for tag in kept.audit_tags())
 
 
 def recompute(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
     """The audit of ``plan.owner``'s slices: the largest difference, relative to the
     slice's size, between what it handed out in ``plan.step`` and the aggregate of every
     rank's copy (``carried``: the next step's buckets, whose audit copies they are).
-    NaN when no bucket carried its copies."""
+    NaN when no bucket carried its copies tagged with this plan."""
     worst = math.nan
+    expected_tag = wire.audit_tag(plan.owner, plan.step)
     for index, kept in plan.kept.items():
         later = carried.get(index)
         if (later is None or later.owners != kept.owners or later.mine.dtype != kept.mine.dtype
-                or later.audit_copies().shape[1] != kept.piece):
+                or later.audit_copies().shape[1] != kept.piece
+                or any(tag != expected_tag for tag in later.audit_tags())):
             continue
         given = kept.aggregate_of(plan.owner).float()
         expected = aggregator.aggregate(later.audit_copies().float(), kept.weights)

@@ -34,7 +34,14 @@ from potluck.collectives import broadcast_coalesced
 from potluck.errors import PeerLostError
 from potluck.metrics.notes import note
 from potluck.trust.config import Trust
-from potluck.trust.exchange import AuditPlan, Kept, Ledger, RobustExchange, recompute
+from potluck.trust.exchange import (
+    AuditPlan,
+    Kept,
+    Ledger,
+    RobustExchange,
+    audit_agreed,
+    recompute,
+)
 from potluck.trust.fingerprint import fingerprint
 from potluck.trust.spot import recompute as recompute_gradient
 from potluck.trust.spot import relative, slice_error, snapshot
@@ -144,6 +151,12 @@ class TrustPart:
     # ----------------------------------------------------------------- the work
 
     def _audit(self, plan: AuditPlan) -> list[tuple[int, str, str]]:
+        if not audit_agreed(plan, self.ledger.buckets):
+            log.warning("[rank %d] trust: the audit of step %d is void: the owners carried "
+                        "copies for different audits, so the reports of that step differed "
+                        "between ranks (an owner told ranks different things)",
+                        self._cohort.rank, plan.step)
+            return []
         worst = recompute(plan, self.ledger.buckets, self.config.aggregator)
         if not worst > _AUDIT_TOLERANCE:  # NaN: the buckets changed, nothing audited
             return []

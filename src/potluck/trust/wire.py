@@ -9,7 +9,8 @@ moves bytes, so every bit arrives as sent.
 - A sender's message to each owner: its slice, then one word, its fingerprint.
 - An owner's message to each rank: its aggregate, then its report, ``report_words``
   words (``encode_report``: what it saw of each sender, and its spot check of the
-  last step), then any audit copy (``exchange.py``).
+  last step), then any audit copy (``exchange.py``) and its tag, one word
+  (``audit_tag``: which owner's slice of which step it is).
 
 ``decode_reports`` turns the reports every rank received into the ``Reports`` that
 ``verdict.judge`` reads.
@@ -52,6 +53,16 @@ def float_word(value: float) -> int:
 
 def word_float(word: int) -> float:
     return float(struct.unpack("<d", struct.pack("<q", word))[0])
+
+
+def audit_tag(owner: int, step: int) -> int:
+    """The word naming an audit copy: ``owner``'s slice of ``step``. Every owner tags
+    the copy it carries with the audit it believes was picked; copies whose tags differ
+    were picked from reports that differed (an owner told ranks different things), and
+    such an audit is void rather than a verdict against an honest owner."""
+    if not 0 <= owner < 1 << 20 or not 0 <= step < 1 << 42:
+        raise ValueError(f"audit_tag(owner={owner}, step={step}): out of range")
+    return (step << 20) | owner
 
 
 _HEAD = 4  # owned, then the spot check: target + 1 (0: none), difference, mismatch
