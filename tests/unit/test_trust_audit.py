@@ -54,7 +54,7 @@ def carried_step(grads: torch.Tensor, tags: dict[int, tuple[int, int]] | None = 
 
 
 def plan(grads: torch.Tensor, *, lie: float = 0.0) -> AuditPlan:
-    return AuditPlan(AUDITED, STEP, {0: audited_step(grads, lie=lie)})
+    return AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)})
 
 
 def test_an_honest_owner_recomputes_to_its_aggregate() -> None:

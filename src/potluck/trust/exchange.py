@@ -98,12 +98,33 @@ class Kept:
 
 
 @dataclass(frozen=True)
+class Audited:
+    """One bucket of an audit: this rank's copy of the audited owner's slice (carried in
+    the next step), the aggregate the owner handed out, the copies' weights, and the
+    bucket's layout (the next step's bucket must have the same)."""
+
+    copy: torch.Tensor
+    given: torch.Tensor
+    weights: torch.Tensor
+    owners: tuple[int, ...]
+    piece: int
+
+
+@dataclass(frozen=True)
 class AuditPlan:
-    """Audit ``owner``'s slices of ``step``: ``kept`` is that step's buckets."""
+    """Audit ``owner``'s slices of ``step``: per bucket, what the audit needs of it (not
+    the whole step's buckets: two gradients' worth for a step more)."""
 
     owner: int
     step: int
-    kept: dict[int, Kept]
+    buckets: dict[int, Audited]
+
+    @classmethod
+    def of(cls, owner: int, step: int, kept: dict[int, Kept]) -> AuditPlan:
+        return cls(owner, step, {
+            index: Audited(k.copy_of(owner).clone(), k.aggregate_of(owner).clone(),
+                           k.weights, k.owners, k.piece)  # (clones: a view keeps it all)
+            for index, k in kept.items()})
 
 
 @dataclass
@@ -209,13 +230,12 @@ class RobustExchange:
         """This rank's copy of the audited owner's slice in bucket ``index`` of the
         planned step (empty when nothing is audited or the buckets changed since)."""
         plan = self.ledger.audit
-        kept = plan.kept.get(index) if plan is not None else None
-        if (plan is None or kept is None or kept.owners != owners  # the same on every rank
-                or kept.mine.dtype != like.dtype or kept.mine.device != like.device):
+        audited = plan.buckets.get(index) if plan is not None else None
+        if (plan is None or audited is None or audited.owners != owners  # alike on all ranks
+                or audited.copy.dtype != like.dtype or audited.copy.device != like.device):
             return like.new_empty(0)  # (the first pass's rebuild may change a bucket's dtype)
         tag = torch.tensor([wire.audit_tag(plan.owner, plan.step)], dtype=torch.int64)
-        return torch.cat([kept.copy_of(plan.owner),
-                          wire.to_values(tag, like.dtype).to(like.device)])
+        return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
 
 
 def audit_agreed(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
@@ -232,15 +252,16 @@ def recompute(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator)
     NaN when no bucket carried its copies tagged with this plan."""
     worst = math.nan
     expected_tag = wire.audit_tag(plan.owner, plan.step)
-    for index, kept in plan.kept.items():
+    for index, audited in plan.buckets.items():
         later = carried.get(index)
-        if (later is None or later.owners != kept.owners or later.mine.dtype != kept.mine.dtype
-                or later.audit_copies().shape[1] != kept.piece
+        if (later is None or later.owners != audited.owners
+                or later.mine.dtype != audited.copy.dtype
+                or later.audit_copies().shape[1] != audited.piece
                 or any(tag != expected_tag for tag in later.audit_tags())):
             continue
-        given = kept.aggregate_of(plan.owner).float()
-        expected = aggregator.aggregate(later.audit_copies().float(), kept.weights)
-        expected = expected.to(kept.received.dtype).float()  # rounded as the owner's was
+        given = audited.given.float()
+        expected = aggregator.aggregate(later.audit_copies().float(), audited.weights)
+        expected = expected.to(audited.given.dtype).float()  # rounded as the owner's was
         diff = (given - expected).abs()
         diff = torch.where(torch.isnan(given) & torch.isnan(expected),
                            torch.zeros_like(diff), diff)

@@ -181,8 +181,8 @@ class TrustPart:
         if not every or pick % every:
             return None
         owners = kept[0].owners
-        return AuditPlan(owners[(pick // every) % len(owners)], steps,
-                         {b: k for b, k in self.ledger.buckets.items()})
+        return AuditPlan.of(owners[(pick // every) % len(owners)], steps,
+                            dict(self.ledger.buckets))
 
     def _spot_check(self, kept: list[Kept], picks: tuple[int, int]) -> SpotResult | None:
         """If the hash picked a target, recompute its gradient and compare this owner's
