@@ -119,7 +119,7 @@ class _LyingAggregator:
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         honest = self.inner.aggregate(copies, weights)
-        if sys._getframe(1).f_code.co_name == "recompute":  # an audit, not its own slice
+        if sys._getframe(1).f_code.co_name == "audit_difference":  # an audit, not its own slice
             return honest
         self.owned += 1
         return honest + 0.5 if self.owned > self.after else honest

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from potluck.trust import CenteredClip, wire
-from potluck.trust.exchange import AuditPlan, Kept, audit_agreed, recompute
+from potluck.trust.exchange import AuditPlan, Kept, audit_agreed, audit_difference
 
 OWNERS = (0, 1, 2)
 PIECE = 4
@@ -61,12 +61,12 @@ def test_an_honest_owner_recomputes_to_its_aggregate() -> None:
     grads = gradients()
     carried = {0: carried_step(grads)}
     assert audit_agreed(plan(grads), carried)
-    assert recompute(plan(grads), carried, CenteredClip()) == pytest.approx(0.0, abs=1e-6)
+    assert audit_difference(plan(grads), carried, CenteredClip()) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_a_lying_owner_is_seen() -> None:
     grads = gradients()
-    assert recompute(plan(grads, lie=0.5), {0: carried_step(grads)}, CenteredClip()) > 0.1
+    assert audit_difference(plan(grads, lie=0.5), {0: carried_step(grads)}, CenteredClip()) > 0.1
 
 
 @pytest.mark.parametrize("other", [(0, STEP), (AUDITED, STEP - 1)])
@@ -77,14 +77,14 @@ def test_copies_tagged_for_another_audit_void_it(other: tuple[int, int]) -> None
     carried = {0: carried_step(grads, tags={2: other})}
     assert carried[0].audit_tags()[2] == wire.audit_tag(*other)
     assert not audit_agreed(plan(grads), carried)
-    assert math.isnan(recompute(plan(grads), carried, CenteredClip()))
+    assert math.isnan(audit_difference(plan(grads), carried, CenteredClip()))
 
 
 def test_a_step_that_carried_no_audit_has_no_tags_and_no_copies() -> None:
     empty = kept([torch.cat([torch.zeros(PIECE), torch.zeros(REPORT)]) for _ in OWNERS])
     assert empty.audit_tags() == [] and empty.audit_copies().shape == (3, 0)
     assert audit_agreed(plan(gradients()), {0: empty})
-    assert math.isnan(recompute(plan(gradients()), {0: empty}, CenteredClip()))
+    assert math.isnan(audit_difference(plan(gradients()), {0: empty}, CenteredClip()))
 
 
 def test_audit_tag_refuses_what_it_cannot_hold() -> None:

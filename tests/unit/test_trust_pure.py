@@ -209,3 +209,12 @@ def test_finite_rows_sees_nan_and_inf_anywhere() -> None:
     x = torch.ones(4, 9)
     x[1, 8], x[2, 0], x[3, 4] = float("nan"), float("inf"), -float("inf")
     assert finite_rows(x).tolist() == [True, False, False, False]
+
+
+def test_a_gradient_dtype_that_cannot_carry_trusts_words_is_refused_up_front() -> None:
+    from potluck.trust.part import _check_dtypes
+    _check_dtypes(torch.nn.Linear(2, 2).to(torch.bfloat16))  # 4 values a word: fine
+    odd = torch.nn.Module()
+    odd.weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex128))
+    with pytest.raises(ConfigError, match=r"parameter 'weight' is torch.complex128 \(16 "):
+        _check_dtypes(odd)

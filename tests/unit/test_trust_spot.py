@@ -11,7 +11,7 @@ from torch import nn
 
 from potluck.errors import ConfigError
 from potluck.trust import Rules, SpotCheck
-from potluck.trust.spot import recompute, relative, slice_error, snapshot
+from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
 from potluck.trust.verdict import WRONG_GRADIENT, Reports, SpotResult, judge, spot_checked
 
 
@@ -26,7 +26,7 @@ def test_the_recomputed_gradient_is_the_loops_and_touches_nothing() -> None:
     state = snapshot(net)
     stats = net[1].running_mean.clone()
     rng = torch.get_rng_state()
-    got = recompute(net, state, _loss, batch)
+    got = recompute_gradient(net, state, _loss, batch)
     assert torch.equal(net[1].running_mean, stats)  # BatchNorm's statistics untouched
     assert torch.equal(torch.get_rng_state(), rng)  # the training's random stream too
     assert all(p.grad is None for p in net.parameters())
@@ -38,14 +38,14 @@ def test_the_recomputed_gradient_is_the_loops_and_touches_nothing() -> None:
 def test_an_unused_parameter_gets_a_zero_gradient() -> None:
     seq = nn.Sequential(nn.Linear(4, 2))
     seq.register_parameter("spare", nn.Parameter(torch.ones(3)))
-    grads = recompute(seq, snapshot(seq), lambda m, b: m(b).sum(), torch.randn(3, 4))
+    grads = recompute_gradient(seq, snapshot(seq), lambda m, b: m(b).sum(), torch.randn(3, 4))
     assert torch.equal(grads["spare"], torch.zeros(3))
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_clearly() -> None:
     net = nn.Linear(4, 2)
     with pytest.raises(ConfigError, match="scalar loss"):
-        recompute(net, snapshot(net), lambda m, b: m(b), torch.randn(3, 4))
+        recompute_gradient(net, snapshot(net), lambda m, b: m(b), torch.randn(3, 4))
 
 
 def test_bad_settings_are_refused() -> None:

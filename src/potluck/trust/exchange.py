@@ -21,7 +21,7 @@ clean step has no other collective:
   reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
   copy of that owner's slices rides along with its aggregate, tagged with the owner
   and step it believes were picked (``wire.audit_tag``), so every rank holds all of
-  them and recomputes the owner's aggregate (``recompute``; ``audit_agreed`` says
+  them and recomputes the owner's aggregate (``audit_difference``; ``audit_agreed`` says
   whether every tag named the same audit).
 
 A quarantined member of a fixed cohort still takes part but owns no slice and sends
@@ -245,7 +245,7 @@ def audit_agreed(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
     return all(tag == expected for kept in carried.values() for tag in kept.audit_tags())
 
 
-def recompute(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
+def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
     """The audit of ``plan.owner``'s slices: the largest difference, relative to the
     slice's size, between what it handed out in ``plan.step`` and the aggregate of every
     rank's copy (``carried``: the next step's buckets, whose audit copies they are).

@@ -31,8 +31,9 @@ import torch
 
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced
-from potluck.errors import PeerLostError
+from potluck.errors import ConfigError, PeerLostError
 from potluck.metrics.notes import note
+from potluck.trust import wire
 from potluck.trust.config import Trust
 from potluck.trust.exchange import (
     AuditPlan,
@@ -40,11 +41,10 @@ from potluck.trust.exchange import (
     Ledger,
     RobustExchange,
     audit_agreed,
-    recompute,
+    audit_difference,
 )
 from potluck.trust.fingerprint import fingerprint
-from potluck.trust.spot import recompute as recompute_gradient
-from potluck.trust.spot import relative, slice_error, snapshot
+from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
 from potluck.trust.verdict import (
     DIVERGED,
     WRONG_AGGREGATE,
@@ -72,6 +72,7 @@ class TrustPart:
                  part_of: Callable[[int], Any] | None = None) -> None:
         """``samples()``: the step's split; ``part_of(rank)``: that rank's batch of the
         step (the loader's, for spot checks)."""
+        _check_dtypes(module)
         self.config = config
         self._cohort, self._module, self._samples = cohort, module, samples
         self._part_of = part_of
@@ -157,7 +158,7 @@ class TrustPart:
                         "between ranks (an owner told ranks different things)",
                         self._cohort.rank, plan.step)
             return []
-        worst = recompute(plan, self.ledger.buckets, self.config.aggregator)
+        worst = audit_difference(plan, self.ledger.buckets, self.config.aggregator)
         if not worst > _AUDIT_TOLERANCE:  # NaN: the buckets changed, nothing audited
             return []
         return [(plan.owner, WRONG_AGGREGATE,
@@ -266,3 +267,16 @@ class TrustPart:
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module
         return [p.data for p in module.parameters()] + [b for b in module.buffers()]
+
+
+def _check_dtypes(module: torch.nn.Module) -> None:
+    """Refuse, at ``prepare``, a gradient dtype whose buckets cannot carry trust's
+    64-bit words (``wire.per_word``): its values must divide a word."""
+    for name, param in module.named_parameters():
+        if param.requires_grad and wire.WORD % param.element_size():
+            raise ConfigError(
+                f"trust=Trust(...): parameter {name!r} is {param.dtype} "
+                f"({param.element_size()} bytes a value), but trust's reports ride on the "
+                f"gradient buckets as {wire.WORD}-byte words, which its values must divide; "
+                "train that parameter in float32, float16, bfloat16 or float64, or drop "
+                "trust=")

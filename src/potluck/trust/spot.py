@@ -65,7 +65,7 @@ def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def recompute(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
+def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
               batch: Any) -> dict[str, torch.Tensor]:
     """The gradient of ``loss`` at ``state`` on ``batch``, by parameter name (zeros for
     a parameter the loss does not reach)."""
