@@ -3,7 +3,6 @@ diverged replica is repaired (the elastic quarantine is in tests/e2e/test_trust_
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
@@ -107,8 +106,9 @@ def test_spot_checks_catch_a_stale_replay_and_accuse_no_honest_rank() -> None:
 
 class _LyingAggregator:
     """An owner that hands out its honest aggregate plus 0.5 from its ``after``-th
-    aggregation on (modified code on the attacker's rank); its audits of others it
-    recomputes honestly, so its own view of the verdicts stays the cohort's."""
+    aggregation on: modified code on the attacker's rank, put in its exchange alone
+    (its audits of others use the configured aggregator: its own view of the verdicts
+    stays the cohort's)."""
 
     name = "lying"
 
@@ -119,8 +119,6 @@ class _LyingAggregator:
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         honest = self.inner.aggregate(copies, weights)
-        if sys._getframe(1).f_code.co_name == "audit_difference":  # an audit, not its own slice
-            return honest
         self.owned += 1
         return honest + 0.5 if self.owned > self.after else honest
 
@@ -135,11 +133,12 @@ def _lying_owner(rank: int, world_size: int, port: int) -> dict[str, Any]:
                                         source="torchrun"), timeout=60.0)
     train, _ = data(30)
     net = model(0)
-    trust = potluck.Trust(aggregator=_LyingAggregator(after=5)) if rank == ATTACKER \
-        else potluck.Trust()
     wrapped, opt, loader = potluck.prepare(
         net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
-        global_batch=GLOBAL_BATCH, cohort=cohort, trust=trust)
+        global_batch=GLOBAL_BATCH, cohort=cohort, trust=potluck.Trust())
+    if rank == ATTACKER:  # (the harness plays modified code: it swaps what the hook runs)
+        exchange = opt.part(potluck.trust.TrustPart).exchange  # type: ignore[union-attr]
+        exchange.aggregator = _LyingAggregator(after=5)
     for xb, yb in loader:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()

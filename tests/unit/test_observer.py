@@ -285,6 +285,7 @@ def test_a_sink_failing_on_a_note_is_dropped_and_the_others_still_hear(
         observer.close()
     assert [n.text for n in fine.notes] == ["one", "two"]
     assert broken.written == []  # dropped at its first failure: no steps either
+    assert broken.closed  # and closed with the others (it may hold a file)
     journal.note(Note("checkpoint", "after the end", 3))  # racing the close: dropped
     records = read_journal(journal.path)
     assert [r.get("text") for r in records if r["kind"] == "event"] == ["one", "two"]

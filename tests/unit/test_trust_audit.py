@@ -1,5 +1,6 @@
 """The audit's recomputation from the copies carried in the next step, and its tags: an
-audit whose carried copies name different audits is void, never a verdict (pure)."""
+audit whose carried copies name different audits is void, never a verdict, unless only
+the audited owner's own tag differs (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 import torch
 
 from potluck.trust import CenteredClip, wire
-from potluck.trust.exchange import AuditPlan, Kept, audit_agreed, audit_difference
+from potluck.trust.exchange import (
+    Agreement,
+    AuditPlan,
+    Kept,
+    audit_agreement,
+    audit_difference,
+)
 
 OWNERS = (0, 1, 2)
 PIECE = 4
@@ -60,7 +67,7 @@ def plan(grads: torch.Tensor, *, lie: float = 0.0) -> AuditPlan:
 def test_an_honest_owner_recomputes_to_its_aggregate() -> None:
     grads = gradients()
     carried = {0: carried_step(grads)}
-    assert audit_agreed(plan(grads), carried)
+    assert audit_agreement(plan(grads), carried) is Agreement.AGREED
     assert audit_difference(plan(grads), carried, CenteredClip()) == pytest.approx(0.0, abs=1e-6)
 
 
@@ -76,14 +83,22 @@ def test_copies_tagged_for_another_audit_void_it(other: tuple[int, int]) -> None
     grads = gradients()
     carried = {0: carried_step(grads, tags={2: other})}
     assert carried[0].audit_tags()[2] == wire.audit_tag(*other)
-    assert not audit_agreed(plan(grads), carried)
+    assert audit_agreement(plan(grads), carried) is Agreement.VOID
     assert math.isnan(audit_difference(plan(grads), carried, CenteredClip()))
+
+
+def test_the_audited_owner_cannot_void_its_own_audit_with_a_bad_tag() -> None:
+    """It hashes the same reports, so it knows it is audited: a lying owner that tags
+    its carried copy for another audit is mistagged, which is evidence against it."""
+    grads = gradients()
+    carried = {0: carried_step(grads, tags={AUDITED: (0, STEP)})}
+    assert audit_agreement(plan(grads, lie=0.5), carried) is Agreement.MISTAGGED
 
 
 def test_a_step_that_carried_no_audit_has_no_tags_and_no_copies() -> None:
     empty = kept([torch.cat([torch.zeros(PIECE), torch.zeros(REPORT)]) for _ in OWNERS])
     assert empty.audit_tags() == [] and empty.audit_copies().shape == (3, 0)
-    assert audit_agreed(plan(gradients()), {0: empty})
+    assert audit_agreement(plan(gradients()), {0: empty}) is Agreement.AGREED
     assert math.isnan(audit_difference(plan(gradients()), {0: empty}, CenteredClip()))
 
 

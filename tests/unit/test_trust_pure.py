@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -56,10 +58,12 @@ def test_a_copy_far_beyond_the_others_spread_gets_no_say_unless_clipping_only() 
     assert float((kept - honest).norm()) > 0.05 * spread
 
 
-@pytest.mark.parametrize("parts", [[64, 64, 64, 2], [32, 32, 32, 1], [100] * 5 + [3]])
+@pytest.mark.parametrize("parts", [[64, 64, 64, 2], [32, 32, 32, 1], [100] * 5 + [3],
+                                   [10, 10, 10, 1000], [10, 10, 1000]])
 def test_an_honest_copy_of_a_small_part_is_never_left_out(parts: list[int]) -> None:
     """A rank with few samples sends a noisier gradient (its noise ~ 1/sqrt(samples)):
-    farther off, honestly. Its say must stay (clipped at most), trial after trial."""
+    farther off, honestly. Its say must stay (clipped at most), trial after trial; and
+    a rank with most of the step must never be left out either."""
     gen = torch.Generator().manual_seed(len(parts))
     weights = torch.tensor(parts, dtype=torch.float32)
     for _ in range(10):
@@ -218,3 +222,35 @@ def test_a_gradient_dtype_that_cannot_carry_trusts_words_is_refused_up_front() -
     odd.weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex128))
     with pytest.raises(ConfigError, match=r"parameter 'weight' is torch.complex128 \(16 "):
         _check_dtypes(odd)
+    odd.weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))  # 8 bytes
+    with pytest.raises(ConfigError, match=r"is torch.complex64 .* trust aggregates real"):
+        _check_dtypes(odd)
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_resumed_fixed_job_notes_who_is_still_quarantined(elastic: bool) -> None:
+    """The status page clears its trust cells when a fixed job restarts; the restored
+    quarantines are noted again so that the cells are set anew (an elastic joiner's
+    copy of the state is no news)."""
+    from types import SimpleNamespace
+
+    from potluck.metrics import notes
+    from potluck.trust import Trust
+    from potluck.trust.part import TrustPart
+
+    cohort: Any = SimpleNamespace(elastic=elastic)
+    part = TrustPart(Trust(), cohort, torch.nn.Linear(2, 2), lambda: None)
+    struck = Evidence("rank3", 3, 7, FAR, "5.0x the median").as_dict()
+    state = {"strikes": {"evidence": [struck], "quarantined": {"rank3": [struck, struck]}},
+             "events": [], "steps": 9}
+    heard: list[notes.Note] = []
+    stop = notes.listen(heard.append)
+    try:
+        part.load_state_dict(state)
+    finally:
+        stop()
+    assert list(part.quarantined) == ["rank3"]
+    expected = [] if elastic else [("quarantine", "rank3", 9)]
+    assert [(n.what, n.member, n.step) for n in heard] == expected
+    assert all("still quarantined" in n.text and "far from the center" in n.text
+               for n in heard)

@@ -18,7 +18,6 @@ step or so later (waiting for them would stop the CPU from queueing ahead).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -106,6 +105,7 @@ class StepObserver:
                  sinks: Sequence[StepSink] = (), worker: str | None = None) -> None:
         self._clock, self._where, self._passes = clock, where, passes
         self._samples, self._inner, self._sinks = samples, inner, list(sinks)
+        self._dropped: list[StepSink] = []
         self.host = socket.gethostname()
         self.worker = worker or f"{self.host}:{os.getpid()}"
         self._lock = threading.Lock()  # the publisher thread reads the position
@@ -213,15 +213,14 @@ class StepObserver:
             except Exception:
                 log.warning("a metrics sink failed on a note; it gets no more steps",
                             exc_info=True)
-                with contextlib.suppress(ValueError):  # (another thread dropped it)
-                    self._sinks.remove(sink)
+                self._drop(sink)
 
     def close(self) -> None:
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
         self._flush(wait=True)
-        for sink in self._sinks:
+        for sink in [*self._sinks, *self._dropped]:  # a dropped one may hold a file
             try:
                 sink.close()
             except Exception:  # a sink that cannot flush must not fail the run's end
@@ -238,9 +237,17 @@ class StepObserver:
                     sink.write(figures)
                 except Exception:  # seeing the run must never stop it: drop that sink
                     log.warning("a metrics sink failed; it gets no more steps", exc_info=True)
-                    self._sinks.remove(sink)
+                    self._drop(sink)
             done.append(figures)
         return done
+
+    def _drop(self, sink: StepSink) -> None:
+        """No more steps or notes for ``sink`` (closed with the others at ``close``);
+        the training thread and a note's thread may both drop it."""
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+                self._dropped.append(sink)
 
     def _reset(self, now: float) -> None:
         self._backward_done_at, self._wait_extra, self._loss = None, 0.0, None

@@ -63,29 +63,34 @@ class StepTransaction:
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         self.parts = parts
         self.observer = observer
-        # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
-        self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
-        self.progress = Progress()
-        self._hold_at_boundary = False
-        self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
-        minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
-        if not cohort.elastic and minimum.workers > cohort.world_size:
-            raise ConfigError(
-                f"minimum={minimum.workers} workers, but this fixed job has "
-                f"{cohort.world_size} and can never grow: lower it, or run elastic "
-                "(potluck run --elastic --min-workers N), where joiners can come"
-            )
-        self.boundary = Boundary(cohort, self.live_state, self.progress, minimum,
-                                 Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR),
-                                 admit_every=admit_every, changed=self._tell_parts)
-        if cohort.joined_late:
-            self.live_state.receive(cohort)
-            self._tell_parts()
-        elif resume:
-            self.live_state.resume(cohort, self.boundary.checkpoint_dir)
-        self.boundary.hold_minimum()
-        if observer is not None:  # set up: from now on finish() closes it
+        if observer is not None:  # (a resume's notes too); finish() closes it
             observer.hear_notes()
+        try:
+            # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
+            self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
+            self.progress = Progress()
+            self._hold_at_boundary = False
+            self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
+            minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
+            if not cohort.elastic and minimum.workers > cohort.world_size:
+                raise ConfigError(
+                    f"minimum={minimum.workers} workers, but this fixed job has "
+                    f"{cohort.world_size} and can never grow: lower it, or run elastic "
+                    "(potluck run --elastic --min-workers N), where joiners can come"
+                )
+            self.boundary = Boundary(cohort, self.live_state, self.progress, minimum,
+                                     Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR),
+                                     admit_every=admit_every, changed=self._tell_parts)
+            if cohort.joined_late:
+                self.live_state.receive(cohort)
+                self._tell_parts()
+            elif resume:
+                self.live_state.resume(cohort, self.boundary.checkpoint_dir)
+            self.boundary.hold_minimum()
+        except BaseException:
+            if observer is not None:
+                observer.close()  # never a listener left behind by a failed setup
+            raise
 
     # ------------------------------------------------------------ optimizer surface
 

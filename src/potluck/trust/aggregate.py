@@ -16,8 +16,9 @@ closely, and bound what one far-off copy can do when they do not.
   gradient (a sign flip, noise) would otherwise pull with its full ``tau`` until it is
   quarantined. As in the trust verdict's "far" score, a copy's distance is scaled by
   the square root of its weight over the median weight (a smaller part of the step is
-  a noisier gradient, honestly farther off); with fewer than 3 copies, or when more
-  than half of them would go, nobody is left out. ``reject_at=None`` clips only.
+  a noisier gradient, honestly farther off). Nobody is left out when half of the
+  copies or more, or half of the weight or more, would go (so never with 2 copies).
+  ``reject_at=None`` clips only.
 - ``TrimmedMean``: per coordinate, drop the ``trim`` largest and smallest values, and
   take the weighted mean of the rest.
 """
@@ -72,7 +73,7 @@ class CenteredClip:
         if apart.numel() == 0:  # parameters) must not shrink the radius to nothing
             return center  # every copy is equal
         tau = self.tau_scale * float(apart.median())
-        if self.reject_at is not None and x.shape[0] >= 3:
+        if self.reject_at is not None:
             x, w = self._without_gross(x, w, spread)
         mean = w @ x
         if bool(((x - mean).norm(dim=1) <= tau).all()):
@@ -90,13 +91,14 @@ class CenteredClip:
     def _without_gross(self, x: torch.Tensor, w: torch.Tensor,
                        spread: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows whose weight-scaled distance from the start is within ``reject_at``
-        clip radii (of the scaled distances), unless more than half would go."""
+        clip radii (of the scaled distances), unless half of the rows or of the weight
+        (``w`` sums to 1) or more would go."""
         assert self.reject_at is not None
         scaled = spread * (w / w.median()).sqrt()
         apart = scaled[scaled > 0]
         near = scaled <= self.reject_at * self.tau_scale * float(apart.median())
         kept = int(near.sum())
-        if kept == x.shape[0] or 2 * kept <= x.shape[0]:
+        if kept == x.shape[0] or 2 * kept <= x.shape[0] or float(w[~near].sum()) >= 0.5:
             return x, w
         return x[near], w[near] / w[near].sum()
 

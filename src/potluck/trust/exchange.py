@@ -30,6 +30,7 @@ nothing that counts. What this rank received goes into a ``Ledger``.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -238,11 +239,31 @@ class RobustExchange:
         return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
 
 
-def audit_agreed(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
-    """Whether every carried audit copy is tagged with this rank's plan (False: the
-    ranks picked different audits, so the reports they hashed differed)."""
-    expected = wire.audit_tag(plan.owner, plan.step)
-    return all(tag == expected for kept in carried.values() for tag in kept.audit_tags())
+class Agreement(enum.Enum):
+    AGREED = "agreed"
+    VOID = "void"
+    MISTAGGED = "mistagged"
+
+
+def audit_agreement(plan: AuditPlan, carried: dict[int, Kept]) -> Agreement:
+    """What the carried copies' tags say about this rank's plan: ``AGREED`` (every tag
+    names it), ``VOID`` (another owner's tag names another audit: the reports the ranks
+    hashed differed, so the copies do not belong together and no verdict can come of
+    them), or ``MISTAGGED`` (only the audited owner's own tag differs: it knows it is
+    audited, since it hashes the same reports, and a tag of its own cannot void its
+    audit; that is evidence against it)."""
+    expected, mistagged = wire.audit_tag(plan.owner, plan.step), False
+    for kept in carried.values():
+        tags = kept.audit_tags()
+        if not tags:
+            continue  # this bucket carried no copies (it changed since)
+        for owner, tag in zip(kept.owners, tags, strict=True):
+            if tag == expected:
+                continue
+            if owner != plan.owner:
+                return Agreement.VOID
+            mistagged = True
+    return Agreement.MISTAGGED if mistagged else Agreement.AGREED
 
 
 def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:

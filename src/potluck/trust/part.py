@@ -36,11 +36,12 @@ from potluck.metrics.notes import note
 from potluck.trust import wire
 from potluck.trust.config import Trust
 from potluck.trust.exchange import (
+    Agreement,
     AuditPlan,
     Kept,
     Ledger,
     RobustExchange,
-    audit_agreed,
+    audit_agreement,
     audit_difference,
 )
 from potluck.trust.fingerprint import fingerprint
@@ -148,16 +149,26 @@ class TrustPart:
         self.strikes.load_state_dict(state.get("strikes", {}))
         self.events = list(state.get("events", []))
         self._steps = int(state.get("steps", 0))  # a joiner fingerprints when the others do
+        if not self._cohort.elastic:  # a fixed job resumed (a restart): they stay out
+            for member, evidence in self.strikes.quarantined.items():
+                note("quarantine", f"{member}: still quarantined (resumed with the step "
+                                   f"{evidence[-1].step} verdict: {evidence[-1].kind})",
+                     step=self._steps, member=member)
 
     # ----------------------------------------------------------------- the work
 
     def _audit(self, plan: AuditPlan) -> list[tuple[int, str, str]]:
-        if not audit_agreed(plan, self.ledger.buckets):
+        agreement = audit_agreement(plan, self.ledger.buckets)
+        if agreement is Agreement.VOID:
             log.warning("[rank %d] trust: the audit of step %d is void: the owners carried "
                         "copies for different audits, so the reports of that step differed "
                         "between ranks (an owner told ranks different things)",
                         self._cohort.rank, plan.step)
             return []
+        if agreement is Agreement.MISTAGGED:
+            return [(plan.owner, WRONG_AGGREGATE,
+                     f"audited on step {plan.step}, it tagged its carried copy for another "
+                     "audit while every other owner's tag named this one")]
         worst = audit_difference(plan, self.ledger.buckets, self.config.aggregator)
         if not worst > _AUDIT_TOLERANCE:  # NaN: the buckets changed, nothing audited
             return []
@@ -270,13 +281,15 @@ class TrustPart:
 
 
 def _check_dtypes(module: torch.nn.Module) -> None:
-    """Refuse, at ``prepare``, a gradient dtype whose buckets cannot carry trust's
-    64-bit words (``wire.per_word``): its values must divide a word."""
+    """Refuse, at ``prepare``, a gradient dtype trust cannot handle: a complex one (the
+    aggregation is over real values) or one whose values do not divide trust's 64-bit
+    words (``wire.per_word``)."""
     for name, param in module.named_parameters():
-        if param.requires_grad and wire.WORD % param.element_size():
+        if param.requires_grad and (not param.is_floating_point()
+                                    or wire.WORD % param.element_size()):
             raise ConfigError(
                 f"trust=Trust(...): parameter {name!r} is {param.dtype} "
-                f"({param.element_size()} bytes a value), but trust's reports ride on the "
-                f"gradient buckets as {wire.WORD}-byte words, which its values must divide; "
-                "train that parameter in float32, float16, bfloat16 or float64, or drop "
-                "trust=")
+                f"({param.element_size()} bytes a value), but trust aggregates real "
+                f"gradients and its reports ride on the buckets as {wire.WORD}-byte words, "
+                "which the values must divide; train that parameter in float32, float16, "
+                "bfloat16 or float64, or drop trust=")
