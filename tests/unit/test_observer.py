@@ -447,6 +447,22 @@ def test_publisher_pulses_each_step_once_then_says_done(no_thread_left: None) ->
 
 
 @pytest.mark.timeout(20)
+def test_a_pulse_carries_every_step_since_the_last_one_and_64_before() -> None:
+    """Steps of about 1 ms make hundreds between two pulses: none may be left out (a
+    board that judged a step from some ranks' records would name the wrong rank)."""
+    publisher = StorePublisher(
+        lambda: RecordingStore(), RUN, "h:9",
+        position=lambda: Position("starting", 0, time.perf_counter()), where=lambda: WHERE)
+    for step in range(300):
+        publisher.write(figures(step=step))
+    assert [r["step"] for r in publisher.pulse()["steps"]] == list(range(300))
+    for step in range(300, 310):
+        publisher.write(figures(step=step))
+    assert [r["step"] for r in publisher.pulse()["steps"]] == list(range(310 - 74, 310))
+    assert [r["step"] for r in publisher.pulse()["steps"]] == list(range(310 - 64, 310))
+
+
+@pytest.mark.timeout(20)
 def test_a_pulse_carries_the_last_notes_the_member_and_the_attempt(
         no_thread_left: None) -> None:
     store = RecordingStore()

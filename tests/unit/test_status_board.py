@@ -453,6 +453,20 @@ def test_add_event_shows_the_agents_events() -> None:
     ]
 
 
+@pytest.mark.timeout(10)
+def test_a_step_some_member_never_reported_is_not_judged() -> None:
+    """Rank 0's records of steps 3-5 never arrived: judged from rank 0's step 2 alone
+    (its slow one) those steps would name it; they are left unjudged instead."""
+    board = board_of(Clocks())
+    a, b = Worker("h:0", 0), Worker("h:1", 1)
+    board.ingest({a.name: a.pulse([rec(0, 0.1), rec(1, 0.1), rec(2, 0.5)]),
+                  b.name: b.pulse([rec(s, 0.1) for s in range(7)])})
+    board.ingest({a.name: a.pulse([rec(6, 0.1)])})  # 3-5 lost
+    history = board.snapshot()["slowest_history"]
+    assert history == []  # nobody named: not rank 0 at steps 3-5
+    assert board.snapshot()["curves"]["step"] == [0, 1, 2, 6]
+
+
 # --------------------------------------------------------------------------- notes
 
 

@@ -32,7 +32,11 @@ from potluck.metrics.observer import Position, StepFigures, Where, describe
 
 log = logging.getLogger(__name__)
 
-RECENT_STEPS = 64  # every pulse carries the last this many steps: one missed costs none
+# Every pulse carries the steps since the previous pulse and this many before them, so a
+# pulse the poller missed costs nothing; at most KEPT_STEPS (steps of about 1 ms make
+# 500 between two pulses: the board judges a step only once every member's is in).
+RECENT_STEPS = 64
+KEPT_STEPS = 2048
 MAX_EVENTS_PER_PULSE = 20  # membership events, and notes
 
 
@@ -82,7 +86,8 @@ class StorePublisher:
         self._member, self._attempt = member, attempt
         self._interval = interval
         self._lock = threading.Lock()
-        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_STEPS)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=KEPT_STEPS)
+        self._new = 0  # steps written since the last pulse
         self._notes: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_PULSE)
         self._stop = threading.Event()
         self._seq = 0
@@ -96,6 +101,7 @@ class StorePublisher:
     def write(self, figures: StepFigures) -> None:
         with self._lock:
             self._recent.append(figures.record())
+            self._new += 1
 
     def note(self, note: Note) -> None:
         with self._lock:
@@ -111,7 +117,9 @@ class StorePublisher:
         """The next pulse's content: where the worker is, its last steps (a poller that
         missed a pulse gets them from the next; the board files them by step)."""
         with self._lock:
-            steps, notes = list(self._recent), list(self._notes)
+            count = min(len(self._recent), self._new + RECENT_STEPS)
+            steps = list(self._recent)[len(self._recent) - count:]
+            notes, self._new = list(self._notes), 0
         rank, world_size, generation = self._where()
         position = self._position()
         self._seq += 1

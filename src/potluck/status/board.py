@@ -165,8 +165,8 @@ class StatusBoard:
             return
         upto = min(w.last_step for w in members)
         for step in range(max(self._judged + 1, upto - KEEP_STEPS + 1), upto + 1):
-            if not any(step in w.steps for w in members):
-                continue  # before a restarted attempt resumed: the last attempt's steps
+            if not all(step in w.steps for w in members):
+                continue  # never heard from everyone (before a restarted attempt resumed)
             if self._restarted:  # the last attempt's steps from here on are void
                 self._restarted = False
                 for old in [s for s in self._curve if s >= step]:
