@@ -2,8 +2,9 @@
 
 ``StorePublisher`` is what the launcher's status page reads (``potluck.status.board``).
 A daemon thread sets this worker's pulse key every ``interval`` seconds: where the rank
-is now (``observer.describe``), its rank, generation, its last steps (a poller that
-missed a pulse finds them in the next) and its membership events. The thread keeps
+is now (``observer.describe``), its rank, generation, every step since its previous
+pulse and 64 before them (a poller that missed a pulse finds them in the next), its
+membership events and notes. The thread keeps
 pulsing while the training thread is blocked in a collective, so a rank whose pulses
 stop is stopped, dead or cut off, not merely waiting; that is how the page names a
 frozen rank. The thread has its own store connection; a store that went away (the run
