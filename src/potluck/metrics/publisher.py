@@ -13,6 +13,7 @@ ended) ends the thread quietly.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -119,7 +120,7 @@ class StorePublisher:
         missed a pulse gets them from the next; the board files them by step)."""
         with self._lock:
             count = min(len(self._recent), self._new + RECENT_STEPS)
-            steps = list(self._recent)[len(self._recent) - count:]
+            steps = list(itertools.islice(self._recent, len(self._recent) - count, None))
             notes, self._new = list(self._notes), 0
         rank, world_size, generation = self._where()
         position = self._position()

@@ -68,6 +68,8 @@ class StepTransaction:
         try:
             # Replicas reconciled once a round (DiLoCo) instead of every step's gradients.
             self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
+            # Parts that can remove a member (trust), looked up once: not every step.
+            self._gatekeepers = tuple(p for p in parts if isinstance(p, Gatekeeper))
             self.progress = Progress()
             self._hold_at_boundary = False
             self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
@@ -196,8 +198,7 @@ class StepTransaction:
         """Members a gatekeeper part (trust) quarantined in this step: on an elastic
         cohort they are removed at this boundary and their seats banned. None if nobody;
         else why this worker itself must go ('' if it stays)."""
-        removed = [r for part in self.parts if isinstance(part, Gatekeeper)
-                   for r in part.removals()]
+        removed = [r for part in self._gatekeepers for r in part.removals()]
         if not removed or not self.cohort.elastic:
             return None
         mine = ""

@@ -21,8 +21,8 @@ clean step has no other collective:
   reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
   copy of that owner's slices rides along with its aggregate, tagged with the owner
   and step it believes were picked (``wire.audit_tag``), so every rank holds all of
-  them and recomputes the owner's aggregate (``audit_difference``; ``audit_agreed`` says
-  whether every tag named the same audit).
+  them and recomputes the owner's aggregate (``audit_difference``; ``audit_agreement``
+  says whether the tags named the same audit).
 
 A quarantined member of a fixed cohort still takes part but owns no slice and sends
 nothing that counts. What this rank received goes into a ``Ledger``.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,12 @@ from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, distances, finite_rows
 from potluck.trust.verdict import SpotResult
+
+
+def assigned(split: Sequence[int] | None, ranks: Iterable[int]) -> list[int]:
+    """Each rank's assigned samples of the step (``split``: the loader's; 1 each where
+    it is unknown): the weight its copy gets, never a number it claimed."""
+    return [int(split[r]) if split is not None and r < len(split) else 1 for r in ranks]
 
 
 @dataclass
@@ -175,9 +181,7 @@ class RobustExchange:
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
         senders = owners  # the copies that count come from the trusted ranks
-        split = self._samples()
-        weights = torch.tensor([float(split[r]) if split is not None and r < len(split)
-                                else 1.0 for r in senders], dtype=torch.float32,
+        weights = torch.tensor(assigned(self._samples(), senders), dtype=torch.float32,
                                device=flat.device)
         piece = max(1, math.ceil(flat.numel() / len(owners)))
         mine = torch.zeros(piece * len(owners), dtype=dtype, device=flat.device)

@@ -41,6 +41,7 @@ from potluck.trust.exchange import (
     Kept,
     Ledger,
     RobustExchange,
+    assigned,
     audit_agreement,
     audit_difference,
 )
@@ -120,7 +121,8 @@ class TrustPart:
         found: list[tuple[int, str, str]] = []
         try:
             reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
-            found = judge(reports, self._split(n), trusted, self.config.rules)
+            found = judge(reports, assigned(self._samples(), range(n)), trusted,
+                          self.config.rules)
             if ledger.audit is not None:
                 found += self._audit(ledger.audit)
             pick = self._pick(kept, steps)
@@ -270,10 +272,6 @@ class TrustPart:
             self._removals.append((evidence.member, why))
             log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
                         self._cohort.rank, evidence.member, rank, steps, why)
-
-    def _split(self, n: int) -> list[int]:
-        split = self._samples()
-        return [int(split[r]) if split is not None and r < len(split) else 1 for r in range(n)]
 
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module
