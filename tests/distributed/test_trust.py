@@ -123,7 +123,24 @@ class _LyingAggregator:
         return honest + 0.5 if self.owned > self.after else honest
 
 
-def _lying_owner(rank: int, world_size: int, port: int) -> dict[str, Any]:
+def _changed_carrier(exchange: Any) -> None:
+    """Make the attacker carry, for every audit of another owner, its copy plus 1
+    instead of the copy it sent that owner (modified code on the attacker's rank)."""
+    import dataclasses
+
+    honest_plan = exchange.plan_audit
+
+    def plan_audit(plan: Any) -> None:
+        if plan is not None and plan.owner != ATTACKER:
+            plan = dataclasses.replace(plan, buckets={
+                i: dataclasses.replace(a, copy=a.copy + 1.0) for i, a in plan.buckets.items()})
+        honest_plan(plan)
+
+    exchange.plan_audit = plan_audit
+
+
+def _lying_owner(rank: int, world_size: int, port: int,
+                 attack: str = "aggregate") -> dict[str, Any]:
     import potluck
     from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
     from potluck.env import WorkerEnv
@@ -138,7 +155,10 @@ def _lying_owner(rank: int, world_size: int, port: int) -> dict[str, Any]:
         global_batch=GLOBAL_BATCH, cohort=cohort, trust=potluck.Trust())
     if rank == ATTACKER:  # (the harness plays modified code: it swaps what the hook runs)
         exchange = opt.part(potluck.trust.TrustPart).exchange  # type: ignore[union-attr]
-        exchange.aggregator = _LyingAggregator(after=5)
+        if attack == "aggregate":
+            exchange.aggregator = _LyingAggregator(after=5)
+        else:
+            _changed_carrier(exchange)
     for xb, yb in loader:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
@@ -165,3 +185,30 @@ def test_an_owner_handing_out_a_wrong_aggregate_is_caught_by_the_audit() -> None
     assert evidence[0]["kind"] == "wrong aggregate" and evidence[0]["step"] > 5
     for got, expected in zip(honest[1]["params"], honest[0]["params"], strict=True):
         assert torch.equal(got, expected)  # the honest replicas agree bit for bit
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_carrying_another_copy_cannot_get_an_honest_owner_quarantined() -> None:
+    """The attacker carries, for each audit of an honest owner, another copy than the one
+    it sent. Before the digests, that made the honest owner's aggregate look wrong and
+    quarantined it. Now each such audit is a dispute between the two (a strike each):
+    the attacker is out at its second, no honest owner is ever found to hand out a wrong
+    aggregate, and at most one honest member goes with the attacker (one it disputed
+    twice). The honest ranks agree on every verdict, and their replicas bit for bit."""
+    results = run_ranks(_lying_owner, 4, free_port(), "carrier", init_group=False,
+                        timeout=100)
+    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
+    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
+    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
+    quarantines = {e["member"]: e for e in honest[0]["events"] if e["event"] == "quarantine"}
+    assert f"rank{ATTACKER}" in quarantines, honest[0]["events"]
+    kinds = {e["kind"] for q in quarantines.values() for e in q["evidence"]}
+    assert kinds == {"disputed audit copy"}, quarantines
+    attacker = quarantines.pop(f"rank{ATTACKER}")
+    assert len(attacker["evidence"]) == 2
+    assert len(quarantines) <= 1, quarantines  # at most one honest member goes with it
+    for member, q in quarantines.items():  # ... and only one it disputed twice
+        assert all(f"rank {ATTACKER}'s" in e["detail"] for e in q["evidence"]), q
+        assert q["step"] == attacker["step"], (member, q, attacker)
+    for got, expected in zip(honest[1]["params"], honest[0]["params"], strict=True):
+        assert torch.equal(got, expected)

@@ -1,6 +1,7 @@
-"""The audit's recomputation from the copies carried in the next step, and its tags: an
+"""The audit's recomputation from the copies carried in the next step, its tags (an
 audit whose carried copies name different audits is void, never a verdict, unless only
-the audited owner's own tag differs (pure)."""
+the audited owner's own tag differs), the digests that tell a sender's changed copy from
+an owner's wrong aggregate, and the majority verdict over the owners' results (pure)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ import math
 import pytest
 import torch
 
-from potluck.trust import CenteredClip, wire
-from potluck.trust.exchange import (
+from potluck.trust import CenteredClip, Rules, wire
+from potluck.trust.audit import (
     Agreement,
     AuditPlan,
-    Kept,
     audit_agreement,
     audit_difference,
+    digest,
+    outcome,
+)
+from potluck.trust.exchange import Kept
+from potluck.trust.verdict import (
+    DISPUTED,
+    WRONG_AGGREGATE,
+    AuditResult,
+    Outcome,
+    Reports,
+    judge,
 )
 
 OWNERS = (0, 1, 2)
@@ -31,37 +42,50 @@ def gradients() -> torch.Tensor:
                        generator=torch.Generator().manual_seed(7))
 
 
-def kept(received_rows: list[torch.Tensor]) -> Kept:
+def kept(received_rows: list[torch.Tensor], copies: torch.Tensor | None = None) -> Kept:
     received = torch.cat(received_rows)
     return Kept(mine=torch.zeros(PIECE * len(OWNERS)), received=received, piece=PIECE,
                 report=REPORT, owners=OWNERS, senders=OWNERS, weights=torch.ones(3),
-                copies=torch.empty(0, PIECE), parameters=())
+                copies=torch.empty(0, PIECE) if copies is None else copies, parameters=())
 
 
 def audited_step(grads: torch.Tensor, *, lie: float = 0.0) -> Kept:
-    """The step as this rank kept it: each owner's aggregate of its slice (owner 1 adds
-    ``lie`` to its own), then its report."""
+    """The step as the audited owner kept it: each owner's aggregate of its slice (owner
+    1 adds ``lie`` to its own), then its report; the copies of its slice it received."""
     rows = []
     for k in OWNERS:
         value = CenteredClip().aggregate(grads[:, k * PIECE:(k + 1) * PIECE], torch.ones(3))
         rows.append(torch.cat([value + (lie if k == AUDITED else 0.0), torch.zeros(REPORT)]))
-    return kept(rows)
+    return kept(rows, copies=grads[:, AUDITED * PIECE:(AUDITED + 1) * PIECE].clone())
 
 
-def carried_step(grads: torch.Tensor, tags: dict[int, tuple[int, int]] | None = None) -> Kept:
+def carried_step(grads: torch.Tensor, tags: dict[int, tuple[int, int]] | None = None,
+                 changed: dict[int, float] | None = None) -> Kept:
     """The next step: each owner's row carries its copy of the slice its tag names
-    (``tags``: owner -> (audited owner, step); default: the plan's)."""
+    (``tags``: owner -> (audited owner, step); default: the plan's), plus ``changed``
+    (owner -> how much it added to the copy it had sent)."""
     rows = []
     for k in OWNERS:
         owner, step = (tags or {}).get(k, (AUDITED, STEP))
-        copy = grads[k, owner * PIECE:(owner + 1) * PIECE]
+        copy = grads[k, owner * PIECE:(owner + 1) * PIECE] + (changed or {}).get(k, 0.0)
         tag = wire.to_values(torch.tensor([wire.audit_tag(owner, step)]), torch.float32)
         rows.append(torch.cat([torch.zeros(PIECE), torch.zeros(REPORT), copy, tag]))
     return kept(rows)
 
 
-def plan(grads: torch.Tensor, *, lie: float = 0.0) -> AuditPlan:
-    return AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)})
+def plan(grads: torch.Tensor, *, lie: float = 0.0, me: int = 0) -> AuditPlan:
+    return AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)}, me)
+
+
+def received(grads: torch.Tensor, *, lie: float = 0.0) -> list[int]:
+    """The digests the audited owner reports of the copies it received."""
+    return plan(grads, lie=lie, me=AUDITED).received_digests(OWNERS)
+
+
+def result(grads: torch.Tensor, carried: Kept, *, lie: float = 0.0,
+           digests: list[int] | None = None) -> AuditResult | None:
+    return outcome(plan(grads, lie=lie), {0: carried},
+                   received(grads) if digests is None else digests, CenteredClip())
 
 
 def test_an_honest_owner_recomputes_to_its_aggregate() -> None:
@@ -84,7 +108,8 @@ def test_copies_tagged_for_another_audit_void_it(other: tuple[int, int]) -> None
     carried = {0: carried_step(grads, tags={2: other})}
     assert carried[0].audit_tags()[2] == wire.audit_tag(*other)
     assert audit_agreement(plan(grads), carried) is Agreement.VOID
-    assert math.isnan(audit_difference(plan(grads), carried, CenteredClip()))
+    void = result(grads, carried[0])
+    assert void is not None and void.outcome is Outcome.VOID
 
 
 def test_the_audited_owner_cannot_void_its_own_audit_with_a_bad_tag() -> None:
@@ -106,3 +131,93 @@ def test_audit_tag_refuses_what_it_cannot_hold() -> None:
     assert wire.audit_tag(3, 5) != wire.audit_tag(5, 3)
     with pytest.raises(ValueError, match="out of range"):
         wire.audit_tag(1 << 20, 0)
+
+
+def test_the_audited_owner_keeps_a_digest_of_each_copy_it_received_and_only_it() -> None:
+    grads = gradients()
+    assert plan(grads).received == {} and plan(grads).received_digests(OWNERS) == [0, 0, 0]
+    digests = received(grads)
+    assert len(set(digests)) == 3 and 0 not in digests
+    assert digests[2] == digest([grads[2, AUDITED * PIECE:(AUDITED + 1) * PIECE]])
+    changed = grads[2, AUDITED * PIECE:(AUDITED + 1) * PIECE].clone()
+    changed[0] = torch.nextafter(changed[0], torch.tensor(math.inf))  # one ulp
+    assert digest([changed]) != digests[2]
+
+
+def test_each_rank_finds_an_outcome_honest_lying_changed_hidden_or_void() -> None:
+    grads = gradients()
+    honest = result(grads, carried_step(grads))
+    assert honest is not None and honest.outcome is Outcome.AGREED
+    lying = result(grads, carried_step(grads), lie=0.5)
+    assert lying is not None and lying.outcome is Outcome.WRONG and lying.difference > 0.1
+    # rank 2 carries another copy than the one it sent: a dispute, not a wrong aggregate
+    changed = result(grads, carried_step(grads, changed={2: 3.0}))
+    assert changed == AuditResult(AUDITED, STEP, Outcome.DISPUTED, disputed=2)
+    # the owner's own carried copy is not the one it says it had: against it
+    own = result(grads, carried_step(grads, changed={AUDITED: 3.0}))
+    assert own is not None and own.outcome is Outcome.WRONG
+    hidden = result(grads, carried_step(grads), digests=[0, 0, 0])
+    assert hidden is not None and hidden.outcome is Outcome.UNDISCLOSED
+    void = result(grads, carried_step(grads, tags={2: (0, STEP)}))
+    assert void is not None and void.outcome is Outcome.VOID
+    mistagged = result(grads, carried_step(grads, tags={AUDITED: (0, STEP)}))
+    assert mistagged is not None and mistagged.outcome is Outcome.MISTAGGED
+    empty = kept([torch.cat([torch.zeros(PIECE), torch.zeros(REPORT)]) for _ in OWNERS])
+    assert result(grads, empty) is None  # nothing came back: no result at all
+
+
+def _reports(results: dict[int, AuditResult | None], n: int = 4) -> Reports:
+    return Reports(finite=[[1.0] * n for _ in range(n)],
+                   distance=[[1.0] * n for _ in range(n)], owns=[1.0] * n,
+                   fingerprint=[5] * n, audit=[results.get(o) for o in range(n)])
+
+
+def _verdict(results: dict[int, AuditResult | None]) -> list[tuple[int, str]]:
+    found = judge(_reports(results), [1] * 4, range(4), Rules())
+    return sorted((rank, kind) for rank, kind, _ in found)
+
+
+def test_the_verdict_goes_by_the_other_owners_majority() -> None:
+    wrong = AuditResult(1, STEP, Outcome.WRONG, 0.3)
+    agreed = AuditResult(1, STEP, Outcome.AGREED)
+    assert _verdict({0: wrong, 2: wrong, 3: agreed}) == [(1, WRONG_AGGREGATE)]
+    # one lying voter can neither accuse an honest owner nor acquit a lying one
+    assert _verdict({0: wrong, 2: agreed, 3: agreed}) == []
+    assert _verdict({0: agreed, 2: wrong, 3: wrong}) == [(1, WRONG_AGGREGATE)]
+    # the owner's own result does not count; nor does a result from one that owns nothing
+    assert _verdict({1: wrong, 0: wrong}) == []
+    hidden = AuditResult(1, STEP, Outcome.UNDISCLOSED)
+    assert _verdict({0: hidden, 2: wrong, 3: agreed}) == [(1, WRONG_AGGREGATE)]
+
+
+def test_a_sender_that_carried_another_copy_is_disputed_with_the_owner() -> None:
+    """Rank 3 carried another copy than it sent to owner 1. Carried alike to everyone,
+    the others find a dispute between 3 and 1: a strike each (two quarantine), never a
+    wrong aggregate. Carried to some only, those that got the honest copy find the
+    owner right, so there is no majority against it either."""
+    dispute = AuditResult(1, STEP, Outcome.DISPUTED, disputed=3)
+    assert _verdict({0: dispute, 2: dispute, 3: AuditResult(1, STEP, Outcome.WRONG)}) == [
+        (1, DISPUTED), (3, DISPUTED)]
+    agreed = AuditResult(1, STEP, Outcome.AGREED)
+    assert _verdict({0: dispute, 2: agreed, 3: AuditResult(1, STEP, Outcome.WRONG)}) == []
+    assert Rules().strikes[DISPUTED] == 2
+
+
+def test_results_for_different_audits_are_not_counted_together() -> None:
+    wrong = AuditResult(1, STEP, Outcome.WRONG, 0.3)
+    other = AuditResult(1, STEP - 1, Outcome.WRONG, 0.3)
+    assert _verdict({0: wrong, 2: other, 3: AuditResult(1, STEP, Outcome.AGREED)}) == []
+
+
+def test_an_audit_result_rides_in_a_report_bit_for_bit() -> None:
+    owners = senders = (0, 1, 2)
+    results = [AuditResult(1, STEP, Outcome.DISPUTED, 0.0, 2), None,
+               AuditResult(0, STEP, Outcome.WRONG, math.inf)]
+    rows = torch.stack([wire.encode_report(3, [True] * 3, [1.0] * 3, [1, 1, 1],
+                                           audit=results[o],
+                                           received=[11, -12, 13] if o == 1 else None)
+                        for o in owners])
+    reports = wire.decode_reports([(owners, senders, rows)], 3)
+    assert list(reports.audit) == results
+    assert reports.received[1] == [11, -12, 13] and reports.received[0] == [0, 0, 0]
+    assert wire.audit_of(wire.audit_tag(5, 1234)) == (5, 1234)

@@ -30,11 +30,10 @@ nothing that counts. What this rank received goes into a ``Ledger``.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,7 +41,10 @@ from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, distances, finite_rows
-from potluck.trust.verdict import SpotResult
+from potluck.trust.verdict import AuditResult, SpotResult
+
+if TYPE_CHECKING:
+    from potluck.trust.audit import AuditPlan
 
 
 def assigned(split: Sequence[int] | None, ranks: Iterable[int]) -> list[int]:
@@ -104,36 +106,6 @@ class Kept:
         return wire.to_words(block[:, -word:]).tolist()
 
 
-@dataclass(frozen=True)
-class Audited:
-    """One bucket of an audit: this rank's copy of the audited owner's slice (carried in
-    the next step), the aggregate the owner handed out, the copies' weights, and the
-    bucket's layout (the next step's bucket must have the same)."""
-
-    copy: torch.Tensor
-    given: torch.Tensor
-    weights: torch.Tensor
-    owners: tuple[int, ...]
-    piece: int
-
-
-@dataclass(frozen=True)
-class AuditPlan:
-    """Audit ``owner``'s slices of ``step``: per bucket, what the audit needs of it (not
-    the whole step's buckets: two gradients' worth for a step more)."""
-
-    owner: int
-    step: int
-    buckets: dict[int, Audited]
-
-    @classmethod
-    def of(cls, owner: int, step: int, kept: dict[int, Kept]) -> AuditPlan:
-        return cls(owner, step, {
-            index: Audited(k.copy_of(owner).clone(), k.aggregate_of(owner).clone(),
-                           k.weights, k.owners, k.piece)  # (clones: a view keeps it all)
-            for index, k in kept.items()})
-
-
 @dataclass
 class Ledger:
     """What this rank saw in the step's buckets (reset by the first bucket)."""
@@ -159,24 +131,35 @@ class RobustExchange:
         self.aggregator, self.ledger = aggregator, ledger
         self._samples, self._trusted, self._fingerprint = samples, trusted, fingerprint
         self._plan: AuditPlan | None = None
-        self._spot: SpotResult | None = None
-        self._sending_spot: SpotResult | None = None
+        self._next = _Said()  # what the next step's reports say of this one
+        self._said = _Said()  # what this step's reports say (of the last one)
         self._print = 0
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
-        """Carry every rank's copy of ``plan.owner``'s slices in the next step."""
+        """Carry every rank's copy of ``plan.owner``'s slices in the next step (and, as
+        the audited owner, report the digests of the copies it received)."""
         self._plan = plan
 
     def report_spot(self, result: SpotResult | None) -> None:
         """This owner's spot check of the last step, for the next step's reports."""
-        self._spot = result
+        self._next = _Said(result, self._next.audit)
+
+    def report_audit(self, result: AuditResult | None) -> None:
+        """This owner's audit of the copies the last step carried, for the next step's
+        reports."""
+        self._next = _Said(self._next.spot, result)
+
+    def forget(self) -> None:
+        """A new generation: ranks were renumbered, so nothing planned or found in the
+        last one may ride in the next step."""
+        self._plan, self._next = None, _Said()
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
         group, n, me = bucket.group, bucket.world_size, bucket.rank
         if bucket.index == 0:
             self.ledger.reset(n, self._plan)
             self._plan, self._print = None, self._fingerprint()
-            self._sending_spot, self._spot = self._spot, None
+            self._said, self._next = self._next, _Said()
         flat = bucket.buffer.view(-1)
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
@@ -208,9 +191,12 @@ class RobustExchange:
             copies = rows[:, :piece].float()
             value = self.aggregator.aggregate(copies, weights)
             prints = wire.to_words(rows[:, piece:]).tolist()
+            audit = self.ledger.audit
+            digests = (audit.received_digests(senders) if audit is not None and audit.owner == me
+                       else None)
             words = wire.encode_report(
-                piece, finite_rows(copies).tolist(),
-                distances(copies, value).tolist(), prints, self._sending_spot)
+                piece, finite_rows(copies).tolist(), distances(copies, value).tolist(),
+                prints, self._said.spot, self._said.audit, digests)
             outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
                                   audited]).repeat(n)
         else:
@@ -243,55 +229,10 @@ class RobustExchange:
         return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
 
 
-class Agreement(enum.Enum):
-    AGREED = "agreed"
-    VOID = "void"
-    MISTAGGED = "mistagged"
+@dataclass(frozen=True)
+class _Said:
+    """What an owner's reports in a step say of the step before: its spot check and
+    its audit of the carried copies."""
 
-
-def audit_agreement(plan: AuditPlan, carried: dict[int, Kept]) -> Agreement:
-    """What the carried copies' tags say about this rank's plan: ``AGREED`` (every tag
-    names it), ``VOID`` (another owner's tag names another audit: the reports the ranks
-    hashed differed, so the copies do not belong together and no verdict can come of
-    them), or ``MISTAGGED`` (only the audited owner's own tag differs: it knows it is
-    audited, since it hashes the same reports, and a tag of its own cannot void its
-    audit; that is evidence against it)."""
-    expected, mistagged = wire.audit_tag(plan.owner, plan.step), False
-    for kept in carried.values():
-        tags = kept.audit_tags()
-        if not tags:
-            continue  # this bucket carried no copies (it changed since)
-        for owner, tag in zip(kept.owners, tags, strict=True):
-            if tag == expected:
-                continue
-            if owner != plan.owner:
-                return Agreement.VOID
-            mistagged = True
-    return Agreement.MISTAGGED if mistagged else Agreement.AGREED
-
-
-def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
-    """The audit of ``plan.owner``'s slices: the largest difference, relative to the
-    slice's size, between what it handed out in ``plan.step`` and the aggregate of every
-    rank's copy (``carried``: the next step's buckets, whose audit copies they are).
-    NaN when no bucket carried its copies tagged with this plan."""
-    worst = math.nan
-    expected_tag = wire.audit_tag(plan.owner, plan.step)
-    for index, audited in plan.buckets.items():
-        later = carried.get(index)
-        if (later is None or later.owners != audited.owners
-                or later.mine.dtype != audited.copy.dtype
-                or later.audit_copies().shape[1] != audited.piece
-                or any(tag != expected_tag for tag in later.audit_tags())):
-            continue
-        given = audited.given.float()
-        expected = aggregator.aggregate(later.audit_copies().float(), audited.weights)
-        expected = expected.to(audited.given.dtype).float()  # rounded as the owner's was
-        diff = (given - expected).abs()
-        diff = torch.where(torch.isnan(given) & torch.isnan(expected),
-                           torch.zeros_like(diff), diff)
-        diff = torch.nan_to_num(diff, nan=math.inf)
-        scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
-                                             neginf=0.0).abs().max())
-        worst = max(0.0 if math.isnan(worst) else worst, float(diff.max()) / scale)
-    return worst
+    spot: SpotResult | None = None
+    audit: AuditResult | None = None

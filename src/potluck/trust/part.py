@@ -6,10 +6,11 @@ each committed step every rank then, with no collective on a clean step:
 
 1. **verdict**: the pure rules of ``verdict.py`` turn the reports into evidence, and
    evidence into strikes and quarantine (the same on every honest rank);
-2. **audit**: if the previous step planned one, recompute the audited owner's slices
-   from every rank's copy (carried by this step); an aggregate that differs is
-   evidence against the owner. Then a hash of this step's reports decides whether the
-   next step carries an audit, and of whom (so no owner knows in advance);
+2. **audit**: if the previous step planned one, check the copies this step carried
+   against the digests the audited owner reported and recompute its aggregate from
+   them (``audit.py``); the result rides in the next step's reports, and the verdict
+   goes by the other owners' majority. Then a hash of this step's reports decides
+   whether the next step carries an audit, and of whom (so no owner knows in advance);
 3. **repair**: a replica whose fingerprint differs from the majority's gets the
    majority's parameters and buffers (a broadcast from the lowest such rank);
 4. **quarantine**: a member with enough strikes is out. On an elastic cohort the
@@ -34,23 +35,16 @@ from potluck.collectives import broadcast_coalesced
 from potluck.errors import ConfigError, PeerLostError
 from potluck.metrics.notes import note
 from potluck.trust import wire
+from potluck.trust.audit import AuditPlan, outcome
 from potluck.trust.config import Trust
-from potluck.trust.exchange import (
-    Agreement,
-    AuditPlan,
-    Kept,
-    Ledger,
-    RobustExchange,
-    assigned,
-    audit_agreement,
-    audit_difference,
-)
+from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import fingerprint
 from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
 from potluck.trust.verdict import (
     DIVERGED,
-    WRONG_AGGREGATE,
+    AuditResult,
     Evidence,
+    Outcome,
     Reports,
     SpotResult,
     Strikes,
@@ -60,8 +54,6 @@ from potluck.trust.verdict import (
 from potluck.trust.wire import decode_reports
 
 log = logging.getLogger(__name__)
-
-_AUDIT_TOLERANCE = 1e-5  # relative: the same code on the same inputs, maybe other threads
 
 
 class TrustPart:
@@ -123,8 +115,7 @@ class TrustPart:
             reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
                           self.config.rules)
-            if ledger.audit is not None:
-                found += self._audit(ledger.audit)
+            self.exchange.report_audit(self._audit(ledger.audit, reports.received))
             pick = self._pick(kept, steps)
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
@@ -141,7 +132,7 @@ class TrustPart:
     def on_membership(self, rank: int, world_size: int) -> None:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
-        self.exchange.plan_audit(None)
+        self.exchange.forget()
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -159,24 +150,20 @@ class TrustPart:
 
     # ----------------------------------------------------------------- the work
 
-    def _audit(self, plan: AuditPlan) -> list[tuple[int, str, str]]:
-        agreement = audit_agreement(plan, self.ledger.buckets)
-        if agreement is Agreement.VOID:
+    def _audit(self, plan: AuditPlan | None,
+               received: Sequence[Sequence[int]]) -> AuditResult | None:
+        """This rank's audit of the copies this step carried (``audit.py``), reported
+        in the next step: the verdict goes by the other owners' majority."""
+        if plan is None:
+            return None
+        result = outcome(plan, self.ledger.buckets, received[plan.owner],
+                         self.config.aggregator)
+        if result is not None and result.outcome is Outcome.VOID:
             log.warning("[rank %d] trust: the audit of step %d is void: the owners carried "
                         "copies for different audits, so the reports of that step differed "
                         "between ranks (an owner told ranks different things)",
                         self._cohort.rank, plan.step)
-            return []
-        if agreement is Agreement.MISTAGGED:
-            return [(plan.owner, WRONG_AGGREGATE,
-                     f"audited on step {plan.step}, it tagged its carried copy for another "
-                     "audit while every other owner's tag named this one")]
-        worst = audit_difference(plan, self.ledger.buckets, self.config.aggregator)
-        if not worst > _AUDIT_TOLERANCE:  # NaN: the buckets changed, nothing audited
-            return []
-        return [(plan.owner, WRONG_AGGREGATE,
-                 f"its aggregate of step {plan.step} differs from every rank's "
-                 f"recomputation by {worst:.3g} (relative)")]
+        return result
 
     @staticmethod
     def _pick(kept: list[Kept], steps: int) -> tuple[int, int]:
@@ -196,7 +183,7 @@ class TrustPart:
             return None
         owners = kept[0].owners
         return AuditPlan.of(owners[(pick // every) % len(owners)], steps,
-                            dict(self.ledger.buckets))
+                            dict(self.ledger.buckets), self._cohort.rank)
 
     def _spot_check(self, kept: list[Kept], picks: tuple[int, int]) -> SpotResult | None:
         """If the hash picked a target, recompute its gradient and compare this owner's

@@ -15,8 +15,14 @@ The rules (``Rules``):
   square root of its samples (a smaller part of the batch is a noisier gradient) and
   divided by the median sender's, is over ``far_ratio``, by the median over owners;
 - **diverged replica**: the parameters' fingerprint differs from the majority's;
-- **wrong aggregate**: an owner's aggregate differs from what every rank recomputed
-  from all copies of that slice (the audit, ``exchange.py``);
+- **wrong aggregate**: more than half of the other owners recomputed an audited
+  owner's aggregate from every rank's copy of its slice and found it off (the audit,
+  ``audit.py``; each reports what it found in the next step's report);
+- **disputed audit copy**: more than half of the other owners found a sender's copy
+  carried for an audit differs from the one the audited owner says it received. One
+  of the two lied and nobody can tell which, so both get a strike (two quarantine):
+  a sender can no longer get an honest owner quarantined by carrying another copy
+  than it sent, and each honest member it takes with it costs it its own seat;
 - **wrong gradient**: more than half of the other owners recomputed the rank's
   gradient on its own samples and found their slices of its copy off (the spot
   check, ``spot.py``).
@@ -27,6 +33,7 @@ One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,8 +46,10 @@ FAR = "far from the center"
 DIVERGED = "diverged replica"
 WRONG_AGGREGATE = "wrong aggregate"
 WRONG_GRADIENT = "wrong gradient"
-KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT)
-_DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1}
+DISPUTED = "disputed audit copy"
+KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED)
+_DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
+                    DISPUTED: 2}
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,34 @@ class SpotResult:
     mismatch: bool
 
 
+class Outcome(enum.IntEnum):
+    """What one rank found when it recomputed an audited owner's aggregate."""
+
+    AGREED = 1  # the aggregate is what every rank's copies make
+    WRONG = 2  # it is not
+    MISTAGGED = 3  # the owner tagged its own carried copy for another audit (it knew)
+    UNDISCLOSED = 4  # the owner did not report the digests of the copies it received
+    DISPUTED = 5  # a sender's carried copy is not the one the owner says it received
+    VOID = 6  # another owner's copy was carried for another audit: no verdict
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """An owner's audit of ``owner``'s aggregates of ``step`` (``audit.py``): the
+    outcome, the relative difference it recomputed, and with ``DISPUTED`` the lowest
+    sender whose carried copy differed."""
+
+    owner: int
+    step: int
+    outcome: Outcome
+    difference: float = 0.0
+    disputed: int = -1
+
+    @property
+    def against_owner(self) -> bool:
+        return self.outcome in (Outcome.WRONG, Outcome.MISTAGGED, Outcome.UNDISCLOSED)
+
+
 @dataclass(frozen=True)
 class Reports:
     """What every rank reported about one step; row r is rank r's report."""
@@ -99,6 +136,8 @@ class Reports:
     owns: Sequence[float]  # [owner]: values the owner aggregated (0: it owned nothing)
     fingerprint: Sequence[int]  # [rank]: its parameters' fingerprint, before the update
     spot: Sequence[SpotResult | None] = ()  # [owner]: its spot check of the last step
+    audit: Sequence[AuditResult | None] = ()  # [owner]: its audit result of the last step
+    received: Sequence[Sequence[int]] = ()  # [owner][sender]: an audited owner's digests
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
@@ -112,6 +151,7 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
     if not owners:
         return found
     found += spot_checked(reports, trusted, owners)
+    found += audited(reports, trusted, owners)
     finite_votes = {i: sum(reports.finite[o][i] < 0.5 for o in owners) for i in trusted}
     mostly_finite = sum(v * 2 <= len(owners) for v in finite_votes.values()) * 2 > len(trusted)
     for i in trusted:
@@ -143,6 +183,44 @@ def spot_checked(reports: Reports, trusted: Sequence[int],
             found.append((target, WRONG_GRADIENT,
                           f"{wrong} of {len(seen)} owners recomputed its gradient on its own "
                           f"samples and found it off by {middle:.3g} (relative, median)"))
+    return found
+
+
+def audited(reports: Reports, trusted: Sequence[int],
+            owners: Sequence[int]) -> list[tuple[int, str, str]]:
+    """The audits the owners reported on: evidence against an audited owner when more
+    than half of the other owners found its aggregate wrong (or it hid from the audit),
+    and against both it and a sender when more than half found that sender's carried
+    copy differs from the one the owner says it received."""
+    results: dict[tuple[int, int], list[AuditResult]] = {}
+    for o in owners:
+        result = reports.audit[o] if o < len(reports.audit) else None
+        if result is not None and result.owner != o and result.owner in trusted:
+            results.setdefault((result.owner, result.step), []).append(result)
+    found: list[tuple[int, str, str]] = []
+    for (owner, step), seen in sorted(results.items()):
+        voters = len(owners) - (owner in owners)
+        against = [r for r in seen if r.against_owner]
+        if len(against) * 2 > voters:
+            kinds = sorted({r.outcome.name.lower() for r in against})
+            middle = _median([r.difference for r in against])
+            found.append((owner, WRONG_AGGREGATE,
+                          f"{len(against)} of {voters} other owners audited its aggregate of "
+                          f"step {step} and found it {' or '.join(kinds)} (recomputed from "
+                          f"every rank's copy: off by {middle:.3g}, relative, median)"))
+            continue
+        for sender in sorted({r.disputed for r in seen if r.outcome is Outcome.DISPUTED}):
+            votes = sum(r.outcome is Outcome.DISPUTED and r.disputed == sender for r in seen)
+            if votes * 2 > voters and sender in trusted and sender != owner:
+                found.append((owner, DISPUTED,
+                              f"in the audit of its step {step}, {votes} of {voters} other "
+                              f"owners found rank {sender}'s carried copy differs from the one "
+                              "it says it received (one of the two lied)"))
+                found.append((sender, DISPUTED,
+                              f"its copy carried for the audit of rank {owner}'s step {step} "
+                              f"differs, for {votes} of {voters} owners, from the one rank "
+                              f"{owner} says it received (one of the two lied)"))
+                break
     return found
 
 

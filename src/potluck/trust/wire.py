@@ -8,9 +8,10 @@ moves bytes, so every bit arrives as sent.
 
 - A sender's message to each owner: its slice, then one word, its fingerprint.
 - An owner's message to each rank: its aggregate, then its report, ``report_words``
-  words (``encode_report``: what it saw of each sender, and its spot check of the
-  last step), then any audit copy (``exchange.py``) and its tag, one word
-  (``audit_tag``: which owner's slice of which step it is).
+  words (``encode_report``: what it saw of each sender, its spot check and its audit
+  of the last step, and as an audited owner the digests of the copies it received),
+  then any audit copy (``audit.py``) and its tag, one word (``audit_tag``: which
+  owner's slice of which step it is).
 
 ``decode_reports`` turns the reports every rank received into the ``Reports`` that
 ``verdict.judge`` reads.
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from potluck.trust.verdict import Reports, SpotResult
+from potluck.trust.verdict import AuditResult, Outcome, Reports, SpotResult
 
 WORD = 8  # bytes
 
@@ -65,23 +66,47 @@ def audit_tag(owner: int, step: int) -> int:
     return (step << 20) | owner
 
 
-_HEAD = 4  # owned, then the spot check: target + 1 (0: none), difference, mismatch
+def audit_of(tag: int) -> tuple[int, int]:
+    """The inverse of ``audit_tag``: ``(owner, step)``."""
+    return tag & ((1 << 20) - 1), tag >> 20
+
+
+_HEAD = 7  # owned; the spot check (target + 1 or 0, difference, mismatch); the audit
+_PER_SENDER = 4  # finite, squared distance, fingerprint, digest of the copy received
 
 
 def report_words(senders: int) -> int:
     """Words in one owner's report on one bucket."""
-    return _HEAD + 3 * senders
+    return _HEAD + _PER_SENDER * senders
 
 
 def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
-                  prints: Sequence[int], spot: SpotResult | None = None) -> torch.Tensor:
+                  prints: Sequence[int], spot: SpotResult | None = None,
+                  audit: AuditResult | None = None,
+                  received: Sequence[int] | None = None) -> torch.Tensor:
     """``[owned, spot check of the last step (target + 1 or 0, relative difference,
-    mismatch), then per sender: finite, squared distance, the fingerprint it sent]``."""
+    mismatch), audit of the last step's carried copies (tag, outcome and disputed
+    sender + 1, difference; 0s: none), then per sender: finite, squared distance, the
+    fingerprint it sent, and as an audited owner the digest of the copies it received
+    from it in the audited step (0: none)]``."""
     words = [owned, 0, 0, 0] if spot is None else [
         owned, spot.target + 1, float_word(spot.difference), int(spot.mismatch)]
-    for ok, d2, fp in zip(finite, distance, prints, strict=True):
-        words += [int(ok), float_word(d2), fp]
+    words += [0, 0, 0] if audit is None else [
+        audit_tag(audit.owner, audit.step), int(audit.outcome) | (audit.disputed + 1) << 8,
+        float_word(audit.difference)]
+    digests = list(received) if received is not None else [0] * len(prints)
+    for ok, d2, fp, digest in zip(finite, distance, prints, digests, strict=True):
+        words += [int(ok), float_word(d2), fp, digest]
     return torch.tensor(words, dtype=torch.int64)
+
+
+def _audit_result(tag: int, code: int, difference: int) -> AuditResult | None:
+    try:
+        outcome = Outcome(code & 0xFF)
+    except ValueError:
+        return None  # none, or a word no honest owner writes
+    owner, step = audit_of(tag)
+    return AuditResult(owner, step, outcome, word_float(difference), (code >> 8) - 1)
 
 
 def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.Tensor]],
@@ -96,6 +121,8 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
     finite = [[1.0] * n for _ in range(n)]
     distance = [[0.0] * n for _ in range(n)]
     spots: list[SpotResult | None] = [None] * n
+    audits: list[AuditResult | None] = [None] * n
+    received = [[0] * n for _ in range(n)]
     forwarded: dict[int, list[int]] = {}
     for number, (owners, senders, reports) in enumerate(buckets):
         rows = reports.tolist()
@@ -103,20 +130,24 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
             owns[owner] += float(row[0])
             if number == 0 and 0 < row[1] <= n:
                 spots[owner] = SpotResult(row[1] - 1, word_float(row[2]), bool(row[3]))
+            if number == 0:
+                audits[owner] = _audit_result(row[4], row[5], row[6])
             for k, sender in enumerate(senders):
-                ok, d2, fp = row[_HEAD + 3 * k:_HEAD + 3 + 3 * k]
+                at = _HEAD + _PER_SENDER * k
+                ok, d2, fp, digest = row[at:at + _PER_SENDER]
                 if not ok:
                     finite[owner][sender] = 0.0
                 distance[owner][sender] += word_float(d2)
                 if number == 0:
                     forwarded.setdefault(sender, []).append(fp)
+                    received[owner][sender] = digest
     prints = [0] * n
     for sender, seen in forwarded.items():
         counts = {fp: seen.count(fp) for fp in seen}
         value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
         prints[sender] = value if count * 2 > len(seen) else _NO_MAJORITY - sender
     return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints,
-                   spot=spots)
+                   spot=spots, audit=audits, received=received)
 
 
 _NO_MAJORITY = -(1 << 62)  # below any fingerprint (they are >= 0), one per sender

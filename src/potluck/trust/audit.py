@@ -1,0 +1,189 @@
+"""The audit of one slice owner's aggregates (pure, given what the exchange kept).
+
+After a step, a hash of its reports picks one owner (``TrustPart``); nobody knew the
+pick when it sent its copies or handed out its aggregates. Then:
+
+1. every rank keeps its own copy of that owner's slices and the aggregate it was
+   handed (``AuditPlan.of``); the owner itself keeps a digest of every copy it received
+   (``received_digests``) and reports them in the next step;
+2. in the next step every rank's copy rides along with its aggregate, tagged with the
+   audit its carrier believes was picked (``exchange.py``, ``wire.audit_tag``), so
+   every rank holds all of them;
+3. each rank then finds an ``AuditResult`` (``outcome``): the tags agree, each carried
+   copy is the one the owner says it received (the digests), and the owner's
+   aggregate is what those copies make. It reports the result in the step after;
+4. the verdict (``verdict.audited``) goes by the majority of the other owners' results,
+   so a lying voter can neither accuse nor acquit an owner, and ranks that were carried
+   different copies (a sender that carried one thing to some and another to others)
+   still reach one verdict.
+
+A sender that carries another copy than the one it sent cannot make an honest owner's
+aggregate look wrong: the copy's digest differs from the owner's, so the result is a
+dispute between the two (each gets a strike; one of them lied and nobody else can tell
+which). An owner whose aggregate is wrong cannot hide behind made-up digests either:
+then every honest sender disputes it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from potluck.trust import wire
+from potluck.trust.aggregate import Aggregator
+from potluck.trust.exchange import Kept
+from potluck.trust.verdict import AuditResult, Outcome
+
+TOLERANCE = 1e-5  # relative: the same code on the same inputs, maybe other threads
+
+
+@dataclass(frozen=True)
+class Audited:
+    """One bucket of an audit: this rank's copy of the audited owner's slice (carried in
+    the next step), the aggregate the owner handed out, the copies' weights, and the
+    bucket's layout (the next step's bucket must have the same)."""
+
+    copy: torch.Tensor
+    given: torch.Tensor
+    weights: torch.Tensor
+    owners: tuple[int, ...]
+    piece: int
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """Audit ``owner``'s slices of ``step``: per bucket, what the audit needs of it (not
+    the whole step's buckets: two gradients' worth for a step more); as the audited
+    owner, ``received`` holds the digest of each sender's copies it aggregated."""
+
+    owner: int
+    step: int
+    buckets: dict[int, Audited]
+    received: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, owner: int, step: int, kept: dict[int, Kept], me: int) -> AuditPlan:
+        buckets = {index: Audited(k.copy_of(owner).clone(), k.aggregate_of(owner).clone(),
+                                  k.weights, k.owners, k.piece)  # (clones: a view keeps it all)
+                   for index, k in kept.items()}
+        received: dict[int, int] = {}
+        if me == owner and kept:
+            senders = next(iter(kept.values())).senders
+            received = {sender: digest([k.copies[k.senders.index(sender)]
+                                        for _, k in sorted(kept.items())
+                                        if sender in k.senders])
+                        for sender in senders}
+        return cls(owner, step, buckets, received)
+
+    def received_digests(self, senders: Sequence[int]) -> list[int]:
+        """Per sender, the digest of its copies this owner received (0: none kept)."""
+        return [self.received.get(sender, 0) for sender in senders]
+
+
+def digest(pieces: Sequence[torch.Tensor]) -> int:
+    """A 64-bit BLAKE2b digest of the pieces' bytes, in order (never 0, which means
+    "none"): a sender cannot make up another copy with the same one."""
+    h = hashlib.blake2b(digest_size=8)
+    for piece in pieces:
+        h.update(piece.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return int.from_bytes(h.digest(), "big", signed=True) or 1
+
+
+class Agreement(enum.Enum):
+    AGREED = "agreed"
+    VOID = "void"
+    MISTAGGED = "mistagged"
+
+
+def audit_agreement(plan: AuditPlan, carried: dict[int, Kept]) -> Agreement:
+    """What the carried copies' tags say about this rank's plan: ``AGREED`` (every tag
+    names it), ``VOID`` (another owner's tag names another audit: the reports the ranks
+    hashed differed, so the copies do not belong together and no verdict can come of
+    them), or ``MISTAGGED`` (only the audited owner's own tag differs: it knows it is
+    audited, since it hashes the same reports, and a tag of its own cannot void its
+    audit; that is evidence against it)."""
+    expected, mistagged = wire.audit_tag(plan.owner, plan.step), False
+    for kept in carried.values():
+        tags = kept.audit_tags()
+        if not tags:
+            continue  # this bucket carried no copies (it changed since)
+        for owner, tag in zip(kept.owners, tags, strict=True):
+            if tag == expected:
+                continue
+            if owner != plan.owner:
+                return Agreement.VOID
+            mistagged = True
+    return Agreement.MISTAGGED if mistagged else Agreement.AGREED
+
+
+def carried_in_full(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
+    """Whether every bucket of the plan came back with copies in its layout (not when
+    the buckets were rebuilt in between: then there is nothing to audit)."""
+    for index, audited in plan.buckets.items():
+        later = carried.get(index)
+        if (later is None or later.owners != audited.owners
+                or later.mine.dtype != audited.copy.dtype
+                or later.audit_copies().shape[1] != audited.piece):
+            return False
+    return bool(plan.buckets)
+
+
+def carried_digests(plan: AuditPlan, carried: dict[int, Kept]) -> dict[int, int]:
+    """Per carrier, the digest of the copies it carried (in the plan's bucket order)."""
+    ordered = [carried[index] for index in sorted(plan.buckets)]
+    owners = ordered[0].owners
+    return {owner: digest([k.audit_copies()[k.owners.index(owner)] for k in ordered])
+            for owner in owners}
+
+
+def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
+    """The largest difference, relative to the slice's size, between what ``plan.owner``
+    handed out in ``plan.step`` and the aggregate of every rank's carried copy. NaN when
+    the copies did not all come back (``carried_in_full``)."""
+    if not carried_in_full(plan, carried):
+        return math.nan
+    worst = 0.0
+    for index, audited in plan.buckets.items():
+        later = carried[index]
+        given = audited.given.float()
+        expected = aggregator.aggregate(later.audit_copies().float(), audited.weights)
+        expected = expected.to(audited.given.dtype).float()  # rounded as the owner's was
+        diff = (given - expected).abs()
+        diff = torch.where(torch.isnan(given) & torch.isnan(expected),
+                           torch.zeros_like(diff), diff)
+        diff = torch.nan_to_num(diff, nan=math.inf)
+        scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
+                                             neginf=0.0).abs().max())
+        worst = max(worst, float(diff.max()) / scale)
+    return worst
+
+
+def outcome(plan: AuditPlan, carried: dict[int, Kept], received: Sequence[int],
+            aggregator: Aggregator) -> AuditResult | None:
+    """This rank's audit of ``plan``: the copies ``carried`` in the step after it, and
+    ``received`` (per rank: the digests the audited owner reported of the copies it
+    received; 0 for none). None when the copies did not come back in full."""
+    if not carried_in_full(plan, carried):
+        return None
+    agreement = audit_agreement(plan, carried)
+    if agreement is not Agreement.AGREED:
+        return AuditResult(plan.owner, plan.step, Outcome[agreement.name])
+    carriers = carried_digests(plan, carried)
+    claimed = {sender: received[sender] if sender < len(received) else 0
+               for sender in carriers}
+    if any(value == 0 for value in claimed.values()):
+        return AuditResult(plan.owner, plan.step, Outcome.UNDISCLOSED)
+    differ = sorted(s for s, value in carriers.items() if value != claimed[s])
+    if plan.owner in differ:  # its own copy is not the one it says it had
+        return AuditResult(plan.owner, plan.step, Outcome.WRONG, math.inf)
+    if differ:
+        return AuditResult(plan.owner, plan.step, Outcome.DISPUTED, disputed=differ[0])
+    worst = audit_difference(plan, carried, aggregator)
+    return AuditResult(plan.owner, plan.step,
+                       Outcome.WRONG if worst > TOLERANCE or math.isnan(worst)
+                       else Outcome.AGREED, worst)
