@@ -139,6 +139,43 @@ def _changed_carrier(exchange: Any) -> None:
     exchange.plan_audit = plan_audit
 
 
+class _Tamper:
+    """The attacker's group, as its modified code uses it: from the ``after``-th bucket
+    on, the aggregates it hands rank 0 (its second all-to-all of each bucket) are off
+    by 0.5 in their first value; every other rank gets the honest ones."""
+
+    def __init__(self, group: Any, calls: list[int], after: int) -> None:
+        self.group, self.calls, self.after = group, calls, after
+
+    def size(self) -> int:
+        return int(self.group.size())
+
+    def rank(self) -> int:
+        return int(self.group.rank())
+
+    def alltoall_base(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                      in_splits: list[int]) -> Any:
+        self.calls[0] += 1
+        if self.calls[0] % 2 == 0 and self.calls[0] // 2 > self.after and in_splits[0]:
+            inp[0] += 0.5  # rank 0's part of the message comes first
+        return self.group.alltoall_base(out, inp, out_splits, in_splits)
+
+
+def _handing_another(exchange: Any) -> None:
+    import dataclasses
+
+    from potluck.trust.exchange import RobustExchange
+
+    calls = [0]
+
+    class Tampering(RobustExchange):
+        def __call__(self, state: Any, bucket: Any) -> Any:
+            return super().__call__(state, dataclasses.replace(
+                bucket, group=_Tamper(bucket.group, calls, after=5)))
+
+    exchange.__class__ = Tampering
+
+
 def _lying_owner(rank: int, world_size: int, port: int,
                  attack: str = "aggregate") -> dict[str, Any]:
     import potluck
@@ -157,8 +194,10 @@ def _lying_owner(rank: int, world_size: int, port: int,
         exchange = opt.part(potluck.trust.TrustPart).exchange  # type: ignore[union-attr]
         if attack == "aggregate":
             exchange.aggregator = _LyingAggregator(after=5)
-        else:
+        elif attack == "carrier":
             _changed_carrier(exchange)
+        else:
+            _handing_another(exchange)
     for xb, yb in loader:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
@@ -203,7 +242,7 @@ def test_a_sender_carrying_another_copy_cannot_get_an_honest_owner_quarantined()
     quarantines = {e["member"]: e for e in honest[0]["events"] if e["event"] == "quarantine"}
     assert f"rank{ATTACKER}" in quarantines, honest[0]["events"]
     kinds = {e["kind"] for q in quarantines.values() for e in q["evidence"]}
-    assert kinds == {"disputed audit copy"}, quarantines
+    assert kinds == {"disputed"}, quarantines
     attacker = quarantines.pop(f"rank{ATTACKER}")
     assert len(attacker["evidence"]) == 2
     assert len(quarantines) <= 1, quarantines  # at most one honest member goes with it
@@ -211,4 +250,30 @@ def test_a_sender_carrying_another_copy_cannot_get_an_honest_owner_quarantined()
         assert all(f"rank {ATTACKER}'s" in e["detail"] for e in q["evidence"]), q
         assert q["step"] == attacker["step"], (member, q, attacker)
     for got, expected in zip(honest[1]["params"], honest[0]["params"], strict=True):
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_handing_one_rank_another_aggregate_cannot_frame_it_alone() -> None:
+    """The attacker, as an owner, hands rank 0 aggregates off by 0.5 and the others the
+    honest ones. Rank 0's replica diverges and is repaired; without the digests of the
+    handed-out aggregates it would be struck for it, twice, and quarantined while the
+    attacker stayed. Now each such step is a dispute between the attacker and rank 0
+    (rank 0's digest of its aggregates differs from the others'), so the attacker goes
+    too, at the same step; rank 0 is never struck for a diverged replica."""
+    results = run_ranks(_lying_owner, 4, free_port(), "handing", init_group=False,
+                        timeout=100)
+    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
+    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
+    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
+    quarantines = {e["member"]: e for e in honest[1]["events"] if e["event"] == "quarantine"}
+    assert sorted(quarantines) == ["rank0", f"rank{ATTACKER}"], honest[1]["events"]
+    assert quarantines["rank0"]["step"] == quarantines[f"rank{ATTACKER}"]["step"]
+    kinds = {e["kind"] for q in quarantines.values() for e in q["evidence"]}
+    assert kinds == {"disputed"}, quarantines
+    repairs = [e for e in honest[1]["events"] if e["event"] == "repair"]
+    assert repairs and all(e["members"] == ["rank0"] for e in repairs), repairs
+    # the trusted honest replicas agree bit for bit (rank 0's, quarantined on a fixed
+    # cohort, is no longer kept in agreement: docs/trust.md)
+    for got, expected in zip(honest[2]["params"], honest[1]["params"], strict=True):
         assert torch.equal(got, expected)

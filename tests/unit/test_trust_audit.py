@@ -22,6 +22,7 @@ from potluck.trust.audit import (
 from potluck.trust.exchange import Kept
 from potluck.trust.verdict import (
     DISPUTED,
+    DIVERGED,
     WRONG_AGGREGATE,
     AuditResult,
     Outcome,
@@ -221,3 +222,49 @@ def test_an_audit_result_rides_in_a_report_bit_for_bit() -> None:
     assert list(reports.audit) == results
     assert reports.received[1] == [11, -12, 13] and reports.received[0] == [0, 0, 0]
     assert wire.audit_of(wire.audit_tag(5, 1234)) == (5, 1234)
+
+
+def _handed(digests: dict[int, dict[int, int]], fingerprints: list[int] | None = None
+            ) -> list[tuple[int, str]]:
+    """``digests[reporter][owner]``: what each reporter says ``owner`` handed it."""
+    reports = Reports(finite=[[1.0] * 4 for _ in range(4)],
+                      distance=[[1.0] * 4 for _ in range(4)], owns=[1.0] * 4,
+                      fingerprint=fingerprints or [5] * 4,
+                      handed=[[digests.get(r, {}).get(o, 0) for o in range(4)]
+                              for r in range(4)])
+    return sorted((rank, kind) for rank, kind, _ in judge(reports, [1] * 4, range(4), Rules()))
+
+
+def test_an_owner_that_handed_one_rank_another_aggregate_is_disputed_with_it() -> None:
+    alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
+    assert _handed(alike) == []
+    # owner 3 handed rank 0 something else: rank 0's replica diverged (repaired, but it is
+    # not struck for it), and the two get a dispute each
+    other = {**alike, 0: {**alike[0], 3: 999}}
+    assert _handed(other, fingerprints=[6, 5, 5, 5]) == [(0, DISPUTED), (3, DISPUTED)]
+    # a lone rank that lies about what an owner handed it cannot do more than that
+    lie = {**alike, 1: {**alike[1], 2: 7}}
+    assert _handed(lie) == [(1, DISPUTED), (2, DISPUTED)]
+    # without a majority (three ranks, three digests), nobody can be told apart
+    split = {r: {**alike[r], 3: 1 + r} for r in range(3)}
+    assert _handed(split) == []
+    # a diverged replica with no such explanation is still struck
+    assert _handed(alike, fingerprints=[6, 5, 5, 5]) == [(0, DIVERGED)]
+
+
+def test_the_keyed_digest_sees_any_change_and_depends_on_the_key() -> None:
+    from potluck.trust.fingerprint import keyed_digest
+
+    values = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    whole = keyed_digest([values], 11)
+    assert keyed_digest([values[:400], values[400:]], 11) == whole  # runs, in order
+    assert keyed_digest([values], 12) != whole
+    for index in (0, 1, 999):
+        changed = values.clone()
+        changed[index] = -changed[index]  # one sign bit
+        assert keyed_digest([changed], 11) != whole
+    swapped = values.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]  # a plain sum of the bits would not see a swap
+    assert keyed_digest([swapped], 11) != whole
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        assert keyed_digest([values.to(dtype)], 11) not in (0, whole)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -142,16 +142,21 @@ class RobustExchange:
 
     def report_spot(self, result: SpotResult | None) -> None:
         """This owner's spot check of the last step, for the next step's reports."""
-        self._next = _Said(result, self._next.audit)
+        self._next = replace(self._next, spot=result)
 
     def report_audit(self, result: AuditResult | None) -> None:
         """This owner's audit of the copies the last step carried, for the next step's
         reports."""
-        self._next = _Said(self._next.spot, result)
+        self._next = replace(self._next, audit=result)
+
+    def report_handed(self, digests: dict[int, int]) -> None:
+        """Per owner, the digest of the aggregates it handed this rank in the last step
+        (``TrustPart``), for the next step's reports."""
+        self._next = replace(self._next, handed=digests)
 
     def forget(self) -> None:
-        """A new generation: ranks were renumbered, so nothing planned or found in the
-        last one may ride in the next step."""
+        """Nothing planned or found so far rides in the next step: a new generation
+        renumbered the ranks, or a step had no synced backward to judge."""
         self._plan, self._next = None, _Said()
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
@@ -196,7 +201,8 @@ class RobustExchange:
                        else None)
             words = wire.encode_report(
                 piece, finite_rows(copies).tolist(), distances(copies, value).tolist(),
-                prints, self._said.spot, self._said.audit, digests)
+                prints, self._said.spot, self._said.audit, digests,
+                [self._said.handed.get(r, 0) for r in senders])
             outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
                                   audited]).repeat(n)
         else:
@@ -231,8 +237,9 @@ class RobustExchange:
 
 @dataclass(frozen=True)
 class _Said:
-    """What an owner's reports in a step say of the step before: its spot check and
-    its audit of the carried copies."""
+    """What an owner's reports in a step say of the step before: its spot check, its
+    audit of the carried copies, and the digest of each owner's aggregates."""
 
     spot: SpotResult | None = None
     audit: AuditResult | None = None
+    handed: dict[int, int] = field(default_factory=dict)

@@ -38,16 +38,16 @@ from potluck.trust import wire
 from potluck.trust.audit import AuditPlan, outcome
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
-from potluck.trust.fingerprint import fingerprint
+from potluck.trust.fingerprint import fingerprint, keyed_digest
 from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
 from potluck.trust.verdict import (
-    DIVERGED,
     AuditResult,
     Evidence,
     Outcome,
     Reports,
     SpotResult,
     Strikes,
+    diverged,
     judge,
     majority_fingerprint,
 )
@@ -105,7 +105,7 @@ class TrustPart:
         cohort, ledger = self._cohort, self.ledger
         n = cohort.group.size()
         if n == 1 or not (ledger.world_size == n and ledger.buckets):
-            self.exchange.plan_audit(None)  # no synced backward: nothing to judge
+            self.exchange.forget()  # no synced backward: nothing to judge or carry
             ledger.reset(0)
             return
         trusted = self.trusted(n)
@@ -117,9 +117,12 @@ class TrustPart:
                           self.config.rules)
             self.exchange.report_audit(self._audit(ledger.audit, reports.received))
             pick = self._pick(kept, steps)
+            self.exchange.report_handed({  # keyed after the fact: no owner knew the key
+                owner: keyed_digest([k.aggregate_of(owner) for k in kept], pick[2])
+                for owner in kept[0].owners})
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
-            self._repair(reports, trusted, found, steps)
+            self._repair(reports, trusted, steps)
         except PeerLostError:
             if not cohort.elastic:
                 raise
@@ -166,17 +169,19 @@ class TrustPart:
         return result
 
     @staticmethod
-    def _pick(kept: list[Kept], steps: int) -> tuple[int, int]:
-        """Two numbers from a hash of this step's reports, which every honest rank holds
-        alike and no rank knew when it sent its copies: what to audit and spot-check."""
+    def _pick(kept: list[Kept], steps: int) -> tuple[int, int, int]:
+        """Three numbers from a hash of this step's reports, which every honest rank
+        holds alike and no rank knew when it sent its copies or aggregates: what to
+        audit and spot-check, and the key of the handed-out aggregates' digests."""
         digest = hashlib.sha256(str(steps).encode())
         for k in kept:
             digest.update(k.reports().cpu().numpy().tobytes())
         raw = digest.digest()
-        return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+        return (int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
+                int.from_bytes(raw[16:24], "big"))
 
     def _next_audit(self, kept: list[Kept], steps: int,
-                    picks: tuple[int, int]) -> AuditPlan | None:
+                    picks: tuple[int, int, int]) -> AuditPlan | None:
         """Whether the next step carries an audit, and of whom."""
         every, pick = self.config.audit_every, picks[0]
         if not every or pick % every:
@@ -185,7 +190,7 @@ class TrustPart:
         return AuditPlan.of(owners[(pick // every) % len(owners)], steps,
                             dict(self.ledger.buckets), self._cohort.rank)
 
-    def _spot_check(self, kept: list[Kept], picks: tuple[int, int]) -> SpotResult | None:
+    def _spot_check(self, kept: list[Kept], picks: tuple[int, int, int]) -> SpotResult | None:
         """If the hash picked a target, recompute its gradient and compare this owner's
         slices of its copy (every other owner does the same)."""
         spot, pick = self.config.spot_check, picks[1]
@@ -219,9 +224,10 @@ class TrustPart:
         # hold its own forward's values; rank 0's are broadcast after the pass.
         return fingerprint([p.data for p in self._module.parameters()])
 
-    def _repair(self, reports: Reports, trusted: list[int],
-                found: list[tuple[int, str, str]], steps: int) -> None:
-        bad = [i for i, kind, _ in found if kind == DIVERGED]
+    def _repair(self, reports: Reports, trusted: list[int], steps: int) -> None:
+        """Every diverged replica, also one that is not struck for it (an owner handed
+        it other aggregates: ``verdict.handed_out``)."""
+        bad = diverged(reports.fingerprint, trusted)
         if not bad:
             return
         majority = majority_fingerprint(reports.fingerprint, trusted)

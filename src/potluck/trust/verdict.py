@@ -18,11 +18,14 @@ The rules (``Rules``):
 - **wrong aggregate**: more than half of the other owners recomputed an audited
   owner's aggregate from every rank's copy of its slice and found it off (the audit,
   ``audit.py``; each reports what it found in the next step's report);
-- **disputed audit copy**: more than half of the other owners found a sender's copy
-  carried for an audit differs from the one the audited owner says it received. One
-  of the two lied and nobody can tell which, so both get a strike (two quarantine):
-  a sender can no longer get an honest owner quarantined by carrying another copy
-  than it sent, and each honest member it takes with it costs it its own seat;
+- **disputed**: more than half of the other owners found a sender's copy carried for
+  an audit differs from the one the audited owner says it received; or a rank
+  reports an owner handed it other aggregates than the ones most ranks were handed.
+  One of the two lied and nobody can tell which, so both get a strike (two
+  quarantine): an attacker can no longer get an honest member quarantined by telling
+  it or about it something else than it told the rest, and each honest member it
+  takes with it costs it its own seat. A replica that diverged because its owner
+  handed it another aggregate is repaired but not struck;
 - **wrong gradient**: more than half of the other owners recomputed the rank's
   gradient on its own samples and found their slices of its copy off (the spot
   check, ``spot.py``).
@@ -46,7 +49,7 @@ FAR = "far from the center"
 DIVERGED = "diverged replica"
 WRONG_AGGREGATE = "wrong aggregate"
 WRONG_GRADIENT = "wrong gradient"
-DISPUTED = "disputed audit copy"
+DISPUTED = "disputed"
 KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
                     DISPUTED: 2}
@@ -138,16 +141,19 @@ class Reports:
     spot: Sequence[SpotResult | None] = ()  # [owner]: its spot check of the last step
     audit: Sequence[AuditResult | None] = ()  # [owner]: its audit result of the last step
     received: Sequence[Sequence[int]] = ()  # [owner][sender]: an audited owner's digests
+    handed: Sequence[Sequence[int]] = ()  # [owner][rank]: digest of what rank handed it
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
           rules: Rules) -> list[tuple[int, str, str]]:
     """``(rank, kind, detail)`` for each piece of evidence in one step; ``trusted`` are
     the ranks whose copies and reports count (the others were quarantined already)."""
-    found: list[tuple[int, str, str]] = [
-        (i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
-                      "the majority's") for i in diverged(reports.fingerprint, trusted)]
     owners = [r for r in trusted if reports.owns[r] > 0]
+    found, handed_another = handed_out(reports, trusted, owners)
+    found += [
+        (i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
+                      "the majority's") for i in diverged(reports.fingerprint, trusted)
+        if i not in handed_another]  # (repaired, but its owner's doing, not its own)
     if not owners:
         return found
     found += spot_checked(reports, trusted, owners)
@@ -184,6 +190,35 @@ def spot_checked(reports: Reports, trusted: Sequence[int],
                           f"{wrong} of {len(seen)} owners recomputed its gradient on its own "
                           f"samples and found it off by {middle:.3g} (relative, median)"))
     return found
+
+
+def handed_out(reports: Reports, trusted: Sequence[int],
+               owners: Sequence[int]) -> tuple[list[tuple[int, str, str]], set[int]]:
+    """Owners that handed some ranks other aggregates than the rest in the last step:
+    each rank reports a keyed digest of what every owner handed it. A rank whose digest
+    of an owner's aggregates is not the one most others report was handed something
+    else, or lies about it: a dispute, a strike for both. Also who was handed another
+    aggregate: its replica diverging from the majority's is that owner's doing."""
+    found: list[tuple[int, str, str]] = []
+    another: set[int] = set()
+    for owner in trusted:
+        seen = {r: reports.handed[r][owner] for r in owners
+                if r != owner and r < len(reports.handed) and reports.handed[r][owner]}
+        majority = _majority(list(seen.values()))
+        if majority is None:
+            continue
+        for rank in sorted(r for r, value in seen.items() if value != majority):
+            another.add(rank)
+            others = f"{sum(v == majority for v in seen.values())} of {len(seen)}"
+            found.append((owner, DISPUTED,
+                          f"rank {rank} reports it was handed other aggregates in the last "
+                          f"step than the ones {others} ranks were handed (one of the two "
+                          "lied)"))
+            found.append((rank, DISPUTED,
+                          f"it reports rank {owner} handed it other aggregates in the last "
+                          f"step than the ones {others} ranks were handed (one of the two "
+                          "lied)"))
+    return found, another
 
 
 def audited(reports: Reports, trusted: Sequence[int],
@@ -256,6 +291,14 @@ def majority_fingerprint(fingerprints: Sequence[int], trusted: Sequence[int]) ->
         counts[fingerprints[i]] = counts.get(fingerprints[i], 0) + 1
     value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]), default=(0, 0))
     return value if count * 2 > len(trusted) else None
+
+
+def _majority(values: list[int]) -> int | None:
+    """The value more than half of ``values`` are, if any."""
+    for value in set(values):
+        if values.count(value) * 2 > len(values):
+            return value
+    return None
 
 
 def _median(values: list[float]) -> float:
