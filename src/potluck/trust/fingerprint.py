@@ -7,6 +7,7 @@ over the parameters and one host sync per call.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -32,34 +33,31 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
     """A 64-bit digest of the tensors' bit patterns, in order, keyed by ``key`` (never
-    0, which means "none"): each value's bits times a pseudo-random 64-bit word drawn
-    from the key and its position, summed wrapping. Whoever chose the values without
-    knowing the key cannot make two different runs of values digest alike but by
-    chance (at most about 2^-32 for a difference in one sign bit, less otherwise); it
-    costs a few elementwise passes, not a cryptographic hash of the bytes."""
-    total, offset = 0, 0
-    for tensor in tensors:
-        bits = _bits(tensor)
-        position = torch.arange(offset, offset + bits.numel(), dtype=torch.int64,
-                                device=bits.device)
-        total = (total + int((bits * _mix(position, key)).sum())) & 0xFFFF_FFFF_FFFF_FFFF
-        offset += bits.numel()
+    0, which means "none"): the dot product, wrapping in 64 bits, of the bits with a
+    table of random words (fixed, one per length) rotated by the key. Whoever chose
+    the values without knowing the key cannot make two different runs of values digest
+    alike but by chance: a difference must be orthogonal to every rotation of the
+    table to pass for all keys, and a random table's rotations span everything, so a
+    difference passes for few keys out of ``length`` (about 2^-32 of them for a flip
+    of one sign bit). Three passes over the values, not a cryptographic hash."""
+    if not tensors:
+        return 1
+    bits = torch.cat([_bits(t) for t in tensors])
+    n = bits.numel()
+    if n == 0:
+        return 1
+    table = _table(n, bits.device)
+    turn = key % n
+    total = (int((bits[:n - turn] * table[turn:]).sum())
+             + int((bits[n - turn:] * table[:turn]).sum())) & 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
 
-def _mix(position: torch.Tensor, key: int) -> torch.Tensor:
-    """A pseudo-random int64 per position (splitmix64's finaliser, wrapping)."""
-    z = position + _signed(key * 0x9E3779B97F4A7C15)
-    z = (z ^ _shift(z, 30)) * _signed(0xBF58476D1CE4E5B9)
-    z = (z ^ _shift(z, 27)) * _signed(0x94D049BB133111EB)
-    return z ^ _shift(z, 31)
-
-
-def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """A logical right shift of int64 values (torch's ``>>`` is arithmetic)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _signed(value: int) -> int:
-    value &= 0xFFFF_FFFF_FFFF_FFFF
-    return value - (1 << 64) if value >> 63 else value
+@functools.lru_cache(maxsize=8)
+def _table(length: int, device: torch.device) -> torch.Tensor:
+    """``length`` random 64-bit words, the same on every rank (a fixed seed: they need
+    not be secret, only the key that rotates them)."""
+    generator = torch.Generator().manual_seed(0x5EED_D16E57)
+    low = torch.randint(0, 1 << 32, (length,), generator=generator, dtype=torch.int64)
+    high = torch.randint(0, 1 << 32, (length,), generator=generator, dtype=torch.int64)
+    return ((high << 32) | low).to(device)
