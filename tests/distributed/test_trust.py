@@ -204,7 +204,8 @@ def _lying_owner(rank: int, world_size: int, port: int,
         opt.step()
     part = opt.part(potluck.trust.TrustPart)
     assert part is not None
-    out = {"events": part.events, "params": [p.detach().clone() for p in net.parameters()]}
+    out = {"events": part.events, "params": [p.detach().clone() for p in net.parameters()],
+           "strikes": [e.as_dict() for e in part.strikes.evidence]}
     opt.finish()
     return out
 
@@ -271,6 +272,8 @@ def test_an_owner_handing_one_rank_another_aggregate_cannot_frame_it_alone() -> 
     assert quarantines["rank0"]["step"] == quarantines[f"rank{ATTACKER}"]["step"]
     kinds = {e["kind"] for q in quarantines.values() for e in q["evidence"]}
     assert kinds == {"disputed"}, quarantines
+    struck = {(e["member"], e["kind"]) for e in honest[1]["strikes"]}
+    assert struck == {("rank0", "disputed"), (f"rank{ATTACKER}", "disputed")}, struck
     repairs = [e for e in honest[1]["events"] if e["event"] == "repair"]
     assert repairs and all(e["members"] == ["rank0"] for e in repairs), repairs
     # the trusted honest replicas agree bit for bit (rank 0's, quarantined on a fixed

@@ -126,7 +126,7 @@ def test_a_far_sender_is_named_by_the_median_over_owners() -> None:
     near, far = 1.0, 100.0
     distance = [[near, near, near, far] for _ in range(4)]
     found = judge(_reports(distance), [8] * 4, [0, 1, 2, 3], Rules())
-    assert [(r, k) for r, k, _ in found] == [(3, FAR)]
+    assert [(r, k) for r, k, *_ in found] == [(3, FAR)]
 
 
 def test_one_lying_owner_can_neither_accuse_nor_acquit() -> None:
@@ -135,7 +135,7 @@ def test_one_lying_owner_can_neither_accuse_nor_acquit() -> None:
     distance = [[near, near, near, far], [near, near, near, far],
                 [near, near, near, far], [far, near, near, near]]
     found = judge(_reports(distance), [8] * 4, [0, 1, 2, 3], Rules())
-    assert [(r, k) for r, k, _ in found] == [(3, FAR)]
+    assert [(r, k) for r, k, *_ in found] == [(3, FAR)]
 
 
 def test_samples_scale_the_distance_a_smaller_part_is_noisier() -> None:
@@ -147,7 +147,7 @@ def test_samples_scale_the_distance_a_smaller_part_is_noisier() -> None:
 def test_non_finite_is_a_rank_only_when_most_are_finite() -> None:
     finite = [[1.0, 1.0, 0.0, 1.0] for _ in range(4)]
     found = judge(_reports([[1.0] * 4] * 4, finite), [8] * 4, [0, 1, 2, 3], Rules())
-    assert [(r, k) for r, k, _ in found] == [(2, NON_FINITE)]
+    assert [(r, k) for r, k, *_ in found] == [(2, NON_FINITE)]
     overflow = [[0.0, 0.0, 0.0, 1.0] for _ in range(4)]  # an fp16 overflow everywhere
     assert judge(_reports([[1.0] * 4] * 4, overflow), [8] * 4, [0, 1, 2, 3], Rules()) == []
 
@@ -155,7 +155,7 @@ def test_non_finite_is_a_rank_only_when_most_are_finite() -> None:
 def test_a_diverged_fingerprint_is_named_only_with_a_majority() -> None:
     found = judge(_reports([[1.0] * 4] * 4, fingerprint_=[5, 5, 9, 5]), [8] * 4,
                   [0, 1, 2, 3], Rules())
-    assert [(r, k) for r, k, _ in found] == [(2, DIVERGED)]
+    assert [(r, k) for r, k, *_ in found] == [(2, DIVERGED)]
     split = judge(_reports([[1.0] * 4] * 4, fingerprint_=[5, 5, 9, 9]), [8] * 4,
                   [0, 1, 2, 3], Rules())
     assert split == []

@@ -75,7 +75,7 @@ def _spots(results: list[SpotResult | None]) -> Reports:
 def test_a_wrong_gradient_needs_most_of_the_other_owners() -> None:
     wrong, right = SpotResult(3, 0.9, True), SpotResult(3, 0.0, False)
     found = judge(_spots([wrong, wrong, right, None]), [8] * 4, range(4), Rules())
-    assert [(i, kind) for i, kind, _ in found] == [(3, WRONG_GRADIENT)]
+    assert [(i, kind) for i, kind, *_ in found] == [(3, WRONG_GRADIENT)]
     # one lying owner cannot accuse an honest rank
     assert spot_checked(_spots([SpotResult(2, 5.0, True), SpotResult(2, 0.0, False),
                                 None, SpotResult(2, 0.0, False)]), range(4), range(4)) == []

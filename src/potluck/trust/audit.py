@@ -20,8 +20,8 @@ pick when it sent its copies or handed out its aggregates. Then:
 A sender that carries another copy than the one it sent cannot make an honest owner's
 aggregate look wrong: the copy's digest differs from the owner's, so the result is a
 dispute between the two (each gets a strike; one of them lied and nobody else can tell
-which). An owner whose aggregate is wrong cannot hide behind made-up digests either:
-then every honest sender disputes it.
+which). An owner that makes up a digest to hide a wrong aggregate turns its audit into
+a dispute with an honest sender: a strike each instead of its quarantine.
 """
 
 from __future__ import annotations

@@ -14,15 +14,17 @@ clean step has no other collective:
 
 - each copy carries its sender's fingerprint (of the parameters the gradient was
   computed on, taken at the step's first bucket);
-- each aggregate carries its owner's report: per sender, whether its copies were
-  finite, their squared distance to the aggregate, and the fingerprint received; and
-  the owner's spot check of the last step (``report_spot``, ``spot.py``);
-- the **audit**: after a step, ``TrustPart`` may pick one owner (from a hash of the
-  reports, so after the fact) and ``plan_audit`` it; in the next step every rank's
-  copy of that owner's slices rides along with its aggregate, tagged with the owner
-  and step it believes were picked (``wire.audit_tag``), so every rank holds all of
-  them and recomputes the owner's aggregate (``audit_difference``; ``audit_agreement``
-  says whether the tags named the same audit).
+- each aggregate carries its owner's report (``wire.encode_report``): per sender,
+  whether its copies were finite, their squared distance to the aggregate, the
+  fingerprint received and the digest of the aggregates it handed this owner in the
+  last step (``report_handed``); the owner's spot check and audit result of the last
+  step (``report_spot``, ``report_audit``); as the audited owner, the digests of the
+  copies it received;
+- the **audit** (``audit.py``): after a step, ``TrustPart`` may pick one owner (from a
+  hash of the reports, so after the fact) and ``plan_audit`` it; in the next step
+  every rank's copy of that owner's slices rides along with its aggregate, tagged
+  with the owner and step it believes were picked (``wire.audit_tag``), so every rank
+  holds all of them.
 
 A quarantined member of a fixed cohort still takes part but owns no slice and sends
 nothing that counts. What this rank received goes into a ``Ledger``.

@@ -33,31 +33,36 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
     """A 64-bit digest of the tensors' bit patterns, in order, keyed by ``key`` (never
-    0, which means "none"): the dot product, wrapping in 64 bits, of the bits with a
-    table of random words (fixed, one per length) rotated by the key. Whoever chose
-    the values without knowing the key cannot make two different runs of values digest
-    alike but by chance: a difference must be orthogonal to every rotation of the
-    table to pass for all keys, and a random table's rotations span everything, so a
-    difference passes for few keys out of ``length`` (about 2^-32 of them for a flip
-    of one sign bit). Three passes over the values, not a cryptographic hash."""
+    0, which means "none"): the dot product, wrapping in 64 bits, of the values' bits,
+    read as 32-bit words (two per float64; 16-bit values as they are), with random
+    64-bit words drawn from a generator seeded with the key. For a given difference
+    between two runs of values, the dot product with random words vanishes modulo 2^64
+    with a chance of at most about 2^-32 (the words are at most 2^32 apart: a flipped
+    sign bit is 2^31), so whoever chose the values before the key existed cannot make
+    two different runs digest alike but by that chance. Two passes over the values and
+    one draw of the words per key and length, not a cryptographic hash."""
     if not tensors:
         return 1
-    bits = torch.cat([_bits(t) for t in tensors])
-    n = bits.numel()
-    if n == 0:
+    bits = torch.cat([_words(t) for t in tensors])
+    if bits.numel() == 0:
         return 1
-    table = _table(n, bits.device)
-    turn = key % n
-    total = (int((bits[:n - turn] * table[turn:]).sum())
-             + int((bits[n - turn:] * table[:turn]).sum())) & 0xFFFF_FFFF_FFFF_FFFF
+    total = int((bits * _table(bits.numel(), key, bits.device)).sum()) & 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
 
-@functools.lru_cache(maxsize=8)
-def _table(length: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words, the same on every rank (a fixed seed: they need
-    not be secret, only the key that rotates them)."""
-    generator = torch.Generator().manual_seed(0x5EED_D16E57)
-    low = torch.randint(0, 1 << 32, (length,), generator=generator, dtype=torch.int64)
-    high = torch.randint(0, 1 << 32, (length,), generator=generator, dtype=torch.int64)
-    return ((high << 32) | low).to(device)
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """The bits as int64 values below 2^32 in magnitude: 32-bit words for 4- and 8-byte
+    values (so a product with a 64-bit word never loses a high bit), else as they are."""
+    flat = tensor.detach().contiguous().view(-1)
+    if flat.element_size() >= 4:
+        return flat.view(torch.int32).to(torch.int64)
+    return flat.view(_AS_INT[flat.element_size()]).to(torch.int64)
+
+
+@functools.lru_cache(maxsize=2)
+def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
+    """``length`` random 64-bit words from the key (the same on every rank; kept for
+    the step's other owners, whose digests use the same key and length)."""
+    generator = torch.Generator().manual_seed(key & 0xFFFF_FFFF_FFFF_FFFF)
+    return torch.randint(-(1 << 63), (1 << 63) - 1, (length,), generator=generator,
+                         dtype=torch.int64).to(device)

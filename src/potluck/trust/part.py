@@ -43,11 +43,13 @@ from potluck.trust.spot import recompute_gradient, relative, slice_error, snapsh
 from potluck.trust.verdict import (
     AuditResult,
     Evidence,
+    Finding,
     Outcome,
     Reports,
     SpotResult,
     Strikes,
     diverged,
+    handed_another,
     judge,
     majority_fingerprint,
 )
@@ -79,6 +81,7 @@ class TrustPart:
                                        self._fingerprint)
         self._removals: list[tuple[str, str]] = []  # (member, why) for this boundary
         self._steps = 0  # committed steps: the exchange's step is the next one
+        self._excused: set[int] = set()  # handed other aggregates since the last comparison
 
     # --------------------------------------------------------------- who counts
 
@@ -110,11 +113,14 @@ class TrustPart:
             return
         trusted = self.trusted(n)
         kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
-        found: list[tuple[int, str, str]] = []
+        found: list[Finding] = []
         try:
             reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
+            excused = self._excused | handed_another(reports, trusted)
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
-                          self.config.rules)
+                          self.config.rules, excused)
+            compared = any(reports.fingerprint[i] for i in trusted)
+            self._excused = set() if compared else excused  # until the next comparison
             self.exchange.report_audit(self._audit(ledger.audit, reports.received))
             pick = self._pick(kept, steps)
             self.exchange.report_handed({  # keyed after the fact: no owner knew the key
@@ -136,6 +142,7 @@ class TrustPart:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
         self.exchange.forget()
+        self._excused = set()
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -245,10 +252,11 @@ class TrustPart:
                            f"majority; repaired from rank {source}", step=steps,
                  member=members[i])
 
-    def _record(self, found: list[tuple[int, str, str]], steps: int) -> None:
+    def _record(self, found: list[Finding], steps: int) -> None:
         members = self._cohort.membership.members
-        for rank, kind, detail in found:
-            evidence = Evidence(members[rank], rank, steps, kind, detail)
+        for rank, kind, detail, party in found:
+            evidence = Evidence(members[rank], rank, steps, kind, detail,
+                                members[party] if party >= 0 else "")
             if not self.strikes.add(evidence):
                 if evidence.member not in self.strikes.quarantined:
                     note("strike", f"rank {rank} ({evidence.member}): {kind} ({detail})",
@@ -265,6 +273,10 @@ class TrustPart:
             self._removals.append((evidence.member, why))
             log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
                         self._cohort.rank, evidence.member, rank, steps, why)
+        for gone in self.strikes.withdraw():
+            log.info("[rank %d] trust: withdrew %s's dispute strike of step %d: the other "
+                     "party, %s, is quarantined", self._cohort.rank, gone.member, gone.step,
+                     gone.party)
 
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module

@@ -24,8 +24,10 @@ The rules (``Rules``):
   One of the two lied and nobody can tell which, so both get a strike (two
   quarantine): an attacker can no longer get an honest member quarantined by telling
   it or about it something else than it told the rest, and each honest member it
-  takes with it costs it its own seat. A replica that diverged because its owner
-  handed it another aggregate is repaired but not struck;
+  takes with it costs it its own seat. Once a member is quarantined, the dispute
+  strikes of those it disputed are withdrawn (``Strikes.withdraw``), so colluders
+  cannot share that work. A replica that diverged because its owner handed it
+  another aggregate is repaired but not struck;
 - **wrong gradient**: more than half of the other owners recomputed the rank's
   gradient on its own samples and found their slices of its copy off (the spot
   check, ``spot.py``).
@@ -38,9 +40,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from potluck.errors import ConfigError
 
@@ -78,6 +80,16 @@ class Rules:
             raise ConfigError(f"memory={self.memory!r} must be an int >= 1 (steps)")
 
 
+class Finding(NamedTuple):
+    """One piece of evidence in one step, before it is recorded: against ``rank``; in a
+    dispute, ``party`` is the other rank of the two (-1: none)."""
+
+    rank: int
+    kind: str
+    detail: str
+    party: int = -1
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One strike against a member, as every honest rank recorded it."""
@@ -87,6 +99,7 @@ class Evidence:
     step: int
     kind: str
     detail: str
+    party: str = ""  # in a dispute: the other member of the two
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,15 +158,17 @@ class Reports:
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
-          rules: Rules) -> list[tuple[int, str, str]]:
+          rules: Rules, excused: Collection[int] = ()) -> list[Finding]:
     """``(rank, kind, detail)`` for each piece of evidence in one step; ``trusted`` are
-    the ranks whose copies and reports count (the others were quarantined already)."""
+    the ranks whose copies and reports count (the others were quarantined already);
+    ``excused``: ranks handed other aggregates since the fingerprints were last
+    compared (``handed_another``), not struck for a diverged replica."""
     owners = [r for r in trusted if reports.owns[r] > 0]
-    found, handed_another = handed_out(reports, trusted, owners)
+    found, another = handed_out(reports, trusted, owners)
     found += [
-        (i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
+        Finding(i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
                       "the majority's") for i in diverged(reports.fingerprint, trusted)
-        if i not in handed_another]  # (repaired, but its owner's doing, not its own)
+        if i not in another and i not in excused]  # (repaired: its owner's doing)
     if not owners:
         return found
     found += spot_checked(reports, trusted, owners)
@@ -162,18 +177,18 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
     mostly_finite = sum(v * 2 <= len(owners) for v in finite_votes.values()) * 2 > len(trusted)
     for i in trusted:
         if mostly_finite and finite_votes[i] * 2 > len(owners):
-            found.append((i, NON_FINITE, f"{finite_votes[i]} of {len(owners)} slice owners "
+            found.append(Finding(i, NON_FINITE, f"{finite_votes[i]} of {len(owners)} slice owners "
                                          "received non-finite values from it"))
-    flagged = {i for i, kind, _ in found if kind == NON_FINITE}
+    flagged = {f.rank for f in found if f.kind == NON_FINITE}
     for i, score in far_scores(reports, samples, trusted, owners).items():
         if i not in flagged and score > rules.far_ratio:
-            found.append((i, FAR, f"{score:.1f}x the median sender's distance from the "
+            found.append(Finding(i, FAR, f"{score:.1f}x the median sender's distance from the "
                                   f"robust center (limit {rules.far_ratio:g})"))
     return found
 
 
 def spot_checked(reports: Reports, trusted: Sequence[int],
-                 owners: Sequence[int]) -> list[tuple[int, str, str]]:
+                 owners: Sequence[int]) -> list[Finding]:
     """A target whose copies more than half of the owners that recomputed them (all but
     itself) found wrong."""
     checks: dict[int, list[SpotResult]] = {}
@@ -181,48 +196,58 @@ def spot_checked(reports: Reports, trusted: Sequence[int],
         spot = reports.spot[o] if o < len(reports.spot) else None
         if spot is not None and spot.target != o and spot.target in trusted:
             checks.setdefault(spot.target, []).append(spot)
-    found = []
+    found: list[Finding] = []
     for target, seen in sorted(checks.items()):
         wrong = sum(s.mismatch for s in seen)
         if wrong * 2 > len(owners) - (target in owners):
             middle = _median([s.difference for s in seen])
-            found.append((target, WRONG_GRADIENT,
+            found.append(Finding(target, WRONG_GRADIENT,
                           f"{wrong} of {len(seen)} owners recomputed its gradient on its own "
                           f"samples and found it off by {middle:.3g} (relative, median)"))
     return found
 
 
 def handed_out(reports: Reports, trusted: Sequence[int],
-               owners: Sequence[int]) -> tuple[list[tuple[int, str, str]], set[int]]:
+               owners: Sequence[int]) -> tuple[list[Finding], set[int]]:
     """Owners that handed some ranks other aggregates than the rest in the last step:
     each rank reports a keyed digest of what every owner handed it. A rank whose digest
     of an owner's aggregates is not the one most others report was handed something
     else, or lies about it: a dispute, a strike for both. Also who was handed another
-    aggregate: its replica diverging from the majority's is that owner's doing."""
-    found: list[tuple[int, str, str]] = []
+    aggregate (or is among reporters split with no majority: nobody can tell whose
+    are the real ones): its replica diverging from the majority's is no strike."""
+    found: list[Finding] = []
     another: set[int] = set()
     for owner in trusted:
         seen = {r: reports.handed[r][owner] for r in owners
                 if r != owner and r < len(reports.handed) and reports.handed[r][owner]}
+        if len(set(seen.values())) <= 1:
+            continue
         majority = _majority(list(seen.values()))
-        if majority is None:
+        if majority is None:  # split: nobody can tell which replicas got the real ones
+            another.update(seen)
             continue
         for rank in sorted(r for r, value in seen.items() if value != majority):
             another.add(rank)
             others = f"{sum(v == majority for v in seen.values())} of {len(seen)}"
-            found.append((owner, DISPUTED,
-                          f"rank {rank} reports it was handed other aggregates in the last "
-                          f"step than the ones {others} ranks were handed (one of the two "
-                          "lied)"))
-            found.append((rank, DISPUTED,
-                          f"it reports rank {owner} handed it other aggregates in the last "
-                          f"step than the ones {others} ranks were handed (one of the two "
-                          "lied)"))
+            found.append(Finding(owner, DISPUTED,
+                                 f"rank {rank} reports it was handed other aggregates in the "
+                                 f"last step than the ones {others} ranks were handed (one of "
+                                 "the two lied)", rank))
+            found.append(Finding(rank, DISPUTED,
+                                 f"it reports rank {owner} handed it other aggregates in the "
+                                 f"last step than the ones {others} ranks were handed (one of "
+                                 "the two lied)", owner))
     return found, another
 
 
+def handed_another(reports: Reports, trusted: Sequence[int]) -> set[int]:
+    """Ranks that, by this step's reports, were handed other aggregates than the rest
+    (or were among a split with no majority) in the last step."""
+    return handed_out(reports, trusted, [r for r in trusted if reports.owns[r] > 0])[1]
+
+
 def audited(reports: Reports, trusted: Sequence[int],
-            owners: Sequence[int]) -> list[tuple[int, str, str]]:
+            owners: Sequence[int]) -> list[Finding]:
     """The audits the owners reported on: evidence against an audited owner when more
     than half of the other owners found its aggregate wrong (or it hid from the audit),
     and against both it and a sender when more than half found that sender's carried
@@ -232,14 +257,14 @@ def audited(reports: Reports, trusted: Sequence[int],
         result = reports.audit[o] if o < len(reports.audit) else None
         if result is not None and result.owner != o and result.owner in trusted:
             results.setdefault((result.owner, result.step), []).append(result)
-    found: list[tuple[int, str, str]] = []
+    found: list[Finding] = []
     for (owner, step), seen in sorted(results.items()):
         voters = len(owners) - (owner in owners)
         against = [r for r in seen if r.against_owner]
         if len(against) * 2 > voters:
             kinds = sorted({r.outcome.name.lower() for r in against})
             middle = _median([r.difference for r in against])
-            found.append((owner, WRONG_AGGREGATE,
+            found.append(Finding(owner, WRONG_AGGREGATE,
                           f"{len(against)} of {voters} other owners audited its aggregate of "
                           f"step {step} and found it {' or '.join(kinds)} (recomputed from "
                           f"every rank's copy: off by {middle:.3g}, relative, median)"))
@@ -247,14 +272,16 @@ def audited(reports: Reports, trusted: Sequence[int],
         for sender in sorted({r.disputed for r in seen if r.outcome is Outcome.DISPUTED}):
             votes = sum(r.outcome is Outcome.DISPUTED and r.disputed == sender for r in seen)
             if votes * 2 > voters and sender in trusted and sender != owner:
-                found.append((owner, DISPUTED,
-                              f"in the audit of its step {step}, {votes} of {voters} other "
-                              f"owners found rank {sender}'s carried copy differs from the one "
-                              "it says it received (one of the two lied)"))
-                found.append((sender, DISPUTED,
-                              f"its copy carried for the audit of rank {owner}'s step {step} "
-                              f"differs, for {votes} of {voters} owners, from the one rank "
-                              f"{owner} says it received (one of the two lied)"))
+                found.append(Finding(owner, DISPUTED,
+                                     f"in the audit of its step {step}, {votes} of {voters} "
+                                     f"other owners found rank {sender}'s carried copy differs "
+                                     "from the one it says it received (one of the two lied)",
+                                     sender))
+                found.append(Finding(sender, DISPUTED,
+                                     f"its copy carried for the audit of rank {owner}'s step "
+                                     f"{step} differs, for {votes} of {voters} owners, from the "
+                                     f"one rank {owner} says it received (one of the two lied)",
+                                     owner))
                 break
     return found
 
@@ -328,6 +355,18 @@ class Strikes:
             self.quarantined[evidence.member] = recent
             return True
         return False
+
+    def withdraw(self) -> list[Evidence]:
+        """Drop the dispute strikes of members still in whose other party is now
+        quarantined: that one is shown to be bad, so the dispute was most likely its
+        doing. Call after a step's evidence is all added, so that two members who
+        disputed each other into quarantine in the same step both stay out (nobody can
+        tell which of them lied), while colluders cannot share the work of removing an
+        honest member (one leaving a strike on it, another finishing it off)."""
+        gone = [e for e in self.evidence if e.kind == DISPUTED and e.party in self.quarantined
+                and e.member not in self.quarantined]
+        self.evidence = [e for e in self.evidence if e not in gone]
+        return gone
 
     def state_dict(self) -> dict[str, Any]:
         return {"evidence": [e.as_dict() for e in self.evidence[-200:]],
