@@ -68,13 +68,12 @@ class LiveRun:
                              f"{json.dumps(status)[:2000]}\nlauncher:\n{self.output()}")
 
     def finish(self, timeout: float = 60.0) -> int:
-        """Ask the script to stop 20 steps on (every rank stops at that same step: a rank
-        that stopped alone would leave the others' all-reduce without a peer); its exit
-        code."""
-        target = max(r["step"] for r in self.status()["ranks"]) + 20
+        """Ask the script to stop; its exit code. Every rank stops after the same step,
+        the first in which any of them saw the stop file (``scripts/observed.py``
+        agrees on it through the step's own all-reduce)."""
         partial = self.stop_file.with_suffix(".tmp")
-        partial.write_text(str(target))
-        partial.rename(self.stop_file)  # whole, or not there yet
+        partial.write_text("stop")
+        partial.rename(self.stop_file)
         return self.proc.wait(timeout=timeout)
 
     def close(self) -> None:
