@@ -187,6 +187,13 @@ def test_fingerprint_sees_a_single_flipped_bit() -> None:
     params[0].view(torch.int32)[42] ^= 1
     assert fingerprint(params) != before
     assert 0 <= before < 2 ** 63
+    for dtype in (torch.float64, torch.float32, torch.float16):  # every sign bit too
+        values = [torch.randn(10).to(dtype), torch.randn(3).to(dtype)]
+        whole = fingerprint(values)
+        for tensor in values:
+            tensor[1] = -tensor[1]
+            assert fingerprint(values) != whole, dtype
+            tensor[1] = -tensor[1]
 
 
 def test_copies_at_the_median_do_not_shrink_the_clip_radius_to_nothing() -> None:
