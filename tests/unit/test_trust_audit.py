@@ -23,13 +23,16 @@ from potluck.trust.exchange import Kept
 from potluck.trust.verdict import (
     DISPUTED,
     DIVERGED,
+    FAR,
     WRONG_AGGREGATE,
     AuditResult,
     Evidence,
+    Finding,
     Outcome,
     Reports,
     Strikes,
     judge,
+    settle_disputes,
 )
 
 OWNERS = (0, 1, 2)
@@ -195,15 +198,14 @@ def test_the_verdict_goes_by_the_other_owners_majority() -> None:
 
 def test_a_sender_that_carried_another_copy_is_disputed_with_the_owner() -> None:
     """Rank 3 carried another copy than it sent to owner 1. Carried alike to everyone,
-    the others find a dispute between 3 and 1: a strike each (two quarantine), never a
-    wrong aggregate. Carried to some only, those that got the honest copy find the
-    owner right, so there is no majority against it either."""
+    the others find a dispute between 3 and 1 (both go), never a wrong aggregate.
+    Carried to some only, those that got the honest copy find the owner right, so there
+    is no majority against it either."""
     dispute = AuditResult(1, STEP, Outcome.DISPUTED, disputed=3)
     assert _verdict({0: dispute, 2: dispute, 3: AuditResult(1, STEP, Outcome.WRONG)}) == [
         (1, DISPUTED), (3, DISPUTED)]
     agreed = AuditResult(1, STEP, Outcome.AGREED)
     assert _verdict({0: dispute, 2: agreed, 3: AuditResult(1, STEP, Outcome.WRONG)}) == []
-    assert Rules().strikes[DISPUTED] == 2
 
 
 def test_results_for_different_audits_are_not_counted_together() -> None:
@@ -282,21 +284,28 @@ def _dispute(member: str, party: str, step: int) -> Evidence:
     return Evidence(member, 0, step, DISPUTED, "", party)
 
 
-def test_dispute_strikes_with_a_quarantined_member_are_withdrawn() -> None:
-    """Colluders cannot share the work of removing an honest member: A leaves a dispute
-    strike on H1 and H2 and goes at its second; those strikes are withdrawn, so a second
-    colluder B must dispute H1 twice itself (and goes with it) to remove it."""
-    strikes = Strikes(Rules())
-    assert not strikes.add(_dispute("H1", "A", 1)) and not strikes.add(_dispute("A", "H1", 1))
-    assert not strikes.add(_dispute("H2", "A", 2)) and strikes.add(_dispute("A", "H2", 2))
-    assert {e.member for e in strikes.withdraw()} == {"H1", "H2"}
-    assert not strikes.add(_dispute("H1", "B", 3))  # H1's strike with A no longer counts
-    assert not strikes.add(_dispute("B", "H1", 3))
-    assert list(strikes.quarantined) == ["A"]
-    # B disputes H1 again: both reach two in this step and both stay out (nobody can
-    # tell which of them lied), whatever order their strikes are added in
-    assert strikes.add(_dispute("B", "H1", 4)) and strikes.add(_dispute("H1", "B", 4))
-    assert strikes.withdraw() == [] and set(strikes.quarantined) == {"A", "B", "H1"}
+def test_disputes_are_settled_in_pairs_one_attacker_one_honest_member_at_most() -> None:
+    """Owner 3 handed ranks 0 and 1 other aggregates than rank 2: two disputes in one
+    step. Both members of the first pair go; the second names owner 3, already taken,
+    so rank 1 stays (excused for its diverged replica, not struck)."""
+    alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
+    two = {**alike, 0: {**alike[0], 3: 8}, 1: {**alike[1], 3: 9}}
+    reports = Reports(finite=[[1.0] * 4 for _ in range(4)],
+                      distance=[[1.0] * 4 for _ in range(4)], owns=[1.0] * 4,
+                      fingerprint=[6, 7, 5, 5], handed=[[two[r][o] for o in range(4)]
+                                                        for r in range(4)])
+    # (no majority digest of owner 3 among ranks 0, 1, 2: every one of them is excused)
+    assert sorted((f.rank, f.kind) for f in judge(reports, [1] * 4, range(4), Rules())) == []
+    found = [Finding(3, DISPUTED, "", 0), Finding(0, DISPUTED, "", 3),
+             Finding(3, DISPUTED, "", 1), Finding(1, DISPUTED, "", 3),
+             Finding(2, FAR, "")]
+    settled = settle_disputes(found, ())
+    assert sorted((f.rank, f.kind) for f in settled) == [
+        (0, DISPUTED), (2, FAR), (3, DISPUTED)]
+    assert settle_disputes(found, {3}) == [Finding(2, FAR, "")]  # 3 was out already
+    strikes = Strikes(Rules())  # one dispute quarantines both of its members
+    assert strikes.add(_dispute("A", "H", 1)) and strikes.add(_dispute("H", "A", 1))
+    assert Rules().strikes[DISPUTED] == 1
 
 
 def test_evidence_of_a_dispute_names_the_other_party_and_round_trips() -> None:

@@ -58,8 +58,9 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=2)
 def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words from the key (the same on every rank; kept for
-    the step's other owners, whose digests use the same key and length)."""
-    generator = torch.Generator().manual_seed(key & 0xFFFF_FFFF_FFFF_FFFF)
+    """``length`` random 64-bit words from the key, drawn on the values' device (the
+    same on every rank of a cohort, all on one device type; kept for the step's other
+    owners, whose digests use the same key and length)."""
+    generator = torch.Generator(device=device).manual_seed(key & 0xFFFF_FFFF_FFFF_FFFF)
     return torch.randint(-(1 << 63), (1 << 63) - 1, (length,), generator=generator,
-                         dtype=torch.int64).to(device)
+                         dtype=torch.int64, device=device)

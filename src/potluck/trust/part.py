@@ -81,7 +81,10 @@ class TrustPart:
                                        self._fingerprint)
         self._removals: list[tuple[str, str]] = []  # (member, why) for this boundary
         self._steps = 0  # committed steps: the exchange's step is the next one
-        self._excused: set[int] = set()  # handed other aggregates since the last comparison
+        # members handed other aggregates since the fingerprints were last compared
+        # (by member id: a new generation renumbers the ranks, and a replica that
+        # diverged before it still differs after it)
+        self._excused: set[str] = set()
 
     # --------------------------------------------------------------- who counts
 
@@ -116,11 +119,14 @@ class TrustPart:
         found: list[Finding] = []
         try:
             reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
-            excused = self._excused | handed_another(reports, trusted)
+            members = cohort.membership.members
+            excused = ({members.index(m) for m in self._excused if m in members}
+                       | handed_another(reports, trusted))
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
                           self.config.rules, excused)
-            compared = any(reports.fingerprint[i] for i in trusted)
-            self._excused = set() if compared else excused  # until the next comparison
+            every = self.config.fingerprint_every  # (this rank's schedule, not the reports')
+            compared = bool(every) and steps % every == 0
+            self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received))
             pick = self._pick(kept, steps)
             self.exchange.report_handed({  # keyed after the fact: no owner knew the key
@@ -142,7 +148,6 @@ class TrustPart:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
         self.exchange.forget()
-        self._excused = set()
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -273,10 +278,6 @@ class TrustPart:
             self._removals.append((evidence.member, why))
             log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
                         self._cohort.rank, evidence.member, rank, steps, why)
-        for gone in self.strikes.withdraw():
-            log.info("[rank %d] trust: withdrew %s's dispute strike of step %d: the other "
-                     "party, %s, is quarantined", self._cohort.rank, gone.member, gone.step,
-                     gone.party)
 
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module

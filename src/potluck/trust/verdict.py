@@ -21,16 +21,11 @@ The rules (``Rules``):
 - **disputed**: more than half of the other owners found a sender's copy carried for
   an audit differs from the one the audited owner says it received; or a rank
   reports an owner handed it other aggregates than the ones most ranks were handed.
-  One of the two lied and nobody can tell which, so both get a strike (two
-  quarantine): an attacker can no longer get an honest member quarantined by telling
-  it or about it something else than it told the rest, and each honest member it
-  takes with it costs it its own seat. Once a member is quarantined, the dispute
-  strikes of those it disputed are withdrawn (``Strikes.withdraw``), so colluders
-  cannot share that work. A replica that diverged because its owner handed it
-  another aggregate is repaired but not struck;
-- **wrong gradient**: more than half of the other owners recomputed the rank's
-  gradient on its own samples and found their slices of its copy off (the spot
-  check, ``spot.py``).
+  Honest members never disagree about bytes, so one of the two lied, and nobody can
+  tell which: both are out (``settle_disputes``: pairs in order, a pair with a member
+  already out counts for nothing). So each honest member removed costs an attacker
+  its own seat, colluders included, and the honest majority holds. A replica that
+  diverged because its owner handed it another aggregate is repaired but not struck.
 
 One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
 ``Rules.strikes[kind]`` strikes of a kind within ``Rules.memory`` steps.
@@ -54,7 +49,7 @@ WRONG_GRADIENT = "wrong gradient"
 DISPUTED = "disputed"
 KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
-                    DISPUTED: 2}
+                    DISPUTED: 1}
 
 
 @dataclass(frozen=True)
@@ -159,7 +154,7 @@ class Reports:
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
           rules: Rules, excused: Collection[int] = ()) -> list[Finding]:
-    """``(rank, kind, detail)`` for each piece of evidence in one step; ``trusted`` are
+    """Each piece of evidence in one step (``Finding``); ``trusted`` are
     the ranks whose copies and reports count (the others were quarantined already);
     ``excused``: ranks handed other aggregates since the fingerprints were last
     compared (``handed_another``), not struck for a diverged replica."""
@@ -170,7 +165,7 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
                       "the majority's") for i in diverged(reports.fingerprint, trusted)
         if i not in another and i not in excused]  # (repaired: its owner's doing)
     if not owners:
-        return found
+        return settle_disputes(found, ())
     found += spot_checked(reports, trusted, owners)
     found += audited(reports, trusted, owners)
     finite_votes = {i: sum(reports.finite[o][i] < 0.5 for o in owners) for i in trusted}
@@ -184,7 +179,7 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
         if i not in flagged and score > rules.far_ratio:
             found.append(Finding(i, FAR, f"{score:.1f}x the median sender's distance from the "
                                   f"robust center (limit {rules.far_ratio:g})"))
-    return found
+    return settle_disputes(found, ())
 
 
 def spot_checked(reports: Reports, trusted: Sequence[int],
@@ -238,6 +233,21 @@ def handed_out(reports: Reports, trusted: Sequence[int],
                                  f"last step than the ones {others} ranks were handed (one of "
                                  "the two lied)", owner))
     return found, another
+
+
+def settle_disputes(found: Sequence[Finding], out: Collection[int]) -> list[Finding]:
+    """``found`` with each dispute pair (two ``DISPUTED`` findings naming each other, in
+    order) kept only if neither of the two is out already (``out``) or taken by an
+    earlier pair: an owner that two ranks dispute in one step takes one of them with
+    it, not both (one attacker, one honest member at most)."""
+    taken, kept = set(out), []
+    disputes = [f for f in found if f.kind == DISPUTED]
+    for first, second in zip(disputes[::2], disputes[1::2], strict=True):
+        if {first.rank, second.rank} & taken or first.party != second.rank:
+            continue
+        taken |= {first.rank, second.rank}
+        kept += [first, second]
+    return [f for f in found if f.kind != DISPUTED] + kept
 
 
 def handed_another(reports: Reports, trusted: Sequence[int]) -> set[int]:
@@ -355,18 +365,6 @@ class Strikes:
             self.quarantined[evidence.member] = recent
             return True
         return False
-
-    def withdraw(self) -> list[Evidence]:
-        """Drop the dispute strikes of members still in whose other party is now
-        quarantined: that one is shown to be bad, so the dispute was most likely its
-        doing. Call after a step's evidence is all added, so that two members who
-        disputed each other into quarantine in the same step both stay out (nobody can
-        tell which of them lied), while colluders cannot share the work of removing an
-        honest member (one leaving a strike on it, another finishing it off)."""
-        gone = [e for e in self.evidence if e.kind == DISPUTED and e.party in self.quarantined
-                and e.member not in self.quarantined]
-        self.evidence = [e for e in self.evidence if e not in gone]
-        return gone
 
     def state_dict(self) -> dict[str, Any]:
         return {"evidence": [e.as_dict() for e in self.evidence[-200:]],

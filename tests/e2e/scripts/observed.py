@@ -8,7 +8,8 @@ job resumes from the newest one.
 
 Every rank stops after the same step: the first step in which any rank saw the stop
 file. Each rank feeds "I saw it" into the gradient of a scalar parameter, so the step's
-own all-reduce tells every rank alike (and an elastic cohort redoes it with the step).
+own (plain or weighted) average tells every rank alike; a step whose all-reduce failed
+leaves no gradients, and its redo decides afresh.
 A step number written into the file could not do that: a rank one step ahead would
 already be past it, and ranks that see the file one check apart would stop one step
 apart, leaving the last one's all-reduce without a peer.
