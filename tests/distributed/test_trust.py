@@ -279,3 +279,63 @@ def test_an_owner_handing_one_rank_another_aggregate_cannot_frame_it_alone() -> 
     # cohort, is no longer kept in agreement: docs/trust.md)
     for got, expected in zip(honest[2]["params"], honest[1]["params"], strict=True):
         assert torch.equal(got, expected)
+
+
+def _collectives(rank: int, world_size: int, port: int) -> dict[str, int]:
+    """Count the collectives of a clean trust step (steps 3-10: after the first pass's
+    bucket rebuild)."""
+    import collections
+
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
+    from potluck.env import WorkerEnv
+
+    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
+                                        master_addr="127.0.0.1", master_port=port,
+                                        source="torchrun"), timeout=60.0)
+    train, _ = data(10)
+    net = model(0)
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05), train, global_batch=GLOBAL_BATCH,
+        cohort=cohort, trust=potluck.Trust())
+    counts: collections.Counter[str] = collections.Counter()
+    handle = cohort.group
+    def counted(name: str) -> Any:
+        call = getattr(handle, name)
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            if opt.steps >= 2:
+                counts[name] += 1
+            return call(*args, **kwargs)
+        return counting
+
+    for name in ("allreduce", "broadcast", "allgather", "barrier", "alltoall_base"):
+        setattr(handle, name, counted(name))  # (the handle every part holds)
+    buckets = 0
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+        buckets = len(trust_part(opt).ledger.buckets) or buckets
+        opt.step()
+    opt.finish()
+    return {**counts, "buckets": buckets, "steps": opt.steps}
+
+
+def trust_part(opt: Any) -> Any:
+    import potluck
+
+    return opt.part(potluck.trust.TrustPart)
+
+
+@pytest.mark.timeout(120)
+def test_a_clean_trust_step_runs_its_two_all_to_alls_and_no_vote() -> None:
+    """Everything trust needs rides on the exchange's two all-to-alls per bucket. The
+    only other collective is the reducer's unused-parameter bitmap (a sum); there is no
+    finiteness vote (one rank would decide a MAX vote: an attacker voting "not finite"
+    would stall every step)."""
+    results = run_ranks(_collectives, 4, free_port(), init_group=False, timeout=100)
+    for counts in results:
+        steps, buckets = counts.pop("steps"), counts.pop("buckets")
+        assert steps == 10 and buckets >= 1
+        assert counts == {"alltoall_base": 2 * buckets * (steps - 2),
+                          "allreduce": steps - 2}, counts

@@ -10,7 +10,8 @@ For each gradient bucket every trusted rank owns one slice (as in a reduce-scatt
 
 Per rank that is ``2 (N - 1) / N`` of the bucket, the bytes of a ring all-reduce. What
 trust needs to judge the step rides on the same two all-to-alls (``wire.py``), so a
-clean step has no other collective:
+clean step has no other collective of trust's (the reducer's unused-parameter bitmap
+is the step's only other one, and there is no finiteness vote):
 
 - each copy carries its sender's fingerprint (of the parameters the gradient was
   computed on, taken at the step's first bucket);
