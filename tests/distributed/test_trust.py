@@ -339,3 +339,65 @@ def test_a_clean_trust_step_runs_its_two_all_to_alls_and_no_vote() -> None:
         assert steps == 10 and buckets >= 1
         assert counts == {"alltoall_base": 2 * buckets * (steps - 2),
                           "allreduce": steps - 2}, counts
+
+
+class _Mixed(torch.nn.Module):
+    """The bench's MLP with its layers in float64, float32 and bfloat16: a bucket each."""
+
+    def __init__(self, net: torch.nn.Sequential) -> None:
+        super().__init__()
+        self.first, self.middle, self.last = net[0].double(), net[2], net[4].bfloat16()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x.double())).float()
+        h = torch.relu(self.middle(h))
+        return self.last(h.bfloat16()).float()
+
+
+def _mixed(rank: int, world_size: int, port: int, trust: bool) -> dict[str, Any]:
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
+    from potluck.env import WorkerEnv
+    from potluck.trust.fingerprint import fingerprint
+
+    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
+                                        master_addr="127.0.0.1", master_port=port,
+                                        source="torchrun"), timeout=60.0)
+    train, _ = data(12)
+    net = _Mixed(model(0))  # type: ignore[arg-type]
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05), train, global_batch=GLOBAL_BATCH,
+        cohort=cohort, trust=potluck.Trust() if trust else None,
+        bucket_cap_mb=0.05)  # (small buckets: the three dtypes never share one anyway)
+    dtypes: set[torch.dtype] = set()
+    audited = 0
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+        part = opt.part(potluck.trust.TrustPart)
+        if part is not None:
+            dtypes |= {k.mine.dtype for k in part.ledger.buckets.values()}
+            audited += part.ledger.audit is not None
+        opt.step()
+    part = opt.part(potluck.trust.TrustPart)
+    out = {"params": [p.detach().float().clone() for p in net.parameters()],
+           "fingerprint": fingerprint([p.data for p in net.parameters()]),
+           "events": part.events if part is not None else [], "dtypes": dtypes,
+           "audited": audited, "strikes": len(part.strikes.evidence) if part else 0}
+    opt.finish()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_buckets_of_mixed_dtypes_carry_the_words_audits_and_digests() -> None:
+    """float64, float32 and bfloat16 buckets: each carries trust's 64-bit words in its
+    own dtype, is audited and digested, and a clean run strikes nobody, keeps the
+    replicas bitwise equal and ends near the plain mean."""
+    plain = run_ranks(_mixed, 4, free_port(), False, init_group=False, timeout=100)
+    trusted = run_ranks(_mixed, 4, free_port(), True, init_group=False, timeout=100)
+    for r in trusted:
+        assert r["dtypes"] == {torch.float64, torch.float32, torch.bfloat16}, r["dtypes"]
+        assert r["audited"] >= 8 and r["events"] == [] and r["strikes"] == 0
+    assert len({r["fingerprint"] for r in trusted}) == 1
+    for got, expected in zip(trusted[0]["params"], plain[0]["params"], strict=True):
+        assert torch.allclose(got, expected, rtol=0.05, atol=0.01)
