@@ -141,11 +141,12 @@ def _changed_carrier(exchange: Any) -> None:
 
 class _Tamper:
     """The attacker's group, as its modified code uses it: from the ``after``-th bucket
-    on, the aggregates it hands rank 0 (its second all-to-all of each bucket) are off
-    by 0.5 in their first value; every other rank gets the honest ones."""
+    on, what it hands rank 0 (its second all-to-all of each bucket) is off by 0.5 in its
+    first value (an aggregate) or, ``last``, in its last (a report word, when nothing is
+    audited); every other rank gets the honest one."""
 
-    def __init__(self, group: Any, calls: list[int], after: int) -> None:
-        self.group, self.calls, self.after = group, calls, after
+    def __init__(self, group: Any, calls: list[int], after: int, last: bool) -> None:
+        self.group, self.calls, self.after, self.last = group, calls, after, last
 
     def size(self) -> int:
         return int(self.group.size())
@@ -157,11 +158,11 @@ class _Tamper:
                       in_splits: list[int]) -> Any:
         self.calls[0] += 1
         if self.calls[0] % 2 == 0 and self.calls[0] // 2 > self.after and in_splits[0]:
-            inp[0] += 0.5  # rank 0's part of the message comes first
+            inp[in_splits[0] - 1 if self.last else 0] += 0.5  # rank 0's part comes first
         return self.group.alltoall_base(out, inp, out_splits, in_splits)
 
 
-def _handing_another(exchange: Any) -> None:
+def _handing_another(exchange: Any, last: bool) -> None:
     import dataclasses
 
     from potluck.trust.exchange import RobustExchange
@@ -171,7 +172,7 @@ def _handing_another(exchange: Any) -> None:
     class Tampering(RobustExchange):
         def __call__(self, state: Any, bucket: Any) -> Any:
             return super().__call__(state, dataclasses.replace(
-                bucket, group=_Tamper(bucket.group, calls, after=5)))
+                bucket, group=_Tamper(bucket.group, calls, after=5, last=last)))
 
     exchange.__class__ = Tampering
 
@@ -189,7 +190,8 @@ def _lying_owner(rank: int, world_size: int, port: int,
     net = model(0)
     wrapped, opt, loader = potluck.prepare(
         net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
-        global_batch=GLOBAL_BATCH, cohort=cohort, trust=potluck.Trust())
+        global_batch=GLOBAL_BATCH, cohort=cohort,
+        trust=potluck.Trust(audit_every=0 if attack == "report" else 1))
     if rank == ATTACKER:  # (the harness plays modified code: it swaps what the hook runs)
         exchange = opt.part(potluck.trust.TrustPart).exchange  # type: ignore[union-attr]
         if attack == "aggregate":
@@ -197,7 +199,7 @@ def _lying_owner(rank: int, world_size: int, port: int,
         elif attack == "carrier":
             _changed_carrier(exchange)
         else:
-            _handing_another(exchange)
+            _handing_another(exchange, last=attack == "report")
     for xb, yb in loader:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
@@ -401,3 +403,25 @@ def test_buckets_of_mixed_dtypes_carry_the_words_audits_and_digests() -> None:
     assert len({r["fingerprint"] for r in trusted}) == 1
     for got, expected in zip(trusted[0]["params"], plain[0]["params"], strict=True):
         assert torch.allclose(got, expected, rtol=0.05, atol=0.01)
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_telling_one_rank_other_reports_is_named() -> None:
+    """The attacker sends rank 0 other report words than the rest. Rank 0 then hashes
+    other reports: it picks other audits and draws another digest key, so its digests
+    of every owner's aggregates differ from the others' (before, that made it dispute an
+    honest owner: two honest members out, the attacker in). Now its aggregate digests
+    are set aside for its key, and the reports' own digests name the attacker: it and
+    rank 0 go, at the same step."""
+    results = run_ranks(_lying_owner, 4, free_port(), "report", init_group=False,
+                        timeout=100)
+    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
+    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
+    assert verdicts[1] == verdicts[2], verdicts
+    quarantines = {e["member"]: e for e in honest[1]["events"] if e["event"] == "quarantine"}
+    assert sorted(quarantines) == ["rank0", f"rank{ATTACKER}"], honest[1]["events"]
+    assert quarantines["rank0"]["step"] == quarantines[f"rank{ATTACKER}"]["step"]
+    details = [e["detail"] for q in quarantines.values() for e in q["evidence"]]
+    assert all("other reports" in d for d in details), details
+    for got, expected in zip(honest[2]["params"], honest[1]["params"], strict=True):
+        assert torch.equal(got, expected)

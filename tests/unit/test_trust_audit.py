@@ -318,3 +318,45 @@ def test_evidence_of_a_dispute_names_the_other_party_and_round_trips() -> None:
                          "detail": ""}], "quarantined": {}}
     again.load_state_dict(old)  # a checkpoint from before disputes had parties
     assert again.evidence[0].party == ""
+
+
+def _told(told: dict[int, dict[int, int]], handed: dict[int, dict[int, int]],
+          keys: list[int]) -> list[tuple[int, str, int]]:
+    reports = Reports(finite=[[1.0] * 4 for _ in range(4)],
+                      distance=[[1.0] * 4 for _ in range(4)], owns=[1.0] * 4,
+                      fingerprint=[5] * 4,
+                      handed=[[handed[r][o] for o in range(4)] for r in range(4)],
+                      told=[[told[r][o] for o in range(4)] for r in range(4)], key=keys)
+    return sorted((f.rank, f.kind, f.party) for f in judge(reports, [1] * 4, range(4), Rules()))
+
+
+def test_an_owner_that_told_one_rank_other_reports_is_disputed_with_it() -> None:
+    """Owner 3 sent rank 0 other report words than the rest (the reports are what every
+    rank hashes for the audit's pick and the digests' key). Rank 0 then drew another
+    key, so its digests of the aggregates are not compared with the others' (they would
+    all differ: before, that made rank 0 dispute some honest owner); the reports'
+    BLAKE2b digests name owner 3."""
+    alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
+    told = {**alike, 0: {**alike[0], 3: 7}}
+    other_key = {**alike, 0: {o: 50 + o for o in range(4)}}  # every digest differs
+    assert _told(told, other_key, keys=[2, 1, 1, 1]) == [(0, DISPUTED, 3), (3, DISPUTED, 0)]
+    # the same digests under one key: no dispute; and it is the key that spares rank 0
+    # (with none reported, its aggregates' digests would count)
+    assert _told(alike, alike, keys=[1, 1, 1, 1]) == []
+    assert _told(alike, other_key, keys=[0, 0, 0, 0]) != []
+
+
+def test_the_handed_digests_and_key_ride_in_a_report() -> None:
+    from potluck.trust.verdict import Handed
+
+    owners = senders = (0, 2, 3)
+    handed = Handed(99, {0: 11, 2: 12, 3: 13}, {0: 21, 2: -22, 3: 23})
+    rows = torch.stack([wire.encode_report(3, [True] * 3, [1.0] * 3, [1, 1, 1],
+                                           handed=handed if o == 2 else None,
+                                           senders=senders) for o in owners])
+    reports = wire.decode_reports([(owners, senders, rows)], 4)
+    assert reports.key == [0, 0, 99, 0]
+    assert reports.handed[2] == [11, 0, 12, 13] and reports.told[2] == [21, 0, -22, 23]
+    assert reports.handed[0] == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="senders"):
+        wire.encode_report(3, [True] * 3, [1.0] * 3, [1, 1, 1], handed=handed)

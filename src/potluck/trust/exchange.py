@@ -17,10 +17,10 @@ is the step's only other one, and there is no finiteness vote):
   computed on, taken at the step's first bucket);
 - each aggregate carries its owner's report (``wire.encode_report``): per sender,
   whether its copies were finite, their squared distance to the aggregate, the
-  fingerprint received and the digest of the aggregates it handed this owner in the
-  last step (``report_handed``); the owner's spot check and audit result of the last
-  step (``report_spot``, ``report_audit``); as the audited owner, the digests of the
-  copies it received;
+  fingerprint received and the digests of the aggregates and reports it handed this
+  owner in the last step (``report_handed``, with their key); the owner's spot check
+  and audit result of the last step (``report_spot``, ``report_audit``); as the
+  audited owner, the digests of the copies it received;
 - the **audit** (``audit.py``): after a step, ``TrustPart`` may pick one owner (from a
   hash of the reports, so after the fact) and ``plan_audit`` it; in the next step
   every rank's copy of that owner's slices rides along with its aggregate, tagged
@@ -44,7 +44,7 @@ from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, distances, finite_rows
-from potluck.trust.verdict import AuditResult, SpotResult
+from potluck.trust.verdict import AuditResult, Handed, SpotResult
 
 if TYPE_CHECKING:
     from potluck.trust.audit import AuditPlan
@@ -89,6 +89,10 @@ class Kept:
         """This rank's copy of ``owner``'s slice."""
         at = self.owners.index(owner) * self.piece
         return self.mine[at:at + self.piece]
+
+    def report_of(self, owner: int) -> torch.Tensor:
+        """``owner``'s report words and any audit copy and tag it carried, as values."""
+        return self.rows()[self.owners.index(owner), self.piece:]
 
     def reports(self) -> torch.Tensor:
         """``[owners, report words]``."""
@@ -152,10 +156,10 @@ class RobustExchange:
         reports."""
         self._next = replace(self._next, audit=result)
 
-    def report_handed(self, digests: dict[int, int]) -> None:
-        """Per owner, the digest of the aggregates it handed this rank in the last step
+    def report_handed(self, handed: Handed) -> None:
+        """The digests of what each owner handed this rank in the last step
         (``TrustPart``), for the next step's reports."""
-        self._next = replace(self._next, handed=digests)
+        self._next = replace(self._next, handed=handed)
 
     def forget(self) -> None:
         """Nothing planned or found so far rides in the next step: a new generation
@@ -204,8 +208,8 @@ class RobustExchange:
                        else None)
             words = wire.encode_report(
                 piece, finite_rows(copies).tolist(), distances(copies, value).tolist(),
-                prints, self._said.spot, self._said.audit, digests,
-                [self._said.handed.get(r, 0) for r in senders])
+                prints, self._said.spot, self._said.audit, digests, self._said.handed,
+                senders)
             outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
                                   audited]).repeat(n)
         else:
@@ -245,4 +249,4 @@ class _Said:
 
     spot: SpotResult | None = None
     audit: AuditResult | None = None
-    handed: dict[int, int] = field(default_factory=dict)
+    handed: Handed | None = None

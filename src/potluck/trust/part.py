@@ -35,7 +35,7 @@ from potluck.collectives import broadcast_coalesced
 from potluck.errors import ConfigError, PeerLostError
 from potluck.metrics.notes import note
 from potluck.trust import wire
-from potluck.trust.audit import AuditPlan, outcome
+from potluck.trust.audit import AuditPlan, digest, outcome
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import fingerprint, keyed_digest
@@ -44,6 +44,7 @@ from potluck.trust.verdict import (
     AuditResult,
     Evidence,
     Finding,
+    Handed,
     Outcome,
     Reports,
     SpotResult,
@@ -129,9 +130,11 @@ class TrustPart:
             self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received))
             pick = self._pick(kept, steps)
-            self.exchange.report_handed({  # keyed after the fact: no owner knew the key
-                owner: keyed_digest([k.aggregate_of(owner) for k in kept], pick[2])
-                for owner in kept[0].owners})
+            self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
+                pick[2] or 1,
+                {owner: keyed_digest([k.aggregate_of(owner) for k in kept], pick[2])
+                 for owner in kept[0].owners},
+                {owner: digest([k.report_of(owner) for k in kept]) for owner in kept[0].owners}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
             self._repair(reports, trusted, steps)
@@ -190,7 +193,7 @@ class TrustPart:
             digest.update(k.reports().cpu().numpy().tobytes())
         raw = digest.digest()
         return (int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
-                int.from_bytes(raw[16:24], "big"))
+                int.from_bytes(raw[16:24], "big", signed=True))  # (rides as a word)
 
     def _next_audit(self, kept: list[Kept], steps: int,
                     picks: tuple[int, int, int]) -> AuditPlan | None:

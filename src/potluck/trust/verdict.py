@@ -139,6 +139,18 @@ class AuditResult:
 
 
 @dataclass(frozen=True)
+class Handed:
+    """What a rank was handed by each owner in a step, as digests, for its next report:
+    ``key``, the digest key it drew from that step's reports (a rank that drew another
+    was told other reports than the rest); per owner, the keyed digest of the aggregates
+    (``fingerprint.keyed_digest``) and a BLAKE2b digest of the report words."""
+
+    key: int
+    aggregates: dict[int, int]
+    reports: dict[int, int]
+
+
+@dataclass(frozen=True)
 class Reports:
     """What every rank reported about one step; row r is rank r's report."""
 
@@ -150,6 +162,8 @@ class Reports:
     audit: Sequence[AuditResult | None] = ()  # [owner]: its audit result of the last step
     received: Sequence[Sequence[int]] = ()  # [owner][sender]: an audited owner's digests
     handed: Sequence[Sequence[int]] = ()  # [owner][rank]: digest of what rank handed it
+    told: Sequence[Sequence[int]] = ()  # [owner][rank]: digest of the reports rank sent it
+    key: Sequence[int] = ()  # [owner]: the key of its digests of the last step
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
@@ -204,35 +218,54 @@ def spot_checked(reports: Reports, trusted: Sequence[int],
 
 def handed_out(reports: Reports, trusted: Sequence[int],
                owners: Sequence[int]) -> tuple[list[Finding], set[int]]:
-    """Owners that handed some ranks other aggregates than the rest in the last step:
-    each rank reports a keyed digest of what every owner handed it. A rank whose digest
-    of an owner's aggregates is not the one most others report was handed something
-    else, or lies about it: a dispute, a strike for both. Also who was handed another
-    aggregate (or is among reporters split with no majority: nobody can tell whose
-    are the real ones): its replica diverging from the majority's is no strike."""
+    """Owners that handed some ranks other reports or aggregates than the rest in the
+    last step: each rank reports, per owner, a digest of each (``Handed``). A rank whose
+    digest of what an owner handed it is not the one most others report was handed
+    something else, or lies about it: a dispute. The reports' digests are BLAKE2b,
+    comparable between any ranks; the aggregates' are keyed by a hash of the step's
+    reports, so they are compared only between ranks that drew the majority's key (a
+    rank told other reports drew another, and its dispute is over those reports). Also
+    who was handed other aggregates (or is among reporters split with no majority:
+    nobody can tell whose are the real ones): its replica diverging is no strike."""
     found: list[Finding] = []
     another: set[int] = set()
+    keys = {r: reports.key[r] for r in owners if r < len(reports.key) and reports.key[r]}
+    common = _majority(list(keys.values()))
     for owner in trusted:
-        seen = {r: reports.handed[r][owner] for r in owners
-                if r != owner and r < len(reports.handed) and reports.handed[r][owner]}
-        if len(set(seen.values())) <= 1:
-            continue
-        majority = _majority(list(seen.values()))
-        if majority is None:  # split: nobody can tell which replicas got the real ones
-            another.update(seen)
-            continue
-        for rank in sorted(r for r, value in seen.items() if value != majority):
-            another.add(rank)
-            others = f"{sum(v == majority for v in seen.values())} of {len(seen)}"
-            found.append(Finding(owner, DISPUTED,
-                                 f"rank {rank} reports it was handed other aggregates in the "
-                                 f"last step than the ones {others} ranks were handed (one of "
-                                 "the two lied)", rank))
-            found.append(Finding(rank, DISPUTED,
-                                 f"it reports rank {owner} handed it other aggregates in the "
-                                 f"last step than the ones {others} ranks were handed (one of "
-                                 "the two lied)", owner))
+        told = {r: reports.told[r][owner] for r in owners
+                if r != owner and r < len(reports.told) and reports.told[r][owner]}
+        found += _minority(owner, told, "reports")[0]
+        handed = {r: reports.handed[r][owner] for r in owners
+                  if r != owner and r < len(reports.handed) and reports.handed[r][owner]
+                  and keys.get(r) == common}
+        disputes, split = _minority(owner, handed, "aggregates")
+        found += disputes
+        another |= split | {f.rank for f in disputes if f.rank != owner}
     return found, another
+
+
+def _minority(owner: int, seen: dict[int, int],
+              what: str) -> tuple[list[Finding], set[int]]:
+    """Disputes between ``owner`` and each rank outside the majority of ``seen`` (rank:
+    its digest of what the owner handed it), and the ranks of a split with no
+    majority."""
+    if len(set(seen.values())) <= 1:
+        return [], set()
+    majority = _majority(list(seen.values()))
+    if majority is None:
+        return [], set(seen)
+    found = []
+    others = f"{sum(v == majority for v in seen.values())} of {len(seen)}"
+    for rank in sorted(r for r, value in seen.items() if value != majority):
+        found.append(Finding(owner, DISPUTED,
+                             f"rank {rank} reports it was handed other {what} in the last "
+                             f"step than the ones {others} ranks were handed (one of the two "
+                             "lied)", rank))
+        found.append(Finding(rank, DISPUTED,
+                             f"it reports rank {owner} handed it other {what} in the last "
+                             f"step than the ones {others} ranks were handed (one of the two "
+                             "lied)", owner))
+    return found, set()
 
 
 def settle_disputes(found: Sequence[Finding], out: Collection[int]) -> list[Finding]:

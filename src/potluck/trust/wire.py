@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from potluck.trust.verdict import AuditResult, Outcome, Reports, SpotResult
+from potluck.trust.verdict import AuditResult, Handed, Outcome, Reports, SpotResult
 
 WORD = 8  # bytes
 
@@ -71,9 +71,10 @@ def audit_of(tag: int) -> tuple[int, int]:
     return tag & ((1 << 20) - 1), tag >> 20
 
 
-_HEAD = 7  # owned; the spot check (target + 1 or 0, difference, mismatch); the audit
-_PER_SENDER = 5  # finite, squared distance, fingerprint, digest of the copy received,
-# digest of the aggregate handed out last step
+_HEAD = 8  # owned; the spot check (target + 1 or 0, difference, mismatch); the audit
+# (tag, outcome, difference); the key of the handed-out digests
+_PER_SENDER = 6  # finite, squared distance, fingerprint, digest of the copy received,
+# digests of the aggregates and of the reports that rank handed out last step
 
 
 def report_words(senders: int) -> int:
@@ -84,24 +85,29 @@ def report_words(senders: int) -> int:
 def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
                   prints: Sequence[int], spot: SpotResult | None = None,
                   audit: AuditResult | None = None,
-                  received: Sequence[int] | None = None,
-                  handed: Sequence[int] | None = None) -> torch.Tensor:
+                  received: Sequence[int] | None = None, handed: Handed | None = None,
+                  senders: Sequence[int] = ()) -> torch.Tensor:
     """``[owned, spot check of the last step (target + 1 or 0, relative difference,
     mismatch), audit of the last step's carried copies (tag, outcome and disputed
     sender + 1, difference; 0s: none), then per sender: finite, squared distance, the
     fingerprint it sent, as an audited owner the digest of the copies it received from
-    it in the audited step (0: none), and the digest of the aggregate that rank handed
-    this one in the last step (0: none)]``."""
+    it in the audited step (0: none), and the digests of the aggregates and of the
+    reports that rank handed this one in the last step (0: none)]``; ``senders``: the
+    senders' ranks, to read ``handed`` by (whose ``key`` ends the head)."""
     words = [owned, 0, 0, 0] if spot is None else [
         owned, spot.target + 1, float_word(spot.difference), int(spot.mismatch)]
     words += [0, 0, 0] if audit is None else [
         audit_tag(audit.owner, audit.step), int(audit.outcome) | (audit.disputed + 1) << 8,
         float_word(audit.difference)]
+    words.append(handed.key if handed is not None else 0)
     digests = list(received) if received is not None else [0] * len(prints)
-    aggregates = list(handed) if handed is not None else [0] * len(prints)
-    for ok, d2, fp, digest, aggregate in zip(finite, distance, prints, digests, aggregates,
-                                             strict=True):
-        words += [int(ok), float_word(d2), fp, digest, aggregate]
+    if handed is not None and len(senders) != len(prints):
+        raise ValueError(f"encode_report: {len(prints)} senders' words, but senders={senders}")
+    aggregates = [handed.aggregates.get(r, 0) for r in senders] if handed else [0] * len(prints)
+    told = [handed.reports.get(r, 0) for r in senders] if handed else [0] * len(prints)
+    for ok, d2, fp, digest, aggregate, report in zip(
+            finite, distance, prints, digests, aggregates, told, strict=True):
+        words += [int(ok), float_word(d2), fp, digest, aggregate, report]
     return torch.tensor(words, dtype=torch.int64)
 
 
@@ -129,6 +135,8 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
     audits: list[AuditResult | None] = [None] * n
     received = [[0] * n for _ in range(n)]
     handed = [[0] * n for _ in range(n)]
+    told = [[0] * n for _ in range(n)]
+    keys = [0] * n
     forwarded: dict[int, list[int]] = {}
     for number, (owners, senders, reports) in enumerate(buckets):
         rows = reports.tolist()
@@ -138,9 +146,10 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
                 spots[owner] = SpotResult(row[1] - 1, word_float(row[2]), bool(row[3]))
             if number == 0:
                 audits[owner] = _audit_result(row[4], row[5], row[6])
+                keys[owner] = row[7]
             for k, sender in enumerate(senders):
                 at = _HEAD + _PER_SENDER * k
-                ok, d2, fp, digest, aggregate = row[at:at + _PER_SENDER]
+                ok, d2, fp, digest, aggregate, report = row[at:at + _PER_SENDER]
                 if not ok:
                     finite[owner][sender] = 0.0
                 distance[owner][sender] += word_float(d2)
@@ -148,13 +157,15 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
                     forwarded.setdefault(sender, []).append(fp)
                     received[owner][sender] = digest
                     handed[owner][sender] = aggregate
+                    told[owner][sender] = report
     prints = [0] * n
     for sender, seen in forwarded.items():
         counts = {fp: seen.count(fp) for fp in seen}
         value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
         prints[sender] = value if count * 2 > len(seen) else _NO_MAJORITY - sender
     return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints,
-                   spot=spots, audit=audits, received=received, handed=handed)
+                   spot=spots, audit=audits, received=received, handed=handed, told=told,
+                   key=keys)
 
 
 _NO_MAJORITY = -(1 << 62)  # below any fingerprint (they are >= 0), one per sender
