@@ -91,8 +91,14 @@ class Kept:
         return self.mine[at:at + self.piece]
 
     def report_of(self, owner: int) -> torch.Tensor:
-        """``owner``'s report words and any audit copy and tag it carried, as values."""
-        return self.rows()[self.owners.index(owner), self.piece:]
+        """``owner``'s report words, as values."""
+        return self.rows()[self.owners.index(owner), self.piece:self.piece + self.report]
+
+    def handed_of(self, owner: int) -> list[torch.Tensor]:
+        """What ``owner`` handed this rank besides its report: its aggregate and any
+        audit copy and tag it carried."""
+        row = self.rows()[self.owners.index(owner)]
+        return [row[:self.piece], row[self.piece + self.report:]]
 
     def reports(self) -> torch.Tensor:
         """``[owners, report words]``."""

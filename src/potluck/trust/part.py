@@ -132,7 +132,7 @@ class TrustPart:
             pick = self._pick(kept, steps)
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
-                {owner: keyed_digest([k.aggregate_of(owner) for k in kept], pick[2])
+                {owner: keyed_digest([t for k in kept for t in k.handed_of(owner)], pick[2])
                  for owner in kept[0].owners},
                 {owner: digest([k.report_of(owner) for k in kept]) for owner in kept[0].owners}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))

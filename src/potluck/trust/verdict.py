@@ -143,7 +143,9 @@ class Handed:
     """What a rank was handed by each owner in a step, as digests, for its next report:
     ``key``, the digest key it drew from that step's reports (a rank that drew another
     was told other reports than the rest); per owner, the keyed digest of the aggregates
-    (``fingerprint.keyed_digest``) and a BLAKE2b digest of the report words."""
+    and any carried audit copy (``fingerprint.keyed_digest``: cheap, and drawn after
+    they were sent) and a BLAKE2b digest of the report words (the key is drawn from
+    them, so theirs must not depend on it)."""
 
     key: int
     aggregates: dict[int, int]
