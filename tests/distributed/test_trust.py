@@ -92,16 +92,28 @@ def test_each_attack_is_survived_and_the_gross_ones_quarantined_at_once() -> Non
 
 
 @pytest.mark.timeout(120)
-def test_spot_checks_catch_a_stale_replay_and_accuse_no_honest_rank() -> None:
+def test_spot_checks_catch_alie_and_accuse_no_honest_rank() -> None:
     # Every step is checked (a target picked at random among 4): an honest copy
-    # recomputes exactly, the stale one (from step 11) is caught within a few checks.
+    # recomputes exactly; ALIE, made up inside the honest spread, is caught within a
+    # few checks as a wrong gradient.
     clean = _run("none", True, steps=40, spot=1)
     assert clean["events"] == []
-    run = _run("stale", True, steps=40, spot=1)
+    run = _run("alie", True, steps=40, spot=1)
     caught = [e for e in run["events"] if e["event"] == "quarantine"]
     assert [e["member"] for e in caught] == [f"rank{ATTACKER}"]
     assert caught[0]["evidence"][0]["kind"] == "wrong gradient"
     assert caught[0]["step"] >= run["start"]
+
+
+@pytest.mark.timeout(120)
+def test_a_stale_replay_is_caught_at_its_first_step_without_spot_checks() -> None:
+    """From step 11 the attacker resends its gradient of 10 steps before: every owner
+    sees a copy bit for bit one it got before, so it is out at that step."""
+    run = _run("stale", True, steps=20)
+    caught = [e for e in run["events"] if e["event"] == "quarantine"]
+    assert [e["member"] for e in caught] == [f"rank{ATTACKER}"]
+    assert caught[0]["evidence"][0]["kind"] == "replayed gradient"
+    assert caught[0]["step"] == run["start"]
 
 
 class _LyingAggregator:

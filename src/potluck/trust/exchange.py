@@ -44,6 +44,7 @@ from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, distances, finite_rows
+from potluck.trust.replay import ReplayWatch
 from potluck.trust.verdict import AuditResult, Handed, SpotResult
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class RobustExchange:
         self._plan: AuditPlan | None = None
         self._next = _Said()  # what the next step's reports say of this one
         self._said = _Said()  # what this step's reports say (of the last one)
+        self._replays = ReplayWatch()  # (as an owner: each sender's last copies' sums)
         self._print = 0
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
@@ -171,6 +173,7 @@ class RobustExchange:
         """Nothing planned or found so far rides in the next step: a new generation
         renumbered the ranks, or a step had no synced backward to judge."""
         self._plan, self._next = None, _Said()
+        self._replays.forget()
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
         group, n, me = bucket.group, bucket.world_size, bucket.rank
@@ -215,7 +218,7 @@ class RobustExchange:
             words = wire.encode_report(
                 piece, finite_rows(copies).tolist(), distances(copies, value).tolist(),
                 prints, self._said.spot, self._said.audit, digests, self._said.handed,
-                senders)
+                senders, self._replays.check(bucket.index, senders, rows[:, :piece], weights))
             outgoing = torch.cat([value.to(dtype), wire.to_values(words, dtype).to(flat.device),
                                   audited]).repeat(n)
         else:

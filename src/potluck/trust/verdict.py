@@ -20,12 +20,17 @@ The rules (``Rules``):
   ``audit.py``; each reports what it found in the next step's report);
 - **disputed**: more than half of the other owners found a sender's copy carried for
   an audit differs from the one the audited owner says it received; or a rank
-  reports an owner handed it other aggregates than the ones most ranks were handed.
+  reports an owner handed it other aggregates or reports than most ranks were handed.
   Honest members never disagree about bytes, so one of the two lied, and nobody can
   tell which: both are out (``settle_disputes``: pairs in order, a pair with a member
   already out counts for nothing). So each honest member removed costs an attacker
   its own seat, colluders included, and the honest majority holds. A replica that
-  diverged because its owner handed it another aggregate is repaired but not struck.
+  diverged because its owner handed it another aggregate is repaired but not struck;
+- **wrong gradient**: more than half of the other owners recomputed the rank's
+  gradient on its own samples and found their slices of its copy off (the spot
+  check, ``spot.py``);
+- **replayed gradient**: more than half of the other owners received a copy from the
+  rank that is bit for bit one it sent them before (``replay.py``).
 
 One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
 ``Rules.strikes[kind]`` strikes of a kind within ``Rules.memory`` steps.
@@ -47,9 +52,10 @@ DIVERGED = "diverged replica"
 WRONG_AGGREGATE = "wrong aggregate"
 WRONG_GRADIENT = "wrong gradient"
 DISPUTED = "disputed"
-KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED)
+REPLAYED = "replayed gradient"
+KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED, REPLAYED)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
-                    DISPUTED: 1}
+                    DISPUTED: 1, REPLAYED: 1}
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,7 @@ class Reports:
     handed: Sequence[Sequence[int]] = ()  # [owner][rank]: digest of what rank handed it
     told: Sequence[Sequence[int]] = ()  # [owner][rank]: digest of the reports rank sent it
     key: Sequence[int] = ()  # [owner]: the key of its digests of the last step
+    replayed: Sequence[Sequence[float]] = ()  # [owner][sender]: 1 if a copy was a replay
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
@@ -190,6 +197,14 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
         if mostly_finite and finite_votes[i] * 2 > len(owners):
             found.append(Finding(i, NON_FINITE, f"{finite_votes[i]} of {len(owners)} slice owners "
                                          "received non-finite values from it"))
+    for i in trusted:
+        others = len(owners) - (i in owners)
+        votes = sum(o < len(reports.replayed) and reports.replayed[o][i] > 0.5
+                    for o in owners if o != i)
+        if votes * 2 > others:
+            found.append(Finding(i, REPLAYED, f"{votes} of {others} other slice owners "
+                                              "received a copy from it that is bit for bit "
+                                              "one it sent before"))
     flagged = {f.rank for f in found if f.kind == NON_FINITE}
     for i, score in far_scores(reports, samples, trusted, owners).items():
         if i not in flagged and score > rules.far_ratio:

@@ -73,8 +73,8 @@ def audit_of(tag: int) -> tuple[int, int]:
 
 _HEAD = 8  # owned; the spot check (target + 1 or 0, difference, mismatch); the audit
 # (tag, outcome, difference); the key of the handed-out digests
-_PER_SENDER = 6  # finite, squared distance, fingerprint, digest of the copy received,
-# digests of the aggregates and of the reports that rank handed out last step
+_PER_SENDER = 6  # flags (finite, replayed), squared distance, fingerprint, digest of the
+# copy received, digests of the aggregates and of the reports that rank handed out last step
 
 
 def report_words(senders: int) -> int:
@@ -86,10 +86,12 @@ def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
                   prints: Sequence[int], spot: SpotResult | None = None,
                   audit: AuditResult | None = None,
                   received: Sequence[int] | None = None, handed: Handed | None = None,
-                  senders: Sequence[int] = ()) -> torch.Tensor:
+                  senders: Sequence[int] = (),
+                  replayed: Sequence[bool] | None = None) -> torch.Tensor:
     """``[owned, spot check of the last step (target + 1 or 0, relative difference,
     mismatch), audit of the last step's carried copies (tag, outcome and disputed
-    sender + 1, difference; 0s: none), then per sender: finite, squared distance, the
+    sender + 1, difference; 0s: none), then per sender: flags (1: its copies were
+    finite, 2: one was a replay, ``replay.py``), squared distance, the
     fingerprint it sent, as an audited owner the digest of the copies it received from
     it in the audited step (0: none), and the digests of the aggregates and of the
     reports that rank handed this one in the last step (0: none)]``; ``senders``: the
@@ -105,9 +107,10 @@ def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
         raise ValueError(f"encode_report: {len(prints)} senders' words, but senders={senders}")
     aggregates = [handed.aggregates.get(r, 0) for r in senders] if handed else [0] * len(prints)
     told = [handed.reports.get(r, 0) for r in senders] if handed else [0] * len(prints)
-    for ok, d2, fp, digest, aggregate, report in zip(
-            finite, distance, prints, digests, aggregates, told, strict=True):
-        words += [int(ok), float_word(d2), fp, digest, aggregate, report]
+    repeats = list(replayed) if replayed is not None else [False] * len(prints)
+    for ok, again, d2, fp, digest, aggregate, report in zip(
+            finite, repeats, distance, prints, digests, aggregates, told, strict=True):
+        words += [int(ok) | int(again) << 1, float_word(d2), fp, digest, aggregate, report]
     return torch.tensor(words, dtype=torch.int64)
 
 
@@ -136,6 +139,7 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
     received = [[0] * n for _ in range(n)]
     handed = [[0] * n for _ in range(n)]
     told = [[0] * n for _ in range(n)]
+    replayed = [[0.0] * n for _ in range(n)]
     keys = [0] * n
     forwarded: dict[int, list[int]] = {}
     for number, (owners, senders, reports) in enumerate(buckets):
@@ -149,9 +153,11 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
                 keys[owner] = row[7]
             for k, sender in enumerate(senders):
                 at = _HEAD + _PER_SENDER * k
-                ok, d2, fp, digest, aggregate, report = row[at:at + _PER_SENDER]
-                if not ok:
+                flags, d2, fp, digest, aggregate, report = row[at:at + _PER_SENDER]
+                if not flags & 1:
                     finite[owner][sender] = 0.0
+                if flags & 2:
+                    replayed[owner][sender] = 1.0
                 distance[owner][sender] += word_float(d2)
                 if number == 0:
                     forwarded.setdefault(sender, []).append(fp)
@@ -165,7 +171,7 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
         prints[sender] = value if count * 2 > len(seen) else _NO_MAJORITY - sender
     return Reports(finite=finite, distance=distance, owns=owns, fingerprint=prints,
                    spot=spots, audit=audits, received=received, handed=handed, told=told,
-                   key=keys)
+                   key=keys, replayed=replayed)
 
 
 _NO_MAJORITY = -(1 << 62)  # below any fingerprint (they are >= 0), one per sender

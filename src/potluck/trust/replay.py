@@ -1,0 +1,52 @@
+"""A sender's copy that is bit for bit one it sent before: a replayed gradient.
+
+An honest rank's gradient changes every step (other samples, other parameters), so a
+copy of a slice whose bits repeat one of the same sender's last ``memory`` copies of
+that slice was replayed: a lazy or stale worker resending an old gradient. Each owner
+keeps a 64-bit sum of each copy's bit patterns per bucket and sender (no tensors) and
+flags repeats in its report; the verdict goes by the owners' majority.
+
+Not flagged: a copy that is all zeros (a rank with no samples in the step, or a slice
+of parameters it did not use) or from a rank with no weight in the step. A replay
+perturbed by a single bit is not a repeat: it is left to the spot checks (``spot.py``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # (8: two words)
+
+
+class ReplayWatch:
+    """Per (bucket, sender), the sums of its last ``memory`` copies."""
+
+    def __init__(self, memory: int = 50) -> None:
+        self.memory = memory
+        self._seen: dict[tuple[int, int], deque[int]] = {}
+
+    def check(self, bucket: int, senders: tuple[int, ...], rows: torch.Tensor,
+              weights: torch.Tensor) -> list[bool]:
+        """Whether each sender's copy (row of ``rows``, ``[senders, values]``) repeats one
+        of its last copies of this bucket; then remembers them."""
+        sums = _sums(rows)
+        flagged = []
+        for sender, total, weight in zip(senders, sums, weights.tolist(), strict=True):
+            seen = self._seen.setdefault((bucket, sender), deque(maxlen=self.memory))
+            flagged.append(bool(total != 0 and weight > 0 and total in seen))
+            seen.append(total)
+        return flagged
+
+    def forget(self) -> None:
+        """A new generation renumbers the ranks: start over."""
+        self._seen.clear()
+
+
+def _sums(rows: torch.Tensor) -> list[int]:
+    """Each row's bit patterns (as 16- or 32-bit words) summed in 64 bits."""
+    if rows.numel() == 0:
+        return [0] * rows.shape[0]
+    words = rows.contiguous().view(_AS_INT[rows.element_size()]).to(torch.int64)
+    return words.view(rows.shape[0], -1).sum(1).tolist()

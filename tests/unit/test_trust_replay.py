@@ -1,0 +1,65 @@
+"""A copy that repeats one its sender sent before, bit for bit, is flagged; zeros, a rank
+with no weight and an honest change are not; the owners' majority decides (pure)."""
+
+from __future__ import annotations
+
+import torch
+
+from potluck.trust import Rules, wire
+from potluck.trust.replay import ReplayWatch
+from potluck.trust.verdict import REPLAYED, Reports, judge
+
+SENDERS = (0, 1, 2)
+
+
+def _rows(seed: int) -> torch.Tensor:
+    return torch.randn(3, 50, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_copy_sent_again_is_flagged_and_nothing_else_is() -> None:
+    watch, ones = ReplayWatch(memory=5), torch.ones(3)
+    first, second = _rows(1), _rows(2)
+    assert watch.check(0, SENDERS, first, ones) == [False] * 3
+    assert watch.check(0, SENDERS, second, ones) == [False] * 3
+    replay = _rows(4)
+    replay[2] = first[2]  # rank 2 sends its copy of two steps ago
+    replay[1] = second[1]
+    replay[1, 7] = torch.nextafter(replay[1, 7], torch.tensor(9.0))  # one bit apart
+    assert watch.check(0, SENDERS, replay, ones) == [False, False, True]
+    assert watch.check(1, SENDERS, first, ones) == [False] * 3  # another bucket
+    zeros = torch.zeros(3, 50)
+    assert watch.check(0, SENDERS, zeros, ones) == [False] * 3
+    assert watch.check(0, SENDERS, zeros, ones) == [False] * 3  # all zeros: no samples
+    assert watch.check(0, SENDERS, first, torch.tensor([1.0, 1.0, 0.0])) == [
+        True, True, False]  # (rank 2 has no weight this step)
+    watch.forget()
+    assert watch.check(0, SENDERS, first, ones) == [False] * 3
+
+
+def test_eight_byte_and_two_byte_values_are_watched_too() -> None:
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        watch, rows = ReplayWatch(), _rows(3).to(dtype)
+        assert watch.check(0, SENDERS, rows, torch.ones(3)) == [False] * 3
+        assert watch.check(0, SENDERS, rows, torch.ones(3)) == [True] * 3
+
+
+def test_the_owners_majority_flags_a_replay_and_it_rides_in_the_report() -> None:
+    owners = senders = (0, 1, 2, 3)
+    rows = torch.stack([wire.encode_report(1, [True] * 4, [1.0] * 4, [5] * 4,
+                                           replayed=[False, False, False, o != 1])
+                        for o in owners])
+    reports = wire.decode_reports([(owners, senders, rows)], 4)
+    assert reports.replayed[0] == [0.0, 0.0, 0.0, 1.0] and reports.replayed[1][3] == 0.0
+    assert reports.finite[0] == [1.0] * 4
+    found = judge(reports, [1] * 4, range(4), Rules())
+    assert [(f.rank, f.kind) for f in found] == [(3, REPLAYED)]
+
+    def flagged_by(voters: set[int]) -> list[int]:
+        votes = [[float(o in voters and s == 3) for s in range(4)] for o in range(4)]
+        quiet = Reports(finite=[[1.0] * 4] * 4, distance=[[1.0] * 4] * 4, owns=[1.0] * 4,
+                        fingerprint=[5] * 4, replayed=votes)
+        return [f.rank for f in judge(quiet, [1] * 4, range(4), Rules()) if f.kind == REPLAYED]
+
+    assert flagged_by({0}) == []  # one lying owner cannot accuse
+    assert flagged_by({0, 1}) == [3]  # two of the three others can
+    assert flagged_by({3}) == []  # its own word about itself does not count
