@@ -360,3 +360,22 @@ def test_the_handed_digests_and_key_ride_in_a_report() -> None:
     assert reports.handed[0] == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="senders"):
         wire.encode_report(3, [True] * 3, [1.0] * 3, [1, 1, 1], handed=handed)
+
+
+def test_ranks_told_reports_split_with_no_majority_are_excused_not_struck() -> None:
+    """Owner 3 sent ranks 0, 1 and 2 three versions of its reports (and each drew
+    another key) and handed rank 0 another aggregate: nothing can be compared, so
+    nobody is disputed, but rank 0's diverged replica is not struck either."""
+    alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
+    told = {r: {**alike[r], 3: 7 + r} for r in range(4)}
+    reports = Reports(finite=[[1.0] * 4 for _ in range(4)],
+                      distance=[[1.0] * 4 for _ in range(4)], owns=[1.0] * 4,
+                      fingerprint=[6, 5, 5, 5],
+                      handed=[[alike[r][o] for o in range(4)] for r in range(4)],
+                      told=[[told[r][o] for o in range(4)] for r in range(4)],
+                      key=[11, 12, 13, 0])
+    assert judge(reports, [1] * 4, range(4), Rules()) == []
+    same_key = Reports(**{**reports.__dict__, "key": [11, 11, 11, 11],
+                          "told": [[alike[r][o] for o in range(4)] for r in range(4)]})
+    assert [(f.rank, f.kind) for f in judge(same_key, [1] * 4, range(4), Rules())] == [
+        (0, DIVERGED)]  # (one key, one version of the reports: rank 0 is on its own)

@@ -63,3 +63,14 @@ def test_the_owners_majority_flags_a_replay_and_it_rides_in_the_report() -> None
     assert flagged_by({0}) == []  # one lying owner cannot accuse
     assert flagged_by({0, 1}) == [3]  # two of the three others can
     assert flagged_by({3}) == []  # its own word about itself does not count
+
+
+def test_nobody_is_flagged_when_most_senders_repeat_and_negative_zeros_are_zeros() -> None:
+    # a slice that stopped changing for everyone (a parameter no longer trained)
+    votes = [[float(o != s) for s in range(4)] for o in range(4)]
+    reports = Reports(finite=[[1.0] * 4] * 4, distance=[[1.0] * 4] * 4, owns=[1.0] * 4,
+                      fingerprint=[5] * 4, replayed=votes)
+    assert [f for f in judge(reports, [1] * 4, range(4), Rules()) if f.kind == REPLAYED] == []
+    watch, negative = ReplayWatch(), -torch.zeros(3, 50)
+    assert watch.check(0, SENDERS, negative, torch.ones(3)) == [False] * 3
+    assert watch.check(0, SENDERS, negative, torch.ones(3)) == [False] * 3

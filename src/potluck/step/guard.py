@@ -8,7 +8,8 @@ averaged gradients (potluck.DataParallel guarantees that), then:
 2. computes the global gradient norm (one pass), and decides whether it is finite;
 3. makes that decision the same on every rank: averaged gradients are bitwise equal on
    every rank already, and a one-scalar all-reduce (MAX) on ``group`` guarantees it even
-   when a communication hook or backend does not;
+   when a communication hook or backend does not (``agree=False``: no vote, each rank
+   decides alone; trust does so, since a vote is one any rank can decide);
 4. on a non-finite step, every rank skips the update together, logs it and counts it
    (a scaler backs off its scale identically on every rank);
 5. otherwise clips to ``clip_grad_norm`` (if set) and steps.

@@ -16,7 +16,8 @@ is the step's only other one, and there is no finiteness vote):
 - each copy carries its sender's fingerprint (of the parameters the gradient was
   computed on, taken at the step's first bucket);
 - each aggregate carries its owner's report (``wire.encode_report``): per sender,
-  whether its copies were finite, their squared distance to the aggregate, the
+  whether its copies were finite and whether one was a replay (``replay.py``), their
+  squared distance to the aggregate, the
   fingerprint received and the digests of the aggregates and reports it handed this
   owner in the last step (``report_handed``, with their key); the owner's spot check
   and audit result of the last step (``report_spot``, ``report_audit``); as the

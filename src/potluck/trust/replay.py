@@ -7,8 +7,10 @@ keeps a 64-bit sum of each copy's bit patterns per bucket and sender (no tensors
 flags repeats in its report; the verdict goes by the owners' majority.
 
 Not flagged: a copy that is all zeros (a rank with no samples in the step, or a slice
-of parameters it did not use) or from a rank with no weight in the step. A replay
-perturbed by a single bit is not a repeat: it is left to the spot checks (``spot.py``).
+of parameters it did not use) or from a rank with no weight in the step; and the
+verdict flags nobody when most senders repeat (a slice that stopped changing for
+everyone). A replay perturbed by a single bit is not a repeat, nor one of a copy older
+than ``memory`` steps: those are left to the spot checks (``spot.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ class ReplayWatch:
         """Whether each sender's copy (row of ``rows``, ``[senders, values]``) repeats one
         of its last copies of this bucket; then remembers them."""
         sums = _sums(rows)
+        zero = (rows == 0).all(1).tolist() if rows.numel() else [True] * len(senders)
         flagged = []
-        for sender, total, weight in zip(senders, sums, weights.tolist(), strict=True):
+        for sender, total, weight, empty in zip(senders, sums, weights.tolist(), zero,
+                                                strict=True):
             seen = self._seen.setdefault((bucket, sender), deque(maxlen=self.memory))
-            flagged.append(bool(total != 0 and weight > 0 and total in seen))
+            flagged.append(bool(not empty and weight > 0 and total in seen))
             seen.append(total)
         return flagged
 
@@ -48,5 +52,5 @@ def _sums(rows: torch.Tensor) -> list[int]:
     """Each row's bit patterns (as 16- or 32-bit words) summed in 64 bits."""
     if rows.numel() == 0:
         return [0] * rows.shape[0]
-    words = rows.contiguous().view(_AS_INT[rows.element_size()]).to(torch.int64)
-    return words.view(rows.shape[0], -1).sum(1).tolist()
+    words = rows.contiguous().view(_AS_INT[rows.element_size()])
+    return words.view(rows.shape[0], -1).sum(1, dtype=torch.int64).tolist()

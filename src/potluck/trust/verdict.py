@@ -30,7 +30,8 @@ The rules (``Rules``):
   gradient on its own samples and found their slices of its copy off (the spot
   check, ``spot.py``);
 - **replayed gradient**: more than half of the other owners received a copy from the
-  rank that is bit for bit one it sent them before (``replay.py``).
+  rank that is bit for bit one it sent them before (``replay.py``), while most senders
+  were not flagged (when most are, a slice stopped changing for everyone).
 
 One piece of evidence is a strike; ``Strikes`` quarantines a member once it has
 ``Rules.strikes[kind]`` strikes of a kind within ``Rules.memory`` steps.
@@ -197,11 +198,12 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
         if mostly_finite and finite_votes[i] * 2 > len(owners):
             found.append(Finding(i, NON_FINITE, f"{finite_votes[i]} of {len(owners)} slice owners "
                                          "received non-finite values from it"))
-    for i in trusted:
+    replay_votes = {i: sum(o < len(reports.replayed) and reports.replayed[o][i] > 0.5
+                           for o in owners if o != i) for i in trusted}
+    mostly_fresh = sum(v * 2 <= len(owners) for v in replay_votes.values()) * 2 > len(trusted)
+    for i, votes in replay_votes.items():  # (most flagged: a slice that stopped changing)
         others = len(owners) - (i in owners)
-        votes = sum(o < len(reports.replayed) and reports.replayed[o][i] > 0.5
-                    for o in owners if o != i)
-        if votes * 2 > others:
+        if mostly_fresh and votes * 2 > others:
             found.append(Finding(i, REPLAYED, f"{votes} of {others} other slice owners "
                                               "received a copy from it that is bit for bit "
                                               "one it sent before"))
@@ -248,10 +250,18 @@ def handed_out(reports: Reports, trusted: Sequence[int],
     another: set[int] = set()
     keys = {r: reports.key[r] for r in owners if r < len(reports.key) and reports.key[r]}
     common = _majority(list(keys.values()))
+    # A rank whose key is not the majority's (every rank, when none has a majority) was
+    # told other reports: its aggregates' digests cannot be compared, so a replica of it
+    # that diverged may be an owner's doing too. (No keys at all: a generation's first
+    # step, with nothing handed before it to compare.)
+    if keys:
+        another |= {r for r in owners if common is None or keys.get(r) != common}
     for owner in trusted:
         told = {r: reports.told[r][owner] for r in owners
                 if r != owner and r < len(reports.told) and reports.told[r][owner]}
-        found += _minority(owner, told, "reports")[0]
+        disputes, split = _minority(owner, told, "reports")
+        found += disputes
+        another |= split
         handed = {r: reports.handed[r][owner] for r in owners
                   if r != owner and r < len(reports.handed) and reports.handed[r][owner]
                   and keys.get(r) == common}
