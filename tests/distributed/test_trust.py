@@ -224,17 +224,31 @@ def _lying_owner(rank: int, world_size: int, port: int,
     return out
 
 
+def _attacked(attack: str, agreeing: tuple[int, ...] = (0, 1, 2)
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``_lying_owner`` with ``attack`` on 4 ranks; every rank's result and the
+    honest ones', after checking that the honest ranks ``agreeing`` (indices among the
+    honest) reached the same verdicts."""
+    results = run_ranks(_lying_owner, 4, free_port(), attack, init_group=False, timeout=100)
+    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
+    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in honest[i]["events"]]
+                for i in agreeing]
+    assert all(v == verdicts[0] for v in verdicts), verdicts
+    return results, honest
+
+
+def _quarantines(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["member"]: e for e in result["events"] if e["event"] == "quarantine"}
+
+
 @pytest.mark.timeout(120)
 def test_an_owner_handing_out_a_wrong_aggregate_is_caught_by_the_audit() -> None:
     """The audit carries every rank's copy of the picked owner's slices in the next step
     (tagged with the audit): each honest rank recomputes, finds the lie, and all of them
     quarantine the liar at the same step; nobody honest is accused."""
-    results = run_ranks(_lying_owner, 4, free_port(), init_group=False, timeout=100)
-    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
-    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
-    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
-    assert [(what, member) for what, member, _ in verdicts[0]] == [
-        ("quarantine", f"rank{ATTACKER}")], verdicts[0]
+    _, honest = _attacked("aggregate")
+    assert [(e["event"], e.get("member")) for e in honest[0]["events"]] == [
+        ("quarantine", f"rank{ATTACKER}")], honest[0]["events"]
     evidence = honest[0]["events"][0]["evidence"]
     assert evidence[0]["kind"] == "wrong aggregate" and evidence[0]["step"] > 5
     for got, expected in zip(honest[1]["params"], honest[0]["params"], strict=True):
@@ -249,12 +263,8 @@ def test_a_sender_carrying_another_copy_cannot_get_an_honest_owner_quarantined()
     the first such audit is a dispute between the attacker and that owner: both go,
     nobody is found to hand out a wrong aggregate, and the two honest ranks left agree
     on every verdict and on their replicas bit for bit."""
-    results = run_ranks(_lying_owner, 4, free_port(), "carrier", init_group=False,
-                        timeout=100)
-    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
-    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
-    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
-    quarantines = {e["member"]: e for e in honest[0]["events"] if e["event"] == "quarantine"}
+    results, honest = _attacked("carrier")
+    quarantines = _quarantines(honest[0])
     assert f"rank{ATTACKER}" in quarantines and len(quarantines) == 2, honest[0]["events"]
     assert {e["kind"] for q in quarantines.values() for e in q["evidence"]} == {"disputed"}
     attacker = quarantines.pop(f"rank{ATTACKER}")
@@ -275,12 +285,8 @@ def test_an_owner_handing_one_rank_another_aggregate_cannot_frame_it_alone() -> 
     attacker stayed. Now it is a dispute between the attacker and rank 0 (rank 0's
     digest of its aggregates differs from the others'): both go, at the same step, and
     rank 0 is never struck for a diverged replica."""
-    results = run_ranks(_lying_owner, 4, free_port(), "handing", init_group=False,
-                        timeout=100)
-    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
-    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
-    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
-    quarantines = {e["member"]: e for e in honest[1]["events"] if e["event"] == "quarantine"}
+    _, honest = _attacked("handing")
+    quarantines = _quarantines(honest[1])
     assert sorted(quarantines) == ["rank0", f"rank{ATTACKER}"], honest[1]["events"]
     assert quarantines["rank0"]["step"] == quarantines[f"rank{ATTACKER}"]["step"]
     kinds = {e["kind"] for q in quarantines.values() for e in q["evidence"]}
@@ -425,12 +431,8 @@ def test_an_owner_telling_one_rank_other_reports_is_named() -> None:
     honest owner: two honest members out, the attacker in). Now its aggregate digests
     are set aside for its key, and the reports' own digests name the attacker: it and
     rank 0 go, at the same step."""
-    results = run_ranks(_lying_owner, 4, free_port(), "report", init_group=False,
-                        timeout=100)
-    honest = [r for rank, r in enumerate(results) if rank != ATTACKER]
-    verdicts = [[(e["event"], e.get("member"), e["step"]) for e in r["events"]] for r in honest]
-    assert verdicts[1] == verdicts[2], verdicts
-    quarantines = {e["member"]: e for e in honest[1]["events"] if e["event"] == "quarantine"}
+    _, honest = _attacked("report", agreeing=(1, 2))
+    quarantines = _quarantines(honest[1])
     assert sorted(quarantines) == ["rank0", f"rank{ATTACKER}"], honest[1]["events"]
     assert quarantines["rank0"]["step"] == quarantines[f"rank{ATTACKER}"]["step"]
     details = [e["detail"] for q in quarantines.values() for e in q["evidence"]]

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 
 import torch
 
-_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # (8: two words)
 _MASK = (1 << 63) - 1  # non-negative: below it, wire.py marks "no majority"
 
 
 def fingerprint(tensors: Sequence[torch.Tensor]) -> int:
     if not tensors:
         return 0
-    sums = torch.stack([_words(t).sum() for t in tensors]).tolist()
+    sums = torch.stack([bit_words(t).sum(dtype=torch.int64) for t in tensors]).tolist()
     folded = 0
     for value in sums:
         folded = (folded * 1_000_003 + int(value)) & _MASK
@@ -40,20 +40,19 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
     one draw of the words per key and length, not a cryptographic hash."""
     if not tensors:
         return 1
-    bits = torch.cat([_words(t) for t in tensors])
+    bits = torch.cat([bit_words(t).to(torch.int64) for t in tensors])
     if bits.numel() == 0:
         return 1
     total = int((bits * _table(bits.numel(), key, bits.device)).sum()) & 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
 
-def _words(tensor: torch.Tensor) -> torch.Tensor:
-    """The bits as int64 values below 2^32 in magnitude: 32-bit words for 4- and 8-byte
-    values (so a product with a 64-bit word never loses a high bit), else as they are."""
+def bit_words(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits, flat, as integers of at most 32 bits (8-byte values as two
+    32-bit words): a single flipped bit changes one by at most 2^31, so a sum in 64 bits
+    sees it, and a product with a 64-bit word never loses a high bit."""
     flat = tensor.detach().contiguous().view(-1)
-    if flat.element_size() >= 4:
-        return flat.view(torch.int32).to(torch.int64)
-    return flat.view(_AS_INT[flat.element_size()]).to(torch.int64)
+    return flat.view(_AS_INT[flat.element_size()])
 
 
 @functools.lru_cache(maxsize=2)

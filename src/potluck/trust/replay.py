@@ -19,7 +19,7 @@ from collections import deque
 
 import torch
 
-_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # (8: two words)
+from potluck.trust.fingerprint import bit_words
 
 
 class ReplayWatch:
@@ -49,8 +49,7 @@ class ReplayWatch:
 
 
 def _sums(rows: torch.Tensor) -> list[int]:
-    """Each row's bit patterns (as 16- or 32-bit words) summed in 64 bits."""
+    """Each row's bit patterns (``fingerprint.bit_words``) summed in 64 bits."""
     if rows.numel() == 0:
         return [0] * rows.shape[0]
-    words = rows.contiguous().view(_AS_INT[rows.element_size()])
-    return words.view(rows.shape[0], -1).sum(1, dtype=torch.int64).tolist()
+    return bit_words(rows).view(rows.shape[0], -1).sum(1, dtype=torch.int64).tolist()

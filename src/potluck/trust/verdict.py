@@ -383,11 +383,7 @@ def diverged(fingerprints: Sequence[int], trusted: Sequence[int]) -> list[int]:
 
 
 def majority_fingerprint(fingerprints: Sequence[int], trusted: Sequence[int]) -> int | None:
-    counts: dict[int, int] = {}
-    for i in trusted:
-        counts[fingerprints[i]] = counts.get(fingerprints[i], 0) + 1
-    value, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]), default=(0, 0))
-    return value if count * 2 > len(trusted) else None
+    return _majority([fingerprints[i] for i in trusted])
 
 
 def _majority(values: list[int]) -> int | None:
