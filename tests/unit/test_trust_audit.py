@@ -335,7 +335,7 @@ def test_an_owner_that_told_one_rank_other_reports_is_disputed_with_it() -> None
     rank hashes for the audit's pick and the digests' key). Rank 0 then drew another
     key, so its digests of the aggregates are not compared with the others' (they would
     all differ: before, that made rank 0 dispute some honest owner); the reports'
-    BLAKE2b digests name owner 3."""
+    SHA-256 digests name owner 3."""
     alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
     told = {**alike, 0: {**alike[0], 3: 7}}
     other_key = {**alike, 0: {o: 50 + o for o in range(4)}}  # every digest differs

@@ -215,6 +215,16 @@ def test_the_lower_median_is_torch_median_also_with_ties(n: int) -> None:
     assert torch.equal(lower_median(x), x.median(dim=0).values)
 
 
+@pytest.mark.parametrize("n", range(1, 17))
+def test_the_median_network_is_right_for_every_input_of_zeros_and_ones(n: int) -> None:
+    """The 0-1 principle: a comparator network that picks the median of every input of
+    zeros and ones picks it of every input. One column per such input."""
+    from potluck.trust.aggregate import lower_median
+    columns = torch.arange(1 << n)
+    x = ((columns.unsqueeze(0) >> torch.arange(n).unsqueeze(1)) & 1).float()
+    assert torch.equal(lower_median(x), x.median(dim=0).values)
+
+
 def test_finite_rows_sees_nan_and_inf_anywhere() -> None:
     from potluck.trust.aggregate import finite_rows
     x = torch.ones(4, 9)

@@ -25,6 +25,7 @@ closely, and bound what one far-off copy can do when they do not.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -136,6 +137,8 @@ def _kept(copies: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, to
         return torch.full_like(copies[:1], float("nan")), torch.ones(
             1, dtype=copies.dtype, device=copies.device)
     w = weights[keep].to(copies.dtype)
+    if bool(keep.all()):  # (the clean case: no masked copy of every row)
+        return copies, w / w.sum()
     return copies[keep], w / w.sum()
 
 
@@ -146,21 +149,53 @@ def finite_rows(copies: torch.Tensor) -> torch.Tensor:
 
 def lower_median(x: torch.Tensor) -> torch.Tensor:
     """The coordinate-wise lower median of the rows of ``x`` (finite values). For the
-    few rows of a cohort, an odd-even transposition sort of whole rows with
-    ``minimum``/``maximum`` (``n`` rounds of elementwise passes) is several times faster
-    than ``torch.median`` along the strided dimension."""
+    few rows of a cohort, a sorting network run on whole rows with ``minimum`` and
+    ``maximum`` (elementwise passes) is several times faster than ``torch.median``
+    along the strided dimension; of the network only the comparisons that lead to the
+    middle row are run, and of those only the side that is used (``_selection``: 7
+    passes for 4 rows, where a full sort takes 10)."""
     n = x.shape[0]
     if n > _NETWORK_ROWS:
         return x.median(dim=0).values
     rows = list(x.unbind(0))
-    for round_ in range(n):
-        for i in range(round_ % 2, n - 1, 2):
-            rows[i], rows[i + 1] = torch.minimum(rows[i], rows[i + 1]), torch.maximum(
-                rows[i], rows[i + 1])
+    for low, high, keep_min, keep_max in _selection(n):
+        a, b = rows[low], rows[high]
+        if keep_min:
+            rows[low] = torch.minimum(a, b)
+        if keep_max:
+            rows[high] = torch.maximum(a, b)
     return rows[(n - 1) // 2]
 
 
 _NETWORK_ROWS = 32
+
+
+@functools.lru_cache(maxsize=_NETWORK_ROWS)
+def _selection(n: int) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The comparators of Batcher's odd-even merge sort for ``n`` rows that the lower
+    median's row depends on: ``(low, high, min used, max used)``, in order. The network
+    is built for the next power of two; the rows past ``n`` would hold +inf, which no
+    comparator moves, so comparators that touch them are dropped."""
+    size = 1 << max(0, (n - 1).bit_length())
+    network: list[tuple[int, int]] = []
+    run = 1
+    while run < size:  # merge sorted runs of ``run`` rows into runs of twice as many
+        gap = run
+        while gap >= 1:
+            for start in range(gap % run, size - gap, 2 * gap):
+                for i in range(min(gap, size - start - gap)):
+                    low, high = start + i, start + i + gap
+                    if low // (2 * run) == high // (2 * run) and high < n:
+                        network.append((low, high))
+            gap //= 2
+        run *= 2
+    needed, kept = {(n - 1) // 2}, []
+    for low, high in reversed(network):  # from the output back: what feeds the median
+        keep_min, keep_max = low in needed, high in needed
+        if keep_min or keep_max:
+            kept.append((low, high, keep_min, keep_max))
+            needed |= {low, high}
+    return tuple(reversed(kept))
 
 
 def distances(copies: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

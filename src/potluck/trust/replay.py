@@ -19,7 +19,7 @@ from collections import deque
 
 import torch
 
-from potluck.trust.fingerprint import bit_words
+from potluck.trust.fingerprint import word_sum
 
 
 class ReplayWatch:
@@ -34,7 +34,7 @@ class ReplayWatch:
         """Whether each sender's copy (row of ``rows``, ``[senders, values]``) repeats one
         of its last copies of this bucket; then remembers them."""
         sums = _sums(rows)
-        zero = (rows == 0).all(1).tolist() if rows.numel() else [True] * len(senders)
+        zero = _zero_rows(rows)
         flagged = []
         for sender, total, weight, empty in zip(senders, sums, weights.tolist(), zero,
                                                 strict=True):
@@ -52,4 +52,12 @@ def _sums(rows: torch.Tensor) -> list[int]:
     """Each row's bit patterns (``fingerprint.bit_words``) summed in 64 bits."""
     if rows.numel() == 0:
         return [0] * rows.shape[0]
-    return bit_words(rows).view(rows.shape[0], -1).sum(1, dtype=torch.int64).tolist()
+    return word_sum(rows, dim=1).tolist()
+
+
+def _zero_rows(rows: torch.Tensor) -> list[bool]:
+    """Whether each row is all (positive or negative) zeros: its largest and smallest
+    values are (a NaN makes them NaN; two passes that keep nothing, unlike ``== 0``)."""
+    if rows.numel() == 0:
+        return [True] * rows.shape[0]
+    return ((rows.amax(1) == 0) & (rows.amin(1) == 0)).tolist()
