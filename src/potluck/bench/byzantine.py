@@ -7,8 +7,9 @@ final held-out loss of an honest replica over the same seed's clean run (plain m
 attacker), median over the seeds (and the worst seed); the steps from the attack's
 start to the attacker's quarantine, the most over the seeds; quarantines over clean runs
 with trust (false ones), and the step time with trust over without on a clean run
-(interleaved rounds, medians), with and without spot checks. One seed made the figures
-for the attacks that only a spot check catches a lottery: its target is one rank of four
+(interleaved rounds, medians), with and without spot checks, and without them on a
+model of 1.1M parameters (the default one has 84k). One seed made the figures for the
+attacks that only a spot check catches a lottery: its target is one rank of four
 every second step, so the time to catch one ranged from 2 to 25 steps between runs.
 """
 
@@ -19,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from potluck.bench.byzantine_job import ATTACKER, run_rank
+from potluck.bench.byzantine_job import ATTACKER, WIDE, run_rank
 from potluck.bench.common import interleaved, median, table, write_json
 from potluck.harness.attacks import ATTACKS, GROSS
 from potluck.harness.ranks import free_port, run_ranks
@@ -94,6 +95,9 @@ def main(args: argparse.Namespace) -> int:
           f"{GOALS['clean_overhead']})")
     print(f"  without spot checks (Trust()): {overhead['overhead_no_spot']:+.3f} (step "
           f"{overhead['no_spot_ms']:.2f} ms)")
+    print(f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
+          f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
+          f"{overhead['wide_plain_ms']:.2f} ms)")
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
         write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
@@ -102,16 +106,18 @@ def main(args: argparse.Namespace) -> int:
                                "steps": steps, "workers": WORKERS, "attacker_rank": ATTACKER,
                                "clean_overhead_without_spot_checks":
                                    overhead["overhead_no_spot"], "spot_every": SPOT_EVERY,
+                               "clean_overhead_wide_model": overhead["overhead_wide"],
                                "step_ms": {k: overhead[k] for k in
-                                           ("plain_ms", "trust_ms", "no_spot_ms")},
+                                           ("plain_ms", "trust_ms", "no_spot_ms",
+                                            "wide_plain_ms", "wide_trust_ms")},
                                "quick": bool(args.quick)})
     return 0
 
 
 def _run(attack: str, trust: bool, seed: int, steps: int, wrap: bool = True,
-         spot: int = 0) -> dict[str, Any]:
+         spot: int = 0, **extra: Any) -> dict[str, Any]:
     spec = {"attack": attack, "trust": trust, "seed": seed, "steps": steps, "wrap": wrap,
-            "spot": spot}
+            "spot": spot, **extra}
     results = run_ranks(run_rank, WORKERS, free_port(), spec, init_group=False, timeout=300)
     return results[0]  # type: ignore[no-any-return]
 
@@ -127,11 +133,20 @@ def _steps_to_quarantine(run: dict[str, Any]) -> int | None:
 
 
 def _overhead(rounds: int, steps: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {"plain": [], "trust": [], "no_spot": []}
-    for contender in interleaved(("plain", "trust", "no_spot"), rounds):
-        run = _run("none", contender != "plain", 0, steps, wrap=False,
-                   spot=SPOT_EVERY if contender == "trust" else 0)
+    """Step times on a clean run: plain mean, trust with spot checks, trust without;
+    and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
+    parameters: trust's work grows with the gradient, the step's compute with the
+    samples too)."""
+    contenders = ("plain", "trust", "no_spot", "wide_plain", "wide_trust")
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    for contender in interleaved(contenders, rounds):
+        wide = contender.startswith("wide_")
+        run = _run("none", contender not in ("plain", "wide_plain"), 0, steps, wrap=False,
+                   spot=SPOT_EVERY if contender == "trust" else 0,
+                   **({"hidden": WIDE} if wide else {}))
         times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
-    plain, trust, no_spot = (median(times[k]) for k in ("plain", "trust", "no_spot"))
+    plain, trust, no_spot, wide_plain, wide_trust = (median(times[k]) for k in contenders)
     return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
-            "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1}
+            "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1,
+            "wide_plain_ms": wide_plain * 1e3, "wide_trust_ms": wide_trust * 1e3,
+            "overhead_wide": wide_trust / wide_plain - 1}

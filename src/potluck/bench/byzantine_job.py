@@ -12,7 +12,8 @@ from potluck.harness.attacks import Attack, flip_bit, plain_mean
 
 ATTACKER = 3  # rank 0, whose replica is evaluated, is honest
 GLOBAL_BATCH = 256
-FEATURES, CLASSES, HIDDEN = 64, 8, 256
+FEATURES, CLASSES, HIDDEN = 64, 8, 256  # 84k parameters
+WIDE = 1024  # the hidden width of the second timing: 1.1M parameters
 HOLDOUT = 1024
 
 
@@ -26,10 +27,10 @@ def data(steps: int) -> tuple[torch.utils.data.TensorDataset, tuple[torch.Tensor
     return train, (x[:HOLDOUT], y[:HOLDOUT])
 
 
-def model(seed: int) -> nn.Module:
+def model(seed: int, hidden: int = HIDDEN) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                         nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, CLASSES))
 
 
 def spot_loss(net: Any, batch: Any) -> torch.Tensor:
@@ -40,7 +41,8 @@ def spot_loss(net: Any, batch: Any) -> torch.Tensor:
 def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: attack (a name or "none"), trust (bool), seed, steps, wrap (bool: put
     the attack wrapper in even with no attack; False for the timing runs), spot (spot
-    check every K steps under trust; 0: none)."""
+    check every K steps under trust; 0: none), hidden (the model's width; default
+    ``HIDDEN``)."""
     import logging
 
     import potluck
@@ -51,7 +53,7 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
                                         master_addr="127.0.0.1", master_port=port,
                                         source="torchrun"), timeout=60.0)
     train, (hx, hy) = data(spec["steps"])
-    net = model(spec["seed"])
+    net = model(spec["seed"], spec.get("hidden", HIDDEN))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     every = spec.get("spot", 0)
     trust = potluck.Trust(spot_check=potluck.trust.SpotCheck(spot_loss, every=every)

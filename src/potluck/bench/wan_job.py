@@ -40,6 +40,8 @@ class JobArgs:
     out: Path
     measure_steps: int  # > 0: stop after this many steps, no evaluation (step timing)
     corpus_chars: int
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -53,9 +55,11 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
     a = p.parse_args(argv)
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
-                   a.out, a.measure_steps, a.corpus_chars)
+                   a.out, a.measure_steps, a.corpus_chars, a.outer_lr, a.outer_momentum)
 
 
 class Clock:
@@ -160,10 +164,13 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
 
     codec = Int8Blockwise() if args.contender.endswith("-int8") else None
     if args.contender.startswith("streaming"):
-        sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec)
+        sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec,
+                                       outer_lr=args.outer_lr,
+                                       outer_momentum=args.outer_momentum)
     else:
         sync = potluck.DiLoCo(inner_steps=args.inner_steps, codec=codec,
-                              adaptive=args.contender != "diloco-fixed")
+                              adaptive=args.contender != "diloco-fixed",
+                              outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
                                          seed=1, sync=sync, collate=data.collate)
