@@ -7,10 +7,11 @@ final held-out loss of an honest replica over the same seed's clean run (plain m
 attacker), median over the seeds (and the worst seed); the steps from the attack's
 start to the attacker's quarantine, the most over the seeds; quarantines over clean runs
 with trust (false ones), and the step time with trust over without on a clean run
-(interleaved rounds, medians), with and without spot checks, and without them on a
-model of 1.1M parameters (the default one has 84k). One seed made the figures for the
-attacks that only a spot check catches a lottery: its target is one rank of four
-every second step, so the time to catch one ranged from 2 to 25 steps between runs.
+(interleaved rounds, medians), with and without spot checks, without audits either,
+and without spot checks on a model of 1.1M parameters (the default one has 84k). One
+seed made the figures for the attacks that only a spot check catches a lottery: its
+target is one rank of four every second step, so the time to catch one ranged from 2
+to 25 steps between runs.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
           f"{GOALS['clean_overhead']})")
     print(f"  without spot checks (Trust()): {overhead['overhead_no_spot']:+.3f} (step "
           f"{overhead['no_spot_ms']:.2f} ms)")
+    print(f"  without audits either (Trust(audit_every=0)): "
+          f"{overhead['overhead_no_audit']:+.3f} (step {overhead['no_audit_ms']:.2f} ms)")
     print(f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
           f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
           f"{overhead['wide_plain_ms']:.2f} ms)")
@@ -107,9 +110,12 @@ def main(args: argparse.Namespace) -> int:
                                "clean_overhead_without_spot_checks":
                                    overhead["overhead_no_spot"], "spot_every": SPOT_EVERY,
                                "clean_overhead_wide_model": overhead["overhead_wide"],
+                               "clean_overhead_without_audits":
+                                   overhead["overhead_no_audit"],
                                "step_ms": {k: overhead[k] for k in
                                            ("plain_ms", "trust_ms", "no_spot_ms",
-                                            "wide_plain_ms", "wide_trust_ms")},
+                                            "no_audit_ms", "wide_plain_ms",
+                                            "wide_trust_ms")},
                                "quick": bool(args.quick)})
     return 0
 
@@ -137,16 +143,20 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
     and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
     parameters: trust's work grows with the gradient, the step's compute with the
     samples too)."""
-    contenders = ("plain", "trust", "no_spot", "wide_plain", "wide_trust")
+    contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust")
     times: dict[str, list[float]] = {k: [] for k in contenders}
     for contender in interleaved(contenders, rounds):
-        wide = contender.startswith("wide_")
+        extra: dict[str, Any] = {"hidden": WIDE} if contender.startswith("wide_") else {}
+        if contender == "no_audit":
+            extra["audit_every"] = 0
         run = _run("none", contender not in ("plain", "wide_plain"), 0, steps, wrap=False,
-                   spot=SPOT_EVERY if contender == "trust" else 0,
-                   **({"hidden": WIDE} if wide else {}))
+                   spot=SPOT_EVERY if contender == "trust" else 0, **extra)
         times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
-    plain, trust, no_spot, wide_plain, wide_trust = (median(times[k]) for k in contenders)
+    plain, trust, no_spot, no_audit, wide_plain, wide_trust = (median(times[k])
+                                                                for k in contenders)
     return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
+            "no_audit_ms": no_audit * 1e3,
             "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1,
+            "overhead_no_audit": no_audit / plain - 1,
             "wide_plain_ms": wide_plain * 1e3, "wide_trust_ms": wide_trust * 1e3,
             "overhead_wide": wide_trust / wide_plain - 1}

@@ -42,7 +42,7 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     """``spec``: attack (a name or "none"), trust (bool), seed, steps, wrap (bool: put
     the attack wrapper in even with no attack; False for the timing runs), spot (spot
     check every K steps under trust; 0: none), hidden (the model's width; default
-    ``HIDDEN``)."""
+    ``HIDDEN``), audit_every (``Trust``'s; default 1)."""
     import logging
 
     import potluck
@@ -57,7 +57,7 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     every = spec.get("spot", 0)
     trust = potluck.Trust(spot_check=potluck.trust.SpotCheck(spot_loss, every=every)
-                          if every else None)
+                          if every else None, audit_every=spec.get("audit_every", 1))
     wrapped, opt, loader = potluck.prepare(
         net, optimizer, train, global_batch=GLOBAL_BATCH, seed=spec["seed"], cohort=cohort,
         trust=trust if spec["trust"] else None)

@@ -54,7 +54,7 @@ class WanConfig:
     quota: float | None = None
     # ddp-powersgd is left out: torch 2.13 DDP + PowerSGD on Gloo fails (module doc)
     contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "diloco", "diloco-int8",
-                                   "streaming-int8")
+                                   "streaming-int8", "localsgd-int8")
     logs: str | None = None
 
     def validated(self) -> WanConfig:

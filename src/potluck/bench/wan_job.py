@@ -10,8 +10,9 @@ the busy figure, every rank) writes a JSON of what it saw.
 Contenders: ``ddp``, ``ddp-fp16`` and ``ddp-powersgd`` (torch DDP, with torch's own
 hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), and
 ``diloco-fixed`` (the same with ``adaptive=False``: every worker takes H local steps),
-and ``streaming-int8`` (``StreamingDiLoCo(H, 4, codec=Int8Blockwise())``: four fragments
-in turn, each overlapped with the following local steps).
+``streaming-int8`` (``StreamingDiLoCo(H, 4, codec=Int8Blockwise())``: four fragments
+in turn, each overlapped with the following local steps), and ``localsgd-int8``
+(``LocalSGD(H, codec=Int8Blockwise())``: DiLoCo whose outer step is the plain average).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed",
-              "streaming-int8")
+              "streaming-int8", "localsgd-int8")
 STREAMING_FRAGMENTS = 4
 
 
@@ -42,6 +43,7 @@ class JobArgs:
     corpus_chars: int
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    mixing: float = 0.5
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -57,9 +59,11 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--corpus-chars", type=int, default=400_000)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--mixing", type=float, default=0.5, help="streaming's merge weight")
     a = p.parse_args(argv)
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
-                   a.out, a.measure_steps, a.corpus_chars, a.outer_lr, a.outer_momentum)
+                   a.out, a.measure_steps, a.corpus_chars, a.outer_lr, a.outer_momentum,
+                   a.mixing)
 
 
 class Clock:
@@ -163,14 +167,18 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     from potluck.sync import DiLoCoSync
 
     codec = Int8Blockwise() if args.contender.endswith("-int8") else None
-    if args.contender.startswith("streaming"):
+    if args.contender.startswith("localsgd"):
+        sync = potluck.LocalSGD(args.inner_steps, codec=codec)
+    elif args.contender.startswith("streaming"):
         sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec,
                                        outer_lr=args.outer_lr,
-                                       outer_momentum=args.outer_momentum)
+                                       outer_momentum=args.outer_momentum,
+                                       nesterov=args.outer_momentum > 0, mixing=args.mixing)
     else:
         sync = potluck.DiLoCo(inner_steps=args.inner_steps, codec=codec,
                               adaptive=args.contender != "diloco-fixed",
-                              outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
+                              outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                              nesterov=args.outer_momentum > 0)
     inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
                                          seed=1, sync=sync, collate=data.collate)
