@@ -280,6 +280,35 @@ def test_the_keyed_digest_sees_any_change_and_depends_on_the_key() -> None:
         assert keyed_digest([values.to(dtype)], 11) not in (0, whole)
 
 
+@pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
+def test_the_keyed_digest_is_its_definition_in_exact_integers(key: int) -> None:
+    """The numpy product and sum wrap in 64 bits: the digest equals the dot product of
+    the 32-bit words with the key's PCG64 words computed in Python's exact integers,
+    reduced modulo 2^64 to a signed word; any key (negative ones too) seeds it."""
+    import numpy as np
+
+    from potluck.trust.fingerprint import keyed_digest
+
+    values = torch.randn(300, generator=torch.Generator().manual_seed(5)).to(torch.float64)
+    words = values.view(torch.int32).tolist()
+    table = np.random.PCG64(key & 0xFFFF_FFFF_FFFF_FFFF).random_raw(len(words))
+    exact = sum(w * int(t) for w, t in zip(words, table, strict=True)) % (1 << 64)
+    assert keyed_digest([values], key) == (exact - (1 << 64) if exact >> 63 else exact)
+
+
+def test_the_copy_digest_is_the_first_64_bits_of_sha256_of_the_bytes() -> None:
+    import hashlib
+
+    from potluck.trust.audit import digest
+
+    a = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(7, dtype=torch.float64)
+    expected = hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).digest()[:8]
+    assert digest([a, b]) == int.from_bytes(expected, "big", signed=True)
+    strided = a.t()  # not contiguous: hashed as its values in order
+    assert digest([strided]) == digest([strided.contiguous()])
+
+
 def _dispute(member: str, party: str, step: int) -> Evidence:
     return Evidence(member, 0, step, DISPUTED, "", party)
 

@@ -207,7 +207,7 @@ def test_a_partial_strikes_setting_keeps_the_other_defaults() -> None:
     assert rules.strikes[FAR] == 3 and rules.strikes[DIVERGED] == 2
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 33])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 17, 24, 31, 32, 33])
 def test_the_lower_median_is_torch_median_also_with_ties(n: int) -> None:
     from potluck.trust.aggregate import lower_median
     gen = torch.Generator().manual_seed(n)

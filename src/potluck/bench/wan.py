@@ -1,6 +1,6 @@
 """``potluck bench wan``: torch DDP (plain, and with torch's fp16 hook) vs potluck DiLoCo
-(plain, and int8 on the wire) and Streaming DiLoCo (int8) over a rate-limited link
-between two network namespaces.
+(plain, and int8 on the wire), Streaming DiLoCo (int8) and Local SGD (int8) over a
+rate-limited link between two network namespaces.
 (``wan_job`` can run ``ddp-powersgd``, but torch 2.13's DDP with its PowerSGD hook fails on
 Gloo here: "Received data size doesn't match expected size" in the first steps; not
 root-caused, so it is not in the default contenders.)

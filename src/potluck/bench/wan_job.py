@@ -41,9 +41,7 @@ class JobArgs:
     out: Path
     measure_steps: int  # > 0: stop after this many steps, no evaluation (step timing)
     corpus_chars: int
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    mixing: float = 0.5
+    outer: dict[str, Any] | None = None  # DiLoCo's outer-step settings given as flags
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -57,13 +55,22 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
-    p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--mixing", type=float, default=0.5, help="streaming's merge weight")
+    p.add_argument("--outer-lr", type=float, help="DiLoCo's outer lr (default: DiLoCo's)")
+    p.add_argument("--outer-momentum", type=float,
+                   help="DiLoCo's outer momentum (0: plain SGD; default: DiLoCo's)")
+    p.add_argument("--mixing", type=float, help="Streaming DiLoCo's merge weight")
     a = p.parse_args(argv)
+    outer = {k: v for k, v in (("outer_lr", a.outer_lr), ("outer_momentum", a.outer_momentum),
+                               ("mixing", a.mixing)) if v is not None}
+    if "outer_momentum" in outer:
+        outer["nesterov"] = outer["outer_momentum"] > 0
+    if outer and not a.contender.startswith(("diloco", "streaming")):
+        p.error("--outer-lr, --outer-momentum and --mixing are for the diloco and "
+                "streaming contenders")
+    if "mixing" in outer and not a.contender.startswith("streaming"):
+        p.error("--mixing is for the streaming contender")
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
-                   a.out, a.measure_steps, a.corpus_chars, a.outer_lr, a.outer_momentum,
-                   a.mixing)
+                   a.out, a.measure_steps, a.corpus_chars, outer or None)
 
 
 class Clock:
@@ -171,14 +178,10 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
         sync = potluck.LocalSGD(args.inner_steps, codec=codec)
     elif args.contender.startswith("streaming"):
         sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec,
-                                       outer_lr=args.outer_lr,
-                                       outer_momentum=args.outer_momentum,
-                                       nesterov=args.outer_momentum > 0, mixing=args.mixing)
+                                       **(args.outer or {}))
     else:
         sync = potluck.DiLoCo(inner_steps=args.inner_steps, codec=codec,
-                              adaptive=args.contender != "diloco-fixed",
-                              outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                              nesterov=args.outer_momentum > 0)
+                              adaptive=args.contender != "diloco-fixed", **(args.outer or {}))
     inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
                                          seed=1, sync=sync, collate=data.collate)

@@ -133,11 +133,12 @@ def _kept(copies: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, to
         raise ConfigError(f"aggregate() takes copies [n, m] and weights [n], got "
                           f"{tuple(copies.shape)} and {tuple(weights.shape)}")
     keep = (weights > 0) & finite_rows(copies)
-    if not bool(keep.any()):  # nothing usable: the step is non-finite, and skipped
+    count = int(keep.sum())
+    if count == 0:  # nothing usable: the step is non-finite, and skipped
         return torch.full_like(copies[:1], float("nan")), torch.ones(
             1, dtype=copies.dtype, device=copies.device)
     w = weights[keep].to(copies.dtype)
-    if bool(keep.all()):  # (the clean case: no masked copy of every row)
+    if count == copies.shape[0]:  # (the clean case: no masked copy of every row)
         return copies, w / w.sum()
     return copies[keep], w / w.sum()
 

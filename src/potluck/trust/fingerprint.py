@@ -55,9 +55,13 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
 
 def word_sum(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The sum, in 64 bits (wrapping), of the tensor's ``bit_words`` (of each row of a
-    2-d tensor with ``dim=1``). Widened first: ``sum(dtype=torch.int64)`` of 32-bit
-    words is several times slower on the CPU than a widened copy's sum."""
+    2-d tensor with ``dim=1``). On the CPU widened first: ``sum(dtype=torch.int64)`` of
+    32-bit words is several times slower there than a widened copy's sum."""
     words = bit_words(tensor) if dim is None else bit_words(tensor).view(tensor.shape[0], -1)
+    if words.device.type != "cpu":  # no widened copy on an accelerator (its memory)
+        if dim is None:
+            return words.sum(dtype=torch.int64)
+        return words.sum(dim=dim, dtype=torch.int64)
     wide = words.to(torch.int64)
     return wide.sum() if dim is None else wide.sum(dim)
 
@@ -72,9 +76,14 @@ def bit_words(tensor: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=2)
 def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words from the key: numpy's PCG64 stream, whose bits
-    numpy keeps the same across versions and machines, so every rank draws the same
-    words (twice as fast as ``torch.randint``), moved to the values' device. Kept for
-    the step's other owners, whose digests use the same key and length."""
-    raw = np.random.PCG64(key & 0xFFFF_FFFF_FFFF_FFFF).random_raw(length)
-    return torch.from_numpy(raw.view(np.int64)).to(device)
+    """``length`` random 64-bit words from the key, the same on every rank of a cohort
+    (all on one device type), kept for the step's other owners, whose digests use the
+    same key and length. On the CPU numpy's PCG64 stream (numpy keeps its bits the same
+    across versions and machines; twice as fast as ``torch.randint``); on an
+    accelerator drawn there (no host-side draw and copy of a gradient's worth)."""
+    seed = key & 0xFFFF_FFFF_FFFF_FFFF
+    if device.type == "cpu":
+        return torch.from_numpy(np.random.PCG64(seed).random_raw(length).view(np.int64))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(-(1 << 63), (1 << 63) - 1, (length,), generator=generator,
+                         dtype=torch.int64, device=device)
