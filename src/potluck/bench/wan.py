@@ -17,7 +17,8 @@ ends), one process per rank and contender (``wan_job.py``). In order:
    times ``--diloco-factor``: its real wall time to the target.
 
 Figures in ``wan_figures.py``; ``--quota Q`` holds worker 1 to Q of a core (cgroup v1),
-for the fast worker's busy fraction with adaptive local steps and with a fixed H.
+for the fast worker's busy fraction with adaptive local steps (DiLoCo, and Streaming
+DiLoCo with int8, whose syncs overlap the local steps) and with a fixed H.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def config_from_args(args: argparse.Namespace) -> WanConfig:
     if args.inner_steps is not None:
         config = replace(config, inner_steps=args.inner_steps)
     if args.quota is not None:
-        config = replace(config, contenders=("ddp", "diloco", "diloco-fixed"))
+        config = replace(config, contenders=("ddp", "diloco", "streaming-int8", "diloco-fixed"))
     return config.validated()
 
 
