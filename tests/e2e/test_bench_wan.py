@@ -36,3 +36,22 @@ def test_bad_flags_are_clear_errors() -> None:
                           (["--bandwidth", "fast"], "a tc rate, e.g. 10mbit")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             config_from_args(parser.parse_args(argv))
+
+
+@pytest.mark.timeout(30)
+def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> None:
+    """``wan_job``'s sweep flags: unset, DiLoCo keeps its own defaults; momentum 0 is
+    plain SGD (no Nesterov, which needs momentum); a flag a contender ignores is refused
+    (argparse's exit 2), not silently dropped."""
+    from potluck.bench.wan_job import _parse
+
+    base = ["--batches", "10", "--out", "/tmp/unused.json", "--contender"]
+    assert _parse([*base, "diloco-int8"]).outer is None
+    plain = _parse([*base, "diloco", "--outer-lr", "1.0", "--outer-momentum", "0"])
+    assert plain.outer == {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+    assert _parse([*base, "streaming-int8", "--mixing", "0.3"]).outer == {"mixing": 0.3}
+    for argv in ([*base, "ddp", "--outer-lr", "1.0"], [*base, "localsgd-int8", "--mixing", "0.2"],
+                 [*base, "diloco", "--mixing", "0.2"]):
+        with pytest.raises(SystemExit) as refused:
+            _parse(argv)
+        assert refused.value.code == 2
