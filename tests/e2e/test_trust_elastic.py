@@ -44,3 +44,32 @@ def test_attacker_is_quarantined_removed_and_refused_when_it_restarts(tmp_path: 
     assert len({r["pid"] for r in notes}) >= 3, notes
     assert {(r["member"], r["step"]) for r in notes} == {(done[0][1], int(done[0][2]))}
     assert all("far from the center" in r["text"] for r in notes)
+
+
+@pytest.mark.timeout(150)
+def test_a_joiner_fingerprints_on_the_cohorts_schedule(tmp_path: Path) -> None:
+    """With ``fingerprint_every=3`` a worker that joins mid-run (a crashed one restarted
+    as a new member, with the live state) must compare its fingerprint in the same
+    steps as the others (it takes their step count from the live state): otherwise it
+    sends "not compared" where they compare, and looks diverged. Nobody is struck or
+    repaired, and every replica ends bitwise equal."""
+    crashed, out = tmp_path / "crashed", tmp_path / "final.pt"
+    result = potluck_run("--nproc-per-node", "3", "--elastic", "--max-restarts", "1",
+                         "--min-workers", "3", "--min-workers-timeout", "100",
+                         "--token", "s3cret", str(SCRIPTS / "trust_joiner.py"),
+                         "--crashed", str(crashed), "--out", str(out), timeout=140)
+    err = result.stderr
+    assert result.returncode == 0, err[-3000:]
+    assert crashed.read_text() == "8"
+    assert "joined at step" in err, err[-3000:]  # the restart came back as a joiner
+    joined = int(re.findall(r"joined at step (\d+) with the cohort's live state", err)[0])
+    # (the survivors wait below --min-workers 3, so it joins right after the crash, and
+    # its first step, 9, is one the cohort compares: a joiner counting from 0 would not)
+    assert joined == 8, joined
+    done = re.findall(r"worker done after step (\d+): (\d+) workers; strikes \[(.*)\]; "
+                      r"events \[(.*)\]; fingerprint (0x[0-9a-f]+)", err)
+    assert len(done) == 3, err[-3000:]
+    assert all(step == "30" and workers == "3" for step, workers, _, _, _ in done), done
+    assert all(strikes == "" and events == "" for _, _, strikes, events, _ in done), done
+    assert len({fp for *_, fp in done}) == 1, done  # every replica alike
+    assert all(torch.isfinite(v).all() for v in torch.load(out).values())

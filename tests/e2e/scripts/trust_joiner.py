@@ -1,0 +1,55 @@
+"""An elastic job with trust comparing fingerprints every 3 steps, where local rank 2
+crashes once (after step ``--crash-at``) and its launcher restarts it as a new member
+that joins with the live state. Every worker trains to step ``--steps`` and prints its
+strikes, events and parameters' fingerprint; rank 0 saves its parameters to ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import potluck
+from potluck.trust import TrustPart
+from potluck.trust.fingerprint import fingerprint
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--crash-at", type=int, default=8)
+parser.add_argument("--crashed", type=Path, required=True)  # written by the crash
+parser.add_argument("--out", type=Path, required=True)
+args = parser.parse_args()
+
+torch.set_num_threads(1)
+gen = torch.Generator().manual_seed(0)
+x = torch.randn(4096, 8, generator=gen)
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
+                                     global_batch=36,
+                                     trust=potluck.Trust(fingerprint_every=3))
+part = opt.part(TrustPart)
+assert part is not None
+crasher = int(os.environ["LOCAL_RANK"]) == 2 and not args.crashed.exists()
+while opt.steps < args.steps:
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+        if crasher and opt.steps == args.crash_at:
+            args.crashed.write_text(str(opt.steps))
+            sys.stderr.flush()
+            os._exit(1)  # a worker lost mid-run (the test's fault, not a way to end)
+        if opt.steps >= args.steps:
+            break
+strikes = [f"{e.member}:{e.kind}@{e.step}" for e in part.strikes.evidence]
+print(f"worker done after step {opt.steps}: {opt.cohort.world_size} workers; strikes "
+      f"{strikes}; events {[e['event'] for e in part.events]}; fingerprint "
+      f"{fingerprint([p.data for p in net.parameters()]):#x}", file=sys.stderr, flush=True)
+if opt.cohort.rank == 0:
+    torch.save(net.state_dict(), args.out)
+opt.finish()
