@@ -26,14 +26,11 @@ def _run(attack: str, trust: bool, steps: int = STEPS, wrap: bool = True,
 def _params(rank: int, world_size: int, port: int, trust: bool,
             flip_after: int | None, batchnorm: bool = False) -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
-    from potluck.env import WorkerEnv
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
     from potluck.harness.attacks import flip_bit
     from potluck.trust.fingerprint import fingerprint
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port)
     train, _ = data(8)
     net = model(0)
     if batchnorm:  # each rank's statistics differ until rank 0's are broadcast
@@ -192,12 +189,9 @@ def _handing_another(exchange: Any, last: bool) -> None:
 def _lying_owner(rank: int, world_size: int, port: int,
                  attack: str = "aggregate") -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
-    from potluck.env import WorkerEnv
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port)
     train, _ = data(30)
     net = model(0)
     wrapped, opt, loader = potluck.prepare(
@@ -307,12 +301,9 @@ def _collectives(rank: int, world_size: int, port: int) -> dict[str, int]:
     import collections
 
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
-    from potluck.env import WorkerEnv
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port)
     train, _ = data(10)
     net = model(0)
     wrapped, opt, loader = potluck.prepare(
@@ -376,13 +367,10 @@ class _Mixed(torch.nn.Module):
 
 def _mixed(rank: int, world_size: int, port: int, trust: bool) -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, model
-    from potluck.env import WorkerEnv
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
     from potluck.trust.fingerprint import fingerprint
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port)
     train, _ = data(12)
     net = _Mixed(model(0))  # type: ignore[arg-type]
     wrapped, opt, loader = potluck.prepare(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from potluck.harness.attacks import Attack, flip_bit, plain_mean
+
+if TYPE_CHECKING:
+    from potluck.cohort import Cohort
 
 ATTACKER = 3  # rank 0, whose replica is evaluated, is honest
 GLOBAL_BATCH = 256
@@ -38,6 +41,16 @@ def spot_loss(net: Any, batch: Any) -> torch.Tensor:
     return nn.functional.cross_entropy(net(batch[0]), batch[1])
 
 
+def join(rank: int, world_size: int, port: int) -> Cohort:
+    """This rank's cohort on loopback (``harness.ranks.run_ranks`` starts the ranks)."""
+    import potluck
+    from potluck.env import WorkerEnv
+
+    return potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
+                                      master_addr="127.0.0.1", master_port=port,
+                                      source="torchrun"), timeout=60.0)
+
+
 def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: attack (a name or "none"), trust (bool), seed, steps, wrap (bool: put
     the attack wrapper in even with no attack; False for the timing runs), spot (spot
@@ -46,12 +59,9 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     import logging
 
     import potluck
-    from potluck.env import WorkerEnv
 
     logging.getLogger("potluck").setLevel(logging.ERROR)  # the figures say what happened
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port)
     train, (hx, hy) = data(spec["steps"])
     net = model(spec["seed"], spec.get("hidden", HIDDEN))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)

@@ -57,13 +57,12 @@ def word_sum(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The sum, in 64 bits (wrapping), of the tensor's ``bit_words`` (of each row of a
     2-d tensor with ``dim=1``). On the CPU widened first: ``sum(dtype=torch.int64)`` of
     32-bit words is several times slower there than a widened copy's sum."""
-    words = bit_words(tensor) if dim is None else bit_words(tensor).view(tensor.shape[0], -1)
-    if words.device.type != "cpu":  # no widened copy on an accelerator (its memory)
-        if dim is None:
-            return words.sum(dtype=torch.int64)
-        return words.sum(dim=dim, dtype=torch.int64)
-    wide = words.to(torch.int64)
-    return wide.sum() if dim is None else wide.sum(dim)
+    words = bit_words(tensor)
+    if dim is not None:
+        words = words.view(tensor.shape[0], -1)
+    if words.device.type == "cpu":  # (not on an accelerator: its memory)
+        words = words.to(torch.int64)
+    return words.sum(dtype=torch.int64) if dim is None else words.sum(dim, dtype=torch.int64)
 
 
 def bit_words(tensor: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import torch
+from _trust_toy import toy_job
 
 import potluck
 from potluck.errors import AdmissionError
@@ -23,12 +24,7 @@ parser.add_argument("--refused", type=Path, required=True)
 parser.add_argument("--out", type=Path, required=True)
 args = parser.parse_args()
 
-torch.set_num_threads(1)
-gen = torch.Generator().manual_seed(0)
-x = torch.randn(4096, 8, generator=gen)
-data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+data, net = toy_job()
 try:
     model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
                                          global_batch=32, trust=potluck.Trust())

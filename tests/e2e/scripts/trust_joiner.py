@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _trust_toy import toy_job
 
 import potluck
 from potluck.trust import TrustPart
@@ -23,12 +24,7 @@ parser.add_argument("--crashed", type=Path, required=True)  # written by the cra
 parser.add_argument("--out", type=Path, required=True)
 args = parser.parse_args()
 
-torch.set_num_threads(1)
-gen = torch.Generator().manual_seed(0)
-x = torch.randn(4096, 8, generator=gen)
-data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+data, net = toy_job()
 model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
                                      global_batch=36,
                                      trust=potluck.Trust(fingerprint_every=3))
