@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from potluck import tensor_pack
 from potluck.errors import PeerLostError, PotluckError
 from potluck.group import GroupHandle, ProcessGroupLike
 
@@ -155,23 +156,26 @@ def allgather_object(obj: Any, group: Group, device: torch.device | None = None)
 def broadcast_object(obj: Any, group: Group, src: int = 0,
                      device: torch.device | None = None,
                      timeout: timedelta | None = None) -> Any:
-    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None).
+    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None);
+    ``src`` gets ``obj`` itself back, the others a copy whose plain tensors are on the
+    CPU. The tensors travel as raw bytes beside a small pickle (``tensor_pack``), in one
+    broadcast on ``device`` after one of its length.
 
     ``timeout`` replaces the group's own for this call (e.g. to wait for a slow joiner).
     """
     device = device or torch.device("cpu")
-    payload = pickle.dumps(obj) if group.rank() == src else b""
-    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    packed = tensor_pack.pack(obj, device) if group.rank() == src else None
+    length = torch.tensor([0 if packed is None else packed.numel()], dtype=torch.int64,
+                          device=device)
     opts = dist.BroadcastOptions()
     opts.rootRank = src
     if timeout is not None:
         opts.timeout = timeout
     settle(lambda: group.broadcast([length], opts), group, "state broadcast")
-    data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
-    if group.rank() == src:
-        data[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    data = packed if packed is not None else torch.empty(
+        int(length.item()), dtype=torch.uint8, device=device)
     settle(lambda: group.broadcast([data], opts), group, "state broadcast")
-    return pickle.loads(data.cpu().numpy().tobytes())
+    return obj if packed is not None else tensor_pack.unpack(data)
 
 
 def group_rank_and_size(group: Group | None) -> tuple[int, int]:

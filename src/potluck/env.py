@@ -49,6 +49,8 @@ MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 # A warm spare's pipe: the agent writes the environment of the worker it replaces there.
 STANDBY_FD = "POTLUCK_STANDBY_FD"
+# The spare template's socket to its agent (``launch.template``).
+TEMPLATE_FD = "POTLUCK_TEMPLATE_FD"
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,12 @@ def standby_fd(environ: Mapping[str, str] | None = None) -> int | None:
     """The pipe a warm spare waits on for its worker's environment; None: not a spare."""
     env = os.environ if environ is None else environ
     return _int(env, STANDBY_FD, None, minimum=0)
+
+
+def template_fd(environ: Mapping[str, str] | None = None) -> int | None:
+    """The spare template's socket to its agent; None: not the template."""
+    env = os.environ if environ is None else environ
+    return _int(env, TEMPLATE_FD, None, minimum=0)
 
 
 def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:

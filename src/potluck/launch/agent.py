@@ -31,6 +31,7 @@ from potluck import env as potluck_env
 from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
+from potluck.launch.forked import Template
 from potluck.launch.policy import Action, Outcome, next_action
 from potluck.launch.report import (
     WorkerResult,
@@ -42,7 +43,7 @@ from potluck.launch.report import (
     stop_file,
     stopped_below_minimum,
 )
-from potluck.launch.spare import Spare
+from potluck.launch.spare import Spare, WaitingSpare, WorkerProcess
 from potluck.launch.store import (
     JobStore,
     check_in,
@@ -70,7 +71,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class _Worker:
     rank: int
     local_rank: int
-    proc: subprocess.Popen[bytes]
+    proc: WorkerProcess
     error_file: str
     finished_file: str
     pumps: list[threading.Thread] = field(default_factory=list)
@@ -107,6 +108,7 @@ class Agent:
         self._layout = Layout.assumed(self.config)  # until the nodes have met
         self._said_not_joined = False
         self._status: StatusService | None = None  # node 0's status page (--status-port)
+        self._template: Template | None = None  # forks warm spares (elastic, Linux)
 
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
@@ -261,11 +263,14 @@ class Agent:
                     outcome = self._monitor(workers)
             finally:
                 self._stop(workers)
+                if self._template is not None:  # (its children are gone: stopped above)
+                    self._template.close()
+                    self._template = None
             results = [_result(w) for w in workers]
         return outcome, results
 
     def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str,
-               spare: Spare | None = None) -> _Worker:
+               spare: WaitingSpare | None = None) -> _Worker:
         """Start the worker of ``local_rank``: ``spare`` becomes it when given and alive."""
         cfg = self.config
         error_file = os.path.join(tmp, f"error-{local_rank}.json")
@@ -274,7 +279,7 @@ class Agent:
             with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
                 os.remove(leftover)
         environ = self._environ(local_rank, port, restarts, error_file, finished_file)
-        proc = spare.take(environ) if spare is not None else None
+        proc: WorkerProcess | None = spare.take(environ) if spare is not None else None
         if proc is None:
             proc = subprocess.Popen(
                 self._command(), env=environ, stdin=subprocess.DEVNULL,
@@ -307,17 +312,26 @@ class Agent:
         )
 
     def _command(self) -> list[str]:
+        return [sys.executable, "-m", "potluck.launch.worker", *self._bootstrap_argv()]
+
+    def _bootstrap_argv(self) -> list[str]:
+        """The worker bootstrap's arguments: ``[-m] script args...``."""
         cfg = self.config
         target = ["-m", cfg.script] if cfg.module else [cfg.script]
-        return [sys.executable, "-m", "potluck.launch.worker", *target, *cfg.script_args]
+        return [*target, *cfg.script_args]
 
-    def _new_spare(self, port: int, tmp: str) -> Spare | None:
-        """A warm spare for the next restart, if one can come (``--no-warm-spare``: never)."""
+    def _new_spare(self, port: int, tmp: str) -> WaitingSpare | None:
+        """A warm spare for the next restart, if one can come (``--no-warm-spare``: never):
+        forked by the spare template where there is one (Linux), else started afresh."""
         if not self.config.warm_spare:
             return None
         placeholder = os.path.join(tmp, "spare")  # its real files come with its worker's
+        environ = self._environ(0, port, 0, placeholder, placeholder)
         try:
-            return Spare(self._command(), self._environ(0, port, 0, placeholder, placeholder))
+            if self._template is None and sys.platform.startswith("linux"):
+                self._template = Template(self._bootstrap_argv(), environ)
+            forked = self._template.spare(environ) if self._template is not None else None
+            return forked if forked is not None else Spare(self._command(), environ)
         except OSError as exc:  # out of processes or fds: restarts start cold, as before
             self._emit(f"potluck run: no warm spare ({exc.strerror or exc}); a restart will "
                        "start a fresh interpreter")

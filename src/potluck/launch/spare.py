@@ -18,8 +18,32 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import IO, Any, Protocol
 
 from potluck import env as names
+
+
+class WorkerProcess(Protocol):
+    """What the agent uses of a worker's process: a ``subprocess.Popen``, or a process
+    the spare template forked (``forked.ForkedProcess``)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | Any: ...
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class WaitingSpare(Protocol):
+    """A spare process waiting for the worker it becomes: ``Spare`` or ``ForkedSpare``."""
+
+    def take(self, environ: Mapping[str, str]) -> WorkerProcess | None: ...
+    def discard(self) -> None: ...
 
 
 class Spare:

@@ -14,7 +14,8 @@ reported as that, and never restarts a completed training. It also asks the kern
 kill this worker if the launcher dies, so no worker outlives its agent.
 
 A warm spare (``POTLUCK_STANDBY_FD`` set: the agent of an elastic job starts one ahead
-of a restart) first imports what every worker imports, at the lowest CPU priority, then
+of a restart) first imports what every worker imports, at the lowest CPU priority (its
+own and its session's autogroup's, see ``priority``), then
 waits on that pipe for the environment of the worker it replaces, and only then runs
 the script; the agent closing the pipe unused sends it away.
 """
@@ -40,7 +41,7 @@ from potluck.launch.report import write_error_file, write_finished_file, write_s
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_agent() -> None:
+def die_with_agent() -> None:
     agent = env.agent_pid()
     if agent is None or not sys.platform.startswith("linux"):
         return
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]
     if not argv:
         sys.exit("usage: python -m potluck.launch.worker [-m] script.py [args...]")
-    _die_with_agent()
+    die_with_agent()
     if not _wait_as_spare():
         return  # not needed after all
     target = argv[0]
@@ -105,10 +106,12 @@ def _wait_as_spare() -> bool:
     if fd is None:
         return True
     nice = priority.lower()
+    group_nice = priority.lower_autogroup()
     received: list[bytes] = []
-    listener = threading.Thread(target=_listen, args=(fd, nice, received), daemon=True)
+    listener = threading.Thread(target=_listen, args=(fd, nice, group_nice, received),
+                                daemon=True)
     listener.start()
-    _warm_up()
+    warm_up()
     listener.join()
     if not received or not received[0]:
         return False
@@ -121,10 +124,19 @@ def _wait_as_spare() -> bool:
     return True
 
 
-def _listen(fd: int, nice: int | None, received: list[bytes]) -> None:
+def _listen(fd: int, nice: int | None, group_nice: int | None,
+            received: list[bytes]) -> None:
     with os.fdopen(fd, "rb") as pipe:
         received.append(pipe.readline())
-    if nice is None or not received[0]:
+    if not received[0]:
+        return
+    if group_nice is not None:
+        try:
+            priority.restore_autogroup(group_nice)
+        except OSError as exc:  # the kernel allows it: say what happened
+            print(f"potluck: this worker's session stays at autogroup nice "
+                  f"{priority.LOWEST}: {exc}", file=sys.stderr, flush=True)
+    if nice is None:
         return
     try:
         priority.restore(nice)
@@ -133,7 +145,7 @@ def _listen(fd: int, nice: int | None, received: list[bytes]) -> None:
               file=sys.stderr, flush=True)
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """What a worker's first seconds cost: torch, torch.distributed, and the first
     optimizer (whose ``add_param_group`` imports ``torch._dynamo``, 1.5 s more). Only
     imports and a throwaway tensor: nothing the script could observe."""

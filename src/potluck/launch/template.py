@@ -1,0 +1,128 @@
+"""The spare template: one warm process per node that forks warm spares on request.
+
+    python -m potluck.launch.template [-m] script.py [args...]
+    (started by the agent, with ``POTLUCK_TEMPLATE_FD``)
+
+A warm spare saves a restarted worker its interpreter's start-up (``import torch`` and
+the first optimizer's ``torch._dynamo``: 3-4 s of CPU). On a machine whose cores the
+workers keep busy that CPU has to come from somewhere: a spare at the lowest priority
+could only warm up once it was taken, at the survivors' expense (measured on a 2-core
+VM: the survivors' steps 15-20% slower for 4 s after each kill, 0.65 s lost per kill).
+The template pays the start-up once, beside the workers' own start-up (at normal
+priority: a restart that comes first waits for it), and then forks a spare per request:
+a child of a warm process is warm at once, and costs the machine the pages it writes.
+
+The protocol, on a ``SOCK_SEQPACKET`` Unix socket from the agent (``forked`` is the
+agent's side): a request is ``{"id", "env"}`` with three file descriptors (the
+spare's stdout and stderr, and the read end of its standby pipe); the template answers
+``{"id", "pid"}`` once it forked, and ``{"exit": pid, "code": c}`` when a child ended
+(``code`` as ``subprocess`` gives it: -N for a signal). The template serves no request
+before it is warm. It ends when the agent closes the socket, and dies with the agent
+(parent-death signal); its children die with it, so no spare or worker outlives it.
+
+Every child runs the worker bootstrap with the template's arguments (the job's script),
+and shows in ``ps`` as the template does. A child starts a session of its own, takes
+its descriptors as 0 (``/dev/null``), 1 and 2, and then runs the worker bootstrap
+exactly as a spare started afresh would (``worker.main``): it waits, at the lowest
+priority (``priority``), on its standby pipe for the environment of the worker it
+becomes. It leaves the template's loop by returning from ``serve``, so that the script
+ends the way any worker's does, with the interpreter's own shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+from potluck import env
+from potluck.launch import worker
+
+_MAX_MESSAGE = 1 << 20  # bytes: a request carries a worker's environment
+
+
+def serve(sock: socket.socket) -> bool:
+    """Answer requests until the agent closes ``sock`` (returns False); in a forked
+    child, returns True instead."""
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that it wakes us
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ, "request")
+        selector.register(wakeup_read, selectors.EVENT_READ, "child")
+        while True:
+            for key, _ in selector.select():
+                if key.data == "child":
+                    os.read(wakeup_read, 4096)
+                    _report_exits(sock)
+                    continue
+                message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+                if not message:
+                    return False  # the agent is done
+                request = json.loads(message)
+                pid = os.fork()
+                if pid == 0:
+                    for fd in (wakeup_read, wakeup_write):
+                        os.close(fd)
+                    return _become_spare(sock, request, fds)
+                for fd in fds:
+                    os.close(fd)
+                sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _report_exits(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        sock.send(json.dumps({"exit": pid, "code": code}).encode())
+
+
+def _become_spare(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> bool:
+    """In the forked child: a session, descriptors and priority of its own."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sock.close()
+    os.setsid()
+    template = os.getppid()
+    stdout, stderr, standby = fds
+    null = os.open(os.devnull, os.O_RDONLY)
+    for source, target in ((null, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(source, target)
+        os.close(source)
+    environ = dict(request["env"])
+    # The bootstrap checks that its parent is the process it must die with: here the
+    # template (which dies with the agent), until the agent hands it its own variables.
+    environ[env.AGENT_PID] = str(template)
+    environ[env.STANDBY_FD] = str(standby)
+    os.environ.clear()
+    os.environ.update(environ)
+    return True
+
+
+def main() -> None:
+    fd = env.template_fd()
+    if fd is None:
+        sys.exit("potluck.launch.template is started by potluck run's agent")
+    worker.die_with_agent()
+    worker.warm_up()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sock = socket.socket(fileno=fd)
+    if not serve(sock):
+        sock.close()
+        return
+    worker.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
