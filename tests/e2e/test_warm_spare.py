@@ -49,12 +49,14 @@ def test_restarted_worker_is_the_warm_spare_with_its_own_variables(tmp_path: Pat
     line = restarted[0]
     assert "local rank 1 restart 1 argv ['--flag', 'x']" in line, line
     assert "torch preloaded True" in line, line  # imported by the spare, not the script
-    assert f"nice {os.getpriority(os.PRIO_PROCESS, 0)}" in line, line  # priority back
+    assert f"nice {os.getpriority(os.PRIO_PROCESS, 0)} " in line, line  # priority back
     assert "standby None" in line, line  # the spare's pipe is not the worker's business
     first = [line for line in out.splitlines() if line.startswith("[worker0]: ")]
+    group = first[0].split(" autogroup ")[1].split()[0] if first else None
     assert first == ["[worker0]: local rank 0 restart 0 argv ['--flag', 'x'] "
                      f"torch preloaded False nice {os.getpriority(os.PRIO_PROCESS, 0)} "
-                     "standby None"], out
+                     f"autogroup {group} standby None"], out
+    assert f" autogroup {group} " in line and group != "19", (group, line)  # its own again
 
 
 @pytest.mark.timeout(100)

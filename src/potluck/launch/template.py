@@ -17,8 +17,10 @@ agent's side): a request is ``{"id", "env"}`` with three file descriptors (the
 spare's stdout and stderr, and the read end of its standby pipe); the template answers
 ``{"id", "pid"}`` once it forked, and ``{"exit": pid, "code": c}`` when a child ended
 (``code`` as ``subprocess`` gives it: -N for a signal). The template serves no request
-before it is warm. It ends when the agent closes the socket, and dies with the agent
-(parent-death signal); its children die with it, so no spare or worker outlives it.
+before it is warm. Where its imports set up CUDA (after which torch refuses CUDA to a
+forked child) it says so and ends: restarts then start fresh interpreters. It ends when
+the agent closes the socket, and dies with the agent (parent-death signal); its
+children die with it, so no spare or worker outlives it.
 
 Every child runs the worker bootstrap with the template's arguments (the job's script),
 and shows in ``ps`` as the template does. A child starts a session of its own, takes
@@ -109,6 +111,20 @@ def _become_spare(sock: socket.socket, request: dict[str, Any], fds: list[int]) 
     return True
 
 
+def fork_keeps_cuda() -> bool:
+    """Whether a child of this process can still use CUDA. Once the CUDA driver is set
+    up (``torch.cuda.device_count()`` is enough), torch marks every later child as a
+    "bad fork" that cannot; the imports should not do that, and this says if they did
+    (a throwaway child asks torch)."""
+    pid = os.fork()
+    if pid == 0:
+        import torch
+
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)  # a probe: no script ran
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 def main() -> None:
     fd = env.template_fd()
     if fd is None:
@@ -118,6 +134,11 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sock = socket.socket(fileno=fd)
+    if not fork_keeps_cuda():
+        print("potluck: the spare template cannot fork (CUDA was set up while importing); "
+              "restarted workers start fresh interpreters", file=sys.stderr, flush=True)
+        sock.close()
+        return
     if not serve(sock):
         sock.close()
         return
