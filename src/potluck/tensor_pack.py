@@ -35,7 +35,7 @@ def aligned(size: int) -> int:
 def packable(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` travels as bytes: a plain dense tensor with no autograd."""
     return (type(tensor) is torch.Tensor and tensor.layout == torch.strided
-            and not tensor.is_quantized and not tensor.requires_grad
+            and not tensor.is_quantized and not tensor.is_nested and not tensor.requires_grad
             and tensor.device.type != "meta")
 
 
@@ -74,34 +74,37 @@ class _Unpickler(pickle.Unpickler):
         if index not in self._made:
             size = torch.Size(shape).numel() * dtype.itemsize
             view = self._data[offset:offset + size].view(dtype).view(shape)
-            self._made[index] = view.to("cpu", copy=True)
+            self._made[index] = view.clone()
         return self._made[index]
 
 
 def pack(obj: Any, device: torch.device | None = None) -> torch.Tensor:
-    """``obj`` as one ``uint8`` buffer on ``device`` (CPU if None)."""
+    """``obj`` as one ``uint8`` buffer on ``device`` (CPU if None; built on the CPU and
+    moved once)."""
     file = io.BytesIO()
     pickler = _Pickler(file)
     pickler.dump(obj)
     skeleton = file.getvalue()
     start = aligned(_HEADER + len(skeleton))
-    buffer = torch.empty(start + pickler.size, dtype=torch.uint8, device=device or "cpu")
+    buffer = torch.zeros(start + pickler.size, dtype=torch.uint8)
     head = len(skeleton).to_bytes(_HEADER, "little") + skeleton
-    buffer[:start].copy_(torch.frombuffer(bytearray(head.ljust(start, b"\0")),
-                                          dtype=torch.uint8))
+    buffer[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
     offset = start
-    for tensor in pickler.tensors:
-        size = tensor.numel() * tensor.element_size()
-        flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-        buffer[offset:offset + size].copy_(flat.view(torch.uint8))
-        buffer[offset + size:offset + aligned(size)].zero_()
-        offset += aligned(size)
-    return buffer
+    with torch.no_grad():
+        for tensor in pickler.tensors:
+            size = tensor.numel() * tensor.element_size()
+            # A typed view of the buffer: copy_ takes any strides, conjugate and negative
+            # views, and another device.
+            buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+            offset += aligned(size)
+    return buffer if device is None else buffer.to(device)
 
 
 def unpack(buffer: torch.Tensor) -> Any:
-    """The object ``pack`` laid out in ``buffer``, its tensors copied to the CPU."""
-    length = int.from_bytes(buffer[:_HEADER].cpu().numpy().tobytes(), "little")
-    skeleton = buffer[_HEADER:_HEADER + length].cpu().numpy().tobytes()
+    """The object ``pack`` laid out in ``buffer``, its tensors copied to the CPU (one
+    copy from another device, then one per tensor)."""
+    buffer = buffer.cpu()
+    length = int.from_bytes(buffer[:_HEADER].numpy().tobytes(), "little")
+    skeleton = buffer[_HEADER:_HEADER + length].numpy().tobytes()
     data = buffer[aligned(_HEADER + length):]
     return _Unpickler(io.BytesIO(skeleton), data).load()

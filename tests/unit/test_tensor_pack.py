@@ -8,9 +8,14 @@ from torch import nn
 from potluck.tensor_pack import ALIGN, aligned, pack, unpack
 
 
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    dense = torch.empty(tensor.shape, dtype=tensor.dtype)  # unit strides, whatever it had
+    dense.copy_(tensor)
+    return dense.reshape(-1).view(torch.uint8)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
 
 
 def test_a_live_state_comes_back_bit_for_bit() -> None:
@@ -82,3 +87,29 @@ def test_what_is_not_a_plain_tensor_goes_through_pickle() -> None:
 def test_an_object_without_tensors() -> None:
     assert unpack(pack(None)) is None
     assert unpack(pack({"k": [1, "two", 3.0]})) == {"k": [1, "two", 3.0]}
+
+
+def test_views_with_any_strides_conjugates_and_narrow_dtypes() -> None:
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 4, generator=gen)
+    complex_ = torch.randn(3, dtype=torch.complex64, generator=gen)
+    state = {
+        "one_strided": base[:, 1][0:1],  # one element, stride 4: contiguous() keeps it
+        "empty_strided": torch.empty(0, 3)[:, 1],
+        "column": base[:, 2],
+        "conj": complex_.conj(),  # a conjugate view (the bit, not the values)
+        "neg": torch._neg_view(base[0]),
+        "fp8": torch.randn(5, generator=gen).to(torch.float8_e4m3fn),
+        "expanded": torch.tensor([1.5]).expand(4),
+    }
+    back = unpack(pack(state))
+    for name, sent in state.items():
+        assert _same(back[name], sent.resolve_conj().resolve_neg()), name
+    assert torch.equal(back["conj"], complex_.conj())
+
+
+def test_nested_tensors_go_through_pickle() -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    back = unpack(pack({"n": nested}))
+    assert back["n"].is_nested
+    assert [t.tolist() for t in back["n"].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]

@@ -279,7 +279,9 @@ class Agent:
             with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
                 os.remove(leftover)
         environ = self._environ(local_rank, port, restarts, error_file, finished_file)
-        proc: WorkerProcess | None = spare.take(environ) if spare is not None else None
+        proc: WorkerProcess | None = None
+        if spare is not None:  # (a forked one may still be coming: not past a stop signal)
+            proc = spare.take(environ, give_up=lambda: self._signal is not None)
         if proc is None:
             proc = subprocess.Popen(
                 self._command(), env=environ, stdin=subprocess.DEVNULL,
@@ -413,10 +415,10 @@ class Agent:
                                                      tmp, taken)
                         spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
                         running += 1
-                if running == 0:
-                    if any(w.ended_well(w.proc.returncode) for w in workers):
+                if running == 0:  # (every one has ended: wait() returns its code at once)
+                    if any(w.ended_well(w.proc.wait()) for w in workers):
                         return Outcome.SUCCEEDED  # done if any member saw it through
-                    if any(w.stopped_below_minimum(w.proc.returncode) for w in workers):
+                    if any(w.stopped_below_minimum(w.proc.wait()) for w in workers):
                         return Outcome.STOPPED
                     return Outcome.FAILED
                 time.sleep(_POLL)
@@ -528,7 +530,7 @@ def _result(worker: _Worker) -> WorkerResult:
         rank=worker.rank,
         local_rank=worker.local_rank,
         pid=worker.proc.pid,
-        exitcode=int(worker.proc.returncode),
+        exitcode=worker.proc.wait(),  # stopped by now: at once
         seen_at=worker.seen_at or time.time(),
         stopped=worker.stopped,
         error=read_error_file(worker.error_file),

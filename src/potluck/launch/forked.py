@@ -5,9 +5,11 @@ process instead of started afresh.
 request, taken or discarded as a ``spare.Spare`` is; ``ForkedProcess`` is the worker it
 became, with what the agent uses of a ``subprocess.Popen`` (``pid``, ``stdout``,
 ``stderr``, ``poll``, ``wait``, ``returncode``). A forked process is the template's
-child, so its exit status comes from the template; a process that was still running
-when the template died was killed with it (parent-death signal): once it is gone it
-reads as killed by SIGKILL. The agent's side imports no torch.
+child, so its exit status comes from the template. When the template is gone (it died,
+or the agent could not understand it and ended it), every process it forked that had
+not ended is reported killed by SIGKILL at once: the parent-death signal killed it with
+the template, and neither waiting for it nor signalling its pid again (which may be
+another process's by then) is safe. The agent's side imports no torch.
 """
 
 from __future__ import annotations
@@ -22,40 +24,34 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO
+from collections.abc import Callable, Mapping
+from typing import IO, Any
 
 from potluck import env as names
 
 _MAX_MESSAGE = 1 << 16
 _POLL = 0.01
+_SLICE = 0.05  # s: how often a restart waiting for its spare checks whether to give up
 # How long a restart waits for a spare the template has not forked yet: the template
 # serves no request before it is warm (2-5 s after the job started, more on a loaded
 # machine); a fresh interpreter would need as long.
 ARRIVAL_TIMEOUT = 30.0
+_CLOSE_GRACE = 2.0  # s: for the template to end by itself once the agent is done
 
 
 class ForkedProcess:
     """A worker forked by the template: the parts of ``Popen`` the agent uses."""
 
-    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes],
-                 template: Template) -> None:
+    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.pid, self.stdout, self.stderr = pid, stdout, stderr
         self.returncode: int | None = None
-        self._template = template
 
     def ended(self, code: int) -> None:
-        """The template reaped it."""
-        self.returncode = code
+        """The template reaped it, or died (``-SIGKILL``): the first word stands."""
+        if self.returncode is None:
+            self.returncode = code
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self._template.alive:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:  # killed with the template, reaped by init
-                self.returncode = -signal.SIGKILL
-            except PermissionError:  # the pid was reused by another user's process
-                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -86,21 +82,26 @@ class ForkedSpare:
             self._settled.set()
             if self._stdout is None or self._stderr is None:
                 return None
-            self._proc = ForkedProcess(pid, self._stdout, self._stderr, self._template)
+            self._proc = ForkedProcess(pid, self._stdout, self._stderr)
             return self._proc
 
     def abandoned(self) -> None:
-        """The template died before it forked this one."""
+        """It will not come (the template died, or could not fork)."""
         self._settled.set()
 
-    def take(self, environ: Mapping[str, str]) -> ForkedProcess | None:
-        """The process, now running the script as a worker with ``environ`` (waits up to
-        ``ARRIVAL_TIMEOUT`` for the template to fork it); None if it did not come or
-        died waiting (start a worker the usual way)."""
-        self._settled.wait(ARRIVAL_TIMEOUT)
+    def take(self, environ: Mapping[str, str],
+             give_up: Callable[[], bool] = lambda: False) -> ForkedProcess | None:
+        """The process, now running the script as a worker with ``environ``; None if it
+        did not come within ``ARRIVAL_TIMEOUT`` (the template warming up), ``give_up()``
+        said so meanwhile, or it died waiting: start a worker the usual way."""
+        deadline = time.monotonic() + ARRIVAL_TIMEOUT
+        while not self._settled.wait(_SLICE):
+            if give_up() or time.monotonic() >= deadline:
+                break
         with self._lock:
             proc, standby = self._proc, self._standby
-        if proc is not None and proc.poll() is None and standby is not None:
+        if proc is not None and proc.poll() is None and standby is not None \
+                and self._template.alive:
             view = memoryview(json.dumps(dict(environ)).encode() + b"\n")
             try:
                 while view:
@@ -116,8 +117,9 @@ class ForkedSpare:
         return None
 
     def discard(self) -> None:
-        """Not needed: it exits on its own when its pipe closes (it ran no user code);
-        killed as well if it is there, so that it is gone when this returns."""
+        """Not needed: it exits on its own when its pipe closes (it ran no user code).
+        If it is there it is killed as well and waited for (5 s at most: a spare that
+        has not yet left the template's process group is ended by its closed pipe)."""
         with self._lock:
             self._close()
             proc, streams = self._proc, (self._stdout, self._stderr)
@@ -140,7 +142,7 @@ class ForkedSpare:
 class Template:
     """The template process and the agent's conversation with it."""
 
-    def __init__(self, argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    def __init__(self, argv: list[str], environ: Mapping[str, str]) -> None:
         """``argv``: the worker bootstrap's (``[-m] script args...``), which every spare
         runs; also the template's own, so that ``ps`` shows what it and its children
         are for."""
@@ -170,9 +172,15 @@ class Template:
     def spare(self, environ: Mapping[str, str]) -> ForkedSpare | None:
         """Ask for a spare with ``environ`` (it arrives once the template is warm); None
         if the template is gone."""
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
-        standby_read, standby_write = os.pipe()
+        fds: list[int] = []
+        try:
+            for _ in range(3):
+                fds.extend(os.pipe())
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        out_read, out_write, err_read, err_write, standby_read, standby_write = fds
         spare = ForkedSpare(self, out_read, err_read, standby_write)
         ident = next(self._ids)
         try:
@@ -199,13 +207,16 @@ class Template:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         try:
-            self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc.wait(timeout=_CLOSE_GRACE)
+        except subprocess.TimeoutExpired:  # still warming up: nothing of it is needed
+            self._kill()
         self._reader.join(timeout=5.0)
         self._sock.close()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def _read(self) -> None:
         try:
@@ -216,22 +227,35 @@ class Template:
                 self._handle(json.loads(message))
         except OSError:
             return
+        except Exception:  # not the template's protocol: end it rather than guess
+            self._kill()
         finally:
-            with self._lock:
-                self.alive = False
-                waiting, self._waiting = list(self._waiting.values()), {}
-            for spare in waiting:
-                spare.abandoned()
+            self._gone()
 
-    def _handle(self, message: dict[str, int]) -> None:
+    def _gone(self) -> None:
+        """The template is gone (or ending: it closes its socket only on its way out):
+        what it forked dies with it, what it did not never will be."""
+        with self._lock:
+            self.alive = False
+            waiting, self._waiting = list(self._waiting.values()), {}
+            forked, self._forked = list(self._forked.values()), {}
+        for spare in waiting:
+            spare.abandoned()
+        for proc in forked:
+            proc.ended(-signal.SIGKILL)
+
+    def _handle(self, message: dict[str, Any]) -> None:
         """The template answers a request before it reports that child's exit."""
         with self._lock:
             if "exit" in message:
-                proc = self._forked.pop(message["exit"], None)
+                proc = self._forked.pop(int(message["exit"]), None)
                 if proc is not None:
-                    proc.ended(message["code"])
+                    proc.ended(int(message["code"]))
                 return
-            spare = self._waiting.pop(message["id"])
-            proc = spare.arrived(message["pid"])
+            spare = self._waiting.pop(int(message["id"]))
+            if "error" in message:  # it could not fork: the agent starts one afresh
+                spare.abandoned()
+                return
+            proc = spare.arrived(int(message["pid"]))
             if proc is not None:  # (None: discarded before it came; it exits by itself)
                 self._forked[proc.pid] = proc

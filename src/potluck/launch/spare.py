@@ -17,8 +17,8 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
-from typing import IO, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Protocol
 
 from potluck import env as names
 
@@ -30,7 +30,7 @@ class WorkerProcess(Protocol):
     @property
     def pid(self) -> int: ...
     @property
-    def returncode(self) -> int | Any: ...
+    def returncode(self) -> int | None: ...
     @property
     def stdout(self) -> IO[bytes] | None: ...
     @property
@@ -42,7 +42,8 @@ class WorkerProcess(Protocol):
 class WaitingSpare(Protocol):
     """A spare process waiting for the worker it becomes: ``Spare`` or ``ForkedSpare``."""
 
-    def take(self, environ: Mapping[str, str]) -> WorkerProcess | None: ...
+    def take(self, environ: Mapping[str, str],
+             give_up: Callable[[], bool] = ...) -> WorkerProcess | None: ...
     def discard(self) -> None: ...
 
 
@@ -64,9 +65,11 @@ class Spare:
         finally:
             os.close(read)
 
-    def take(self, environ: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+    def take(self, environ: Mapping[str, str],
+             give_up: Callable[[], bool] = lambda: False) -> subprocess.Popen[bytes] | None:
         """The process, now running the script as a worker with ``environ``; None if
-        the spare died waiting (it is reaped: start a worker the usual way)."""
+        the spare died waiting (it is reaped: start a worker the usual way). It is there
+        from the start: ``give_up`` is never asked."""
         line = json.dumps(dict(environ)).encode() + b"\n"
         try:
             if self._write is not None and self.proc.poll() is None:

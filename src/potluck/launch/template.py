@@ -33,6 +33,8 @@ ends the way any worker's does, with the interpreter's own shutdown.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import selectors
@@ -49,32 +51,56 @@ _MAX_MESSAGE = 1 << 20  # bytes: a request carries a worker's environment
 
 def serve(sock: socket.socket) -> bool:
     """Answer requests until the agent closes ``sock`` (returns False); in a forked
-    child, returns True instead."""
+    child, returns True instead. The agent gone mid-answer (a broken pipe) is the same
+    as closed: nobody is left to answer."""
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that it wakes us
-    with selectors.DefaultSelector() as selector:
-        selector.register(sock, selectors.EVENT_READ, "request")
-        selector.register(wakeup_read, selectors.EVENT_READ, "child")
-        while True:
-            for key, _ in selector.select():
-                if key.data == "child":
-                    os.read(wakeup_read, 4096)
-                    _report_exits(sock)
-                    continue
-                message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
-                if not message:
-                    return False  # the agent is done
-                request = json.loads(message)
-                pid = os.fork()
-                if pid == 0:
-                    for fd in (wakeup_read, wakeup_write):
-                        os.close(fd)
-                    return _become_spare(sock, request, fds)
-                for fd in fds:
-                    os.close(fd)
-                sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+    template = os.getpid()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(sock, selectors.EVENT_READ, "request")
+            selector.register(wakeup_read, selectors.EVENT_READ, "child")
+            while True:
+                for key, _ in selector.select():
+                    if key.data == "child":
+                        os.read(wakeup_read, 4096)
+                        _report_exits(sock)
+                        continue
+                    message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+                    if not message:
+                        return False  # the agent is done
+                    request = json.loads(message)
+                    _flush_c_stdio()  # nothing buffered twice
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:  # out of processes: the agent starts one afresh
+                        _close(fds)
+                        _answer(sock, {"id": request["id"], "error": str(exc)})
+                        continue
+                    if pid == 0:
+                        signal.set_wakeup_fd(-1)
+                        _close([wakeup_read, wakeup_write])
+                        return _become_spare(sock, request, fds, template)
+                    _close(fds)
+                    _answer(sock, {"id": request["id"], "pid": pid})
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+
+
+def _answer(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
 
 
 def _report_exits(sock: socket.socket) -> None:
@@ -85,25 +111,30 @@ def _report_exits(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        code = os.waitstatus_to_exitcode(status)
-        sock.send(json.dumps({"exit": pid, "code": code}).encode())
+        _answer(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _become_spare(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> bool:
-    """In the forked child: a session, descriptors and priority of its own."""
-    signal.set_wakeup_fd(-1)
+def _become_spare(sock: socket.socket, request: dict[str, Any], fds: list[int],
+                  template: int) -> bool:
+    """In the forked child: a session, descriptors and priority of its own, and numpy's
+    global random state drawn afresh (Python's ``random`` does that by itself after a
+    fork; torch's default seed is the same in every fresh interpreter anyway)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sock.close()
     os.setsid()
-    template = os.getppid()
     stdout, stderr, standby = fds
     null = os.open(os.devnull, os.O_RDONLY)
     for source, target in ((null, 0), (stdout, 1), (stderr, 2)):
         os.dup2(source, target)
         os.close(source)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
     environ = dict(request["env"])
     # The bootstrap checks that its parent is the process it must die with: here the
     # template (which dies with the agent), until the agent hands it its own variables.
+    # (The template's pid, taken before the fork: a child whose template died already
+    # has another parent, and the bootstrap then ends it.)
     environ[env.AGENT_PID] = str(template)
     environ[env.STANDBY_FD] = str(standby)
     os.environ.clear()
