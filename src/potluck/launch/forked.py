@@ -165,13 +165,16 @@ class Template:
         self._waiting: dict[int, ForkedSpare] = {}
         self._forked: dict[int, ForkedProcess] = {}
         self.alive = True
+        self.forks = True  # False once it could not fork: ask no more of it
         self._reader = threading.Thread(target=self._read, name="potluck-template",
                                         daemon=True)
         self._reader.start()
 
     def spare(self, environ: Mapping[str, str]) -> ForkedSpare | None:
         """Ask for a spare with ``environ`` (it arrives once the template is warm); None
-        if the template is gone."""
+        if the template is gone or could not fork before."""
+        if not self.forks:
+            return None
         fds: list[int] = []
         try:
             for _ in range(3):
@@ -203,7 +206,8 @@ class Template:
         return spare
 
     def close(self) -> None:
-        """End the template (it forks no more); its children die with it."""
+        """End the template (it forks no more); its children die with it, and any still
+        running reads as killed: call it once the workers it forked have stopped."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         try:
@@ -214,8 +218,9 @@ class Template:
         self._sock.close()
 
     def _kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:  # (not after it was reaped: the id may be reused)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def _read(self) -> None:
@@ -225,10 +230,8 @@ class Template:
                 if not message:
                     return
                 self._handle(json.loads(message))
-        except OSError:
-            return
-        except Exception:  # not the template's protocol: end it rather than guess
-            self._kill()
+        except Exception:  # a broken socket, or not the template's protocol: end it
+            self._kill()  # (its children with it) rather than guess what it does
         finally:
             self._gone()
 
@@ -253,7 +256,8 @@ class Template:
                     proc.ended(int(message["code"]))
                 return
             spare = self._waiting.pop(int(message["id"]))
-            if "error" in message:  # it could not fork: the agent starts one afresh
+            if "error" in message:  # it could not fork: from now on spares start afresh
+                self.forks = False  # (it stays: the workers it forked live in it)
                 spare.abandoned()
                 return
             proc = spare.arrived(int(message["pid"]))

@@ -41,6 +41,7 @@ import selectors
 import signal
 import socket
 import sys
+import warnings
 from typing import Any
 
 from potluck import env
@@ -74,7 +75,9 @@ def serve(sock: socket.socket) -> bool:
                     request = json.loads(message)
                     _flush_c_stdio()  # nothing buffered twice
                     try:
-                        pid = os.fork()
+                        if len(fds) != 3:  # out of descriptors: some did not come
+                            raise OSError(f"{len(fds)} of the 3 descriptors came")
+                        pid = _fork()
                     except OSError as exc:  # out of processes: the agent starts one afresh
                         _close(fds)
                         _answer(sock, {"id": request["id"], "error": str(exc)})
@@ -87,6 +90,17 @@ def serve(sock: socket.socket) -> bool:
                     _answer(sock, {"id": request["id"], "pid": pid})
     except (BrokenPipeError, ConnectionResetError):
         return False
+
+
+def _fork() -> int:
+    """``os.fork``. The template has one thread of its own; numpy's OpenBLAS keeps a
+    pool, which handles a fork (``pthread_atfork``), as it does for every
+    ``multiprocessing`` fork after ``import numpy``: Python 3.12's warning about forking
+    a process with threads is about thread state that is not ours to fix here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                message=".*fork.*")
+        return os.fork()
 
 
 def _answer(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -147,7 +161,7 @@ def fork_keeps_cuda() -> bool:
     up (``torch.cuda.device_count()`` is enough), torch marks every later child as a
     "bad fork" that cannot; the imports should not do that, and this says if they did
     (a throwaway child asks torch)."""
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         import torch
 

@@ -108,11 +108,12 @@ def _wait_as_spare() -> bool:
     nice = priority.lower()
     group_nice = priority.lower_autogroup()
     received: list[bytes] = []
-    listener = threading.Thread(target=_listen, args=(fd, nice, group_nice, received),
-                                daemon=True)
+    taken = threading.Event()
+    listener = threading.Thread(target=_listen,
+                                args=(fd, nice, group_nice, received, taken), daemon=True)
     listener.start()
     warm_up()
-    listener.join()
+    taken.wait()
     if not received or not received[0]:
         return False
     if nice is not None:  # again: a thread the warm-up started after the listener's walk
@@ -125,24 +126,25 @@ def _wait_as_spare() -> bool:
 
 
 def _listen(fd: int, nice: int | None, group_nice: int | None,
-            received: list[bytes]) -> None:
+            received: list[bytes], taken: threading.Event) -> None:
+    """Read the worker's environment, get this process's priority back, then say so
+    (``taken``). The session's autogroup comes back after that, in this thread: the
+    kernel may make that write wait up to 2 s (``priority``), and the script need not."""
     with os.fdopen(fd, "rb") as pipe:
         received.append(pipe.readline())
-    if not received[0]:
-        return
-    if group_nice is not None:
+    if received[0] and nice is not None:
+        try:
+            priority.restore(nice)
+        except PermissionError as exc:  # can_restore said it could: say what happened
+            print(f"potluck: this worker stays at nice {priority.LOWEST}: {exc}",
+                  file=sys.stderr, flush=True)
+    taken.set()
+    if received[0] and group_nice is not None:
         try:
             priority.restore_autogroup(group_nice)
         except OSError as exc:  # the kernel allows it: say what happened
             print(f"potluck: this worker's session stays at autogroup nice "
                   f"{priority.LOWEST}: {exc}", file=sys.stderr, flush=True)
-    if nice is None:
-        return
-    try:
-        priority.restore(nice)
-    except PermissionError as exc:  # can_restore said it could: say what happened
-        print(f"potluck: this worker stays at nice {priority.LOWEST}: {exc}",
-              file=sys.stderr, flush=True)
 
 
 def warm_up() -> None:
