@@ -108,12 +108,11 @@ def _wait_as_spare() -> bool:
     nice = priority.lower()
     group_nice = priority.lower_autogroup()
     received: list[bytes] = []
-    taken = threading.Event()
-    listener = threading.Thread(target=_listen,
-                                args=(fd, nice, group_nice, received, taken), daemon=True)
+    listener = threading.Thread(target=_listen, args=(fd, nice, group_nice, received),
+                                daemon=True)
     listener.start()
     warm_up()
-    taken.wait()
+    listener.join()
     if not received or not received[0]:
         return False
     if nice is not None:  # again: a thread the warm-up started after the listener's walk
@@ -126,10 +125,11 @@ def _wait_as_spare() -> bool:
 
 
 def _listen(fd: int, nice: int | None, group_nice: int | None,
-            received: list[bytes], taken: threading.Event) -> None:
-    """Read the worker's environment, get this process's priority back, then say so
-    (``taken``). The session's autogroup comes back after that, in this thread: the
-    kernel may make that write wait up to 2 s (``priority``), and the script need not."""
+            received: list[bytes]) -> None:
+    """Read the worker's environment, then get this process's priority back (its
+    threads' nice value, then its session's autogroup: the kernel may hold that write
+    back 100 ms after another process's, see ``priority``): the script starts at its own
+    priority."""
     with os.fdopen(fd, "rb") as pipe:
         received.append(pipe.readline())
     if received[0] and nice is not None:
@@ -138,7 +138,6 @@ def _listen(fd: int, nice: int | None, group_nice: int | None,
         except PermissionError as exc:  # can_restore said it could: say what happened
             print(f"potluck: this worker stays at nice {priority.LOWEST}: {exc}",
                   file=sys.stderr, flush=True)
-    taken.set()
     if received[0] and group_nice is not None:
         try:
             priority.restore_autogroup(group_nice)
