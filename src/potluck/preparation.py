@@ -35,7 +35,6 @@ from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
 from potluck.sync import DiLoCo, DiLoCoSync
-from potluck.sync.round_plan import first_round_samples
 from potluck.trust import Trust, TrustPart
 
 
@@ -257,18 +256,15 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                                group=cohort.group, agree=False)
     cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
                         drop_last=drop_last)
-    # A short first round measures the speeds, if asked for (a resumed or joining
-    # worker's cursor is replaced by the live state's).
-    first = first_round_samples(sync, global_batch, cohort.world_size)
-    if first < cursor.state.global_batch:
-        cursor.start_with_short_step(first)
-    strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device)
+    strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device,
+                          on_lost=cohort.mark_step_failed if cohort.elastic else None)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   minimum=minimum, checkpoint_dir=checkpoint_dir,
                                   resume=resume, observer=observer)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
-                        stop=lambda: transaction.left, inner_steps=strategy.inner_steps)
+                        stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
+                        segments=strategy.segments)
     return wrapped, transaction, loader
 
 

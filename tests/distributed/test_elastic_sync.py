@@ -97,6 +97,65 @@ def test_worker_lost_mid_round_survivors_commit_it_and_every_sample_counts_once(
         torch.testing.assert_close(first[name], value, rtol=1e-9, atol=1e-12)
 
 
+MEASURED = replace(JOB, epochs=1, measure=0.5)
+
+
+def _lost_after_the_speeds(rank: int, world_size: int, port: int,
+                           ledger_dir: str) -> dict[str, Any]:
+    worker = start_worker(MEASURED, f"worker-{rank}", "127.0.0.1", port)
+    strategy = worker.optimizer.part(DiLoCoSync)
+    assert strategy is not None
+    calls = {"n": 0}
+
+    def inject(rounds: int) -> None:
+        # The victim's first local step is the round's even start; the speeds are
+        # exchanged after it; it dies before its first local step of the rest.
+        if rank == VICTIM and rounds == 0:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                assert strategy.plan is not None  # the speeds arrived
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return train(worker, MEASURED, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_lost_after_a_rounds_even_start_takes_both_its_parts(
+        tmp_path: Path) -> None:
+    """The first round starts even (one global batch), the speeds are exchanged, the
+    rest is split by them; the victim dies in the rest. The survivors commit the round
+    and owe both of the victim's parts (its even start and its share of the rest): every
+    sample once, replicas equal."""
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_lost_after_the_speeds, 3, port, str(tmp_path), init_group=False,
+                        may_die={VICTIM}, timeout=100)
+    del store
+    assert results[VICTIM] is None
+    survivors = [r for r in results if r is not None]
+    assert not Path(tmp_path, f"rank{VICTIM}.jsonl").read_text()  # it committed nothing
+    committed = [json.loads(Path(tmp_path, f"rank{rank}.jsonl").read_text().splitlines()[0])
+                 for rank in range(2)]
+    round_size = MEASURED.inner_steps * MEASURED.global_batch
+    for result in survivors:
+        assert result["world_size"] == 2 and result["generation"] == 1
+        lost = result["lost"]
+        # the victim's part of the even start (a third of its 12) and of the rest (its
+        # cohort rank, so where its parts lie, follows the order the workers joined in)
+        assert len(lost) == 2 and lost[0] in ([0, 4], [4, 8], [8, 12]), lost
+        assert 12 <= lost[1][0] < lost[1][1] <= round_size
+        assert sum(b - a for a, b in lost) == round_size - sum(len(c[1]) for c in committed)
+        assert lost == survivors[0]["lost"]
+    problems = ledger_problems(tmp_path, MEASURED)
+    assert not problems, f"not exactly once: {problems}"
+    first, second = (s["params"] for s in survivors)
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+
+
 JOIN_JOB = replace(JOB, epochs=3, expected=2, collective_timeout=20.0)
 TRAINING_KEY = "test/founders-train"
 

@@ -4,10 +4,11 @@
   SGD is every-step synchronous training: it equals one process on the same global
   batches (rtol 1e-9).
 - DiLoCo (outer Nesterov SGD, inner SGD with momentum, each rank's inner state its own)
-  with one rank made slow: the plan gives the fast rank more local steps, and whatever
-  the plan was round by round, the parameters equal a one-process replay of it: each
-  rank's local steps on its part of the round, pseudo-gradients weighted by samples, the
-  outer step (rtol 1e-9).
+  with one rank made slow: the first round starts even, the ranks exchange speeds and
+  split its rest by them, and the plan gives the fast rank more local steps; whatever
+  the plan was segment by segment, the parameters equal a one-process replay of it:
+  each rank's local steps on its parts of the round, pseudo-gradients weighted by
+  samples, the outer step (rtol 1e-9).
 - int8 pseudo-gradients with error feedback stay close to the uncompressed run and send
   about 4x fewer bytes.
 """
@@ -59,67 +60,70 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     momentum = 0.0 if kind == "local" else 0.9
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
     sync = {"local": LocalSGD(1, adaptive=False),
-            "slow": DiLoCo(inner_steps=4, min_gain=0.0, first_round=0.25),
+            "slow": DiLoCo(inner_steps=4, min_gain=0.0, measure=0.25),
             "int8": DiLoCo(inner_steps=4, adaptive=False, codec=Int8Blockwise(block=64)),
             "plain": DiLoCo(inner_steps=4, adaptive=False)}[kind]
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
                                  global_batch=GLOBAL_BATCH, seed=SEED, sync=sync)
-    rounds: list[list[int]] = []  # samples per rank, round by round
-    local: list[int] = []  # this rank's local steps, round by round
+    # round by round, its segments: samples per rank, and this rank's local steps
+    rounds: list[list[tuple[list[int], int]]] = [[]]
     while opt.cursor.epoch < 2:
-        steps_here = 0
         for _, x, y in loader:
-            if steps_here == 0:
-                rounds.append(list(loader.split))
-            steps_here += 1
+            segments = rounds[-1]
+            if len(segments) == loader.segment:  # the round's next segment begins
+                segments.append((list(loader.split), 0))
+            segments[-1] = (segments[-1][0], segments[-1][1] + 1)
             opt.zero_grad()
             ((model(x) - y) ** 2).mean().backward()
             before = opt.steps
             opt.step()
             if opt.steps != before:  # the round committed
-                local.append(steps_here)
-                steps_here = 0
+                rounds.append([])
+    rounds.pop()
     strategy = opt.part(type(opt.parts[0]))
     cohort.close()
-    return {"params": params(net.inner), "rounds": rounds, "local": local,
+    return {"params": params(net.inner), "rounds": rounds,
             "sent": strategy.traffic.sent if strategy else 0, "steps": opt.steps}
 
 
-def _replay(rounds: list[list[int]], local: list[list[int]], *, inner_steps: int,
+def _replay(rounds: list[list[list[tuple[list[int], int]]]], *, inner_steps: int,
             momentum: float, outer_lr: float, outer_momentum: float,
-            nesterov: bool, first: int) -> dict[str, torch.Tensor]:
-    """One process: each rank's local steps on its part, the weighted outer step; the
-    first round is ``first`` samples."""
+            nesterov: bool) -> dict[str, torch.Tensor]:
+    """One process: each rank's local steps on its parts of the round (``rounds[r][k]``:
+    rank r's segments of round k, the split and its local steps), the weighted outer
+    step."""
     from potluck.data import DataCursor
     from potluck.data.split import equal_shares, split_counts
 
-    data, world = Indexed(SAMPLES), len(rounds[0])
+    data, world = Indexed(SAMPLES), len(rounds)
     global_net = mlp()
     replicas = [copy.deepcopy(global_net) for _ in range(world)]
     inners = [torch.optim.SGD(r.parameters(), lr=LR, momentum=momentum) for r in replicas]
     outer = torch.optim.SGD(global_net.parameters(), lr=outer_lr, momentum=outer_momentum,
                             nesterov=nesterov)
     cursor = DataCursor(SAMPLES, inner_steps * GLOBAL_BATCH, seed=SEED)
-    cursor.start_with_short_step(first)
-    for k, split in enumerate(rounds):
+    for k in range(len(rounds[0])):
         block = cursor.global_indices()
-        assert sum(split) == len(block)
-        start = 0
+        samples = [0] * world
         for r in range(world):
-            part = block[start:start + split[r]]
-            start += split[r]
-            offset = 0
-            for count in split_counts(len(part), equal_shares(local[r][k])):
-                idx = part[offset:offset + count]
-                offset += count
-                inners[r].zero_grad()
-                ((replicas[r](data.x[idx]) - data.y[idx]) ** 2).mean().backward()
-                inners[r].step()
+            start = 0
+            for split, steps in rounds[r][k]:
+                part = block[start + sum(split[:r]):start + sum(split[:r + 1])]
+                start += sum(split)
+                samples[r] += len(part)
+                offset = 0
+                for count in split_counts(len(part), equal_shares(steps)):
+                    idx = part[offset:offset + count]
+                    offset += count
+                    inners[r].zero_grad()
+                    ((replicas[r](data.x[idx]) - data.y[idx]) ** 2).mean().backward()
+                    inners[r].step()
+            assert start == len(block)
         outer.zero_grad()
         with torch.no_grad():
             for name, g in global_net.named_parameters():
                 locals_ = [dict(replica.named_parameters())[name] for replica in replicas]
-                g.grad = sum(split[r] / len(block) * (g - locals_[r]) for r in range(world))
+                g.grad = sum(samples[r] / len(block) * (g - locals_[r]) for r in range(world))
         outer.step()
         with torch.no_grad():
             for replica in replicas:
@@ -153,23 +157,28 @@ def test_local_sgd_with_one_local_step_equals_one_process() -> None:
         sgd.step()
         cursor.commit()
     for result in results:
-        assert result["steps"] == 2 * SAMPLES // GLOBAL_BATCH and set(result["local"]) == {1}
+        assert result["steps"] == 2 * SAMPLES // GLOBAL_BATCH
+        assert [[steps for _, steps in segments] for segments in result["rounds"]] \
+            == [[1]] * result["steps"]
         _close(result["params"], params(net))
 
 
 @pytest.mark.timeout(120)
 def test_uneven_local_steps_are_weighted_by_samples_exactly() -> None:
     results = run_ranks(_train, 2, free_port(), "slow", init_group=False, timeout=110)
-    rounds = results[0]["rounds"]
-    assert all(r["rounds"] == rounds for r in results)
-    # the first round is short (first_round=0.25: one global batch of 4) and even; then
-    # the fast rank 0 takes more local steps
-    assert rounds[0] == [6, 6] and results[0]["local"][0] == results[1]["local"][0] == 1
-    assert results[0]["local"][-1] > results[1]["local"][-1] >= 1
-    assert rounds[-1][0] > rounds[-1][1]
-    expected = _replay(rounds, [results[0]["local"], results[1]["local"]], inner_steps=4,
-                       momentum=0.9, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
-                       first=GLOBAL_BATCH)
+    splits = [[split for split, _ in segments] for segments in results[0]["rounds"]]
+    assert all([[split for split, _ in segments] for segments in r["rounds"]] == splits
+               for r in results)
+    # the first round starts even (measure=0.25: one global batch of 12, one local step
+    # each), the speeds are exchanged, and the fast rank 0 takes more of the rest
+    first = [r["rounds"][0] for r in results]
+    assert splits[0][0] == [6, 6] and first[0][0][1] == first[1][0][1] == 1
+    assert len(splits[0]) == 2 and splits[0][1][0] > splits[0][1][1]
+    assert first[0][1][1] > first[1][1][1] >= 1
+    # later rounds are planned from the start: one segment, the fast rank more
+    assert all(len(s) == 1 and s[0][0] > s[0][1] for s in splits[1:])
+    expected = _replay([r["rounds"] for r in results], inner_steps=4, momentum=0.9,
+                       outer_lr=0.7, outer_momentum=0.9, nesterov=True)
     for result in results:
         _close(result["params"], expected)
 

@@ -33,9 +33,13 @@ def test_bad_flags_are_clear_errors() -> None:
     for argv, message in ((["--batches", "70", "--inner-steps", "20"],
                            "--batches 70 is not a multiple of --inner-steps 20"),
                           (["--quota", "1.5"], "--quota 1.5: a fraction of one core"),
-                          (["--bandwidth", "fast"], "a tc rate, e.g. 10mbit")):
+                          (["--bandwidth", "fast"], "a tc rate, e.g. 10mbit"),
+                          (["--contenders", "ddp,dilocco"], "unknown ['dilocco']"),
+                          (["--contenders", "localsgd-int4"], "name ddp (the reference")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             config_from_args(parser.parse_args(argv))
+    chosen = config_from_args(parser.parse_args(["--contenders", "ddp, localsgd-int4,ddp"]))
+    assert chosen.contenders == ("ddp", "localsgd-int4")
 
 
 @pytest.mark.timeout(30)

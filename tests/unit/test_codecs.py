@@ -13,6 +13,7 @@ from potluck.compress import (
     ErrorFeedback,
     Fp16,
     Identity,
+    Int4Blockwise,
     Int8Blockwise,
     TopK,
     route,
@@ -52,6 +53,30 @@ def test_int8_round_trip_within_half_a_step_of_each_block(numel: int, block: int
         assert float((back[far] - x[far]).abs().max()) < 0.05
 
 
+@pytest.mark.parametrize("numel,block", [(1000, 256), (256, 256), (1, 256), (777, 7), (2, 1)])
+def test_int4_round_trip_within_half_a_step_of_each_block(numel: int, block: int) -> None:
+    """Two codes a byte (an odd count pads one), one scale a block; every value within
+    half a step (its block's largest magnitude / 7) and the largest one exact."""
+    codec = Int4Blockwise(block=block)
+    x = _flat(numel, seed=1, dtype=torch.float64)
+    x[min(3, numel - 1)] = -40.0
+    payload = codec.encode(x)
+    assert payload.dtype == torch.uint8 and payload.numel() == codec.nbytes(numel)
+    assert codec.nbytes(numel) == (numel + 1) // 2 + 4 * math.ceil(numel / block)
+    back = codec.decode(payload, numel, x.dtype)
+    assert back.dtype == torch.float64 and back.shape == x.shape
+    for start in range(0, numel, block):
+        part = x[start:start + block]
+        step = float(part.abs().max()) / 7
+        assert float((back[start:start + block] - part).abs().max()) <= step / 2 + 1e-6 * step
+        top = int(part.abs().argmax())
+        assert math.isclose(float(back[start + top]), float(part[top]), rel_tol=1e-6)
+    assert torch.equal(torch.sign(back[back != 0]), torch.sign(x[back != 0]))
+    # every code from -7 to 7 survives the packing (both nibbles of a byte)
+    ramp, one_block = torch.arange(-7.0, 8.0), Int4Blockwise(block=16)
+    assert torch.equal(one_block.decode(one_block.encode(ramp), 15, ramp.dtype), ramp)
+
+
 def test_int8_keeps_zeros_and_signs_exactly() -> None:
     codec = Int8Blockwise(block=4)
     x = torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 2.0, 0.0, -3.0, 5.0])
@@ -76,8 +101,9 @@ def test_error_feedback_loses_nothing_over_rounds() -> None:
     """Sent in total = produced in total minus the last residual, exactly (float64): the
     bookkeeping. And the residual stays small (what a codec really keeps back): within
     half a step for int8 and fp16, bounded (not growing with the rounds) for top-k."""
-    bounds = {"topk": 15.0, "int8": 0.05, "fp16": 0.01}
-    for codec in (TopK(fraction=0.05), Int8Blockwise(block=16), Fp16()):
+    bounds = {"topk": 15.0, "int8": 0.05, "int4": 0.5, "fp16": 0.01}
+    for codec in (TopK(fraction=0.05), Int8Blockwise(block=16), Int4Blockwise(block=16),
+                  Fp16()):
         feedback, produced, sent = ErrorFeedback(), torch.zeros(200, dtype=torch.float64), \
             torch.zeros(200, dtype=torch.float64)
         for step in range(30):
@@ -112,6 +138,7 @@ def test_routes_and_bytes() -> None:
     ring = sent_bytes(Identity(), numel, 2)
     assert ring == 4 * numel  # 2 ranks: a ring all-reduce sends the whole tensor once
     assert ring / sent_bytes(Int8Blockwise(), numel, 2) > 3.9
+    assert ring / sent_bytes(Int4Blockwise(), numel, 2) > 7.7
     assert ring / sent_bytes(TopK(0.01), numel, 2) == pytest.approx(50)
     # a scatter keeps the ring's bytes per rank whatever N; an all-gather grows with N
     assert sent_bytes(Int8Blockwise(), numel, 8) < 2 * sent_bytes(Int8Blockwise(), numel, 2)
@@ -120,6 +147,7 @@ def test_routes_and_bytes() -> None:
 
 @pytest.mark.parametrize("make,message", [
     (lambda: Int8Blockwise(block=0), "block"),
+    (lambda: Int4Blockwise(block=True), "block"),
     (lambda: TopK(fraction=0), "fraction"),
     (lambda: TopK(fraction=1.5), "fraction"),
 ])

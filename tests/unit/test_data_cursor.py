@@ -141,16 +141,6 @@ def test_lost_parts_are_owed_and_served_before_the_rest() -> None:
         CursorState(10, 4, owed=((5, 11),))
 
 
-def test_a_short_first_step_then_full_ones() -> None:
-    """A sync strategy's short first round: the epoch's first positions as a step of
-    their own, then full steps from there; every position once."""
-    state = CursorState(20, 8).with_short_first_step(3)
-    assert [s.block for s in state.rest_of_epoch()] == [(0, 3), (3, 11), (11, 19), (19, 20)]
-    assert CursorState(5, 8).with_short_first_step(5) == CursorState(5, 8)  # all of it anyway
-    with pytest.raises(ConfigError, match="start of an epoch"):
-        CursorState(20, 8, cursor=8).with_short_first_step(3)
-
-
 def test_every_sample_once_with_random_losses() -> None:
     """Random parts lost at random steps: every epoch still covers the permutation
     exactly once."""

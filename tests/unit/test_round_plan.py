@@ -61,10 +61,47 @@ def test_lost_ranges_are_the_block_less_the_parts() -> None:
         lost_ranges((0, 10), [(0, 6), (5, 10)])
 
 
+def test_an_unmeasured_round_starts_even_then_the_rest() -> None:
+    """Nobody measured: the first ``measure`` of the round's global batches (at least
+    one), then the rest; measured, or a block too short for a rest, stays whole."""
+    from potluck.sync.round_plan import segments
+
+    kw = {"inner_steps": 125, "global_batch": 32, "world_size": 2, "measure": 0.0625}
+    assert segments((0, 4000), measured=False, **kw) == ((0, 256), (256, 4000))
+    assert segments((4000, 8000), measured=True, **kw) == ((4000, 8000),)
+    assert segments((0, 4000), measured=False, **{**kw, "measure": 0.0}) == ((0, 4000),)
+    # a tenth of 4 global batches rounds to none: one global batch, then the rest
+    assert segments((12, 60), measured=False, inner_steps=4, global_batch=12, world_size=2,
+                    measure=0.1) == ((12, 24), (24, 60))
+    # every rank gets a sample of each part: 5 ranks, global batches of 2: the start is
+    # 3 global batches (6 samples), the rest at least 5
+    assert segments((0, 40), measured=False, inner_steps=20, global_batch=2, world_size=5,
+                    measure=0.05) == ((0, 6), (6, 40))
+    assert segments((0, 10), measured=False, inner_steps=20, global_batch=2, world_size=5,
+                    measure=0.05) == ((0, 10),)
+    # an owed range or a short last round with less than a global batch after the start
+    assert segments((0, 287), measured=False, **kw) == ((0, 287),)
+    assert segments((0, 288), measured=False, **kw) == ((0, 256), (256, 288))
+
+
+def test_parts_that_overlap_mean_the_members_disagree() -> None:
+    """Two ranks that split the rest of a round differently trained a sample twice: no
+    lost ranges but None (the round starts again); gaps are lost ranges as ever."""
+    from potluck.sync.round_plan import agreed_lost
+
+    assert agreed_lost((0, 48), [(0, 6), (6, 12), (12, 30), (30, 48)]) == ()
+    assert agreed_lost((0, 48), [(0, 6), (6, 12), (12, 30), (0, 0), (36, 48)]) == ((30, 36),)
+    assert agreed_lost((0, 48), [(0, 6), (6, 12), (12, 30), (28, 48)]) is None
+    with pytest.raises(ConfigError, match="outside the round's block"):
+        agreed_lost((0, 48), [(0, 6), (40, 50)])
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"fragments": 0}, "fragments=0"), ({"mixing": 1.0}, "mixing=1.0"),
-    ({"fragments": True}, "fragments=True")])
-def test_bad_fragments_are_refused(kwargs: dict[str, object], message: str) -> None:
+    ({"fragments": True}, "fragments=True"), ({"measure": 1.0}, "measure=1.0"),
+    ({"measure": -0.1}, r"measure=-0.1\) must be in \[0, 1\)"),
+    ({"measure": float("nan")}, "measure=nan"), ({"measure": True}, "measure=True")])
+def test_bad_fragments_and_measures_are_refused(kwargs: dict[str, object], message: str) -> None:
     from potluck import DiLoCo
 
     with pytest.raises(ConfigError, match=message):

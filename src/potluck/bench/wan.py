@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DiLoCo's local steps per round (default 50; --quick 20)")
     parser.add_argument("--quota", type=float, default=None, metavar="Q",
                         help="hold worker 1 to Q of a core; adds potluck with a fixed H")
+    parser.add_argument("--contenders", metavar="A,B,...",
+                        help="which contenders, comma-separated (ddp, the reference, among "
+                             "them); default: ddp,ddp-fp16,diloco,diloco-int8,streaming-int8,"
+                             "localsgd-int8 (with --quota: ddp,diloco,streaming-int8,"
+                             "diloco-fixed)")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' JSON here")
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -96,7 +101,21 @@ def config_from_args(args: argparse.Namespace) -> WanConfig:
         config = replace(config, inner_steps=args.inner_steps)
     if args.quota is not None:
         config = replace(config, contenders=("ddp", "diloco", "streaming-int8", "diloco-fixed"))
+    if getattr(args, "contenders", None):
+        config = replace(config, contenders=_contenders(args.contenders))
     return config.validated()
+
+
+def _contenders(text: str) -> tuple[str, ...]:
+    from potluck.bench.wan_job import CONTENDERS
+
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown or "ddp" not in names:
+        raise ConfigError(f"--contenders {text!r}: " + (
+            f"unknown {unknown}; " if unknown else "") + "name ddp (the reference every "
+            f"figure is measured against) and any of {', '.join(CONTENDERS)}")
+    return names
 
 
 class Jobs:

@@ -39,8 +39,8 @@ def steps_to_target(curve: Curve, target: float, global_batch: int) -> int | Non
 
 def loss_at(curve: Curve, samples: int) -> float | None:
     """The loss at ``samples``: a point's, or interpolated linearly between the points
-    either side (DiLoCo's short first round puts its evaluations off the multiples of
-    a round); None outside the curve."""
+    either side (a contender whose rounds do not divide ``samples`` is evaluated off
+    it); None outside the curve."""
     exact = next((point[2] for point in curve if round(point[0]) == samples), None)
     if exact is not None:
         return exact

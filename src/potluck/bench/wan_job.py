@@ -11,8 +11,10 @@ Contenders: ``ddp``, ``ddp-fp16`` and ``ddp-powersgd`` (torch DDP, with torch's 
 hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), and
 ``diloco-fixed`` (the same with ``adaptive=False``: every worker takes H local steps),
 ``streaming-int8`` (``StreamingDiLoCo(H, 4, codec=Int8Blockwise())``: four fragments
-in turn, each overlapped with the following local steps), and ``localsgd-int8``
-(``LocalSGD(H, codec=Int8Blockwise())``: DiLoCo whose outer step is the plain average).
+in turn, each overlapped with the following local steps), ``localsgd-int8``
+(``LocalSGD(H, codec=Int8Blockwise())``: DiLoCo whose outer step is the plain average),
+and ``localsgd-int4`` (``LocalSGD(H // 2, codec=Int4Blockwise())``: twice the syncs at
+half the bytes each, so about int8's bytes at H).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed",
-              "streaming-int8", "localsgd-int8")
+              "streaming-int8", "localsgd-int8", "localsgd-int4")
 STREAMING_FRAGMENTS = 4
 
 
@@ -170,11 +172,14 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     import torch
 
     import potluck
-    from potluck.compress import Int8Blockwise
+    from potluck.compress import Int4Blockwise, Int8Blockwise
     from potluck.sync import DiLoCoSync
 
-    codec = Int8Blockwise() if args.contender.endswith("-int8") else None
-    if args.contender.startswith("localsgd"):
+    codec = (Int8Blockwise() if args.contender.endswith("-int8")
+             else Int4Blockwise() if args.contender.endswith("-int4") else None)
+    if args.contender == "localsgd-int4":
+        sync = potluck.LocalSGD(max(1, args.inner_steps // 2), codec=codec)
+    elif args.contender.startswith("localsgd"):
         sync = potluck.LocalSGD(args.inner_steps, codec=codec)
     elif args.contender.startswith("streaming"):
         sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec,
@@ -188,7 +193,7 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     strategy = opt.part(DiLoCoSync)
     assert strategy is not None
     clock, curve, rounds = Clock(), [], []
-    due, trained = args.batches * args.global_batch, 0  # samples (the first round is short)
+    due, trained = args.batches * args.global_batch, 0  # samples (a lost part is owed)
     while trained < due:
         for x, y in loader:
             opt.zero_grad()

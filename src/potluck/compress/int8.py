@@ -24,7 +24,7 @@ class Int8Blockwise:
     dense = True
 
     def __init__(self, block: int = 256) -> None:
-        if not isinstance(block, int) or block < 1:
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
             raise ConfigError(f"Int8Blockwise(block={block!r}): a block is a positive "
                               "number of values sharing one scale, e.g. 256")
         self.block = block

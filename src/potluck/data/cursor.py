@@ -62,11 +62,6 @@ class DataCursor:
         mid-round); they are handed out again as steps of their own, before the rest."""
         self._state = self._state.advanced(lost)
 
-    def start_with_short_step(self, samples: int) -> None:
-        """At an epoch's start: serve its first ``samples`` positions as a step of their
-        own (``CursorState.with_short_first_step``)."""
-        self._state = self._state.with_short_first_step(samples)
-
     def permutation(self, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s sample order (cached for the latest epoch asked for)."""
         seed = self._state.seed

@@ -111,17 +111,6 @@ class CursorState:
             return replace(self, epoch=self.epoch + 1, cursor=0, owed=())
         return replace(self, cursor=cursor, owed=owed)
 
-    def with_short_first_step(self, samples: int) -> CursorState:
-        """This state (at an epoch's start) with the epoch's first ``samples`` positions
-        served as a step of their own, before the full steps (which then start after
-        them): a sync strategy's short first round, to measure speeds."""
-        if self.cursor or self.owed:
-            raise ConfigError("a short first step is for the start of an epoch, not "
-                              f"cursor={self.cursor}, owed={list(self.owed)}")
-        if not 0 < samples < self.epoch_end:
-            return self  # nothing to shorten: the epoch is a step or less
-        return replace(self, cursor=samples, owed=((0, samples),))
-
     def rest_of_epoch(self) -> Iterator[CursorState]:
         """This state and every later one of the same epoch, one per step."""
         state = self

@@ -7,10 +7,12 @@ and the same slice of the epoch is split again among the survivors. Iteration en
 the end of the cursor's current epoch. Each rank's part is its share of the block
 (``shares(world_size)``: a share policy's, equal by default).
 
-Under a sync strategy (DiLoCo) a step is a round: the block is the round's samples, and
-this rank's part comes as ``inner_steps(part, block)`` batches (positions in the epoch
-permutation), one per local optimizer step; the cursor commits once, after the round's
-last one.
+Under a sync strategy (DiLoCo) a step is a round: the block is the round's samples,
+handed out in the strategy's ``segments(block)`` (one, or an even start and the rest:
+each split by the shares as they stand when the loader gets to it, so a strategy can
+measure speeds in between), and this rank's part of each comes as
+``inner_steps(part, segment)`` batches (positions in the epoch permutation), one per
+local optimizer step; the cursor commits once, after the round's last one.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read eve
 MicroBatches = Callable[[int], int]  # samples of this rank's part -> its micro-batches
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
-# (this rank's part, the whole block), as [start, stop) positions in the epoch
-# permutation -> its local steps (a round's)
+# (this rank's part, the segment of the round), as [start, stop) positions in the
+# epoch permutation -> its local steps
 InnerSteps = Callable[[tuple[int, int], tuple[int, int]], int]
+# a round's block -> the segments it is handed out in
+Segments = Callable[[tuple[int, int]], Sequence[tuple[int, int]]]
 
 
 class StepLoader:
@@ -44,18 +48,24 @@ class StepLoader:
                  contribution: Contribute | None = None,
                  weight: Callable[[Any], float] | None = None,
                  micro_batches: MicroBatches | None = None,
-                 inner_steps: InnerSteps | None = None) -> None:
+                 inner_steps: InnerSteps | None = None,
+                 segments: Segments | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``micro_batches`` says into how many
         micro-batches this rank should split its part (``loader.micro_batches``);
-        ``inner_steps`` into how many batches of a round (a sync strategy's)."""
+        ``inner_steps`` into how many batches of a round, ``segments`` in which pieces
+        the round is handed out (a sync strategy's; both or neither)."""
+        if (inner_steps is None) != (segments is None):
+            raise ConfigError("StepLoader: a round needs both inner_steps and segments "
+                              "(a sync strategy's), or neither")
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
         self.contribution, self.weight = contribution, weight
         self._micro_of = micro_batches or (lambda samples: 1)
-        self._inner_of = inner_steps
+        self._inner_of, self._segments_of = inner_steps, segments
         self.micro_batches = 1  # for the step last handed out
-        self.split: list[int] = []  # samples per rank of the step last handed out
+        self.split: list[int] = []  # samples per rank last handed out (a step, a segment)
+        self.segment = 0  # under a sync strategy: which segment of its round (from 0)
         self._handed: tuple[CursorState, Sequence[float]] | None = None  # its cursor state, shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
@@ -93,8 +103,7 @@ class StepLoader:
                     "of at least the world size and DataCursor(drop_last=True)"
                 )
             if self._inner_of is not None:
-                part = split_block(start, stop, shares)[rank]
-                yield from self._round(indices, (part.start, part.stop), (start, stop))
+                yield from self._round(state, rank, world_size, shares)
                 continue
             batch = self.collate([self.dataset[i] for i in indices])
             self.micro_batches = self._micro_of(len(indices))
@@ -111,16 +120,30 @@ class StepLoader:
         return self.collate([self.dataset[i] for i in
                              self.cursor.rank_indices(rank, shares, state=state)])
 
-    def _round(self, indices: list[int], part: tuple[int, int],
-               block: tuple[int, int]) -> Iterator[Any]:
-        """This rank's part of a round, one batch per local step (contiguous, equal
-        within one sample)."""
-        assert self._inner_of is not None
-        steps = self._inner_of(part, block)
-        offset = 0
-        for count in split_counts(len(indices), equal_shares(steps)):
-            yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
-            offset += count
+    def _round(self, state: CursorState, rank: int, world_size: int,
+               shares: Sequence[float]) -> Iterator[Any]:
+        """This rank's part of a round, segment by segment, one batch per local step
+        (contiguous within a segment, equal within one sample). A later segment's shares
+        are asked for when the loader gets to it: after the earlier ones' local steps."""
+        assert self._inner_of is not None and self._segments_of is not None
+        order = self.cursor.permutation(state.epoch)
+        for k, (start, stop) in enumerate(self._segments_of(state.block)):
+            if k:
+                shares = self._shares_for(stop - start, world_size)
+            self.split, self.segment = split_counts(stop - start, shares), k
+            part = split_block(start, stop, shares)[rank]
+            indices = order[part.start:part.stop].tolist()
+            if not indices:
+                raise CursorError(
+                    f"rank {rank} of {world_size} has no sample in positions [{start}, "
+                    f"{stop}) of the round at sample {state.cursor}: every rank must train "
+                    "on at least one sample of each part of a round; use a global batch "
+                    "of at least the world size")
+            steps = self._inner_of((part.start, part.stop), (start, stop))
+            offset = 0
+            for count in split_counts(len(indices), equal_shares(steps)):
+                yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
+                offset += count
 
     def _shares_for(self, block: int, world_size: int) -> Sequence[float]:
         """The policy's shares, or equal ones for a short last block of an epoch that

@@ -58,6 +58,9 @@ class ElasticJob:
     step_pause: float = 0.0  # a stand-in for compute, so events land mid-run
     balance: bool = False  # shares by measured speed (potluck.prepare(balance=...))
     inner_steps: int = 0  # > 0: DiLoCo rounds of this many global batches (0: every step)
+    # > 0: DiLoCo's local steps follow speeds, an unmeasured round starting with this
+    # fraction even (0: a fixed H everywhere, the same split on any machine)
+    measure: float = 0.0
 
 
 class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
@@ -129,7 +132,8 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
                               join_timeout=job.join_timeout)
     cohort = join_elastic(store, worker_id, config,
                           GroupSpec("gloo", job.collective_timeout, host))
-    sync = DiLoCo(job.inner_steps, adaptive=False) if job.inner_steps else None
+    sync = DiLoCo(job.inner_steps, adaptive=job.measure > 0, measure=job.measure,
+                  min_gain=0.0) if job.inner_steps else None
     model, opt, loader = prepare(net, sgd, Indexed(job.samples), cohort=cohort,
                                  global_batch=job.global_batch, seed=job.data_seed,
                                  minimum=minimum, balance=job.balance or None, sync=sync)

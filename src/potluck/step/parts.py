@@ -51,23 +51,27 @@ class SharePolicy(StepPart, Protocol):
 class SyncStrategy(SharePolicy, Protocol):
     """Replicas step locally and are reconciled once a round (``potluck.sync``).
 
-    A step of the cursor is a round. The loader asks ``inner_steps(part, block)`` (this
-    rank's part and the round's block, as ``[start, stop)`` positions of the epoch
-    permutation) how many local steps this rank's part takes (and so the strategy knows
-    the round began); the transaction calls ``after_inner_step()`` after each local
-    optimizer step and, once it says the round is done here, ``synchronize()``, the
-    round's collectives. It returns the positions of the block that did not reach the
-    global model (the parts of members lost mid-round): the cursor commits the round
-    and owes those. A lost peer raises ``PeerLostError`` before anything changed here,
+    A step of the cursor is a round. The loader asks ``segments(block)`` (the round's
+    block, as ``[start, stop)`` positions of the epoch permutation) in which pieces to
+    hand it out, splits each by ``shares`` as they stand when it gets to it, and asks
+    ``inner_steps(part, segment)`` how many local steps this rank's part of it takes;
+    the transaction calls ``after_inner_step()`` after each local optimizer step and,
+    once it says the round is done here, ``synchronize()``, the round's collectives. It
+    returns the positions of the block that did not reach the global model (the parts
+    of members lost mid-round): the cursor commits the round and owes those; or None
+    when the members found they had split the round differently, and every one of them
+    abandoned it. A lost peer raises ``PeerLostError`` before anything changed here,
     so on an elastic cohort the survivors call it again in the next generation; if the
     members turn out to be a round apart, ``abandon_round()`` restarts this rank's round
     from the committed state."""
+
+    def segments(self, block: tuple[int, int]) -> Sequence[tuple[int, int]]: ...
 
     def inner_steps(self, part: tuple[int, int], block: tuple[int, int]) -> int: ...
 
     def after_inner_step(self) -> bool: ...
 
-    def synchronize(self) -> tuple[tuple[int, int], ...]: ...
+    def synchronize(self) -> tuple[tuple[int, int], ...] | None: ...
 
     def abandon_round(self) -> None: ...
 

@@ -172,9 +172,10 @@ class StepTransaction:
             synced = self._synchronize()
             if observer is not None:
                 observer.blocked("the round's sync", time.perf_counter() - started)
+            if synced is None:  # the round starts again from the committed state
+                return self._round_again(result)
+            if observer is not None:
                 observer.committed()
-            if synced is None:
-                return result  # the round starts again from the committed state
             lost = synced
         elif observer is not None:
             observer.committed(self.progress.steps)
@@ -193,6 +194,17 @@ class StepTransaction:
             self._hold_at_boundary = False  # the live state is a committed one
             self.boundary.hold_minimum()
         return result
+
+    def _round_again(self, result: StepResult) -> StepResult:
+        """The round was abandoned on every member: redone, from the committed state,
+        which is a boundary (a minimum size waits here)."""
+        self.progress.redone += 1
+        if self.observer is not None:
+            self.observer.abandoned()
+        if self._hold_at_boundary:
+            self._hold_at_boundary = False
+            self.boundary.hold_minimum()
+        return StepResult(committed=False, grad_norm=result.grad_norm, failed=True)
 
     def _remove_quarantined(self) -> str | None:
         """Members a gatekeeper part (trust) quarantined in this step: on an elastic
@@ -232,7 +244,9 @@ class StepTransaction:
         among themselves (their replicas are still their round's work). None: the
         members were a round apart (a peer died after some had finished the previous
         round's sync): realign gave everyone the most advanced member's committed state
-        and the round starts again from it, split among the new members."""
+        and the round starts again from it, split among the new members; or the members
+        had split the round differently and every one abandoned it (the strategy's
+        None)."""
         assert self._sync is not None
         while True:
             try:

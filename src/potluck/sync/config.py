@@ -37,11 +37,11 @@ class DiLoCo:
     - ``adaptive``: each worker's local steps per round follow its measured speed, so a
       fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
       instead (one count per rank); ``min_gain``: the plan's hysteresis.
-    - ``first_round``: with ``adaptive``, the run's first round may be this fraction of
-      a round (at least one global batch): nobody's speed is known yet, so it is even,
-      and a short one costs a fast worker little waiting before the plan takes over.
-      1 (the default) keeps it full: in the WAN bench a first round of 0.125 reached a
-      given loss later (``docs/sync.md``).
+    - ``measure``: with ``adaptive``, an unmeasured round (the run's first, and the first
+      after a membership change) starts with this fraction of its global batches (at
+      least one) split evenly; then the ranks exchange their speeds (a few bytes; no
+      parameters travel) and split the rest of the round by them, so a fast worker
+      waits for a slow one only through that start. 0: the whole round is even.
     - ``fragments`` (P > 1: Streaming DiLoCo; see the module doc), parameter tensors
       dealt out in turn (tensor i to fragment ``i % P``), and ``mixing``: how much of its
       own fragment a worker keeps when the new global one arrives (0: it takes the
@@ -59,7 +59,7 @@ class DiLoCo:
     min_gain: float = 0.05
     fragments: int = 1
     mixing: float = 0.0
-    first_round: float = 1.0
+    measure: float = 0.0625
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
@@ -91,10 +91,11 @@ class DiLoCo:
                 or self.fragments < 1:
             raise ConfigError(f"DiLoCo(fragments={self.fragments!r}): the number of parts "
                               "the parameters are synced in, a positive int (1: all at once)")
-        if isinstance(self.first_round, bool) or not isinstance(self.first_round, (int, float)) \
-                or not 0 < self.first_round <= 1:
-            raise ConfigError(f"DiLoCo(first_round={self.first_round!r}) must be in (0, 1]: "
-                              "the first round's length as a fraction of a round (1: full)")
+        if isinstance(self.measure, bool) or not isinstance(self.measure, (int, float)) \
+                or not 0 <= self.measure < 1:
+            raise ConfigError(f"DiLoCo(measure={self.measure!r}) must be in [0, 1): the share "
+                              "of an unmeasured round taken evenly before the speeds are "
+                              "exchanged, e.g. 0.0625 (0: the whole round even)")
         if not isinstance(self.mixing, (int, float)) or not 0 <= self.mixing < 1:
             raise ConfigError(f"DiLoCo(mixing={self.mixing!r}) must be in [0, 1): the share "
                               "of its own fragment a worker keeps (0.5 in Streaming DiLoCo)")
@@ -112,7 +113,7 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
                     nesterov: bool = True, codec: Codec | None = None,
                     error_feedback: bool = True, adaptive: bool = True,
                     split: tuple[int, ...] | None = None, min_gain: float = 0.05,
-                    first_round: float = 1.0) -> DiLoCo:
+                    measure: float = 0.0625) -> DiLoCo:
     """Streaming DiLoCo: ``fragments`` parts synced in turn, each overlapped with the
     following local steps (see the module doc)."""
     if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments < 2:
@@ -121,16 +122,16 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
     return DiLoCo(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                   nesterov=nesterov, codec=codec, error_feedback=error_feedback,
                   adaptive=adaptive, split=split, min_gain=min_gain, fragments=fragments,
-                  mixing=mixing, first_round=first_round)
+                  mixing=mixing, measure=measure)
 
 
 def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,
              adaptive: bool = True, split: tuple[int, ...] | None = None,
-             min_gain: float = 0.05, first_round: float = 1.0) -> DiLoCo:
+             min_gain: float = 0.05, measure: float = 0.0625) -> DiLoCo:
     """Local SGD: H local steps, then the replicas' weighted average."""
     return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
                   codec=codec, error_feedback=error_feedback, adaptive=adaptive, split=split,
-                  min_gain=min_gain, first_round=first_round)
+                  min_gain=min_gain, measure=measure)
 
 
 def check_split(split: Sequence[int]) -> None:

@@ -2,11 +2,15 @@
 
 Between syncs every backward stays local (``DataParallel(sync_gradients=False)``) and
 the inner optimizer steps alone (no collective: a fast worker never waits inside a
-round). At the end of its part of the round a rank runs ``synchronize``:
+planned round). A round nobody is measured for yet starts with a short even segment, after
+which the ranks exchange their speeds (one tiny all-reduce, no parameters) and split
+the rest of the round by them (``round_plan.segments``). At the end of its part of the
+round a rank runs ``synchronize``:
 
 1. one small float64 all-reduce: every rank's measured speed (the next round's plan),
-   samples and part of the round's block (who takes part: what a lost member took
-   with it is the rest, which the cursor owes);
+   samples and parts of the round's block (who takes part: what a lost member took
+   with it is the rest, which the cursor owes; parts that overlap mean the members
+   split the round differently, and every member starts it again);
 2. per (device, dtype): the pseudo-gradient ``global - local``, weighted by the rank's
    samples over the participants' (``round_plan.weight``), flattened into one buffer
    and summed through the codec (``potluck.compress``: one collective for the whole
@@ -27,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +49,11 @@ from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
 from potluck.sync.fragments import Summed, by_kind, deal, outer_step, pseudo_gradient
 from potluck.sync.round_plan import (
+    agreed_lost,
     fragment_points,
     local_steps,
-    lost_ranges,
     plan_round,
+    segments,
     weight,
 )
 
@@ -75,8 +81,15 @@ class DiLoCoSync:
     name = "sync"
 
     def __init__(self, config: DiLoCo, module: nn.Module, group: GroupHandle,
-                 global_batch: int, device: torch.device | None = None) -> None:
+                 global_batch: int, device: torch.device | None = None,
+                 on_lost: Callable[[], None] | None = None) -> None:
+        """``on_lost``: on an elastic cohort, what tells the members that a peer was
+        lost in the mid-round speed exchange (the cohort's ``mark_step_failed``); the
+        round's sync then raises the loss before any collective, and the transaction
+        forms the next generation as for any loss in a sync. None (a fixed cohort): the
+        loss is raised where it happens."""
         self.config, self.module, self.group = config, module, group
+        self._on_lost = on_lost
         self.device = device or torch.device("cpu")  # NCCL talks in device tensors
         self.global_batch = global_batch
         self.codec: Codec = config.codec or Identity()
@@ -98,9 +111,14 @@ class DiLoCoSync:
         self.skipped = 0  # rounds whose summed pseudo-gradient was not finite
         self.last: RoundRecord | None = None
         self._due = self._done = self._samples = 0
-        self._part: Range = (0, 0)
+        # The round under way: its block, the segments it is handed out in, how many of
+        # them were handed out, and this rank's part of each.
         self._block: Range = (0, 0)
+        self._segments: tuple[Range, ...] = ()
+        self._parts: list[Range] = []
+        self._lost: PeerLostError | None = None  # the speed exchange's, raised at the sync
         self._started = 0.0
+        self._warm = 0.0  # when the round's first local step ended (its speed leaves it out)
         self._compute_s: float | None = None
         # Streaming: after which local steps fragments 0 .. P-2 go, the next one to go,
         # the one in flight, and the time spent waiting for them in this round.
@@ -125,35 +143,103 @@ class DiLoCoSync:
 
     # ------------------------------------------------------------ the round
 
-    def inner_steps(self, part: Range, block: Range) -> int:
-        """The loader hands out this rank's part of a round (positions in the epoch)."""
-        if self._due and self._done < self._due:
+    def segments(self, block: Range) -> tuple[Range, ...]:
+        """A round begins: the segments the loader hands ``block`` out in, each split by
+        ``shares`` as they stand when it is handed out (``round_plan.segments``)."""
+        if self._segments:
             raise ConfigError(
                 f"the loader handed out a round again after {self._done} optimizer step(s) of "
-                f"its {self._due} batches: under sync=DiLoCo(...) call opt.step() once per "
-                "batch (a skipped step would train the round twice)")
+                f"its {self._due} batches so far: under sync=DiLoCo(...) call opt.step() "
+                "once per batch (a skipped step would train the round twice)")
         if not self._global_set:
             with torch.no_grad():
                 for value, param in zip(self._global, self._params, strict=True):
                     value.copy_(param)
             self._global_set = True
-        self._part, self._block = part, block
-        self._samples = part[1] - part[0]
-        self._due = local_steps(self._samples, self.global_batch, self.group.size())
-        self._done, self._compute_s = 0, None
-        self._points, self._next, self._blocked = (
-            fragment_points(self._due, len(self._fragments)), 0, 0.0)
+        config, world_size = self.config, self.group.size()
+        unplanned = (config.adaptive and config.split is None and world_size > 1
+                     and (self.plan is None or len(self.plan) != world_size))
+        self._block = block
+        self._segments = segments(block, inner_steps=config.inner_steps,
+                                  global_batch=self.global_batch, world_size=world_size,
+                                  measure=config.measure, measured=not unplanned)
+        self._parts, self._samples = [], 0
+        self._due = self._done = 0
+        self._compute_s = None
+        self._points, self._next, self._blocked = (), 0, 0.0
         self._started = time.perf_counter()
-        return self._due
+        return self._segments
+
+    def inner_steps(self, part: Range, segment: Range) -> int:
+        """The loader hands out this rank's part of the round's next segment (positions
+        in the epoch): its local steps."""
+        at = len(self._parts)
+        if at >= len(self._segments) or segment != self._segments[at]:
+            raise ConfigError(
+                f"the loader handed out positions {list(segment)} where the round "
+                f"{list(self._block)} expects its segments {[list(s) for s in self._segments]} "
+                "in turn: a round begins with segments(block)")
+        if self._done < self._due:
+            raise ConfigError(
+                f"the loader handed out the rest of the round after {self._done} of the "
+                f"{self._due} local steps of its start: the rest is split by speeds measured "
+                "over the start, so take a batch only after opt.step() of the one before "
+                "(no reading ahead)")
+        self._parts.append(part)
+        samples = part[1] - part[0]
+        self._samples += samples
+        steps = local_steps(samples, self.global_batch, self.group.size())
+        before, self._due = self._due, self._due + steps
+        if at + 1 == len(self._segments):  # fragments go spread over the last segment
+            self._points = tuple(before + point
+                                 for point in fragment_points(steps, len(self._fragments)))
+        return steps
 
     def after_inner_step(self) -> bool:
         if self._due == 0:
             raise ConfigError("a local step outside a round: under sync=DiLoCo(...) take "
                               "batches from prepare's loader, one optimizer step each")
         self._done += 1
+        if self._done == 1:
+            self._warm = time.perf_counter()
         while self._next < len(self._points) and self._points[self._next] <= self._done:
             self._send_fragment()
-        return self._done >= self._due
+        if self._done < self._due:
+            return False
+        if len(self._parts) < len(self._segments):  # a measuring start ends here
+            self._exchange_speeds()
+            return False
+        return True
+
+    def _exchange_speeds(self) -> None:
+        """Mid-round, after an even start: every rank's speed so far (leaving out the
+        first local step, which pays for warming up), so the rest of the round follows a
+        plan. A loss here on an elastic cohort leaves the plan as it was (the rest even)
+        and is raised at the round's sync, where the members' parts say whether they
+        still split the round alike (``agreed_lost``)."""
+        began = time.perf_counter()
+        group, rank = self.group, self.group.rank()
+        if self._done > 1:
+            samples = self._samples * (self._done - 1) / self._done
+            seconds = began - self._warm
+        else:
+            samples, seconds = self._samples, began - self._started
+        table = torch.zeros(group.size(), dtype=torch.float64, device=self.device)
+        table[rank] = samples / max(seconds, 1e-9)
+        try:
+            settle(lambda: group.allreduce([table]), group, "the round's first speeds")
+        except PeerLostError as exc:
+            if self._on_lost is None:
+                raise
+            log.warning("round %d: the speeds after its even start could not be exchanged "
+                        "(%s); the rest of the round stays even", self.rounds + 1, exc)
+            self._lost = exc
+            self._on_lost()
+        else:
+            self.speeds = [float(v) for v in table.cpu().tolist()]
+            self.plan = plan_round(self.speeds, self.config.inner_steps,
+                                   min_gain=self.config.min_gain)
+        self._blocked += time.perf_counter() - began
 
     # ------------------------------------------------------------ streaming
 
@@ -190,28 +276,49 @@ class DiLoCoSync:
         if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
             self._skip(f"fragment {index}")
 
-    def synchronize(self) -> tuple[Range, ...]:
+    def synchronize(self) -> tuple[Range, ...] | None:
         """The round's collectives, then the outer step. Every collective comes before
         anything changes here, so a lost peer (``PeerLostError``) leaves this rank's
         replica, global parameters and error feedback as they were: the survivors call
         it again in the next generation and commit the round among themselves. (With
         fragments, the earlier ones are already applied: Streaming DiLoCo runs on fixed
-        cohorts.)"""
+        cohorts.) None: the members split the round differently, and every member
+        abandoned it (the same table everywhere, so the same decision)."""
         if self._compute_s is None:  # a retry after a loss keeps the first measurement
             self._compute_s = time.perf_counter() - self._started - self._blocked
         compute_s = self._compute_s
+        if self._lost is not None:  # found in the speed exchange: the group is broken
+            failure, self._lost = self._lost, None
+            raise failure
         began = time.perf_counter()
         self._finish_fragment()  # the one sent last, still in flight
         group, rank, world_size = self.group, self.group.rank(), self.group.size()
-        # Who takes part, with what: speed (samples/s), samples, part [start, stop).
-        table = torch.zeros(world_size, 4, dtype=torch.float64, device=self.device)
+        # Who takes part, with what: speed (samples/s), samples, then its part of each
+        # segment [start, stop) (a round has at most two).
+        table = torch.zeros(world_size, 6, dtype=torch.float64, device=self.device)
+        parts = [*self._parts, (0, 0)][:2]
         table[rank] = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
-                                    *self._part], dtype=torch.float64)
+                                    *parts[0], *parts[1]], dtype=torch.float64)
         waiting = time.perf_counter()
         settle(lambda: group.allreduce([table]), group, "the round's speeds and parts")
         waited = time.perf_counter() - waiting
         rows = table.cpu().tolist()
-        lost = lost_ranges(self._block, [(int(r[2]), int(r[3])) for r in rows])
+        lost = agreed_lost(self._block, [(int(r[c]), int(r[c + 1])) for r in rows
+                                         for c in (2, 4)])
+        if lost is None:
+            if len(self._fragments) > 1:  # not reached: streaming runs on fixed cohorts
+                raise ConfigError("Streaming DiLoCo's members split a round differently; "
+                                  "its fragments were applied already, so it cannot start "
+                                  "again")
+            log.warning("round %d: the members split it differently (a member was lost "
+                        "while they exchanged speeds); every member starts it again",
+                        self.rounds + 1)
+            # The same table everywhere: every member takes the same plan from it.
+            self.speeds = [float(r[0]) for r in rows]
+            self.plan = plan_round(self.speeds, self.config.inner_steps,
+                                   min_gain=self.config.min_gain)
+            self.abandon_round()
+            return None
         round_samples = sum(int(r[1]) for r in rows)
         share = weight(self._samples, round_samples)
         sent_before = self.traffic.sent
@@ -235,7 +342,7 @@ class DiLoCoSync:
         if self.config.adaptive:
             self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
                                    min_gain=self.config.min_gain)
-        self._due = 0
+        self._due, self._segments, self._parts = 0, (), []
         if lost:
             log.warning("round %d committed without positions %s of its block %s (members "
                         "lost mid-round): they are handed out again", self.rounds,
@@ -268,6 +375,7 @@ class DiLoCoSync:
         """The round under way is dropped: the replica restarts from the global
         parameters, and the loader hands the round out again."""
         self._due, self._pending, self._next = 0, None, 0
+        self._segments, self._parts, self._lost = (), [], None
         with torch.no_grad():
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)

@@ -9,7 +9,9 @@
   (samples per second of local work in the last round: forward, backward, the inner
   optimizer, loading), each at least 1, so every rank's round takes about the same
   wall time. A new plan replaces the current one only when it is predicted to make
-  the round at least ``min_gain`` faster (the share planner's hysteresis).
+  the round at least ``min_gain`` faster (the share planner's hysteresis). A round
+  nobody is measured for yet starts even and exchanges speeds after a short start
+  (``segments``), so even the first round is planned.
 - **The rule of the average**: rank r's pseudo-gradient weighs ``n_r / n``, its samples
   over the samples of every rank that takes part in the sync, so a sample counts the
   same wherever it was trained. Normally that is the whole round; when a member is lost
@@ -19,21 +21,31 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from potluck.balance.planner import Plan, plan_shares
+from potluck.data.state import Range
 from potluck.errors import ConfigError
-from potluck.sync.config import DiLoCo, check_split
+from potluck.sync.config import check_split
 
 
-def first_round_samples(config: DiLoCo, global_batch: int, world_size: int) -> int:
-    """The run's first round, in samples: ``config.first_round`` of a round (at least a
-    global batch) when local steps follow speeds, which nobody has measured yet; a full
-    round otherwise (fixed steps, or one worker: nothing to measure)."""
-    full = config.inner_steps * global_batch
-    if not config.adaptive or config.split is not None or world_size < 2:
-        return full
-    return max(1, round(config.inner_steps * config.first_round)) * global_batch
+def segments(block: Range, *, inner_steps: int, global_batch: int, world_size: int,
+             measure: float, measured: bool) -> tuple[Range, ...]:
+    """How a round's ``block`` is handed out: whole, or, when nobody's speed is known
+    (``measured`` False) and ``measure`` > 0, its first ``measure`` of ``inner_steps``
+    global batches (at least one, and at least a sample per rank) split evenly, then
+    the rest split by the speeds the ranks exchange in between. A block with less than
+    a global batch (or a sample per rank) after that start stays whole: a short last
+    round, an owed range."""
+    start, stop = block
+    if measured or measure <= 0:
+        return (block,)
+    batches = max(1, round(inner_steps * measure), -(-world_size // global_batch))
+    first = batches * global_batch
+    if stop - start < first + max(global_batch, world_size):
+        return (block,)
+    return ((start, start + first), (start + first, stop))
 
 
 def local_steps(samples: int, global_batch: int, world_size: int) -> int:
@@ -86,6 +98,17 @@ def lost_ranges(block: tuple[int, int],
     if at < stop:
         lost.append((at, stop))
     return tuple(lost)
+
+
+def agreed_lost(block: Range, parts: Sequence[Range]) -> tuple[Range, ...] | None:
+    """``lost_ranges``, or None when the parts overlap: the members split the round
+    differently (a member was lost while they exchanged speeds, and only some of them
+    got the speeds), so a sample was trained twice and the round must start again."""
+    inside = [p for p in parts if p[0] < p[1]]
+    ordered = sorted(inside)
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
+        return None
+    return lost_ranges(block, inside)
 
 
 def weight(samples: int, round_samples: int) -> float:
