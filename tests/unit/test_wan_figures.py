@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from potluck.bench.wan_figures import first_at_or_below, loss_at, median, ratio, steps_to_target
+from potluck.bench.wan_figures import (
+    first_at_or_below,
+    loss_at,
+    mean_gaps,
+    median,
+    ratio,
+    steps_to_target,
+)
 from potluck.harness.netns import tbf_args
 
 CURVE = [[320, 1.0, 3.0], [640, 2.0, 2.5], [960, 3.0, 2.2], [1280, 4.0, 2.1]]
@@ -26,3 +33,12 @@ def test_tbf_caps_a_device_egress() -> None:
     assert tbf_args("veth0", "10mbit") == ["qdisc", "replace", "dev", "veth0", "root", "tbf",
                                            "rate", "10mbit", "burst", "64kb", "latency",
                                            "500ms"]
+
+
+def test_the_loss_gap_is_averaged_over_the_data_seeds() -> None:
+    """Seed by seed against ddp's loss on the same seed, then the mean; a contender that
+    missed a seed's loss (its curve ended early) is left out, not counted as zero."""
+    gaps = mean_gaps({"ddp": [2.0, 2.5, 1.6], "a": [2.2, 2.5, 1.6], "b": [1.8, 2.75, None],
+                      "c": [2.0, 2.5]})
+    assert set(gaps) == {"a"} and abs(gaps["a"] - 0.1 / 3) < 1e-12
+    assert mean_gaps({"ddp": [2.0], "a": [2.06]}) == {"a": 2.06 / 2.0 - 1}

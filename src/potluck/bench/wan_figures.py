@@ -55,3 +55,22 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator == 0:
         return None
     return numerator / denominator
+
+
+def mean_gaps(losses: dict[str, list[float | None]], reference: str = "ddp"
+              ) -> dict[str, float]:
+    """Each contender's loss gap to ``reference`` (its loss over the reference's, minus
+    1), seed by seed, averaged over the data seeds: one data order decides a run's loss
+    at S batches by as much as the contenders differ. A contender missing a seed's loss
+    is left out."""
+    base = losses[reference]
+    gaps = {}
+    for name, values in losses.items():
+        if name == reference or len(values) != len(base) or not values:
+            continue
+        pairs = [(v, b) for v, b in zip(values, base, strict=True)]
+        if any(v is None or b is None or b == 0 for v, b in pairs):
+            continue
+        gaps[name] = sum(v / b - 1 for v, b in pairs if v is not None and b is not None
+                         ) / len(pairs)
+    return gaps

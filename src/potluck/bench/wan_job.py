@@ -44,6 +44,8 @@ class JobArgs:
     measure_steps: int  # > 0: stop after this many steps, no evaluation (step timing)
     corpus_chars: int
     outer: dict[str, Any] | None = None  # DiLoCo's outer-step settings given as flags
+    sync_measure: float | None = None  # DiLoCo's measure, given as a flag
+    seed: int = 1  # the data order's (the model's initial weights never change)
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -57,10 +59,13 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
+    p.add_argument("--seed", type=int, default=1, help="the data order's seed")
     p.add_argument("--outer-lr", type=float, help="DiLoCo's outer lr (default: DiLoCo's)")
     p.add_argument("--outer-momentum", type=float,
                    help="DiLoCo's outer momentum (0: plain SGD; default: DiLoCo's)")
     p.add_argument("--mixing", type=float, help="Streaming DiLoCo's merge weight")
+    p.add_argument("--sync-measure", type=float,
+                   help="an unmeasured round's even start (DiLoCo's measure; default its own)")
     a = p.parse_args(argv)
     outer = {k: v for k, v in (("outer_lr", a.outer_lr), ("outer_momentum", a.outer_momentum),
                                ("mixing", a.mixing)) if v is not None}
@@ -71,8 +76,11 @@ def _parse(argv: list[str]) -> JobArgs:
                 "streaming contenders")
     if "mixing" in outer and not a.contender.startswith("streaming"):
         p.error("--mixing is for the streaming contender")
+    if a.sync_measure is not None and a.contender.startswith("ddp"):
+        p.error("--sync-measure is for potluck's contenders")
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
-                   a.out, a.measure_steps, a.corpus_chars, outer or None)
+                   a.out, a.measure_steps, a.corpus_chars, outer or None, a.sync_measure,
+                   a.seed)
 
 
 class Clock:
@@ -148,7 +156,7 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
                                    start_powerSGD_iter=2, min_compression_rate=2)
         model.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr)
-    cursor = DataCursor(len(data), args.global_batch, seed=1)
+    cursor = DataCursor(len(data), args.global_batch, seed=args.seed)
     clock, curve, step_times = Clock(), [], []
     steps = args.measure_steps or args.batches
     for step in range(steps):
@@ -177,19 +185,21 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
 
     codec = (Int8Blockwise() if args.contender.endswith("-int8")
              else Int4Blockwise() if args.contender.endswith("-int4") else None)
+    extra: dict[str, Any] = {} if args.sync_measure is None else {"measure": args.sync_measure}
     if args.contender == "localsgd-int4":
-        sync = potluck.LocalSGD(max(1, args.inner_steps // 2), codec=codec)
+        sync = potluck.LocalSGD(max(1, args.inner_steps // 2), codec=codec, **extra)
     elif args.contender.startswith("localsgd"):
-        sync = potluck.LocalSGD(args.inner_steps, codec=codec)
+        sync = potluck.LocalSGD(args.inner_steps, codec=codec, **extra)
     elif args.contender.startswith("streaming"):
         sync = potluck.StreamingDiLoCo(args.inner_steps, STREAMING_FRAGMENTS, codec=codec,
-                                       **(args.outer or {}))
+                                       **(args.outer or {}), **extra)
     else:
         sync = potluck.DiLoCo(inner_steps=args.inner_steps, codec=codec,
-                              adaptive=args.contender != "diloco-fixed", **(args.outer or {}))
+                              adaptive=args.contender != "diloco-fixed", **(args.outer or {}),
+                              **extra)
     inner = torch.optim.AdamW(net.parameters(), lr=args.lr)
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=args.global_batch,
-                                         seed=1, sync=sync, collate=data.collate)
+                                         seed=args.seed, sync=sync, collate=data.collate)
     strategy = opt.part(DiLoCoSync)
     assert strategy is not None
     clock, curve, rounds = Clock(), [], []
