@@ -42,3 +42,26 @@ def test_the_loss_gap_is_averaged_over_the_data_seeds() -> None:
                       "c": [2.0, 2.5]})
     assert set(gaps) == {"a"} and abs(gaps["a"] - 0.1 / 3) < 1e-12
     assert mean_gaps({"ddp": [2.0], "a": [2.06]}) == {"a": 2.06 / 2.0 - 1}
+
+
+def test_the_report_prints_every_contender_and_the_seeds_of_those_reseeded() -> None:
+    """ddp-fp16 is timed but not re-seeded: the report says what it has, no KeyError."""
+    from potluck.bench.wan import WanConfig, report
+
+    def timed(loss: float) -> dict[str, object]:
+        return {"time_to_target_s": 10.0, "bytes_per_sample": 100.0, "utilization": 0.5,
+                "loss_at_S": loss, "measured": "run"}
+
+    results = {
+        "contenders": {"ddp": {**timed(2.0), "losses_by_seed": [2.0, 2.2]},
+                       "ddp-fp16": timed(2.1),
+                       "localsgd-int8": {**timed(2.1), "losses_by_seed": [2.1, 2.2],
+                                         "loss_gap": 0.025, "local_steps": [[4], [4]],
+                                         "busy": [0.9, 0.8]}},
+        "time_to_target_vs_ddp": 20.5, "bytes_vs_ddp": 410.0, "loss_gap": 0.025,
+        "loss_gap_contender": "localsgd-int8", "seeds": 2}
+    text = report(WanConfig(batches=500, inner_steps=125), results)
+    assert "ddp-fp16" in text and "ddp-fp16: loss at" not in text
+    assert "localsgd-int8: loss at 500 batches by data seed [2.1000, 2.2000]; gap to ddp, " \
+           "mean over the seeds +0.0250" in text
+    assert "loss_gap: 0.025 (localsgd-int8, mean over 2 data seeds)" in text

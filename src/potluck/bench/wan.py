@@ -263,6 +263,8 @@ def report(config: WanConfig, results: dict[str, Any]) -> str:
                          f"worker 1 {f['local_steps'][1]}; busy (compute / wall) {busy}")
     if results["seeds"] > 1:
         for name, f in results["contenders"].items():
+            if "losses_by_seed" not in f:  # ddp-fp16 and the like: timed, not re-seeded
+                continue
             gap = f.get("loss_gap")
             by_seed = ", ".join("-" if v is None else f"{v:.4f}" for v in f["losses_by_seed"])
             lines.append(f"{name}: loss at {config.batches} batches by data seed [{by_seed}]"
@@ -301,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
         finally:
             if quota is not None:
                 quota.remove()
-    print(report(config, results))
-    if args.json:
+    if args.json:  # first: a report that fails must not lose the run
         write_json(args.json, {**results, "config": config.__dict__})
+    print(report(config, results))
     return 0
