@@ -39,7 +39,11 @@ def test_bad_flags_are_clear_errors() -> None:
         with pytest.raises(ConfigError, match=re.escape(message)):
             config_from_args(parser.parse_args(argv))
     chosen = config_from_args(parser.parse_args(["--contenders", "ddp, localsgd-int4,ddp"]))
-    assert chosen.contenders == ("ddp", "localsgd-int4")
+    assert chosen.contenders == ("ddp", "localsgd-int4") and chosen.seeds == 3
+    assert config_from_args(parser.parse_args(["--quota", "0.5"])).seeds == 1
+    assert config_from_args(parser.parse_args(["--quick", "--seeds", "2"])).seeds == 2
+    with pytest.raises(ConfigError, match="--seeds 0: at least one data order"):
+        config_from_args(parser.parse_args(["--seeds", "0"]))
 
 
 @pytest.mark.timeout(30)
