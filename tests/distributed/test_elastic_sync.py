@@ -156,6 +156,47 @@ def test_a_worker_lost_after_a_rounds_even_start_takes_both_its_parts(
         assert torch.equal(value, second[name]), f"replicas differ in {name}"
 
 
+def _lost_before_the_speeds(rank: int, world_size: int, port: int,
+                            ledger_dir: str) -> dict[str, Any]:
+    worker = start_worker(MEASURED, f"worker-{rank}", "127.0.0.1", port)
+
+    def inject(rounds: int) -> None:
+        if rank == VICTIM and rounds == 0:  # its one local step of the even start
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return train(worker, MEASURED, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_lost_in_the_speed_exchange_leaves_the_rest_even_and_is_owed(
+        tmp_path: Path) -> None:
+    """The victim dies in the round's even start: the others' speed exchange fails, they
+    train the rest evenly (a third each, the victim's third included), the loss is
+    raised at the round's sync before any collective, and the survivors commit the
+    round in the next generation, owing the victim's two parts (a third of the start
+    and a third of the rest). Every sample once, replicas equal."""
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    results = run_ranks(_lost_before_the_speeds, 3, port, str(tmp_path), init_group=False,
+                        may_die={VICTIM}, timeout=100)
+    del store
+    assert results[VICTIM] is None
+    survivors = [r for r in results if r is not None]
+    for result in survivors:
+        assert result["world_size"] == 2 and result["generation"] == 1
+        assert result["lost"] in ([[4 * r, 4 * r + 4], [12 + 4 * r, 16 + 4 * r]]
+                                  for r in range(3)), result["lost"]
+        assert result["lost"] == survivors[0]["lost"]
+    problems = ledger_problems(tmp_path, MEASURED)
+    assert not problems, f"not exactly once: {problems}"
+    first, second = (s["params"] for s in survivors)
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+
+
 JOIN_JOB = replace(JOB, epochs=3, expected=2, collective_timeout=20.0)
 TRAINING_KEY = "test/founders-train"
 

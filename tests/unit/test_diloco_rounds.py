@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from potluck import DiLoCo
+from potluck.data.split import split_block
 from potluck.errors import ConfigError, PeerLostError
-from potluck.sync import DiLoCoSync
+from potluck.sync import DiLoCoSync, local_steps
 
 GLOBAL_BATCH = 4
 BLOCK = (0, 16)  # a round of 4 global batches; measure=0.25: one global batch even
@@ -92,7 +93,13 @@ def test_the_rest_is_split_by_the_speeds_exchanged_after_the_even_start() -> Non
     assert strategy.after_inner_step() is False  # not the round's end: the exchange
     assert group.calls == 1 and strategy.plan is not None
     assert strategy.speeds[1] == 1.0 and strategy.plan[0] > strategy.plan[1]
-    assert strategy.inner_steps((10, 16), (4, 16)) >= 1
+    # the loader splits the rest by the plan now: rank 0 takes the plan's share of it
+    shares = strategy.shares(2)
+    assert shares == [float(n) for n in strategy.plan]
+    part = split_block(4, 16, shares)[0]
+    assert part.stop - part.start > 6  # more than half of the rest's 12
+    assert strategy.inner_steps((part.start, part.stop), (4, 16)) == local_steps(
+        part.stop - part.start, GLOBAL_BATCH, 2)
 
 
 def test_reading_ahead_into_the_rest_is_refused() -> None:

@@ -17,12 +17,11 @@ many samples; wall time without the evaluations).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 from potluck.bench.common import median
 
-__all__ = ["first_at_or_below", "loss_at", "median", "ratio", "steps_to_target"]
+__all__ = ["first_at_or_below", "loss_at", "mean_gaps", "median", "ratio", "steps_to_target"]
 
 Curve = Sequence[Sequence[float]]
 
@@ -38,17 +37,14 @@ def steps_to_target(curve: Curve, target: float, global_batch: int) -> int | Non
 
 
 def loss_at(curve: Curve, samples: int) -> float | None:
-    """The loss at ``samples``: a point's, or interpolated linearly between the points
-    either side (a contender whose rounds do not divide ``samples`` is evaluated off
-    it); None outside the curve."""
-    exact = next((point[2] for point in curve if round(point[0]) == samples), None)
-    if exact is not None:
-        return exact
-    for before, after in itertools.pairwise(curve):
-        if before[0] < samples < after[0]:
-            t = (samples - before[0]) / (after[0] - before[0])
-            return float(before[2] + t * (after[2] - before[2]))
-    return None
+    """The loss of the model as it stood after ``samples``: the last evaluation at or
+    before them (a round-based contender's global model changes only at its syncs, so a
+    contender whose rounds do not divide ``samples`` is not credited with a round it had
+    not finished); None if the curve has no point there or does not reach ``samples``."""
+    if not curve or curve[-1][0] < samples:
+        return None
+    before = [point for point in curve if round(point[0]) <= samples]
+    return before[-1][2] if before else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -76,8 +76,11 @@ def _parse(argv: list[str]) -> JobArgs:
                 "streaming contenders")
     if "mixing" in outer and not a.contender.startswith("streaming"):
         p.error("--mixing is for the streaming contender")
-    if a.sync_measure is not None and a.contender.startswith("ddp"):
-        p.error("--sync-measure is for potluck's contenders")
+    if a.sync_measure is not None and (a.contender.startswith("ddp")
+                                       or a.contender == "diloco-fixed"):
+        p.error("--sync-measure is for potluck's contenders with local steps by speed")
+    if a.sync_measure is not None and not 0 <= a.sync_measure < 1:
+        p.error(f"--sync-measure {a.sync_measure}: a fraction of a round in [0, 1)")
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
                    a.out, a.measure_steps, a.corpus_chars, outer or None, a.sync_measure,
                    a.seed)

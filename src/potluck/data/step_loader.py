@@ -56,8 +56,11 @@ class StepLoader:
         ``inner_steps`` into how many batches of a round, ``segments`` in which pieces
         the round is handed out (a sync strategy's; both or neither)."""
         if (inner_steps is None) != (segments is None):
-            raise ConfigError("StepLoader: a round needs both inner_steps and segments "
-                              "(a sync strategy's), or neither")
+            given = "inner_steps" if segments is None else "segments"
+            raise ConfigError(f"StepLoader got {given}= alone: a round needs both "
+                              "inner_steps= and segments= (a sync strategy's: "
+                              "inner_steps=strategy.inner_steps, segments=strategy.segments), "
+                              "or neither")
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
         self.contribution, self.weight = contribution, weight

@@ -38,7 +38,7 @@ class DiLoCo:
       fast worker never waits for a slow one (``round_plan.py``); ``split`` fixes them
       instead (one count per rank); ``min_gain``: the plan's hysteresis.
     - ``measure``: with ``adaptive``, an unmeasured round (the run's first, and the first
-      after a membership change) starts with this fraction of its global batches (at
+      after a join or a leave at a boundary) starts with this fraction of its global batches (at
       least one) split evenly; then the ranks exchange their speeds (a few bytes; no
       parameters travel) and split the rest of the round by them, so a fast worker
       waits for a slow one only through that start. 0: the whole round is even.

@@ -68,7 +68,7 @@ class RoundRecord:
     inner_steps: int
     samples: int
     compute_s: float  # its local steps, loading included
-    wait_s: float  # in the speed all-reduce: waiting for the slowest rank
+    wait_s: float  # in the speed all-reduces (the sync's, an even start's): for the slowest
     sync_s: float  # the pseudo-gradient's sum and the outer step
     sent_bytes: int  # payload bytes this rank sent for it
     lost: tuple[Range, ...] = ()  # positions of the block lost with members mid-round
@@ -119,6 +119,7 @@ class DiLoCoSync:
         self._lost: PeerLostError | None = None  # the speed exchange's, raised at the sync
         self._started = 0.0
         self._warm = 0.0  # when the round's first local step ended (its speed leaves it out)
+        self._exchanged = 0.0  # seconds in the mid-round speed exchange (waiting, mostly)
         self._compute_s: float | None = None
         # Streaming: after which local steps fragments 0 .. P-2 go, the next one to go,
         # the one in flight, and the time spent waiting for them in this round.
@@ -166,7 +167,7 @@ class DiLoCoSync:
         self._parts, self._samples = [], 0
         self._due = self._done = 0
         self._compute_s = None
-        self._points, self._next, self._blocked = (), 0, 0.0
+        self._points, self._next, self._blocked, self._exchanged = (), 0, 0.0, 0.0
         self._started = time.perf_counter()
         return self._segments
 
@@ -239,7 +240,9 @@ class DiLoCoSync:
             self.speeds = [float(v) for v in table.cpu().tolist()]
             self.plan = plan_round(self.speeds, self.config.inner_steps,
                                    min_gain=self.config.min_gain)
-        self._blocked += time.perf_counter() - began
+        spent = time.perf_counter() - began
+        self._blocked += spent
+        self._exchanged += spent
 
     # ------------------------------------------------------------ streaming
 
@@ -307,9 +310,12 @@ class DiLoCoSync:
                                          for c in (2, 4)])
         if lost is None:
             if len(self._fragments) > 1:  # not reached: streaming runs on fixed cohorts
-                raise ConfigError("Streaming DiLoCo's members split a round differently; "
-                                  "its fragments were applied already, so it cannot start "
-                                  "again")
+                raise ConfigError(
+                    f"round {self.rounds + 1} of StreamingDiLoCo(fragments="
+                    f"{len(self._fragments)}): the members split it differently, and its "
+                    "first fragments were applied already, so it cannot start again; "
+                    "Streaming DiLoCo runs on fixed cohorts (prepare refuses it on an "
+                    "elastic one)")
             log.warning("round %d: the members split it differently (a member was lost "
                         "while they exchanged speeds); every member starts it again",
                         self.rounds + 1)
@@ -335,8 +341,10 @@ class DiLoCoSync:
         if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
             self._skip("the round")
         self.rounds += 1
-        self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s, waited,
-                                time.perf_counter() - began - waited + self._blocked,
+        self.last = RoundRecord(self.rounds, self._due, self._samples, compute_s,
+                                waited + self._exchanged,
+                                time.perf_counter() - began - waited + self._blocked
+                                - self._exchanged,
                                 self.traffic.sent - sent_before, lost, round_samples)
         self.speeds = [float(r[0]) for r in rows]
         if self.config.adaptive:
