@@ -56,20 +56,36 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     return train(worker, JOB, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
 
 
-@pytest.mark.timeout(120)
-def test_worker_lost_mid_round_survivors_commit_it_and_every_sample_counts_once(
-        tmp_path: Path) -> None:
+def _three_one_killed(worker: Any, tmp_path: Path) -> list[dict[str, Any]]:
+    """Three workers on a store of this process's, ``VICTIM`` killing itself: the
+    survivors' results."""
     from torch.distributed import TCPStore
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=30))
-    results = run_ranks(_worker, 3, port, str(tmp_path), init_group=False, may_die={VICTIM},
+    results = run_ranks(worker, 3, port, str(tmp_path), init_group=False, may_die={VICTIM},
                         timeout=100)
     del store
     assert results[VICTIM] is None  # the victim died
     survivors = [r for r in results if r is not None]
     assert len(survivors) == 2
+    return survivors
+
+
+def _once_and_equal(tmp_path: Path, job: ElasticJob, survivors: list[dict[str, Any]]) -> None:
+    """Every sample of every epoch once in the ledgers; the survivors' replicas equal."""
+    problems = ledger_problems(tmp_path, job)
+    assert not problems, f"not exactly once: {problems}"
+    first, second = (s["params"] for s in survivors)
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+
+
+@pytest.mark.timeout(120)
+def test_worker_lost_mid_round_survivors_commit_it_and_every_sample_counts_once(
+        tmp_path: Path) -> None:
+    survivors = _three_one_killed(_worker, tmp_path)
     # What the victim had: its part of round 0 (its ledger), and the same part of round 1
     # (equal shares, the same cohort rank), 24 positions on.
     (epoch, indices), = (json.loads(line) for line in
@@ -82,11 +98,8 @@ def test_worker_lost_mid_round_survivors_commit_it_and_every_sample_counts_once(
         assert result["world_size"] == 2 and result["generation"] == 1
         assert result["lost"] == [[first_pos + 24, first_pos + 32]]
         assert result["steps"] == 5  # 2 rounds an epoch, 2 epochs, and the owed round
-    problems = ledger_problems(tmp_path, JOB)
-    assert not problems, f"not exactly once: {problems}"
-    first, second = (s["params"] for s in survivors)
-    for name, value in first.items():
-        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+    _once_and_equal(tmp_path, JOB, survivors)
+    first = survivors[0]["params"]
     # The weights: a one-process replay of what the ledgers say each worker committed,
     # each round's pseudo-gradients weighted by samples over the participants' samples.
     ledgers = [[json.loads(line)[1] for line in
@@ -126,16 +139,7 @@ def test_a_worker_lost_after_a_rounds_even_start_takes_both_its_parts(
     rest is split by them; the victim dies in the rest. The survivors commit the round
     and owe both of the victim's parts (its even start and its share of the rest): every
     sample once, replicas equal."""
-    from torch.distributed import TCPStore
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=30))
-    results = run_ranks(_lost_after_the_speeds, 3, port, str(tmp_path), init_group=False,
-                        may_die={VICTIM}, timeout=100)
-    del store
-    assert results[VICTIM] is None
-    survivors = [r for r in results if r is not None]
+    survivors = _three_one_killed(_lost_after_the_speeds, tmp_path)
     assert not Path(tmp_path, f"rank{VICTIM}.jsonl").read_text()  # it committed nothing
     committed = [json.loads(Path(tmp_path, f"rank{rank}.jsonl").read_text().splitlines()[0])
                  for rank in range(2)]
@@ -149,11 +153,7 @@ def test_a_worker_lost_after_a_rounds_even_start_takes_both_its_parts(
         assert 12 <= lost[1][0] < lost[1][1] <= round_size
         assert sum(b - a for a, b in lost) == round_size - sum(len(c[1]) for c in committed)
         assert lost == survivors[0]["lost"]
-    problems = ledger_problems(tmp_path, MEASURED)
-    assert not problems, f"not exactly once: {problems}"
-    first, second = (s["params"] for s in survivors)
-    for name, value in first.items():
-        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+    _once_and_equal(tmp_path, MEASURED, survivors)
 
 
 def _lost_before_the_speeds(rank: int, world_size: int, port: int,
@@ -175,26 +175,13 @@ def test_a_worker_lost_in_the_speed_exchange_leaves_the_rest_even_and_is_owed(
     raised at the round's sync before any collective, and the survivors commit the
     round in the next generation, owing the victim's two parts (a third of the start
     and a third of the rest). Every sample once, replicas equal."""
-    from torch.distributed import TCPStore
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=30))
-    results = run_ranks(_lost_before_the_speeds, 3, port, str(tmp_path), init_group=False,
-                        may_die={VICTIM}, timeout=100)
-    del store
-    assert results[VICTIM] is None
-    survivors = [r for r in results if r is not None]
+    survivors = _three_one_killed(_lost_before_the_speeds, tmp_path)
     for result in survivors:
         assert result["world_size"] == 2 and result["generation"] == 1
         assert result["lost"] in ([[4 * r, 4 * r + 4], [12 + 4 * r, 16 + 4 * r]]
                                   for r in range(3)), result["lost"]
         assert result["lost"] == survivors[0]["lost"]
-    problems = ledger_problems(tmp_path, MEASURED)
-    assert not problems, f"not exactly once: {problems}"
-    first, second = (s["params"] for s in survivors)
-    for name, value in first.items():
-        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+    _once_and_equal(tmp_path, MEASURED, survivors)
 
 
 JOIN_JOB = replace(JOB, epochs=3, expected=2, collective_timeout=20.0)

@@ -1,7 +1,7 @@
 """Codecs on the wire: what a gradient bucket or a pseudo-gradient looks like in flight.
 
 ``codec.py`` (the protocol), ``casts.py`` (fp16, bf16), ``int8.py`` and ``int4.py``
-(blockwise int8 and int4),
+(blockwise int8 and int4, on ``blockwise.py``),
 ``topk.py`` (sparse top-k), ``feedback.py`` (error feedback), ``exchange.py`` (the sum
 across ranks: all-reduce, all-gather or scatter, by the codec's flags), ``hook.py``
 (``CompressedSum``, a communication hook for every-step sync).

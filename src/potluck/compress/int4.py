@@ -8,12 +8,10 @@ lost in a later round. For pseudo-gradients synced every H steps that buys a sma
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from potluck.compress.blockwise import blocks, checked_block, dequantize, quantize
 from potluck.compress.codec import aligned, as_bytes, check_flat
-from potluck.errors import ConfigError
 
 LEVELS = 7  # symmetric: -7..7, so 0 is exact and the sign of a code is the value's
 _OFFSET = 8  # a code c travels as the nibble c + 8 (1..15)
@@ -27,26 +25,14 @@ class Int4Blockwise:
     dense = True
 
     def __init__(self, block: int = 256) -> None:
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise ConfigError(f"Int4Blockwise(block={block!r}): a block is a positive "
-                              "number of values sharing one scale, e.g. 256")
-        self.block = block
-
-    def _blocks(self, numel: int) -> int:
-        return math.ceil(numel / self.block)
+        self.block = checked_block("Int4Blockwise", block)
 
     def encode(self, flat: torch.Tensor) -> torch.Tensor:
         check_flat(flat, self.name)
-        numel, blocks = flat.numel(), self._blocks(flat.numel())
-        padded = torch.zeros(blocks * self.block, dtype=torch.float32, device=flat.device)
-        padded[:numel] = flat
-        rows = padded.view(blocks, self.block)
-        scale = rows.abs().amax(dim=1) / LEVELS
-        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
-        codes = torch.round(rows / divisor[:, None]).clamp_(-LEVELS, LEVELS)
+        scale, codes = quantize(flat, self.block, LEVELS)
         # (a NaN's code is undefined: the mask keeps it inside its own nibble)
-        nibbles = (codes.reshape(-1)[:numel] + _OFFSET).to(torch.uint8) & 0x0F
-        if numel % 2:
+        nibbles = (codes + _OFFSET).to(torch.uint8) & 0x0F
+        if codes.numel() % 2:
             nibbles = torch.cat([nibbles, nibbles.new_full((1,), _OFFSET)])
         pairs = nibbles.view(-1, 2)
         packed = pairs[:, 0] | (pairs[:, 1] << 4)
@@ -54,13 +40,11 @@ class Int4Blockwise:
 
     def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         payload = aligned(payload)
-        blocks = self._blocks(numel)
-        scale = payload[:4 * blocks].view(torch.float32)
-        packed = payload[4 * blocks:4 * blocks + (numel + 1) // 2]
+        count = blocks(numel, self.block)
+        scale = payload[:4 * count].view(torch.float32)
+        packed = payload[4 * count:4 * count + (numel + 1) // 2]
         nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[:numel]
-        codes = nibbles.to(torch.float32) - _OFFSET
-        per_value = scale.repeat_interleave(self.block)[:numel]
-        return (codes * per_value).to(dtype)
+        return dequantize(nibbles.to(torch.float32) - _OFFSET, scale, self.block, dtype)
 
     def nbytes(self, numel: int) -> int:
-        return (numel + 1) // 2 + 4 * self._blocks(numel)
+        return (numel + 1) // 2 + 4 * blocks(numel, self.block)
