@@ -281,19 +281,37 @@ def test_the_keyed_digest_sees_any_change_and_depends_on_the_key() -> None:
 
 
 @pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
-def test_the_keyed_digest_is_its_definition_in_exact_integers(key: int) -> None:
-    """The numpy product and sum wrap in 64 bits: the digest equals the dot product of
-    the 32-bit words with the key's PCG64 words computed in Python's exact integers,
-    reduced modulo 2^64 to a signed word; any key (negative ones too) seeds it."""
-    import numpy as np
+def test_the_keyed_digest_on_the_cpu_is_sha256_of_the_key_then_the_bytes(key: int) -> None:
+    """Any key (negative ones too) is read as its 8 bytes, unsigned, big-endian."""
+    import hashlib
 
     from potluck.trust.fingerprint import keyed_digest
 
     values = torch.randn(300, generator=torch.Generator().manual_seed(5)).to(torch.float64)
+    h = hashlib.sha256((key % (1 << 64)).to_bytes(8, "big") + values.numpy().tobytes())
+    expected = int.from_bytes(h.digest()[:8], "big", signed=True)
+    assert keyed_digest([values[:100], values[100:]], key) == expected
+
+
+@pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
+def test_the_accelerators_dot_digest_is_its_definition_in_exact_integers(key: int) -> None:
+    """The product and sum wrap in 64 bits: the digest an accelerator computes equals the
+    dot product of the 32-bit words with the key's words, computed in Python's exact
+    integers and reduced modulo 2^64 to a signed word (run here on the CPU's tensors);
+    and it sees a flipped sign bit and a swap."""
+    from potluck.trust.fingerprint import _table, bit_words, dot_digest
+
+    values = torch.randn(300, generator=torch.Generator().manual_seed(5)).to(torch.float64)
     words = values.view(torch.int32).tolist()
-    table = np.random.PCG64(key & 0xFFFF_FFFF_FFFF_FFFF).random_raw(len(words))
-    exact = sum(w * int(t) for w, t in zip(words, table, strict=True)) % (1 << 64)
-    assert keyed_digest([values], key) == (exact - (1 << 64) if exact >> 63 else exact)
+    table = _table(len(words), key, torch.device("cpu"))
+    exact = sum(w * t for w, t in zip(words, table.tolist(), strict=True)) % (1 << 64)
+    digest = dot_digest(bit_words(values).to(torch.int64), table)
+    assert digest == (exact - (1 << 64) if exact >> 63 else exact)
+    flipped, swapped = values.clone(), values.clone()
+    flipped[7] = -flipped[7]
+    swapped[[3, 4]] = swapped[[4, 3]]
+    for other in (flipped, swapped):
+        assert dot_digest(bit_words(other).to(torch.int64), table) != digest
 
 
 def test_the_copy_digest_is_the_first_64_bits_of_sha256_of_the_bytes() -> None:

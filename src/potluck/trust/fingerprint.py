@@ -10,9 +10,9 @@ the parameters and one host sync per call.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # (8: two words)
@@ -30,26 +30,36 @@ def fingerprint(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
-    """A 64-bit digest of the tensors' bit patterns, in order, keyed by ``key`` (never
-    0, which means "none"): the dot product, wrapping in 64 bits, of the values' bits,
-    read as 32-bit words (two per float64; 16-bit values as they are), with random
-    64-bit words drawn from a generator seeded with the key. For a given difference
-    between two runs of values, the dot product with random words vanishes modulo 2^64
-    with a chance of at most about 2^-32 (the words are at most 2^32 apart: a flipped
-    sign bit is 2^31), so whoever chose the values before the key existed cannot make
-    two different runs digest alike but by that chance. Two passes over the values and
-    one draw of the words per key and length, not a cryptographic hash."""
+    """A 64-bit digest of the tensors' bit patterns, in order, keyed by ``key``, a signed
+    64-bit word drawn after the values were chosen (the result is never 0, which means
+    "none"). Whoever chose the values before the key existed cannot make two different
+    runs of values digest alike but by a chance of about 2^-64 (2^-32 on an
+    accelerator), even though 64 bits alone would let them search for a collision.
+
+    On the CPU: the first 64 bits of SHA-256 over the key's 8 bytes and then the values'
+    bytes, read in place (one pass at the speed of the CPU's SHA instructions). On an
+    accelerator: ``dot_digest`` there, with the key's random words drawn there, so only
+    a scalar comes back to the host, not a gradient's worth of bytes. Every rank of a
+    cohort is on one device type, so all of them compute the same definition."""
     if not tensors:
         return 1
+    if tensors[0].device.type == "cpu":
+        h = hashlib.sha256((key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big"))
+        for t in tensors:
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
+        return int.from_bytes(h.digest()[:8], "big", signed=True) or 1
     bits = torch.cat([bit_words(t).to(torch.int64) for t in tensors])
     if bits.numel() == 0:
         return 1
-    table = _table(bits.numel(), key, bits.device)
-    if bits.device.type == "cpu":  # numpy's int64 product and sum: several times torch's
-        total = int((bits.numpy() * table.numpy()).sum())
-    else:
-        total = int((bits * table).sum())
-    total &= 0xFFFF_FFFF_FFFF_FFFF
+    return dot_digest(bits, _table(bits.numel(), key, bits.device))
+
+
+def dot_digest(bits: torch.Tensor, table: torch.Tensor) -> int:
+    """The dot product, wrapping in 64 bits, of ``bits`` (``bit_words`` widened to
+    int64: at most 2^32 apart for a flipped bit) with ``table``'s random 64-bit words, as
+    a signed word, never 0. For a given difference between two runs of values it
+    vanishes modulo 2^64 with a chance of at most about 2^-32."""
+    total = int((bits * table).sum()) & 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
 
@@ -75,14 +85,9 @@ def bit_words(tensor: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=2)
 def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words from the key, the same on every rank of a cohort
-    (all on one device type), kept for the step's other owners, whose digests use the
-    same key and length. On the CPU numpy's PCG64 stream (numpy keeps its bits the same
-    across versions and machines; twice as fast as ``torch.randint``); on an
-    accelerator drawn there (no host-side draw and copy of a gradient's worth)."""
-    seed = key & 0xFFFF_FFFF_FFFF_FFFF
-    if device.type == "cpu":
-        return torch.from_numpy(np.random.PCG64(seed).random_raw(length).view(np.int64))
-    generator = torch.Generator(device=device).manual_seed(seed)
+    """``length`` random 64-bit words from the key, drawn on ``device`` (the same on
+    every rank of a cohort, all on one device type), kept for the step's other owners,
+    whose digests use the same key and length."""
+    generator = torch.Generator(device=device).manual_seed(key & 0xFFFF_FFFF_FFFF_FFFF)
     return torch.randint(-(1 << 63), (1 << 63) - 1, (length,), generator=generator,
                          dtype=torch.int64, device=device)
