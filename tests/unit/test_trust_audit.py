@@ -280,38 +280,83 @@ def test_the_keyed_digest_sees_any_change_and_depends_on_the_key() -> None:
         assert keyed_digest([values.to(dtype)], 11) not in (0, whole)
 
 
+def _values(kind: str) -> torch.Tensor:
+    values = torch.randn(12, 25, generator=torch.Generator().manual_seed(5))
+    return {"float64": values.double(), "float16": values.half(),
+            "bfloat16": values.bfloat16(), "transposed": values.t(),
+            "0-d": values[0, 0], "int32": (values * 100).int()}[kind]
+
+
+@pytest.mark.parametrize("kind", ["float64", "float16", "bfloat16", "transposed", "0-d",
+                                  "int32"])
 @pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
-def test_the_keyed_digest_on_the_cpu_is_sha256_of_the_key_then_the_bytes(key: int) -> None:
-    """Any key (negative ones too) is read as its 8 bytes, unsigned, big-endian."""
+def test_the_keyed_digest_on_the_cpu_is_sha256_of_the_key_then_the_bytes(
+        key: int, kind: str) -> None:
+    """Any key (negative ones too) is read as its 8 bytes, unsigned, big-endian; the
+    values as their bytes in (row-major) order, whatever their layout."""
     import hashlib
 
     from potluck.trust.fingerprint import keyed_digest
 
-    values = torch.randn(300, generator=torch.Generator().manual_seed(5)).to(torch.float64)
-    h = hashlib.sha256((key % (1 << 64)).to_bytes(8, "big") + values.numpy().tobytes())
+    values = _values(kind)
+    raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    h = hashlib.sha256((key % (1 << 64)).to_bytes(8, "big") + raw)
     expected = int.from_bytes(h.digest()[:8], "big", signed=True)
-    assert keyed_digest([values[:100], values[100:]], key) == expected
+    flat = values.reshape(-1)
+    assert keyed_digest([flat[:5], flat[5:]] if flat.numel() > 1 else [values], key) \
+        == expected
+
+
+def _splitmix64(key: int, count: int) -> list[int]:
+    """The accelerators' key words by their definition, in Python's exact integers."""
+    mask, words = (1 << 64) - 1, []
+    for i in range(1, count + 1):
+        z = (key + i * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        words.append(z - (1 << 64) if z >> 63 else z)
+    return words
+
+
+def _exact_dot(words: list[int], table: list[int]) -> int:
+    exact = sum(w * t for w, t in zip(words, table, strict=True)) % (1 << 64)
+    return exact - (1 << 64) if exact >> 63 else exact
 
 
 @pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
 def test_the_accelerators_dot_digest_is_its_definition_in_exact_integers(key: int) -> None:
-    """The product and sum wrap in 64 bits: the digest an accelerator computes equals the
-    dot product of the 32-bit words with the key's words, computed in Python's exact
-    integers and reduced modulo 2^64 to a signed word (run here on the CPU's tensors);
-    and it sees a flipped sign bit and a swap."""
+    """The key's words are splitmix64 of the key and the index alone (so every card draws
+    the same ones), and the product and sum wrap in 64 bits: the digest equals the dot
+    product of the 32-bit words with them, computed in Python's exact integers and
+    reduced modulo 2^64 to a signed word (run here on the CPU's tensors); it sees a
+    flipped sign bit and a swap."""
     from potluck.trust.fingerprint import _table, bit_words, dot_digest
 
-    values = torch.randn(300, generator=torch.Generator().manual_seed(5)).to(torch.float64)
+    values = _values("float64").reshape(-1)
     words = values.view(torch.int32).tolist()
     table = _table(len(words), key, torch.device("cpu"))
-    exact = sum(w * t for w, t in zip(words, table.tolist(), strict=True)) % (1 << 64)
+    assert table.tolist() == _splitmix64(key % (1 << 64), len(words))
     digest = dot_digest(bit_words(values).to(torch.int64), table)
-    assert digest == (exact - (1 << 64) if exact >> 63 else exact)
+    assert digest == _exact_dot(words, table.tolist())
     flipped, swapped = values.clone(), values.clone()
     flipped[7] = -flipped[7]
     swapped[[3, 4]] = swapped[[4, 3]]
     for other in (flipped, swapped):
         assert dot_digest(bit_words(other).to(torch.int64), table) != digest
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_keyed_digest_on_cuda_is_the_dot_product_with_the_same_words() -> None:
+    from potluck.trust.fingerprint import _table, keyed_digest
+
+    values = _values("float64").reshape(-1)
+    words = values.view(torch.int32).tolist()
+    device = torch.device("cuda")
+    assert _table(len(words), -5, device).cpu().tolist() == _splitmix64(-5 % (1 << 64),
+                                                                         len(words))
+    assert keyed_digest([values[:9].to(device), values[9:].to(device)], -5) == _exact_dot(
+        words, _splitmix64(-5 % (1 << 64), len(words)))
 
 
 def test_the_copy_digest_is_the_first_64_bits_of_sha256_of_the_bytes() -> None:

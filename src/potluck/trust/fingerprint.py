@@ -37,10 +37,11 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
     accelerator), even though 64 bits alone would let them search for a collision.
 
     On the CPU: the first 64 bits of SHA-256 over the key's 8 bytes and then the values'
-    bytes, read in place (one pass at the speed of the CPU's SHA instructions). On an
-    accelerator: ``dot_digest`` there, with the key's random words drawn there, so only
-    a scalar comes back to the host, not a gradient's worth of bytes. Every rank of a
-    cohort is on one device type, so all of them compute the same definition."""
+    bytes, read in place (one pass; fastest on CPUs with SHA instructions). On an
+    accelerator: ``dot_digest`` there, with the key's words computed there (``_table``:
+    the same words on every card), so only a scalar comes back to the host, not a
+    gradient's worth of bytes. The two differ, so a trusted cohort's gradients must all
+    be on the CPU or all on accelerators (``docs/trust.md``)."""
     if not tensors:
         return 1
     if tensors[0].device.type == "cpu":
@@ -56,9 +57,10 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
 
 def dot_digest(bits: torch.Tensor, table: torch.Tensor) -> int:
     """The dot product, wrapping in 64 bits, of ``bits`` (``bit_words`` widened to
-    int64: at most 2^32 apart for a flipped bit) with ``table``'s random 64-bit words, as
-    a signed word, never 0. For a given difference between two runs of values it
-    vanishes modulo 2^64 with a chance of at most about 2^-32."""
+    int64: 32-bit words, or 16-bit values as they are, so a flipped bit moves one by at
+    most 2^31) with ``table``'s random 64-bit words, as a signed word, never 0. For a
+    given difference between two runs of values it vanishes modulo 2^64 with a chance of
+    at most about 2^-32."""
     total = int((bits * table).sum()) & 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
@@ -83,11 +85,30 @@ def bit_words(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(_AS_INT[flat.element_size()])
 
 
-@functools.lru_cache(maxsize=2)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64's constants, as signed words
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+@functools.lru_cache(maxsize=1)
 def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words from the key, drawn on ``device`` (the same on
-    every rank of a cohort, all on one device type), kept for the step's other owners,
-    whose digests use the same key and length."""
-    generator = torch.Generator(device=device).manual_seed(key & 0xFFFF_FFFF_FFFF_FFFF)
-    return torch.randint(-(1 << 63), (1 << 63) - 1, (length,), generator=generator,
-                         dtype=torch.int64, device=device)
+    """``length`` random 64-bit words from the key: word i is splitmix64 of ``key + (i +
+    1) * golden``, a function of the key and the index alone, so every card (and the CPU)
+    computes the same table, whatever its number of cores (a device generator's stream
+    depends on its launch grid). Kept for the step's other owners, whose digests use the
+    same key and length (one table: its size is 1/N of a gradient in 64-bit words)."""
+    index = torch.arange(1, length + 1, dtype=torch.int64, device=device)
+    z = index * _GOLDEN + _signed(key)  # (int64 products and sums wrap)
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 words (torch's is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _signed(value: int) -> int:
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    return value - (1 << 64) if value >> 63 else value
