@@ -2,15 +2,21 @@
 
 A part of the step transaction (``step.parts.SharePolicy``). After every committed step
 each rank folds its own compute time into its ``SpeedMeter`` (``clock.ComputeClock``:
-forward to last gradient, not the step time, which the all-reduce makes equal), the
-ranks all-gather ``[speed, max_micro_batch]`` (one tiny collective) and each computes
-the same ``Plan`` (``planner.plan_shares``): samples per rank of the next steps. The
+forward to last gradient, not the step time, which the all-reduce makes equal) and the
+ranks all-gather ``[speed, max_micro_batch]`` (one tiny collective). The gather is
+not waited for there: it runs while the next step computes, and after that step each
+rank takes its result and computes the same ``Plan`` (``planner.plan_shares``):
+samples per rank of the steps after it. So a plan follows the speeds of the step
+before last (one step of lag), and no rank waits for the others at the gather (a
+blocking gather cost about 2 ms a step on two busy cores: what each rank's step
+finished later than the other's, plus the collective's own latency). The
 global batch never changes, nor does the data order (the cursor's), and the reducer
 weighs each rank's gradient by its part of the step (``reducer.contribution``), so the
 update is the one a single process would make on the same global batch.
 
 Membership: every rank keeps measuring itself, so after a loss or a join the next
-gather re-plans over the new members at once; a joiner (not measured yet) gets the
+gathers re-plan over the new members; a gather in flight from the old generation is
+dropped unread (its group is gone); a joiner (not measured yet) gets the
 mean speed as a provisional share. The step right after a change runs on equal shares
 (the old plan's ranks no longer mean the same workers). The plan and the gathered
 speeds travel in the live state and in checkpoints: a resumed run starts with the
@@ -29,7 +35,7 @@ import torch
 from potluck.balance.clock import ComputeClock
 from potluck.balance.planner import Plan, plan_shares
 from potluck.balance.speed import SpeedMeter
-from potluck.collectives import allgather_tensor
+from potluck.collectives import wait_for
 from potluck.data.split import equal_shares
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
@@ -76,6 +82,15 @@ class BalancedCohort(Protocol):
     def mark_step_failed(self) -> None: ...
 
 
+@dataclass
+class _Gather:
+    """An all-gather in flight: its work, outputs and the generation that issued it."""
+
+    work: Any
+    rows: list[torch.Tensor]
+    generation: int
+
+
 class Balancer:
     """``shares(world_size)`` for the loader; learns from every committed step."""
 
@@ -90,6 +105,7 @@ class Balancer:
         self.plan: Plan | None = None
         self.speeds: tuple[float | None, ...] = ()  # the last gathered, in rank order
         self.changes = 0  # plans that moved samples
+        self._pending: _Gather | None = None  # the last step's gather, read after the next
 
     # ---------------------------------------------------------------- SharePolicy
 
@@ -111,21 +127,39 @@ class Balancer:
             self.meter.add(self._contribution.samples, seconds)
         group = self._cohort.group
         if group.size() == 1:
+            self._pending = None
             self.speeds, self.plan = (self.meter.speed,), None
             return
-        cap = self.config.max_micro_batch
-        speed = self.meter.speed
-        row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
-                           dtype=torch.float64, device=self._cohort.device)
+        pending, self._pending = self._pending, None
         try:
-            rows = allgather_tensor(row, group)
+            if pending is not None and pending.generation == group.generation:
+                wait_for(pending.work, group, "the speeds' all-gather")
+                self._replan(pending.rows, steps)
+            self._pending = self._gather(group)
         except PeerLostError:
             if not self._cohort.elastic:
                 raise
             self._cohort.mark_step_failed()  # the next step recovers; keep the plan
-            return
-        self.speeds = tuple(None if r[0] < 0 else float(r[0]) for r in rows)
-        caps = [None if r[1] == 0 else int(r[1]) for r in rows]
+
+    def _gather(self, group: GroupHandle) -> _Gather:
+        """Issue this step's all-gather of ``[speed, cap]``; read after the next step."""
+        cap = self.config.max_micro_batch
+        speed = self.meter.speed
+        row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
+                           dtype=torch.float64, device=self._cohort.device)
+        rows = [torch.empty_like(row) for _ in range(group.size())]
+        try:
+            work = group.allgather([rows], [row])
+        except RuntimeError as exc:  # a backend that knows a peer is gone fails at issue
+            raise PeerLostError.from_failure("the speeds' all-gather", exc,
+                                             rank=self._cohort.rank,
+                                             generation=group.generation) from exc
+        return _Gather(work, rows, group.generation)
+
+    def _replan(self, rows: list[torch.Tensor], steps: int) -> None:
+        table = [row.tolist() for row in rows]
+        self.speeds = tuple(None if r[0] < 0 else float(r[0]) for r in table)
+        caps = [None if r[1] == 0 else int(r[1]) for r in table]
         plan = plan_shares(self.speeds, self._global_batch, caps=caps, current=self.plan,
                            min_gain=self.config.min_gain)
         if self.plan is None or plan.counts != self.plan.counts:
@@ -140,8 +174,9 @@ class Balancer:
 
     def on_membership(self, rank: int, world_size: int) -> None:
         """Ranks now name other workers: equal shares until the next gather re-plans.
-        This rank's own meter stays: it still measures the same worker."""
-        self.plan = None
+        This rank's own meter stays: it still measures the same worker. A gather in
+        flight belongs to the old generation's group: it is dropped unread."""
+        self.plan, self._pending = None, None
         self._clock.take()  # a redone step's partial timing is not a step
 
     # --------------------------------------------------------------------- state
