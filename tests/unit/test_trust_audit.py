@@ -331,11 +331,11 @@ def test_the_accelerators_dot_digest_is_its_definition_in_exact_integers(key: in
     product of the 32-bit words with them, computed in Python's exact integers and
     reduced modulo 2^64 to a signed word (run here on the CPU's tensors); it sees a
     flipped sign bit and a swap."""
-    from potluck.trust.fingerprint import _table, bit_words, dot_digest
+    from potluck.trust.fingerprint import _table, bit_words, chunked_dot_digest, dot_digest
 
     values = _values("float64").reshape(-1)
     words = values.view(torch.int32).tolist()
-    table = _table(len(words), key, torch.device("cpu"))
+    table = _table(0, len(words), key, torch.device("cpu"))
     assert table.tolist() == _splitmix64(key % (1 << 64), len(words))
     digest = dot_digest(bit_words(values).to(torch.int64), table)
     assert digest == _exact_dot(words, table.tolist())
@@ -344,6 +344,12 @@ def test_the_accelerators_dot_digest_is_its_definition_in_exact_integers(key: in
     swapped[[3, 4]] = swapped[[4, 3]]
     for other in (flipped, swapped):
         assert dot_digest(bit_words(other).to(torch.int64), table) != digest
+    # in chunks (any chunk's words computed alone), over tensors of other word sizes
+    assert chunked_dot_digest([values[:100], values[100:]], key, chunk=7) == digest
+    halves = _values("bfloat16").reshape(-1)
+    whole = dot_digest(bit_words(halves).to(torch.int64), _table(0, halves.numel(), key,
+                                                                  torch.device("cpu")))
+    assert chunked_dot_digest([halves[:31], halves[31:]], key, chunk=16) == whole
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -353,7 +359,7 @@ def test_the_keyed_digest_on_cuda_is_the_dot_product_with_the_same_words() -> No
     values = _values("float64").reshape(-1)
     words = values.view(torch.int32).tolist()
     device = torch.device("cuda")
-    assert _table(len(words), -5, device).cpu().tolist() == _splitmix64(-5 % (1 << 64),
+    assert _table(0, len(words), -5, device).cpu().tolist() == _splitmix64(-5 % (1 << 64),
                                                                          len(words))
     assert keyed_digest([values[:9].to(device), values[9:].to(device)], -5) == _exact_dot(
         words, _splitmix64(-5 % (1 << 64), len(words)))
@@ -471,3 +477,27 @@ def test_ranks_told_reports_split_with_no_majority_are_excused_not_struck() -> N
                           "told": [[alike[r][o] for o in range(4)] for r in range(4)]})
     assert [(f.rank, f.kind) for f in judge(same_key, [1] * 4, range(4), Rules())] == [
         (0, DIVERGED)]  # (one key, one version of the reports: rank 0 is on its own)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_aggregate_one_rounding_apart_is_not_a_lie(dtype: torch.dtype) -> None:
+    """The auditor's float32 aggregate may differ from the owner's in its last bits
+    (another GPU model's reduction order); at a 16-bit value's rounding midpoint that
+    flips one of its ulps, which is not a lie. Three ulps off is."""
+    from potluck.trust.audit import TOLERANCE, beyond_rounding
+
+    gen = torch.Generator().manual_seed(2)
+    low = ((torch.rand(64, generator=gen) + 0.5) * 4).to(dtype)
+    high = (low.view(torch.int16) + 1).view(dtype)  # the next 16-bit value up (positive)
+    low, high = torch.cat([low, -high]), torch.cat([high, -low])  # negative ones too
+    midpoint = (low.float() + high.float()) / 2  # exact in float32
+    owners = midpoint - midpoint.abs() * 1e-7  # rounds to ``low`` ...
+    auditors = midpoint + midpoint.abs() * 1e-7  # ... and the auditor's to ``high``
+    given = owners.to(dtype)
+    assert bool((given != auditors.to(dtype)).all())  # one ulp apart everywhere
+    assert beyond_rounding(given, auditors) == 0.0
+    ulp = high.float() - low.float()
+    lie = (low.float() + 3 * ulp).to(dtype)  # three ulps off
+    assert beyond_rounding(lie, auditors) > TOLERANCE
+    assert beyond_rounding(auditors.float(), auditors) == 0.0  # float32: exact
+    assert beyond_rounding(auditors.float() + 1e-3, auditors) > TOLERANCE

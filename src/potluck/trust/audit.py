@@ -145,24 +145,38 @@ def carried_digests(plan: AuditPlan, carried: dict[int, Kept]) -> dict[int, int]
 
 def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggregator) -> float:
     """The largest difference, relative to the slice's size, between what ``plan.owner``
-    handed out in ``plan.step`` and the aggregate of every rank's carried copy. NaN when
-    the copies did not all come back (``carried_in_full``)."""
+    handed out in ``plan.step`` and the aggregate of every rank's carried copy, beyond
+    the bucket dtype's rounding (``beyond_rounding``). NaN when the copies did not all
+    come back (``carried_in_full``)."""
     if not carried_in_full(plan, carried):
         return math.nan
     worst = 0.0
     for index, audited in plan.buckets.items():
         later = carried[index]
-        given = audited.given.float()
         expected = aggregator.aggregate(later.audit_copies().float(), audited.weights)
-        expected = expected.to(audited.given.dtype).float()  # rounded as the owner's was
-        diff = (given - expected).abs()
-        diff = torch.where(torch.isnan(given) & torch.isnan(expected),
-                           torch.zeros_like(diff), diff)
-        diff = torch.nan_to_num(diff, nan=math.inf)
-        scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
-                                             neginf=0.0).abs().max())
-        worst = max(worst, float(diff.max()) / scale)
+        worst = max(worst, beyond_rounding(audited.given, expected))
     return worst
+
+
+def beyond_rounding(given: torch.Tensor, expected: torch.Tensor) -> float:
+    """How far ``given`` (an owner's aggregate, in its bucket's dtype) is from
+    ``expected`` (the auditor's, in float32) beyond rounding, relative to ``1 +`` the
+    largest ``|expected|``. The auditor's float32 aggregate may differ from the owner's
+    in its last bits (other threads, another GPU model's reduction order), and rounded
+    to a 16-bit bucket dtype that can flip one of its ulps: up to ``eps(dtype) * |x|``
+    per value is rounding, not a lie (so an owner can shade each value by about one
+    ulp of its bucket dtype unseen)."""
+    eps = torch.finfo(given.dtype).eps
+    rounded = expected.to(given.dtype).float()  # rounded as the owner's was
+    given = given.float()
+    diff = (given - rounded).abs()
+    diff = torch.where(torch.isnan(given) & torch.isnan(rounded), torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    size = torch.maximum(given.abs(), rounded.abs())
+    slack = torch.nan_to_num(eps * size, nan=0.0, posinf=0.0)
+    scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
+                                         neginf=0.0).abs().max())
+    return float((diff - slack).clamp_min(0.0).max()) / scale
 
 
 def outcome(plan: AuditPlan, carried: dict[int, Kept], received: Sequence[int],

@@ -9,7 +9,6 @@ the parameters and one host sync per call.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 
@@ -38,10 +37,11 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
 
     On the CPU: the first 64 bits of SHA-256 over the key's 8 bytes and then the values'
     bytes, read in place (one pass; fastest on CPUs with SHA instructions). On an
-    accelerator: ``dot_digest`` there, with the key's words computed there (``_table``:
-    the same words on every card), so only a scalar comes back to the host, not a
-    gradient's worth of bytes. The two differ, so a trusted cohort's gradients must all
-    be on the CPU or all on accelerators (``docs/trust.md``)."""
+    accelerator: ``dot_digest`` there, in chunks (``chunked_dot_digest``), with the
+    key's words computed there (``_table``: the same words on every card), so only a
+    scalar comes back to the host, not a gradient's worth of bytes. The two differ, so
+    a trusted cohort's gradients must all be on the CPU or all on accelerators
+    (``docs/trust.md``)."""
     if not tensors:
         return 1
     if tensors[0].device.type == "cpu":
@@ -49,10 +49,28 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
         for t in tensors:
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
         return int.from_bytes(h.digest()[:8], "big", signed=True) or 1
-    bits = torch.cat([bit_words(t).to(torch.int64) for t in tensors])
-    if bits.numel() == 0:
+    return chunked_dot_digest(tensors, key)
+
+
+def chunked_dot_digest(tensors: Sequence[torch.Tensor], key: int,
+                       chunk: int = 1 << 22) -> int:
+    """``dot_digest`` of the tensors' ``bit_words`` in order with ``_table``'s words,
+    ``chunk`` words at a time, each chunk's key words computed for it and dropped: the
+    memory it takes is a few chunks' worth, not three 64-bit copies of the values (the
+    words widened, the table, their product), and nothing is kept between steps. The
+    sum stays on the device until the end (one host sync)."""
+    total: torch.Tensor | None = None
+    done = 0
+    for t in tensors:
+        words = bit_words(t)
+        for start in range(0, words.numel(), chunk):
+            piece = words[start:start + chunk].to(torch.int64)
+            part = (piece * _table(done + start, piece.numel(), key, piece.device)).sum()
+            total = part if total is None else total + part  # (int64: wraps)
+        done += words.numel()
+    if total is None:
         return 1
-    return dot_digest(bits, _table(bits.numel(), key, bits.device))
+    return _as_digest(int(total))
 
 
 def dot_digest(bits: torch.Tensor, table: torch.Tensor) -> int:
@@ -61,7 +79,11 @@ def dot_digest(bits: torch.Tensor, table: torch.Tensor) -> int:
     most 2^31) with ``table``'s random 64-bit words, as a signed word, never 0. For a
     given difference between two runs of values it vanishes modulo 2^64 with a chance of
     at most about 2^-32."""
-    total = int((bits * table).sum()) & 0xFFFF_FFFF_FFFF_FFFF
+    return _as_digest(int((bits * table).sum()))
+
+
+def _as_digest(total: int) -> int:
+    total &= 0xFFFF_FFFF_FFFF_FFFF
     return (total - (1 << 64) if total >> 63 else total) or 1
 
 
@@ -90,14 +112,12 @@ _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
 
 
-@functools.lru_cache(maxsize=1)
-def _table(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """``length`` random 64-bit words from the key: word i is splitmix64 of ``key + (i +
-    1) * golden``, a function of the key and the index alone, so every card (and the CPU)
-    computes the same table, whatever its number of cores (a device generator's stream
-    depends on its launch grid). Kept for the step's other owners, whose digests use the
-    same key and length (one table: its size is 1/N of a gradient in 64-bit words)."""
-    index = torch.arange(1, length + 1, dtype=torch.int64, device=device)
+def _table(start: int, length: int, key: int, device: torch.device) -> torch.Tensor:
+    """The key's random 64-bit words ``start .. start + length - 1``: word i is
+    splitmix64 of ``key + (i + 1) * golden``, a function of the key and the index alone,
+    so every card (and the CPU) computes the same table, whatever its number of cores (a
+    device generator's stream depends on its launch grid), and any chunk of it alone."""
+    index = torch.arange(start + 1, start + length + 1, dtype=torch.int64, device=device)
     z = index * _GOLDEN + _signed(key)  # (int64 products and sums wrap)
     z = (z ^ _shift_right(z, 30)) * _MIX1
     z = (z ^ _shift_right(z, 27)) * _MIX2
