@@ -35,7 +35,7 @@ class _Group:
     """Rank 0 of 2; the peer's speed is ``peer`` samples/s."""
 
     def __init__(self, peer: float) -> None:
-        self.peer, self.generation, self.fail = peer, 0, False
+        self.peer, self.generation, self.fail, self.refuse = peer, 0, False, False
         self.works: list[_Work] = []
 
     def size(self) -> int:
@@ -48,6 +48,8 @@ class _Group:
         return False
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> _Work:
+        if self.refuse:  # a backend that knows a peer is gone fails at issue
+            raise RuntimeError("Connection reset by peer")
         outputs[0][0].copy_(inputs[0])
         work = _Work(outputs[0], self.peer, self.fail)
         self.works.append(work)
@@ -104,7 +106,7 @@ def test_a_gather_of_an_old_generation_is_dropped_unread() -> None:
     balancer, group, _ = _balancer()
     _planned(balancer)
     balancer.on_membership(0, 2)  # a loss and a new generation: the group is another
-    assert balancer.plan is None
+    assert balancer.plan is None and balancer.speeds == ()  # they named the old ranks
     balancer.on_commit(4)
     assert not group.works[2].waited  # step 3's gather was never read
     assert balancer.plan is None  # nothing to plan from yet: equal shares
@@ -117,7 +119,7 @@ def test_a_gather_of_an_old_generation_is_dropped_unread() -> None:
 
 
 @pytest.mark.parametrize("elastic", [False, True])
-def test_a_failed_gather_fails_the_step(elastic: bool) -> None:
+def test_a_failed_gather_fails_the_step_but_every_commit_issues_one(elastic: bool) -> None:
     balancer, group, cohort = _balancer(elastic=elastic)
     _planned(balancer)
     planned = balancer.plan
@@ -127,7 +129,22 @@ def test_a_failed_gather_fails_the_step(elastic: bool) -> None:
     if not elastic:
         with pytest.raises(PeerLostError, match="speeds' all-gather"):
             balancer.on_commit(5)
+        assert len(group.works) == 5  # step 5's gather was issued before the read failed
         return
     balancer.on_commit(5)
+    assert len(group.works) == 5  # issued whatever the read gave: peers issue it too
     assert cohort.failed == 1  # the next step recovers (a new generation)
     assert balancer.plan == planned  # and keeps the plan until then
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_gather_that_cannot_be_issued_fails_the_step(elastic: bool) -> None:
+    balancer, group, cohort = _balancer(elastic=elastic)
+    _planned(balancer)
+    group.refuse = True
+    if not elastic:
+        with pytest.raises(PeerLostError, match="speeds' all-gather"):
+            balancer.on_commit(4)
+        return
+    balancer.on_commit(4)
+    assert cohort.failed == 1 and balancer.plan is not None

@@ -497,7 +497,23 @@ def test_a_16_bit_aggregate_one_rounding_apart_is_not_a_lie(dtype: torch.dtype) 
     assert bool((given != auditors.to(dtype)).all())  # one ulp apart everywhere
     assert beyond_rounding(given, auditors) == 0.0
     ulp = high.float() - low.float()
-    lie = (low.float() + 3 * ulp).to(dtype)  # three ulps off
+    lie = (low.float() + 3 * ulp).to(dtype)  # three ulps off (two from the auditor's)
     assert beyond_rounding(lie, auditors) > TOLERANCE
     assert beyond_rounding(auditors.float(), auditors) == 0.0  # float32: exact
     assert beyond_rounding(auditors.float() + 1e-3, auditors) > TOLERANCE
+
+
+def test_equal_infinities_and_the_largest_float16_against_infinity_are_alike() -> None:
+    """A float16 aggregate that overflowed on both sides, or a float32 value just past
+    float16's largest that rounds to it on one side and to infinity on the other, is
+    rounding too; a finite value against infinity otherwise is not."""
+    from potluck.trust.audit import TOLERANCE, beyond_rounding
+
+    top = torch.finfo(torch.float16).max
+    given = torch.tensor([math.inf, -math.inf, top, -top, 1.0], dtype=torch.float16)
+    expected = torch.tensor([70000.0, -70000.0, 65521.0, -65521.0, 1.0])
+    assert beyond_rounding(given, expected) == 0.0
+    assert beyond_rounding(torch.tensor([1000.0], dtype=torch.float16),
+                           torch.tensor([70000.0])) > TOLERANCE
+    assert beyond_rounding(torch.tensor([-top], dtype=torch.float16),
+                           torch.tensor([70000.0])) > TOLERANCE  # the other sign

@@ -7,9 +7,11 @@ ranks all-gather ``[speed, max_micro_batch]`` (one tiny collective). The gather 
 not waited for there: it runs while the next step computes, and after that step each
 rank takes its result and computes the same ``Plan`` (``planner.plan_shares``):
 samples per rank of the steps after it. So a plan follows the speeds of the step
-before last (one step of lag), and no rank waits for the others at the gather (a
-blocking gather cost about 2 ms a step on two busy cores: what each rank's step
-finished later than the other's, plus the collective's own latency). The
+before last (one step of lag), and the gather's own latency is hidden behind that
+step's compute (a blocking gather also made each rank wait there for the other's
+step to end, which now shows in the next all-reduce's wait instead). Every rank
+issues its gather before it reads the last one, so all issue the same collectives
+whatever the read gives. The
 global batch never changes, nor does the data order (the cursor's), and the reducer
 weighs each rank's gradient by its part of the step (``reducer.contribution``), so the
 update is the one a single process would make on the same global batch.
@@ -17,10 +19,11 @@ update is the one a single process would make on the same global batch.
 Membership: every rank keeps measuring itself, so after a loss or a join the next
 gathers re-plan over the new members; a gather in flight from the old generation is
 dropped unread (its group is gone); a joiner (not measured yet) gets the
-mean speed as a provisional share. The step right after a change runs on equal shares
-(the old plan's ranks no longer mean the same workers). The plan and the gathered
-speeds travel in the live state and in checkpoints: a resumed run starts with the
-recorded shares, and each rank with its recorded speed.
+mean speed as a provisional share. The two steps right after a change run on equal
+shares (the old plan's ranks no longer mean the same workers, and the first gather
+over the new ones is read a step later). The plan and the gathered speeds travel in
+the live state and in checkpoints: a resumed run starts with the recorded shares (for
+two steps: the gather in flight is not state), and each rank with its recorded speed.
 """
 
 from __future__ import annotations
@@ -132,10 +135,12 @@ class Balancer:
             return
         pending, self._pending = self._pending, None
         try:
+            # Issue first: every rank issues this step's gather whatever reading the
+            # last one gives it (a failed or abandoned read must not skip a collective).
+            self._pending = self._gather(group)
             if pending is not None and pending.generation == group.generation:
                 wait_for(pending.work, group, "the speeds' all-gather")
                 self._replan(pending.rows, steps)
-            self._pending = self._gather(group)
         except PeerLostError:
             if not self._cohort.elastic:
                 raise
@@ -175,8 +180,9 @@ class Balancer:
     def on_membership(self, rank: int, world_size: int) -> None:
         """Ranks now name other workers: equal shares until the next gather re-plans.
         This rank's own meter stays: it still measures the same worker. A gather in
-        flight belongs to the old generation's group: it is dropped unread."""
-        self.plan, self._pending = None, None
+        flight belongs to the old generation's group: it is dropped unread, and the
+        speeds gathered so far name the old ranks: they go too."""
+        self.plan, self._pending, self.speeds = None, None, ()
         self._clock.take()  # a redone step's partial timing is not a step
 
     # --------------------------------------------------------------------- state

@@ -166,12 +166,20 @@ def beyond_rounding(given: torch.Tensor, expected: torch.Tensor) -> float:
     to a 16-bit bucket dtype that can flip one of its ulps: up to ``eps(dtype) * |x|``
     per value is rounding, not a lie (so an owner can shade each value by about one
     ulp of its bucket dtype unseen)."""
-    eps = torch.finfo(given.dtype).eps
+    info = torch.finfo(given.dtype)
     rounded = expected.to(given.dtype).float()  # rounded as the owner's was
     given = given.float()
     diff = (given - rounded).abs()
-    diff = torch.where(torch.isnan(given) & torch.isnan(rounded), torch.zeros_like(diff), diff)
+    # Alike: both NaN; the same infinity; or the dtype's largest finite value against
+    # the infinity of its sign (a float32 value just past it rounds either way).
+    alike = ((torch.isnan(given) & torch.isnan(rounded)) | (given == rounded)
+             | ((given.abs() == info.max) & torch.isinf(rounded)
+                & (given.sign() == rounded.sign()))
+             | ((rounded.abs() == info.max) & torch.isinf(given)
+                & (given.sign() == rounded.sign())))
+    diff = torch.where(alike, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=math.inf)
+    eps = info.eps
     size = torch.maximum(given.abs(), rounded.abs())
     slack = torch.nan_to_num(eps * size, nan=0.0, posinf=0.0)
     scale = 1.0 + float(torch.nan_to_num(expected, nan=0.0, posinf=0.0,
