@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -332,3 +333,24 @@ def test_elastic_flags_hand_the_token_to_workers_and_never_show_it() -> None:
     assert env.token == "hush" and "hush" not in repr(env)
     plain = cli.config_from_args(_parse("t.py"))
     assert not plain.elastic and read_worker_env(_environ(plain, 0)).token is None
+
+
+def test_workers_found_dead_in_one_poll_are_handled_in_the_order_they_failed(
+        tmp_path: Path) -> None:
+    """A crash takes its peers' collectives down with it, and the agent may find both
+    dead in one poll: the one whose exception came first is handled (named, restarted)
+    first, whatever its rank; one with no error file after those that have one."""
+    import json
+    from types import SimpleNamespace
+
+    from potluck.launch.agent import _failed_at
+
+    def worker(rank: int, at: float | None) -> Any:
+        path = tmp_path / f"error-{rank}.json"
+        if at is not None:
+            path.write_text(json.dumps({"timestamp": at, "exc_type": "E", "message": "m",
+                                        "traceback": ""}))
+        return SimpleNamespace(rank=rank, error_file=str(path))
+
+    found = [worker(0, 1000.5), worker(1, 1000.2), worker(2, None), worker(3, 1000.2)]
+    assert [w.rank for w in sorted(found, key=_failed_at)] == [1, 3, 0, 2]

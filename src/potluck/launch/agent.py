@@ -388,15 +388,18 @@ class Agent:
                 if self._signal is not None:
                     return Outcome.INTERRUPTED
                 self._end_unneeded(workers, sweeper)
-                running = 0
+                running, dead = 0, []
                 for index, worker in enumerate(workers):
                     code = worker.proc.poll()
                     if code is None:
                         running += 1
-                    elif worker.stopped_below_minimum(code) or worker.proc.pid in reported \
-                            or worker.ended_well(code):
-                        continue
-                    elif restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
+                    elif not (worker.stopped_below_minimum(code) or worker.proc.pid in reported
+                              or worker.ended_well(code)):
+                        dead.append((index, worker))
+                # Workers found dead in one poll are handled in the order they failed (a
+                # crash takes its peers' collectives down with it: the first is the cause).
+                for index, worker in sorted(dead, key=lambda found: _failed_at(found[1])):
+                    if restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
                         self._report_lost(worker, store)
@@ -523,6 +526,13 @@ def _log_files(config: LaunchConfig, attempt: int,
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(pgid, sig)
+
+
+def _failed_at(worker: _Worker) -> tuple[float, int]:
+    """When the worker failed, as far as the agent can tell: its uncaught exception's
+    time (the bootstrap's error file), else now; then its rank."""
+    error = read_error_file(worker.error_file)
+    return (error.timestamp if error is not None else time.time(), worker.rank)
 
 
 def _result(worker: _Worker) -> WorkerResult:
