@@ -190,3 +190,29 @@ def test_balance_moves_samples_to_the_fast_rank_and_stays_exact() -> None:
         for got in (result["params"], result["resumed"]):
             for name, value in expected.items():
                 torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-12)
+
+
+def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[int]]:
+    from potluck import Trust, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    net = Slow(mlp(), SLOW_S if rank == 1 else 0.0)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
+                                 global_batch=BALANCED.global_batch, seed=BALANCED.data_seed,
+                                 balance=True, trust=Trust())
+    splits = _epoch(model, opt, loader) + _epoch(model, opt, loader)
+    cohort.close()
+    return [split[:3] for split in splits]
+
+
+@pytest.mark.timeout(120)
+def test_balance_under_trust_measures_compute_not_the_hooks_wait() -> None:
+    """Trust's hook waits in backward for every rank's copies: timed as compute, the
+    slow rank's time showed on every rank and the shares stayed about equal. The clock
+    leaves that wait out, so the slow rank's share shrinks as without trust."""
+    results = run_ranks(_balanced_under_trust, 3, free_port(), init_group=False, timeout=100)
+    last = results[0][-1]
+    assert all(result == results[0] for result in results)  # every rank split alike
+    assert results[0][0] == [8, 8, 8]  # nothing measured yet: equal
+    assert 3 * last[1] <= min(last[0], last[2]), results[0]  # rank 1 is about 30x slower

@@ -172,3 +172,27 @@ def test_a_contribution_is_this_ranks_part_of_the_step() -> None:
         part.set(3, -1.0, None)
     with pytest.raises(ConfigError, match="below this rank's"):
         part.set(3, 5.0, 4.0)
+
+
+def test_the_compute_clock_leaves_out_the_time_blocked_in_collectives() -> None:
+    import time
+
+    from potluck.balance.clock import ComputeClock
+
+    clock = ComputeClock("cpu")
+    began = time.perf_counter()
+    clock.forward_started()
+    time.sleep(0.05)
+    clock.backward_done(waited=0.02)  # a micro-batch's pass: its wait counts too
+    clock.backward_done(waited=0.01)
+    wall = time.perf_counter() - began
+    seconds = clock.take()
+    assert seconds is not None and 0.05 - 0.03 <= seconds <= wall - 0.03
+    clock.forward_started()
+    clock.backward_done(waited=1.0)  # nothing left: no measurement, not a negative one
+    assert clock.take() is None
+    clock.forward_started()
+    time.sleep(0.01)
+    clock.backward_done()
+    later = clock.take()
+    assert later is not None and later >= 0.01  # the last step's wait was reset

@@ -67,7 +67,7 @@ class InnerClock:
     def forward_started(self) -> None:
         self.calls.append("forward_started")
 
-    def backward_done(self) -> None:
+    def backward_done(self, waited: float = 0.0) -> None:
         self.calls.append("backward_done")
 
 

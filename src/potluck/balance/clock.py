@@ -2,8 +2,11 @@
 
 It runs from the step's first forward (with gradients on) until the end of its last
 backward's local work, which is when this rank's last gradient is ready, before the
-wait for the all-reduce. Time spent waiting for slower peers is therefore not counted,
-and a step of several micro-batches is timed as a whole. ``DataParallel`` drives it
+wait for the all-reduce, less the time backward spent blocked in the reducer's
+launches (a communication hook that waits for its collectives, as trust's does, would
+otherwise count the slowest peer's compute as this rank's). Time spent waiting for
+slower peers is therefore not counted, and a step of several micro-batches is timed as
+a whole. ``DataParallel`` drives it
 (``forward_started``, and ``backward_done`` from a callback queued on the autograd
 engine ahead of the reducer's own); the balancer reads it once per committed step.
 
@@ -27,16 +30,19 @@ class ComputeClock:
         self._cuda = torch.device(device).type == "cuda"
         self._start: float | torch.cuda.Event | None = None
         self._end: float | torch.cuda.Event | None = None
+        self._waited = 0.0  # seconds of the step blocked in collectives, not computing
 
     def forward_started(self) -> None:
         """A forward with gradients begins; the first one of a step starts the clock."""
         if self._start is None:
             self._start = self._now()
 
-    def backward_done(self) -> None:
-        """A backward's local work ended (the last one of the step counts)."""
+    def backward_done(self, waited: float = 0.0) -> None:
+        """A backward's local work ended (the last one of the step counts); ``waited``:
+        seconds of it spent blocked in collectives, left out."""
         if self._start is not None:
             self._end = self._now()
+            self._waited += waited
 
     def take(self) -> float | None:
         """Seconds from the step's first forward to its last backward; None if either
@@ -48,9 +54,10 @@ class ComputeClock:
         """The step's two instants, to be read once ``ready()`` (at once on the CPU; on
         a GPU when the backward's kernels ran: waiting for them each step would stop the
         CPU from queueing the next step ahead). Starts the next step's timing."""
-        start, end = self._start, self._end
+        start, end, waited = self._start, self._end, self._waited
         self._start = self._end = None
-        return Reading(start, end)
+        self._waited = 0.0
+        return Reading(start, end, waited)
 
 
     def _now(self) -> float | torch.cuda.Event:
@@ -65,8 +72,8 @@ class Reading:
     """One step's compute interval, read when its instants are known."""
 
     def __init__(self, start: float | torch.cuda.Event | None,
-                 end: float | torch.cuda.Event | None) -> None:
-        self._start, self._end = start, end
+                 end: float | torch.cuda.Event | None, waited: float = 0.0) -> None:
+        self._start, self._end, self._waited = start, end, waited
 
     def ready(self) -> bool:
         """Whether ``seconds()`` answers without waiting for the GPU."""
@@ -74,12 +81,16 @@ class Reading:
             self._end.query())  # type: ignore[no-untyped-call]
 
     def seconds(self) -> float | None:
-        """Seconds from the first forward to the last backward (None: either missing)."""
+        """Seconds from the first forward to the last backward, less the time blocked in
+        collectives (None: either instant missing, or nothing left)."""
         start, end = self._start, self._end
         if start is None or end is None:
             return None
         if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
             end.synchronize()
-            return float(start.elapsed_time(end)) / 1000.0
-        assert isinstance(start, float) and isinstance(end, float)
-        return end - start
+            spent = float(start.elapsed_time(end)) / 1000.0
+        else:
+            assert isinstance(start, float) and isinstance(end, float)
+            spent = end - start
+        spent -= self._waited
+        return spent if spent > 0 else None

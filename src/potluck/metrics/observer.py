@@ -127,10 +127,10 @@ class StepObserver:
             self._inner.forward_started()
         self._move("computing step {step}")
 
-    def backward_done(self) -> None:
-        self._clock.backward_done()
+    def backward_done(self, waited: float = 0.0) -> None:
+        self._clock.backward_done(waited)
         if self._inner is not None:
-            self._inner.backward_done()
+            self._inner.backward_done(waited)
         self._backward_done_at = time.perf_counter()
         self._move("in the gradient all-reduce of step {step}")
 

@@ -46,7 +46,9 @@ class LocalClock(Protocol):
 
     def forward_started(self) -> None: ...
 
-    def backward_done(self) -> None: ...
+    def backward_done(self, waited: float = 0.0) -> None:
+        """``waited``: seconds of the pass this rank spent blocked in its collectives
+        (a communication hook that waits, as trust's does), not computing."""
 
 
 class DataParallel(nn.Module, Joinable):
@@ -284,7 +286,7 @@ class DataParallel(nn.Module, Joinable):
     def _backward_done(self) -> None:
         self._clock_queued = False
         if self._clock is not None:
-            self._clock.backward_done()
+            self._clock.backward_done(self.reducer.blocked_in_pass)
 
     def _notify_join(self, sync: bool) -> int:
         """Under torch's Join: say this rank still trains, and whether it synchronizes

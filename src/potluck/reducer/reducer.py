@@ -76,6 +76,7 @@ class PassStats:
     launched_at: float | None = None  # the first bucket's collective was launched
     settled_at: float | None = None  # every collective of the pass was done
     bytes: int = 0  # bucket bytes handed to the hook (before any codec)
+    blocked: float = 0.0  # seconds backward spent in the launches (a hook that waits)
 
 
 class Reducer:
@@ -338,8 +339,9 @@ class Reducer:
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
             return
+        began = time.perf_counter()
         if self._pass.launched_at is None:
-            self._pass.launched_at = time.perf_counter()
+            self._pass.launched_at = began
         self._pass.bytes += bucket.buffer.nbytes
         try:
             if self._chains and b > 0:  # every collective of bucket b - 1 issued first
@@ -360,6 +362,8 @@ class Reducer:
             if not self._config.abandon_on_failure:
                 raise error from exc
             self._fail(error)
+        finally:
+            self._pass.blocked += time.perf_counter() - began
 
     def _finalize(self) -> None:
         """End of a synchronized backward: every bucket reduced before backward returns."""
@@ -380,6 +384,13 @@ class Reducer:
     def _fail(self, error: CommunicationError) -> None:
         self.failure = error
         self._failed_generation = -1 if self._group is None else self._group.generation
+
+    @property
+    def blocked_in_pass(self) -> float:
+        """Seconds the pass in progress has spent in its launches so far: a hook that
+        waits for its collectives (trust's, a compressed sum's scatter) blocks backward
+        there; the compute clock leaves that time out."""
+        return self._pass.blocked
 
     @property
     def step_failed(self) -> bool:
