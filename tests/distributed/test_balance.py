@@ -192,11 +192,14 @@ def test_balance_moves_samples_to_the_fast_rank_and_stays_exact() -> None:
                 torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-12)
 
 
+SLOW_UNDER_TRUST_S = 0.02  # per sample on rank 1: far above a fast rank's stalls here
+
+
 def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[int]]:
     from potluck import Trust, prepare
 
     cohort = _cohort(rank, world_size, port)
-    net = Slow(mlp(), SLOW_S if rank == 1 else 0.0)
+    net = Slow(mlp(), SLOW_UNDER_TRUST_S if rank == 1 else 0.0)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
                                  global_batch=BALANCED.global_batch, seed=BALANCED.data_seed,
@@ -210,9 +213,11 @@ def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[in
 def test_balance_under_trust_measures_compute_not_the_hooks_wait() -> None:
     """Trust's hook waits in backward for every rank's copies: timed as compute, the
     slow rank's time showed on every rank and the shares stayed about equal. The clock
-    leaves that wait out, so the slow rank's share shrinks as without trust."""
+    leaves that wait out, so the slow rank's share shrinks as without trust (over the
+    second epoch: one step's split can follow a fast rank's stall on a busy machine)."""
     results = run_ranks(_balanced_under_trust, 3, free_port(), init_group=False, timeout=100)
-    last = results[0][-1]
     assert all(result == results[0] for result in results)  # every rank split alike
-    assert results[0][0] == [8, 8, 8]  # nothing measured yet: equal
-    assert 3 * last[1] <= min(last[0], last[2]), results[0]  # rank 1 is about 30x slower
+    splits = results[0]
+    assert splits[0] == [8, 8, 8]  # nothing measured yet: equal
+    second = [sum(column) for column in zip(*splits[len(splits) // 2:], strict=True)]
+    assert 3 * second[1] <= min(second[0], second[2]), splits  # rank 1 is 20x slower

@@ -6,7 +6,9 @@ wait for the all-reduce, less the time backward spent blocked in the reducer's
 launches (a communication hook that waits for its collectives, as trust's does, would
 otherwise count the slowest peer's compute as this rank's). Time spent waiting for
 slower peers is therefore not counted, and a step of several micro-batches is timed as
-a whole. ``DataParallel`` drives it
+a whole. On a GPU the blocked time is not left out: the host waits there while the GPU
+works through the compute queued before, so the host's seconds are not idle GPU time
+(events around each blocking launch would measure that; not built). ``DataParallel`` drives it
 (``forward_started``, and ``backward_done`` from a callback queued on the autograd
 engine ahead of the reducer's own); the balancer reads it once per committed step.
 
@@ -32,6 +34,11 @@ class ComputeClock:
         self._end: float | torch.cuda.Event | None = None
         self._waited = 0.0  # seconds of the step blocked in collectives, not computing
 
+    @property
+    def leaves_out_waits(self) -> bool:
+        """Whether ``backward_done``'s ``waited`` is left out (on the CPU)."""
+        return not self._cuda
+
     def forward_started(self) -> None:
         """A forward with gradients begins; the first one of a step starts the clock."""
         if self._start is None:
@@ -42,7 +49,8 @@ class ComputeClock:
         seconds of it spent blocked in collectives, left out."""
         if self._start is not None:
             self._end = self._now()
-            self._waited += waited
+            if not self._cuda:  # (on a GPU the host's wait overlaps queued compute)
+                self._waited += waited
 
     def take(self) -> float | None:
         """Seconds from the step's first forward to its last backward; None if either

@@ -275,7 +275,7 @@ class Agent:
         cfg = self.config
         error_file = os.path.join(tmp, f"error-{local_rank}.json")
         finished_file = os.path.join(tmp, f"finished-{local_rank}")
-        for leftover in (finished_file, stop_file(finished_file)):
+        for leftover in (finished_file, stop_file(finished_file), error_file):
             with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
                 os.remove(leftover)
         environ = self._environ(local_rank, port, restarts, error_file, finished_file)
@@ -402,13 +402,13 @@ class Agent:
                     if restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
-                        self._report_lost(worker, store)
+                        self._report_lost(worker, store, workers)
                     else:
                         self._count_out(store, worker)
                         restarts_left -= 1
                         worker.seen_at = worker.seen_at or time.time()
                         self._stop([worker])
-                        self._report_lost(worker, store)
+                        self._report_lost(worker, store, workers)
                         restarts = self.config.max_restarts - restarts_left
                         self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                    f"as a new member ({restarts} of "
@@ -474,7 +474,7 @@ class Agent:
                                    f"{socket.gethostname()} (pid {result.pid}) ended: "
                                    f"{describe_exit(result.exitcode)}{late}{why}{then}")
 
-    def _report_lost(self, worker: _Worker, store: TCPStore) -> None:
+    def _report_lost(self, worker: _Worker, store: TCPStore, workers: list[_Worker]) -> None:
         self._post_exit(_result(worker))
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
@@ -486,8 +486,11 @@ class Agent:
             if not joined_cohort(store, run_id, worker.proc.pid) \
                     and not cohort_formed(store, run_id):
                 self._said_not_joined = True  # once is enough
+                # The first to fail, alive or not: a crash takes its peers' collectives
+                # down with it, and a peer may die first (an abort is quicker than an exit).
+                first = min(workers, key=_failed_at)
                 self._emit(
-                    f"potluck run: worker {worker.rank} never joined the elastic cohort. If "
+                    f"potluck run: worker {first.rank} never joined the elastic cohort. If "
                     "the script does not call potluck.prepare or potluck.init() (plain "
                     "torch.distributed or torch DDP), --elastic cannot help it: the others "
                     "keep a process group that lost a member and will fail too. Run such a "

@@ -131,6 +131,8 @@ class StepObserver:
         self._clock.backward_done(waited)
         if self._inner is not None:
             self._inner.backward_done(waited)
+        if self._clock.leaves_out_waits:  # that time is the step's wait, not compute
+            self._wait_extra += waited
         self._backward_done_at = time.perf_counter()
         self._move("in the gradient all-reduce of step {step}")
 

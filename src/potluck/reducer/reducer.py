@@ -241,6 +241,7 @@ class Reducer:
 
     def _reset_pass(self) -> None:
         """Start a new synchronized backward pass."""
+        self._pass.blocked = 0.0  # (a pass that raised left its launches' time behind)
         if not self._rebuilt:  # a pass that failed before the rebuild left a partial order
             self._ready_order = []
         self._ready = bytearray(len(self._params))
