@@ -38,14 +38,19 @@ def default_group() -> Group | None:
 def settle(issue: Callable[[], Any], group: Group, what: str,
            abandoned: Callable[[], bool] | None = None) -> Any:
     """Issue a collective of ``group`` (``issue()`` returns its work) and wait for it
-    (``wait_for``). A backend that already knows a peer is gone fails at issue time:
-    that too is ``PeerLostError``."""
+    (``wait_for``)."""
+    return wait_for(issued(issue, group, what), group, what, abandoned)
+
+
+def issued(issue: Callable[[], Any], group: Group, what: str) -> Any:
+    """The work of a collective of ``group`` that ``issue()`` starts, not waited for. A
+    backend that already knows a peer is gone fails at issue time: that too is
+    ``PeerLostError``."""
     try:
-        work = issue()
+        return issue()
     except RuntimeError as exc:
         raise PeerLostError.from_failure(what, exc, rank=_rank(group),
                                          generation=_generation(group)) from exc
-    return wait_for(work, group, what, abandoned)
 
 
 def wait_for(work: Any, group: Group, what: str,

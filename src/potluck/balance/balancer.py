@@ -38,7 +38,7 @@ import torch
 from potluck.balance.clock import ComputeClock
 from potluck.balance.planner import Plan, plan_shares
 from potluck.balance.speed import SpeedMeter
-from potluck.collectives import wait_for
+from potluck.collectives import issued, wait_for
 from potluck.data.split import equal_shares
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
@@ -153,12 +153,7 @@ class Balancer:
         row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
                            dtype=torch.float64, device=self._cohort.device)
         rows = [torch.empty_like(row) for _ in range(group.size())]
-        try:
-            work = group.allgather([rows], [row])
-        except RuntimeError as exc:  # a backend that knows a peer is gone fails at issue
-            raise PeerLostError.from_failure("the speeds' all-gather", exc,
-                                             rank=self._cohort.rank,
-                                             generation=group.generation) from exc
+        work = issued(lambda: group.allgather([rows], [row]), group, "the speeds' all-gather")
         return _Gather(work, rows, group.generation)
 
     def _replan(self, rows: list[torch.Tensor], steps: int) -> None:

@@ -227,9 +227,9 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
             "utilization": busy[0], "busy": busy,
             "loss_at_S": loss_at(curve, S * G), "measured": "run",
             "local_steps": [[rd["inner_steps"] for rd in r["rounds"]] for r in ranks]}
-    best = min((figures[c]["time_to_target_s"] for c in mine
-                if figures[c]["time_to_target_s"] is not None), default=None)
-    least = min((figures[c]["bytes_per_sample"] for c in mine), default=None)
+    fastest = min((c for c in mine if figures[c]["time_to_target_s"] is not None),
+                  key=lambda c: figures[c]["time_to_target_s"], default=None)
+    lightest = min(mine, key=lambda c: figures[c]["bytes_per_sample"], default=None)
     # The loss at S batches over more data orders (the algorithm does not depend on
     # the link, so these run on the unlimited one): a gap is averaged over the seeds.
     losses = {c: [figures[c]["loss_at_S"]] for c in ("ddp", *mine)}
@@ -247,12 +247,12 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
     # Each figure is the best contender's for that figure, named beside it (one
     # contender need not have all three: each contender's own are under "contenders").
     return {
-        "time_to_target_vs_ddp": ratio(figures["ddp"]["time_to_target_s"], best),
-        "time_to_target_contender": next((c for c in mine if best is not None
-                                          and figures[c]["time_to_target_s"] == best), None),
-        "bytes_vs_ddp": ratio(figures["ddp"]["bytes_per_sample"], least),
-        "bytes_contender": next((c for c in mine
-                                 if figures[c]["bytes_per_sample"] == least), None),
+        "time_to_target_vs_ddp": ratio(figures["ddp"]["time_to_target_s"], None if fastest
+                                       is None else figures[fastest]["time_to_target_s"]),
+        "time_to_target_contender": fastest,
+        "bytes_vs_ddp": ratio(figures["ddp"]["bytes_per_sample"], None if lightest is None
+                              else figures[lightest]["bytes_per_sample"]),
+        "bytes_contender": lightest,
         "loss_gap": None if smallest is None else gaps[smallest],
         "loss_gap_contender": smallest, "seeds": config.seeds,
         "target_loss": target, "contenders": figures, "curves": curves}

@@ -45,11 +45,18 @@ def keyed_digest(tensors: Sequence[torch.Tensor], key: int) -> int:
     if not tensors:
         return 1
     if tensors[0].device.type == "cpu":
-        h = hashlib.sha256((key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big"))
-        for t in tensors:
-            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
-        return int.from_bytes(h.digest()[:8], "big", signed=True) or 1
+        return sha256_64(tensors, (key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big"))
     return chunked_dot_digest(tensors, key)
+
+
+def sha256_64(pieces: Sequence[torch.Tensor], prefix: bytes = b"") -> int:
+    """The first 64 bits of SHA-256 over ``prefix`` and then the pieces' bytes, in
+    order, as a signed word (never 0, which means "none"); each piece is read in place
+    when it is on the CPU (one copy to the host otherwise)."""
+    h = hashlib.sha256(prefix)
+    for piece in pieces:
+        h.update(piece.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().data)
+    return int.from_bytes(h.digest()[:8], "big", signed=True) or 1
 
 
 def chunked_dot_digest(tensors: Sequence[torch.Tensor], key: int,
@@ -83,8 +90,7 @@ def dot_digest(bits: torch.Tensor, table: torch.Tensor) -> int:
 
 
 def _as_digest(total: int) -> int:
-    total &= 0xFFFF_FFFF_FFFF_FFFF
-    return (total - (1 << 64) if total >> 63 else total) or 1
+    return _signed(total) or 1
 
 
 def word_sum(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
