@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from potluck.reducer import Bucket, DataParallel, allreduce_mean, weighted_mean
     from potluck.step import GuardedOptimizer, MinimumSize, StepTransaction
     from potluck.step.accumulate import accumulate
+    from potluck.step.fit import fit_backward
     from potluck.sync import DiLoCo, LocalSGD, StreamingDiLoCo
     from potluck.trust import Trust
 
@@ -66,6 +67,7 @@ _LAZY = {
     "ShardedLoader": "potluck.data",
     "StepTransaction": "potluck.step",
     "accumulate": "potluck.step",
+    "fit_backward": "potluck.step.fit",
     "allreduce_mean": "potluck.reducer",
     "capture_rng": "potluck.checkpoint",
     "init": "potluck.cohort",
@@ -108,6 +110,7 @@ __all__ = [
     "accumulate",
     "allreduce_mean",
     "capture_rng",
+    "fit_backward",
     "init",
     "prepare",
     "restore_rng",

@@ -22,6 +22,12 @@ class ReducerError(PotluckError):
     """The gradient reducer was used in a way it cannot honour (e.g. a double backward)."""
 
 
+class OutOfMemoryError(PotluckError):
+    """This rank cannot take its part of the step in memory, not even one sample at a
+    time, or it ran out after a collective of the pass was issued (which cannot be
+    taken back); the message says which and what to do."""
+
+
 class CommunicationError(PotluckError):
     """A collective failed: a peer died, hung past the timeout, or was cut off."""
 

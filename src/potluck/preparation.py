@@ -31,6 +31,7 @@ from potluck.reducer import DataParallel
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import sums_prescaled
 from potluck.step.guard import GuardedOptimizer
+from potluck.step.memory import MemoryCap
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
@@ -161,7 +162,8 @@ def prepare(
                                group=cohort.group, recoverable=cohort.elastic,
                                agree=guard is None)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
-    balancer = (Balancer(cohort, global_batch, contribution, clock, config)
+    memory = MemoryCap(config.max_micro_batch if config else None)
+    balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory)
                 if config and contribution and clock else None)
     policy = balancer or shares or EqualShares()
     transaction = StepTransaction(guarded, wrapped, cohort, cursor,
@@ -174,7 +176,7 @@ def prepare(
                         stop=lambda: transaction.left,
                         contribution=contribution.set if contribution else None,
                         weight=weight,
-                        micro_batches=balancer.micro_batches if balancer else None)
+                        memory=memory)
     return wrapped, transaction, loader
 
 

@@ -44,6 +44,7 @@ from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.metrics.notes import note
 from potluck.reducer.contribution import Contribution
+from potluck.step.memory import MemoryCap
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,10 @@ class Balancer:
     name = "shares"
 
     def __init__(self, cohort: BalancedCohort, global_batch: int, contribution: Contribution,
-                 clock: ComputeClock, config: BalanceConfig | None = None) -> None:
+                 clock: ComputeClock, config: BalanceConfig | None = None,
+                 memory: MemoryCap | None = None) -> None:
         self.config = config or BalanceConfig()
+        self._memory = memory or MemoryCap(self.config.max_micro_batch)
         self._cohort, self._global_batch = cohort, global_batch
         self._contribution, self._clock = contribution, clock
         self.meter = SpeedMeter(self.config.smoothing)
@@ -117,12 +120,6 @@ class Balancer:
         if plan is None or plan.world_size != world_size:
             return equal_shares(world_size)
         return tuple(float(count) for count in plan.counts)
-
-    def micro_batches(self, samples: int) -> int:
-        """How many micro-batches this rank's part of ``samples`` takes under its memory
-        cap (the part actually handed out: a short last block may differ from the plan)."""
-        cap = self.config.max_micro_batch
-        return 1 if cap is None else max(1, -(-samples // cap))
 
     def on_commit(self, steps: int) -> None:
         seconds = self._clock.take()
@@ -148,7 +145,7 @@ class Balancer:
 
     def _gather(self, group: GroupHandle) -> _Gather:
         """Issue this step's all-gather of ``[speed, cap]``; read after the next step."""
-        cap = self.config.max_micro_batch
+        cap = self._memory.cap  # the user's, or lower: found by running out of memory
         speed = self.meter.speed
         row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
                            dtype=torch.float64, device=self._cohort.device)

@@ -26,9 +26,9 @@ from potluck.data.cursor import DataCursor
 from potluck.data.split import equal_shares, split_block, split_counts
 from potluck.data.state import CursorState
 from potluck.errors import ConfigError, CursorError
+from potluck.step.memory import MemoryCap
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
-MicroBatches = Callable[[int], int]  # samples of this rank's part -> its micro-batches
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
 # (this rank's part, the segment of the round), as [start, stop) positions in the
@@ -47,12 +47,12 @@ class StepLoader:
                  max_repeats: int = 100, stop: Callable[[], bool] | None = None,
                  contribution: Contribute | None = None,
                  weight: Callable[[Any], float] | None = None,
-                 micro_batches: MicroBatches | None = None,
+                 memory: MemoryCap | None = None,
                  inner_steps: InnerSteps | None = None,
                  segments: Segments | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
-        such as real tokens) for the exact average; ``micro_batches`` says into how many
-        micro-batches this rank should split its part (``loader.micro_batches``);
+        such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
+        cap (``loader.memory``; ``loader.micro_batches``: how many its part takes);
         ``inner_steps`` into how many batches of a round, ``segments`` in which pieces
         the round is handed out (a sync strategy's; both or neither)."""
         if (inner_steps is None) != (segments is None):
@@ -64,7 +64,7 @@ class StepLoader:
         self.dataset, self.cursor, self.membership = dataset, cursor, membership
         self.shares = shares
         self.contribution, self.weight = contribution, weight
-        self._micro_of = micro_batches or (lambda samples: 1)
+        self.memory = memory or MemoryCap()
         self._inner_of, self._segments_of = inner_steps, segments
         self.micro_batches = 1  # for the step last handed out
         self.split: list[int] = []  # samples per rank last handed out (a step, a segment)
@@ -109,7 +109,7 @@ class StepLoader:
                 yield from self._round(state, rank, world_size, shares)
                 continue
             batch = self.collate([self.dataset[i] for i in indices])
-            self.micro_batches = self._micro_of(len(indices))
+            self.micro_batches = self.memory.micro_batches(len(indices))
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
             yield batch

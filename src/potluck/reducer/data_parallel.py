@@ -252,6 +252,31 @@ class DataParallel(nn.Module, Joinable):
         finally:
             self.require_backward_grad_sync = previous
 
+    def sync_now(self) -> None:
+        """Average the gradients accumulated under ``no_sync()`` now, as the end of a
+        synchronized backward would (``potluck.fit_backward`` does this after a part
+        taken in micro-batches that might run out of memory). Every rank must call it
+        at the same point; it does nothing with one rank or under a sync strategy."""
+        if self.world_size > 1 and self._sync_gradients:
+            self._refuse_under_join("sync_now()")
+            self.reducer.reduce_now()
+
+    def restart_accumulation(self) -> bool:
+        """Forget the step's gradient passes so far (they ran out of memory), so that it
+        can be taken again in smaller micro-batches: True, or False if a collective of
+        the pass was already issued (its peers expect the rest: it cannot be taken
+        back). The caller resets ``.grad``."""
+        if self.world_size == 1:
+            return True
+        self._refuse_under_join("restart_accumulation()")
+        return self.reducer.restart_window()
+
+    def _refuse_under_join(self, what: str) -> None:
+        if self._join_config.enable:
+            raise ConfigError(f"{what} under torch's Join: there every forward is a "
+                              "collective vote, so a pass cannot be retried or synced "
+                              "apart; use potluck.accumulate there")
+
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         grad_enabled = torch.is_grad_enabled()
         active = grad_enabled and self.world_size > 1

@@ -481,16 +481,33 @@ class Reducer:
         self._reset_window()
 
     def reduce_now(self) -> None:
-        """Average the current ``.grad`` of every parameter outside of backward.
+        """Average the current ``.grad`` of every parameter outside of backward, as a
+        synchronized backward's end would (the same failure handling, pass statistics
+        and window reset).
 
-        Used by benchmarks and by callers that produce gradients by other means; every
-        rank must call it at the same point.
+        For gradients accumulated under ``no_sync`` (``step.fit``), benchmarks, and
+        callers that produce gradients by other means; every rank must call it at the
+        same point.
         """
         if self.world_size == 1:
             return
         self.prepare_for_forward()
-        self._complete_pass()
+        self.failure = None  # a new step begins, as in on_backward_start
+        self._finalize()
+
+    @property
+    def launched_in_pass(self) -> bool:
+        """Whether the synchronized pass in progress has issued a collective (its peers
+        then expect the rest of it: the pass can no longer be taken back)."""
+        return self._pass.launched_at is not None
+
+    def restart_window(self) -> bool:
+        """Forget the accumulation window so far (passes that ran out of memory), before
+        any collective of it: True, or False (nothing changed) if one was issued."""
+        if self.launched_in_pass:
+            return False
         self._reset_window()
+        return True
 
     # ------------------------------------------------------------------------ errors
 

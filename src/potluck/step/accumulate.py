@@ -23,7 +23,7 @@ def split_batch(batch: Any, micro_batches: int) -> list[tuple[Any, float]]:
     """Split ``batch`` (a tensor, or a tuple/list/dict of tensors with the same first
     dimension) into ``micro_batches`` near-equal chunks along dim 0, each with its
     weight ``len(chunk) / len(batch)``. Empty chunks are dropped."""
-    size = _batch_size(batch)
+    size = batch_size(batch)
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be >= 1, got {micro_batches}")
     if size == 0:
@@ -59,7 +59,7 @@ def accumulate(model: Any, batch: Any, micro_batches: int) -> Iterator[tuple[Any
             yield chunk, weight
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0])
     items = list(batch.values()) if isinstance(batch, dict) else list(batch)

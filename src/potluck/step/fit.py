@@ -1,0 +1,144 @@
+"""``fit_backward``: this rank's part of the step, in micro-batches that fit in memory.
+
+    for batch in loader:
+        optimizer.zero_grad()
+        loss = potluck.fit_backward(model, batch, lambda b: loss_fn(model(b[0]), b[1]),
+                                    loader)
+        optimizer.step()
+
+The part goes in ``loader.memory.micro_batches(samples)`` micro-batches
+(``step.memory.MemoryCap``: the user's cap, lowered by what ran out of memory). When a
+micro-batch runs out of memory (``torch.OutOfMemoryError``, or an allocator's
+RuntimeError saying so), the gradients of the step so far are dropped, the cap is
+halved to below that micro-batch, and the whole part is taken again in smaller ones:
+nothing of the failed attempt stays in the gradient, so the result is exactly the
+part's mean gradient, as in one pass.
+
+A retry is only possible before the pass issued a collective: its peers would expect
+the rest of it. So a micro-batch size not known to fit yet (the first step, a share
+that grew) is taken with every backward local (``no_sync``) and the accumulated
+gradients are synced after (``DataParallel.sync_now``): a step without the overlap of
+the all-reduce with the last backward, once per new size. Sizes known to fit take
+the last micro-batch's backward synchronized as usual; should one of those run out
+of memory after a collective was issued (memory that got shorter since), the rank
+raises ``OutOfMemoryError`` with the cap that would have fit. An elastic cohort takes
+that as a lost worker and goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+from potluck.errors import ConfigError, OutOfMemoryError
+from potluck.metrics.notes import note
+from potluck.step.accumulate import batch_size, split_batch
+from potluck.step.memory import MemoryCap
+
+log = logging.getLogger(__name__)
+
+_ALLOCATOR_WORDS = ("out of memory", "can't allocate memory", "failed to allocate")
+
+
+class Replica(Protocol):
+    """What ``fit_backward`` needs of the model (``potluck.DataParallel`` has it)."""
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+    def sync_now(self) -> None: ...
+
+    def restart_accumulation(self) -> bool: ...
+
+
+class Fitted(Protocol):
+    """What ``fit_backward`` needs of the loader (``potluck.prepare``'s has it)."""
+
+    @property
+    def memory(self) -> MemoryCap: ...
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says a device or the host ran out of memory."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(w in text for w in _ALLOCATOR_WORDS)
+
+
+def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tensor],
+                 loader: Fitted, *, weigh: bool = True) -> torch.Tensor:
+    """Forward and backward of ``batch`` (this rank's part) in micro-batches that fit;
+    returns the part's loss (detached). ``loss_of(micro_batch)`` is the mean loss over
+    the micro-batch; each is weighed by its samples over the part's (``weigh=False``:
+    ``loss_of`` weighs it itself, e.g. its tokens' loss sum over the part's tokens).
+    Call ``optimizer.zero_grad()`` before: a retry starts again from zero gradients."""
+    memory, size = loader.memory, batch_size(batch)
+    if size == 0:
+        raise ConfigError("fit_backward() got an empty batch: this rank would skip the "
+                          "synchronized backward that every other rank waits for; give "
+                          "every rank at least one sample per step")
+    params = [p for p in model.parameters() if p.requires_grad]
+    was_none = [p.grad is None for p in params]
+    while True:
+        chunks = split_batch(batch, memory.micro_batches(size))
+        largest = max(batch_size(chunk) for chunk, _ in chunks)
+        probe = not memory.known_to_fit(largest)
+        try:
+            loss = _passes(model, chunks, loss_of, weigh, sync_last=not probe)
+            if probe:
+                model.sync_now()
+            memory.fit(largest)
+            return loss
+        except Exception as error:  # only out-of-memory errors are retried
+            if not is_out_of_memory(error):
+                raise
+            if not model.restart_accumulation():
+                raise OutOfMemoryError(
+                    f"ran out of memory on a micro-batch of {largest} sample(s) after the "
+                    "step's all-reduce had begun, so the step cannot be taken again "
+                    "here: its peers wait for the rest of it. Give this worker "
+                    f"BalanceConfig(max_micro_batch={max(1, largest // 2)}) (or free the "
+                    f"device's memory): {error}") from error
+        # Out of the handler: the error's frames (and the tensors they hold) are gone.
+        _drop_gradients(params, was_none)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # (a no-op where CUDA was never initialized)
+        cap = memory.ran_out(largest)
+        log.warning("out of memory on a micro-batch of %d sample(s): taking the part of "
+                    "%d again in micro-batches of at most %d", largest, size, cap)
+        note("memory", f"out of memory on {largest} sample(s) per forward; at most {cap} "
+                       "from now on")
+
+
+def _passes(model: Replica, chunks: list[tuple[Any, float]],
+            loss_of: Callable[[Any], torch.Tensor], weigh: bool,
+            sync_last: bool) -> torch.Tensor:
+    total: torch.Tensor | None = None
+    for index, (chunk, weight) in enumerate(chunks):
+        synced = sync_last and index == len(chunks) - 1
+        with contextlib.nullcontext() if synced else model.no_sync():
+            loss = loss_of(chunk)
+            if weigh:
+                loss = loss * weight
+            torch.autograd.backward(loss)
+        part = loss.detach()
+        total = part if total is None else total + part
+    assert total is not None  # split_batch gives at least one chunk of a non-empty part
+    return total
+
+
+def _drop_gradients(params: list[torch.nn.Parameter], was_none: list[bool]) -> None:
+    """Back to the step's start: None where ``.grad`` was None, zero elsewhere (in place:
+    a bucket view stays one)."""
+    for param, none in zip(params, was_none, strict=True):
+        if none:
+            param.grad = None
+        elif param.grad is not None:
+            param.grad.zero_()
+

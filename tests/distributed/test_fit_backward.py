@@ -1,0 +1,162 @@
+"""``fit_backward`` on real Gloo ranks: a rank that runs out of memory finds its cap and
+the run stays exact (float64, against one process on the same global batches).
+
+- Equal shares, rank 1 with room for 5 samples per forward: its part of 12 runs out at
+  12 and 6, then goes in micro-batches of 3, in the first step only.
+- Balancing, with the slow rank 1 and rank 0 (which gets the larger share) with room
+  for 9: every new micro-batch size is tried with local backwards and synced after, so
+  each out-of-memory error is retried, however the share grows.
+- The errors come in the backward of the first layer, after the other layers' buckets
+  were reduced in a synchronized pass (a bucket per parameter): only a pass that kept
+  its backwards local can be taken again.
+- An out-of-memory error after the step's all-reduce began (memory that got shorter
+  since a size fitted) cannot be retried: that rank says so, with the cap to give.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.ranks import free_port, run_ranks
+
+JOB = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=5)
+
+
+class Room(nn.Module):
+    """``inner`` on a device with room for ``limit`` samples (None: any): more runs out
+    of memory in the backward of the first layer, after the later layers' gradients,
+    so (with a bucket per parameter) after their all-reduce began unless the pass
+    kept its backwards local. ``per_sample_s`` of extra compute per sample: a slow
+    worker. From ``shrink_at`` forwards on, the room is ``shrink_to``."""
+
+    def __init__(self, inner: nn.Module, limit: int | None, per_sample_s: float = 0.0,
+                 shrink_at: int | None = None, shrink_to: int = 0) -> None:
+        super().__init__()
+        self.inner, self.limit, self.per_sample_s = inner, limit, per_sample_s
+        self.shrink_at, self.shrink_to, self.forwards = shrink_at, shrink_to, 0
+        self.errors = [0]  # counted in backward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        if self.shrink_at is not None and self.forwards >= self.shrink_at:
+            self.limit = self.shrink_to
+        time.sleep(self.per_sample_s * len(x))
+        first, *rest = list(self.inner)
+        h = first(x)
+        if self.limit is not None and len(x) > self.limit:
+            h = _OutOfRoom.apply(h, self.errors)
+        for layer in rest:
+            h = layer(h)
+        return h
+
+
+class _OutOfRoom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, errors: list[int]) -> torch.Tensor:
+        ctx.errors = errors
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
+        ctx.errors[0] += 1
+        raise torch.OutOfMemoryError("CUDA out of memory (no room for this many samples)")
+
+
+BUCKET_PER_PARAMETER = {"bucket_cap_mb": 1e-5, "first_bucket_cap_mb": 1e-5}
+
+
+def _cohort(rank: int, world_size: int, port: int) -> Any:
+    from potluck import init
+    from potluck.env import WorkerEnv
+
+    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                              master_port=port, source="torchrun"), timeout=30.0)
+
+
+def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, Any]:
+    from potluck import fit_backward, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    if balance:  # rank 1 is about 30x slower; rank 0 gets the large share, room for 9
+        net = Room(mlp(), 9 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
+    else:
+        net = Room(mlp(), 5 if rank == 1 else None)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                 global_batch=JOB.global_batch, seed=JOB.data_seed,
+                                 balance=balance, **BUCKET_PER_PARAMETER)
+    steps = []
+    while opt.cursor.epoch < JOB.epochs:
+        for batch in loader:
+            opt.zero_grad()
+            before = net.errors[0]
+            fit_backward(model, batch, lambda b: ((model(b[1]) - b[2]) ** 2).mean(), loader)
+            steps.append([*loader.split, loader.memory.micro_batches(len(batch[0])),
+                          net.errors[0] - before])
+            assert opt.step().committed
+    cohort.close()
+    return {"params": params(net.inner), "steps": steps, "cap": loader.memory.cap}
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_short_of_memory_finds_its_cap_and_the_run_equals_one_process() -> None:
+    results = run_ranks(_train, 2, free_port(), False, init_group=False, timeout=100)
+    steps = results[1]["steps"]
+    assert steps[0] == [12, 12, 4, 2]  # ran out at 12 and 6: 4 micro-batches of 3
+    assert all(step == [12, 12, 4, 0] for step in steps[1:]), steps
+    assert results[1]["cap"] == 3 and results[0]["cap"] is None
+    assert all(step[2:] == [1, 0] for step in results[0]["steps"])
+    expected = single_process(JOB)
+    for result in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.timeout(120)
+def test_with_balancing_a_growing_share_is_retried_smaller_and_stays_exact() -> None:
+    results = run_ranks(_train, 2, free_port(), True, init_group=False, timeout=100)
+    steps = results[0]["steps"]
+    assert steps[0][:2] == [12, 12] and steps[-1][0] >= 3 * steps[-1][1], steps
+    assert sum(step[3] for step in steps) >= 1  # it did run out, and went on
+    assert results[0]["cap"] is not None and results[0]["cap"] <= 9
+    assert all(step[2] == -(-step[0] // results[0]["cap"]) for step in steps[-3:]), steps
+    expected = single_process(JOB)
+    for result in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+
+
+def _shrinking(rank: int, world_size: int, port: int) -> str:
+    from potluck import fit_backward, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    net = Room(mlp(), None, shrink_at=3 if rank == 1 else None, shrink_to=6)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                 global_batch=JOB.global_batch, seed=JOB.data_seed,
+                                 **BUCKET_PER_PARAMETER)
+    try:
+        for batch in loader:
+            opt.zero_grad()
+            fit_backward(model, batch, lambda b: ((model(b[1]) - b[2]) ** 2).mean(), loader)
+            opt.step()
+        return "finished"
+    except Exception as error:  # what each rank saw is the result
+        return f"{type(error).__name__}: {error}"
+    finally:
+        cohort.close()
+
+
+@pytest.mark.timeout(120)
+def test_running_out_after_the_all_reduce_began_is_told_with_the_cap_to_give() -> None:
+    results = run_ranks(_shrinking, 2, free_port(), init_group=False, timeout=100)
+    assert results[1].startswith("OutOfMemoryError: ran out of memory on a micro-batch "
+                                 "of 12 sample(s) after the step's all-reduce had begun"), results
+    assert "BalanceConfig(max_micro_batch=6)" in results[1]
+    assert results[0] != "finished", results  # its peer left mid-step
