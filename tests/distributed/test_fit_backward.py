@@ -9,6 +9,8 @@ the run stays exact (float64, against one process on the same global batches).
 - The errors come in the backward of the first layer, after the other layers' buckets
   were reduced in a synchronized pass (a bucket per parameter): only a pass that kept
   its backwards local can be taken again.
+- Under trust, the exchange hook runs in that sync as in a backward: a run with a rank
+  short of memory equals the same run without the limit.
 - An out-of-memory error after the step's all-reduce began (memory that got shorter
   since a size fitted) cannot be retried: that rank says so, with the cap to give.
 """
@@ -160,3 +162,33 @@ def test_running_out_after_the_all_reduce_began_is_told_with_the_cap_to_give() -
                                  "of 12 sample(s) after the step's all-reduce had begun"), results
     assert "BalanceConfig(max_micro_batch=6)" in results[1]
     assert results[0] != "finished", results  # its peer left mid-step
+
+
+def _under_trust(rank: int, world_size: int, port: int, limit: int | None) -> dict[str, Any]:
+    from potluck import Trust, fit_backward, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    net = Room(mlp(), limit if rank == 1 else None)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                 global_batch=JOB.global_batch, seed=JOB.data_seed,
+                                 trust=Trust(), **BUCKET_PER_PARAMETER)
+    while opt.cursor.epoch < JOB.epochs:
+        for batch in loader:
+            opt.zero_grad()
+            fit_backward(model, batch, lambda b: ((model(b[1]) - b[2]) ** 2).mean(), loader)
+            assert opt.step().committed
+    cohort.close()
+    return {"params": params(net.inner), "errors": net.errors[0], "cap": loader.memory.cap}
+
+
+@pytest.mark.timeout(180)
+def test_under_trust_a_rank_short_of_memory_changes_nothing_but_its_micro_batches() -> None:
+    # Trust's exchange hook runs in the sync after local backwards as in a backward:
+    # the run equals the same run without the memory limit.
+    limited = run_ranks(_under_trust, 4, free_port(), 3, init_group=False, timeout=150)
+    free = run_ranks(_under_trust, 4, free_port(), None, init_group=False, timeout=150)
+    assert (limited[1]["errors"], limited[1]["cap"]) == (1, 3)  # a part of 6: 2 of 3
+    for got, expected in zip(limited, free, strict=True):
+        for name, value in expected["params"].items():
+            torch.testing.assert_close(got["params"][name], value, rtol=1e-9, atol=1e-12)
