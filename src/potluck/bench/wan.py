@@ -44,6 +44,9 @@ from potluck.harness.cpu_quota import join
 from potluck.harness.netns import LinkedHosts, unavailable
 
 DDP = ("ddp", "ddp-fp16", "ddp-powersgd")
+# AdamW's learning rate for every contender: torch DDP's best on this workload of 7e-4,
+# 1e-3, 1.5e-3, 2e-3 and 3e-3 (the held-out loss after 500 batches, data seeds 1-3)
+LR = 1.5e-3
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class WanConfig:
     batches: int = 300  # S
     global_batch: int = 32
     inner_steps: int = 50  # H
+    lr: float = LR  # every contender's AdamW (potluck's inner optimizer)
     diloco_factor: float = 2.0  # potluck trains S * factor batches (to reach the target)
     eval_every: int = 10
     measure_steps: int = 4
@@ -68,6 +72,8 @@ class WanConfig:
                               f"{self.inner_steps}: the loss gap compares whole rounds")
         if not self.bandwidth[:1].isdigit():
             raise ConfigError(f"--bandwidth {self.bandwidth!r}: a tc rate, e.g. 10mbit")
+        if not 0 < self.lr < 1:
+            raise ConfigError(f"--lr {self.lr}: AdamW's learning rate, in (0, 1), e.g. {LR}")
         if self.seeds < 1:
             raise ConfigError(f"--seeds {self.seeds}: at least one data order")
         if self.quota is not None and not 0 < self.quota <= 1:
@@ -82,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DDP's reference run, global batches (default 300; --quick 60)")
     parser.add_argument("--inner-steps", type=int, default=None, metavar="H",
                         help="DiLoCo's local steps per round (default 50; --quick 20)")
+    parser.add_argument("--lr", type=float, default=LR,
+                        help=f"every contender's AdamW learning rate (default {LR}: torch "
+                             "DDP's best on this workload, docs/benchmarks.md)")
     parser.add_argument("--quota", type=float, default=None, metavar="Q",
                         help="hold worker 1 to Q of a core; adds potluck with a fixed H")
     parser.add_argument("--contenders", metavar="A,B,...",
@@ -103,7 +112,8 @@ def config_from_args(args: argparse.Namespace) -> WanConfig:
     if args.workers != 2:
         raise ConfigError(f"--workers {args.workers}: the WAN bench builds two hosts joined "
                           "by one link; only --workers 2 is built")
-    config = WanConfig(bandwidth=args.bandwidth, quota=args.quota, logs=args.logs)
+    config = WanConfig(bandwidth=args.bandwidth, quota=args.quota, logs=args.logs,
+                       lr=getattr(args, "lr", LR))
     if args.quick:
         config = replace(config, batches=60, inner_steps=20, eval_every=10, seeds=1)
     if args.batches is not None:
@@ -157,7 +167,8 @@ class Jobs:
                     "--batches", str(batches), "--global-batch", str(self.config.global_batch),
                     "--inner-steps", str(self.config.inner_steps),
                     "--eval-every", str(self.config.eval_every), "--out", str(out),
-                    "--measure-steps", str(measure), "--seed", str(seed)]
+                    "--measure-steps", str(measure), "--seed", str(seed),
+                    "--lr", str(self.config.lr)]
             with out.with_name(f"{out.stem}-rank{rank}.log").open("w") as log:
                 procs.append(subprocess.Popen(self.hosts.command(rank, argv), env=env,
                                               stdout=log, stderr=subprocess.STDOUT, text=True))
@@ -309,7 +320,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-wan-"))
     print(f"potluck bench wan: 2 workers on two hosts, {config.bandwidth} each way, "
-          f"global batch {config.global_batch}, S={config.batches}, H={config.inner_steps}",
+          f"global batch {config.global_batch}, S={config.batches}, H={config.inner_steps}, "
+          f"AdamW lr {config.lr}",
           flush=True)
     with LinkedHosts("pl-wan") as hosts:
         quota = None

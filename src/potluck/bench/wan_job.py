@@ -55,7 +55,7 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--inner-steps", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1.5e-3)  # bench.wan.LR
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
