@@ -24,6 +24,7 @@ from torch import nn
 from potluck.balance import BalanceConfig, Balancer, ComputeClock
 from potluck.cohort import Cohort, init
 from potluck.data import DataCursor
+from potluck.data.memory import MemoryCap
 from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError
 from potluck.metrics.observing import observer_for
@@ -31,7 +32,6 @@ from potluck.reducer import DataParallel
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import sums_prescaled
 from potluck.step.guard import GuardedOptimizer
-from potluck.step.memory import MemoryCap
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from potluck import DataParallel
+from potluck.data.memory import MemoryCap
 from potluck.errors import ConfigError, OutOfMemoryError
 from potluck.step.fit import fit_backward, is_out_of_memory
-from potluck.step.memory import MemoryCap
 
 
 class Limited(nn.Module):

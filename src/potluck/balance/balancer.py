@@ -39,12 +39,12 @@ from potluck.balance.clock import ComputeClock
 from potluck.balance.planner import Plan, plan_shares
 from potluck.balance.speed import SpeedMeter
 from potluck.collectives import issued, wait_for
+from potluck.data.memory import MemoryCap
 from potluck.data.split import equal_shares
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.metrics.notes import note
 from potluck.reducer.contribution import Contribution
-from potluck.step.memory import MemoryCap
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
+from potluck.data.memory import MemoryCap
 from potluck.data.split import equal_shares, split_block, split_counts
 from potluck.data.state import CursorState
 from potluck.errors import ConfigError, CursorError
-from potluck.step.memory import MemoryCap
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set

@@ -7,7 +7,7 @@
         optimizer.step()
 
 The part goes in ``loader.memory.micro_batches(samples)`` micro-batches
-(``step.memory.MemoryCap``: the user's cap, lowered by what ran out of memory). When a
+(``data.memory.MemoryCap``: the user's cap, lowered by what ran out of memory). When a
 micro-batch runs out of memory (``torch.OutOfMemoryError``, or an allocator's
 RuntimeError saying so), the gradients of the step so far are dropped, the cap is
 halved to below that micro-batch, and the whole part is taken again in smaller ones:
@@ -34,10 +34,10 @@ from typing import Any, Protocol
 
 import torch
 
+from potluck.data.memory import MemoryCap
 from potluck.errors import ConfigError, OutOfMemoryError
 from potluck.metrics.notes import note
 from potluck.step.accumulate import batch_size, split_batch
-from potluck.step.memory import MemoryCap
 
 log = logging.getLogger(__name__)
 
