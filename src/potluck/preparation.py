@@ -61,6 +61,7 @@ def prepare(
     resume: bool = False,
     metrics_dir: str | Path | None = None,
     trust: Trust | None = None,
+    max_micro_batch: int | None = None,
     timeout: float = 60.0,
     **data_parallel: Any,
 ) -> tuple[DataParallel, StepTransaction, StepLoader]:
@@ -85,8 +86,11 @@ def prepare(
     where its checkpoint goes. Each step is timed (``docs/status.md``): ``metrics_dir``
     (default: ``potluck run --metrics-dir``) gets every rank's ``rank_step`` journal for
     ``potluck plot``. ``trust=potluck.Trust()`` aggregates gradients robustly and
-    quarantines workers caught sending bad ones (``docs/trust.md``). Other keywords go
-    to ``DataParallel``.
+    quarantines workers caught sending bad ones (``docs/trust.md``).
+    ``max_micro_batch`` is this rank's memory cap, samples per forward
+    (``loader.micro_batches``; ``potluck.fit_backward`` lowers it when a micro-batch
+    runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same). Other
+    keywords go to ``DataParallel``.
     """
     if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
         raise ConfigError(
@@ -109,6 +113,7 @@ def prepare(
     _balance_config(False if balance is None else balance, shares, weight, data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
     _check_trust(trust, sync, weight, data_parallel)
+    MemoryCap(max_micro_batch)  # refused before joining
     cohort = cohort or init(timeout=timeout)
     if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
         raise ConfigError(
@@ -121,13 +126,14 @@ def prepare(
                           "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
+    memory = _memory_cap(max_micro_batch, config)
     model.to(cohort.device)
     if sync is not None:
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
                                seed=seed, drop_last=drop_last, collate=collate,
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
-                               resume=resume, metrics_dir=metrics_dir,
+                               resume=resume, metrics_dir=metrics_dir, memory=memory,
                                data_parallel=data_parallel)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides
     # (under trust the slice owners weigh the copies by the split; the balancer still
@@ -162,7 +168,6 @@ def prepare(
                                group=cohort.group, recoverable=cohort.elastic,
                                agree=guard is None)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
-    memory = MemoryCap(config.max_micro_batch if config else None)
     balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory)
                 if config and contribution and clock else None)
     policy = balancer or shares or EqualShares()
@@ -178,6 +183,15 @@ def prepare(
                         weight=weight,
                         memory=memory)
     return wrapped, transaction, loader
+
+
+def _memory_cap(given: int | None, config: BalanceConfig | None) -> MemoryCap:
+    """This rank's memory cap: ``prepare(max_micro_batch=)`` or the balancing's."""
+    balancing = config.max_micro_batch if config else None
+    if given is not None and balancing is not None and given != balancing:
+        raise ConfigError(f"prepare(max_micro_batch={given}) and BalanceConfig("
+                          f"max_micro_batch={balancing}) disagree: give this rank's cap once")
+    return MemoryCap(given if given is not None else balancing)
 
 
 def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,
@@ -246,7 +260,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     clip_grad_norm: float | None, scaler: torch.amp.GradScaler | None,
                     parts: Sequence[StepPart], minimum: MinimumSize | None,
                     checkpoint_dir: str | Path | None, resume: bool,
-                    metrics_dir: str | Path | None, data_parallel: dict[str, Any]
+                    metrics_dir: str | Path | None, memory: MemoryCap,
+                    data_parallel: dict[str, Any]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
@@ -266,7 +281,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
-                        segments=strategy.segments)
+                        segments=strategy.segments, memory=memory)
     return wrapped, transaction, loader
 
 

@@ -43,6 +43,9 @@ class Room(nn.Module):
         self.inner, self.limit, self.per_sample_s = inner, limit, per_sample_s
         self.shrink_at, self.shrink_to, self.forwards = shrink_at, shrink_to, 0
         self.errors = [0]  # counted in backward
+        # used only by a pass that runs out of memory, before it does: it must come out
+        # of the step without a gradient (a retry restarts the unused-parameter window)
+        self.spare = nn.Parameter(torch.zeros(4, dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
@@ -53,6 +56,7 @@ class Room(nn.Module):
         h = first(x)
         if self.limit is not None and len(x) > self.limit:
             h = _OutOfRoom.apply(h, self.errors)
+            h = h + 0.0 * self.spare.sum()  # (its gradient comes before the error)
         for layer in rest:
             h = layer(h)
         return h
@@ -85,8 +89,8 @@ def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, An
     from potluck import fit_backward, prepare
 
     cohort = _cohort(rank, world_size, port)
-    if balance:  # rank 1 is about 30x slower; rank 0 gets the large share, room for 9
-        net = Room(mlp(), 9 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
+    if balance:  # rank 1 is about 30x slower; rank 0's share grows past its room of 13
+        net = Room(mlp(), 13 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
     else:
         net = Room(mlp(), 5 if rank == 1 else None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -96,11 +100,13 @@ def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, An
     steps = []
     while opt.cursor.epoch < JOB.epochs:
         for batch in loader:
-            opt.zero_grad()
+            # with balancing, gradients stay bucket views between steps: a retry
+            # zeroes them in place
+            opt.zero_grad(set_to_none=not balance)
             before = net.errors[0]
             fit_backward(model, batch, lambda b: ((model(b[1]) - b[2]) ** 2).mean(), loader)
-            steps.append([*loader.split, loader.memory.micro_batches(len(batch[0])),
-                          net.errors[0] - before])
+            steps.append([*loader.split, loader.micro_batches, net.errors[0] - before])
+            assert net.spare.grad is None
             assert opt.step().committed
     cohort.close()
     return {"params": params(net.inner), "steps": steps, "cap": loader.memory.cap}
@@ -124,9 +130,9 @@ def test_a_rank_short_of_memory_finds_its_cap_and_the_run_equals_one_process() -
 def test_with_balancing_a_growing_share_is_retried_smaller_and_stays_exact() -> None:
     results = run_ranks(_train, 2, free_port(), True, init_group=False, timeout=100)
     steps = results[0]["steps"]
-    assert steps[0][:2] == [12, 12] and steps[-1][0] >= 3 * steps[-1][1], steps
-    assert sum(step[3] for step in steps) >= 1  # it did run out, and went on
-    assert results[0]["cap"] is not None and results[0]["cap"] <= 9
+    assert steps[0] == [12, 12, 1, 0] and steps[-1][0] >= 3 * steps[-1][1], steps
+    assert sum(step[3] for step in steps[1:]) >= 1  # the grown share ran out, and went on
+    assert results[0]["cap"] is not None and results[0]["cap"] <= 13
     assert all(step[2] == -(-step[0] // results[0]["cap"]) for step in steps[-3:]), steps
     expected = single_process(JOB)
     for result in results:
@@ -160,7 +166,7 @@ def test_running_out_after_the_all_reduce_began_is_told_with_the_cap_to_give() -
     results = run_ranks(_shrinking, 2, free_port(), init_group=False, timeout=100)
     assert results[1].startswith("OutOfMemoryError: ran out of memory on a micro-batch "
                                  "of 12 sample(s) after the step's all-reduce had begun"), results
-    assert "BalanceConfig(max_micro_batch=6)" in results[1]
+    assert "potluck.prepare(..., max_micro_batch=6)" in results[1]
     assert results[0] != "finished", results  # its peer left mid-step
 
 
@@ -192,3 +198,42 @@ def test_under_trust_a_rank_short_of_memory_changes_nothing_but_its_micro_batche
     for got, expected in zip(limited, free, strict=True):
         for name, value in expected["params"].items():
             torch.testing.assert_close(got["params"][name], value, rtol=1e-9, atol=1e-12)
+
+
+def _out_of_memory_in_the_sync(rank: int, world_size: int) -> tuple[str, list[int]]:
+    from potluck import DataParallel, fit_backward
+    from potluck.data.memory import MemoryCap
+    from potluck.reducer.hooks import allreduce_mean
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    issued: list[int] = []
+
+    def hook(state: Any, bucket: Any) -> Any:  # rank 1 runs out in bucket 1's hook
+        issued.append(bucket.index)
+        if rank == 1 and bucket.index == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (in the hook)")
+        return allreduce_mean(state, bucket)
+
+    model = DataParallel(net, comm_hook=hook, **BUCKET_PER_PARAMETER)
+
+    class Loader:
+        memory = MemoryCap()
+
+    try:  # a new size: local backwards, then the sync, where it runs out
+        fit_backward(model, torch.randn(8, 4), lambda b: model(b).pow(2).mean(), Loader())
+        return "finished", issued
+    except Exception as error:  # what each rank saw is the result
+        return f"{type(error).__name__}: {error}", issued
+
+
+@pytest.mark.timeout(120)
+def test_running_out_in_the_sync_after_local_backwards_is_not_retried() -> None:
+    # Bucket 0's all-reduce went out before bucket 1's hook ran out: taking the part
+    # again would send bucket 0 a second time while rank 0 waits for bucket 1.
+    results = run_ranks(_out_of_memory_in_the_sync, 2, timeout=100, collective_timeout=15)
+    error, issued = results[1]
+    assert error.startswith("OutOfMemoryError: ran out of memory on a micro-batch of 8 "
+                            "sample(s) after the step's all-reduce had begun"), error
+    assert issued == [0, 1]  # bucket 0 once: no retry
+    assert results[0][0] != "finished"

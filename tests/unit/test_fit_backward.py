@@ -182,3 +182,58 @@ def test_memory_cap_halves_below_what_ran_out_and_forgets_what_no_longer_fits() 
         MemoryCap(0)
     with pytest.raises(OutOfMemoryError, match="one sample"):
         MemoryCap().ran_out(1)
+
+
+class Normed(nn.Module):
+    """Linear, BatchNorm, dropout, then out of memory for more than ``limit`` rows
+    (after the BatchNorm statistics moved and dropout drew its mask)."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.first = nn.Linear(6, 8, dtype=torch.float64)
+        self.norm = nn.BatchNorm1d(8, dtype=torch.float64)
+        self.drop = nn.Dropout(0.5)
+        self.last = nn.Linear(8, 3, dtype=torch.float64)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.norm(self.first(x)))
+        if self.limit is not None and len(x) > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return self.last(h)
+
+
+@pytest.mark.timeout(30)
+def test_a_retry_leaves_no_trace_in_buffers_or_random_streams() -> None:
+    # The same part with the cap known from the start: what the retried run must equal.
+    runs = []
+    for limit, cap in ((4, None), (None, 4)):
+        net = Normed(limit)
+        model, loader = DataParallel(net), Loader(cap)
+        x, y = _data()
+        torch.manual_seed(9)
+        fit_backward(model, (x, y), lambda b, m=model: ((m(b[0]) - b[1]) ** 2).mean(),
+                     loader)
+        runs.append((_grads(model), {n: b.clone() for n, b in net.named_buffers()},
+                     torch.rand(3)))
+    (grads, buffers, draw), (expected_grads, expected_buffers, expected_draw) = runs
+    assert int(buffers["norm.num_batches_tracked"]) == 4  # the 4 micro-batches only
+    for name, value in expected_buffers.items():
+        torch.testing.assert_close(buffers[name], value, rtol=0, atol=0)
+    for name, value in expected_grads.items():  # the same dropout masks
+        torch.testing.assert_close(grads[name], value, rtol=0, atol=0)
+    torch.testing.assert_close(draw, expected_draw, rtol=0, atol=0)
+
+
+@pytest.mark.timeout(30)
+def test_fit_backward_refuses_no_sync_and_join() -> None:
+    model, x, y = DataParallel(Limited(None)), *_data()
+    with model.no_sync(), pytest.raises(ConfigError, match=r"inside model\.no_sync"):
+        fit_backward(model, (x, y), lambda b: ((model(b[0]) - b[1]) ** 2).mean(), Loader())
+    from torch.distributed.algorithms.join import _JoinConfig
+
+    model._join_config = _JoinConfig(enable=True, throw_on_early_termination=False,
+                                     is_first_joinable=True)
+    with pytest.raises(ConfigError, match="Join"):
+        fit_backward(model, (x, y), lambda b: ((model(b[0]) - b[1]) ** 2).mean(), Loader())

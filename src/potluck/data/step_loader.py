@@ -66,13 +66,19 @@ class StepLoader:
         self.contribution, self.weight = contribution, weight
         self.memory = memory or MemoryCap()
         self._inner_of, self._segments_of = inner_steps, segments
-        self.micro_batches = 1  # for the step last handed out
+        self._part = 1  # samples of this rank's part of the step last handed out
         self.split: list[int] = []  # samples per rank last handed out (a step, a segment)
         self.segment = 0  # under a sync strategy: which segment of its round (from 0)
         self._handed: tuple[CursorState, Sequence[float]] | None = None  # its cursor state, shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
+
+    @property
+    def micro_batches(self) -> int:
+        """How many micro-batches this rank's part of the step last handed out takes
+        under its memory cap (as the cap stands now: ``fit_backward`` may lower it)."""
+        return self.memory.micro_batches(self._part)
 
     @property
     def epoch(self) -> int:
@@ -109,7 +115,7 @@ class StepLoader:
                 yield from self._round(state, rank, world_size, shares)
                 continue
             batch = self.collate([self.dataset[i] for i in indices])
-            self.micro_batches = self.memory.micro_batches(len(indices))
+            self._part = len(indices)
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
             yield batch
@@ -145,6 +151,7 @@ class StepLoader:
             steps = self._inner_of((part.start, part.stop), (start, stop))
             offset = 0
             for count in split_counts(len(indices), equal_shares(steps)):
+                self._part = count
                 yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
                 offset += count
 

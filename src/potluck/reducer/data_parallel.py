@@ -256,10 +256,16 @@ class DataParallel(nn.Module, Joinable):
         """Average the gradients accumulated under ``no_sync()`` now, as the end of a
         synchronized backward would (``potluck.fit_backward`` does this after a part
         taken in micro-batches that might run out of memory). Every rank must call it
-        at the same point; it does nothing with one rank or under a sync strategy."""
-        if self.world_size > 1 and self._sync_gradients:
+        at the same point; it does nothing with one rank, under a sync strategy, or
+        inside ``no_sync()`` (as a backward there would not sync)."""
+        if self.world_size > 1 and self._sync_gradients and self.require_backward_grad_sync:
             self._refuse_under_join("sync_now()")
             self.reducer.reduce_now()
+
+    @property
+    def under_join(self) -> bool:
+        """Inside torch's ``Join`` context: every forward is then a collective vote."""
+        return bool(self._join_config.enable)
 
     def restart_accumulation(self) -> bool:
         """Forget the step's gradient passes so far (they ran out of memory), so that it
@@ -272,7 +278,7 @@ class DataParallel(nn.Module, Joinable):
         return self.reducer.restart_window()
 
     def _refuse_under_join(self, what: str) -> None:
-        if self._join_config.enable:
+        if self.under_join:
             raise ConfigError(f"{what} under torch's Join: there every forward is a "
                               "collective vote, so a pass cannot be retried or synced "
                               "apart; use potluck.accumulate there")

@@ -109,6 +109,7 @@ class Reducer:
         self._rebuilt = not config.rebuild_buckets
         self.last_pass = PassStats()  # the last synchronized pass that settled or failed
         self._pass = PassStats()
+        self._issued = False  # the last pass begun issued a collective (issued_in_pass)
         self._ready_order: list[int] = []
         self._buckets: list[Bucket] = []
         self._members: list[list[int]] = []
@@ -272,6 +273,7 @@ class Reducer:
         autograd accumulates into the bucket in place.
         """
         self.require_sync, self._buffer_src = sync, buffer_src
+        self._issued = False  # a new pass: nothing of it is on the wire yet
         self._reset_pass()
 
     def on_backward_start(self) -> None:
@@ -340,6 +342,7 @@ class Reducer:
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
             return
+        self._issued = True  # (kept through _finalize's reset: see issued_in_pass)
         began = time.perf_counter()
         if self._pass.launched_at is None:
             self._pass.launched_at = began
@@ -356,8 +359,8 @@ class Reducer:
             if not self._config.abandon_on_failure:
                 raise
             self._fail(lost)
-        except ConfigError:  # the hook refused its input: not a lost peer
-            raise
+        except (ConfigError, torch.OutOfMemoryError):  # the hook refused its input, or
+            raise  # this rank ran out of memory in it: not a lost peer
         except RuntimeError as exc:
             error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
@@ -496,15 +499,17 @@ class Reducer:
         self._finalize()
 
     @property
-    def launched_in_pass(self) -> bool:
-        """Whether the synchronized pass in progress has issued a collective (its peers
-        then expect the rest of it: the pass can no longer be taken back)."""
-        return self._pass.launched_at is not None
+    def issued_in_pass(self) -> bool:
+        """Whether the last pass begun (by a forward or ``reduce_now``) issued a
+        collective, even one whose end failed: its peers then expect the rest of it, so
+        it can no longer be taken back. Unlike the pass statistics this survives the
+        reset at the end of a pass that raised."""
+        return self._issued
 
     def restart_window(self) -> bool:
         """Forget the accumulation window so far (passes that ran out of memory), before
         any collective of it: True, or False (nothing changed) if one was issued."""
-        if self.launched_in_pass:
+        if self._issued:
             return False
         self._reset_window()
         return True

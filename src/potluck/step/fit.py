@@ -7,22 +7,25 @@
         optimizer.step()
 
 The part goes in ``loader.memory.micro_batches(samples)`` micro-batches
-(``data.memory.MemoryCap``: the user's cap, lowered by what ran out of memory). When a
-micro-batch runs out of memory (``torch.OutOfMemoryError``, or an allocator's
-RuntimeError saying so), the gradients of the step so far are dropped, the cap is
-halved to below that micro-batch, and the whole part is taken again in smaller ones:
-nothing of the failed attempt stays in the gradient, so the result is exactly the
-part's mean gradient, as in one pass.
+(``data.memory.MemoryCap``: the user's cap, ``prepare(max_micro_batch=...)``, lowered
+by what ran out of memory). When a micro-batch runs out of memory
+(``torch.OutOfMemoryError``, or an allocator's RuntimeError saying so), the gradients
+of the step so far are dropped, the cap is halved to below that micro-batch, and the
+whole part is taken again in smaller ones: nothing of the failed attempt stays in the
+gradient, so the result is exactly the part's mean gradient, as in one pass.
 
 A retry is only possible before the pass issued a collective: its peers would expect
 the rest of it. So a micro-batch size not known to fit yet (the first step, a share
 that grew) is taken with every backward local (``no_sync``) and the accumulated
 gradients are synced after (``DataParallel.sync_now``): a step without the overlap of
-the all-reduce with the last backward, once per new size. Sizes known to fit take
-the last micro-batch's backward synchronized as usual; should one of those run out
-of memory after a collective was issued (memory that got shorter since), the rank
-raises ``OutOfMemoryError`` with the cap that would have fit. An elastic cohort takes
-that as a lost worker and goes on.
+the all-reduce with the last backward, once per new size. Such a try also puts back
+the buffers (BatchNorm statistics) and the random streams before a retry, so the
+failed forwards leave no trace. Sizes known to fit take the last micro-batch's
+backward synchronized as usual; should one of those run out of memory after a
+collective was issued (memory that got shorter since), or the sync after local
+backwards, the rank raises ``OutOfMemoryError`` with a smaller cap to give. A retry
+of a size known to fit (an error before any collective) drops the gradients but not
+what the failed forward did to the buffers.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from potluck.data.memory import MemoryCap
-from potluck.errors import ConfigError, OutOfMemoryError
+from potluck.errors import ConfigError, OutOfMemoryError, PotluckError
 from potluck.metrics.notes import note
 from potluck.step.accumulate import batch_size, split_batch
 
@@ -47,9 +50,16 @@ _ALLOCATOR_WORDS = ("out of memory", "can't allocate memory", "failed to allocat
 class Replica(Protocol):
     """What ``fit_backward`` needs of the model (``potluck.DataParallel`` has it)."""
 
+    require_backward_grad_sync: bool
+
+    @property
+    def under_join(self) -> bool: ...
+
     def no_sync(self) -> contextlib.AbstractContextManager[None]: ...
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+    def buffers(self) -> Iterator[torch.Tensor]: ...
 
     def sync_now(self) -> None: ...
 
@@ -64,7 +74,10 @@ class Fitted(Protocol):
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` says a device or the host ran out of memory."""
+    """Whether ``error`` is a device's or the host's allocator running out of memory
+    (not one of potluck's own errors that quote one: a lost peer, a refused retry)."""
+    if isinstance(error, PotluckError):
+        return False
     if isinstance(error, torch.OutOfMemoryError):
         return True
     text = str(error).lower()
@@ -83,30 +96,44 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
         raise ConfigError("fit_backward() got an empty batch: this rank would skip the "
                           "synchronized backward that every other rank waits for; give "
                           "every rank at least one sample per step")
+    if model.under_join:
+        raise ConfigError("fit_backward() under torch's Join: there every forward is a "
+                          "collective vote, so a part cannot be taken again; use "
+                          "potluck.accumulate there")
+    if not model.require_backward_grad_sync:
+        raise ConfigError("fit_backward() inside model.no_sync(): it takes one step's part "
+                          "and syncs it (a retry would also drop the gradients accumulated "
+                          "before); call it once per step, outside no_sync()")
     params = [p for p in model.parameters() if p.requires_grad]
     was_none = [p.grad is None for p in params]
     while True:
         chunks = split_batch(batch, memory.micro_batches(size))
         largest = max(batch_size(chunk) for chunk, _ in chunks)
         probe = not memory.known_to_fit(largest)
+        # A new size: what the failed forwards would change besides the gradients
+        # (BatchNorm statistics, the random streams) is put back before a retry.
+        before = _State.taken(model) if probe else None
         try:
             loss = _passes(model, chunks, loss_of, weigh, sync_last=not probe)
-            if probe:
-                model.sync_now()
-            memory.fit(largest)
-            return loss
         except Exception as error:  # only out-of-memory errors are retried
             if not is_out_of_memory(error):
                 raise
             if not model.restart_accumulation():
-                raise OutOfMemoryError(
-                    f"ran out of memory on a micro-batch of {largest} sample(s) after the "
-                    "step's all-reduce had begun, so the step cannot be taken again "
-                    "here: its peers wait for the rest of it. Give this worker "
-                    f"BalanceConfig(max_micro_batch={max(1, largest // 2)}) (or free the "
-                    f"device's memory): {error}") from error
+                raise _too_late(largest, error) from error
+        else:
+            if probe:
+                try:
+                    model.sync_now()  # collectives go out here: never retried
+                except Exception as error:
+                    if is_out_of_memory(error):
+                        raise _too_late(largest, error) from error
+                    raise
+            memory.fit(largest)
+            return loss
         # Out of the handler: the error's frames (and the tensors they hold) are gone.
         _drop_gradients(params, was_none)
+        if before is not None:
+            before.restore(model)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # (a no-op where CUDA was never initialized)
         cap = memory.ran_out(largest)
@@ -114,6 +141,37 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
                     "%d again in micro-batches of at most %d", largest, size, cap)
         note("memory", f"out of memory on {largest} sample(s) per forward; at most {cap} "
                        "from now on")
+
+
+def _too_late(largest: int, error: BaseException) -> OutOfMemoryError:
+    return OutOfMemoryError(
+        f"ran out of memory on a micro-batch of {largest} sample(s) after the step's "
+        "all-reduce had begun, so the step cannot be taken again here: its peers wait "
+        "for the rest of it. Give this worker a smaller cap, e.g. potluck.prepare(..., "
+        f"max_micro_batch={max(1, largest // 2)}) (half of what ran out), or free the "
+        f"device's memory: {error}")
+
+
+class _State:
+    """The buffers' values and the random streams' states, to put back."""
+
+    def __init__(self, buffers: list[torch.Tensor], rng: torch.Tensor,
+                 devices: list[torch.Tensor] | None) -> None:
+        self.buffers, self.rng, self.devices = buffers, rng, devices
+
+    @classmethod
+    def taken(cls, model: Replica) -> _State:
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        return cls([b.detach().clone() for b in model.buffers()], torch.get_rng_state(),
+                   torch.cuda.get_rng_state_all() if cuda else None)
+
+    def restore(self, model: Replica) -> None:
+        with torch.no_grad():
+            for buffer, value in zip(model.buffers(), self.buffers, strict=True):
+                buffer.copy_(value)
+        torch.set_rng_state(self.rng)
+        if self.devices is not None:
+            torch.cuda.set_rng_state_all(self.devices)
 
 
 def _passes(model: Replica, chunks: list[tuple[Any, float]],
