@@ -110,10 +110,12 @@ def prepare(
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
                               f"drop {name}= (or build DataParallel yourself)")
     # Refused before joining; what potluck run --balance adds is checked after.
-    _balance_config(False if balance is None else balance, shares, weight, data_parallel)
+    given = _balance_config(False if balance is None else balance, shares, weight,
+                            data_parallel)
     _check_sync(sync, balance, shares, weight, data_parallel)
     _check_trust(trust, sync, weight, data_parallel)
-    MemoryCap(max_micro_batch)  # refused before joining
+    # refused before joining (potluck run --balance brings no cap of its own)
+    memory = _memory_cap(max_micro_batch, given)
     cohort = cohort or init(timeout=timeout)
     if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
         raise ConfigError(
@@ -126,7 +128,6 @@ def prepare(
                           "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
-    memory = _memory_cap(max_micro_batch, config)
     model.to(cohort.device)
     if sync is not None:
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,

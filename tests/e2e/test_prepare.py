@@ -57,7 +57,7 @@ def test_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_prepare_refuses_what_it_decides_itself() -> None:
-    from potluck import DataParallel, prepare, weighted_mean
+    from potluck import BalanceConfig, DataParallel, prepare, weighted_mean
     from potluck.errors import ConfigError
     from potluck.step.parts import EqualShares
 
@@ -78,6 +78,11 @@ def test_prepare_refuses_what_it_decides_itself() -> None:
         prepare(net, sgd, data, global_batch=4, weight=len, comm_hook=weighted_mean)
     with pytest.raises(ConfigError, match="weight=3 must be a function of the batch"):
         prepare(net, sgd, data, global_batch=4, weight=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_micro_batch=0 is invalid"):
+        prepare(net, sgd, data, global_batch=4, max_micro_batch=0)
+    with pytest.raises(ConfigError, match="disagree: give this rank's cap once"):
+        prepare(net, sgd, data, global_batch=4, max_micro_batch=4,
+                balance=BalanceConfig(max_micro_batch=8))
 
 
 def test_prepare_refuses_what_cannot_go_with_a_sync_strategy() -> None:
