@@ -233,7 +233,50 @@ def test_running_out_in_the_sync_after_local_backwards_is_not_retried() -> None:
     # again would send bucket 0 a second time while rank 0 waits for bucket 1.
     results = run_ranks(_out_of_memory_in_the_sync, 2, timeout=100, collective_timeout=15)
     error, issued = results[1]
-    assert error.startswith("OutOfMemoryError: ran out of memory on a micro-batch of 8 "
-                            "sample(s) after the step's all-reduce had begun"), error
+    assert error.startswith("OutOfMemoryError: ran out of memory in the sync after the "
+                            "local backwards"), error
+    assert "bucket_cap_mb" in error  # the micro-batches are not what to make smaller
     assert issued == [0, 1]  # bucket 0 once: no retry
     assert results[0][0] != "finished"
+
+
+def _short_for_inputs(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    from potluck import fit_backward, prepare
+
+    cohort = _cohort(rank, world_size, port)
+    net = Room(mlp(), None)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                 global_batch=JOB.global_batch, seed=JOB.data_seed,
+                                 **BUCKET_PER_PARAMETER)
+    room: list[int | None] = [None]
+
+    def loss_of(b: Any) -> torch.Tensor:  # runs out before the model's forward
+        if room[0] is not None and len(b[1]) > room[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (moving the inputs)")
+        return ((model(b[1]) - b[2]) ** 2).mean()
+
+    micro = []
+    while opt.cursor.epoch < JOB.epochs:
+        for batch in loader:
+            if rank == 1 and opt.steps == 2:
+                room[0] = 5  # after two steps whose all-reduce went out
+            opt.zero_grad()
+            fit_backward(model, batch, loss_of, loader)
+            micro.append(loader.micro_batches)
+            assert opt.step().committed
+    cohort.close()
+    return {"params": params(net.inner), "micro": micro}
+
+
+@pytest.mark.timeout(120)
+def test_running_out_before_a_steps_first_collective_is_retried_after_earlier_steps(
+        ) -> None:
+    # The last step's collectives are not this step's: an error before this step's
+    # first one (here: before the forward) is taken again smaller.
+    results = run_ranks(_short_for_inputs, 2, free_port(), init_group=False, timeout=100)
+    assert results[1]["micro"][:3] == [1, 1, 4] and set(results[1]["micro"][2:]) == {4}
+    expected = single_process(JOB)
+    for result in results:
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)

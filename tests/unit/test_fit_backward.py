@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from potluck import DataParallel
-from potluck.data.memory import MemoryCap
+from potluck.data.memory import MemoryCap, is_out_of_memory
 from potluck.errors import ConfigError, OutOfMemoryError
-from potluck.step.fit import fit_backward, is_out_of_memory
+from potluck.step.fit import fit_backward
 
 
 class Limited(nn.Module):

@@ -1,4 +1,5 @@
-"""``MemoryCap``: the most samples this rank's forward takes at once (pure bookkeeping).
+"""``MemoryCap``: the most samples this rank's forward takes at once (pure bookkeeping),
+and ``is_out_of_memory``: which errors say that memory ran out.
 
 A rank's part of the step may not fit in its accelerator's memory: a large share on a
 small GPU, or any share on a card whose owner starts a game. The part is then taken in
@@ -16,7 +17,22 @@ state of the job: a restarted worker finds its own.
 
 from __future__ import annotations
 
-from potluck.errors import ConfigError, OutOfMemoryError
+import torch
+
+from potluck.errors import ConfigError, OutOfMemoryError, PotluckError
+
+_ALLOCATOR_WORDS = ("out of memory", "can't allocate memory", "failed to allocate")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device's or the host's allocator running out of memory
+    (not one of potluck's own errors that quote one: a lost peer, a refused retry)."""
+    if isinstance(error, PotluckError):
+        return False
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(w in text for w in _ALLOCATOR_WORDS)
 
 
 class MemoryCap:

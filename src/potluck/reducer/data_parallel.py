@@ -267,6 +267,12 @@ class DataParallel(nn.Module, Joinable):
         """Inside torch's ``Join`` context: every forward is then a collective vote."""
         return bool(self._join_config.enable)
 
+    def start_accumulation(self) -> None:
+        """A step's gradient passes begin (``potluck.fit_backward``): from here on,
+        ``restart_accumulation`` refuses once one of them issued a collective."""
+        if self.world_size > 1:
+            self.reducer.start_window()
+
     def restart_accumulation(self) -> bool:
         """Forget the step's gradient passes so far (they ran out of memory), so that it
         can be taken again in smaller micro-batches: True, or False if a collective of

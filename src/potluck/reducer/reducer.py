@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.collectives import PendingBroadcast, wait_for
+from potluck.data.memory import is_out_of_memory
 from potluck.errors import CommunicationError, ConfigError, PeerLostError, ReducerError
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
@@ -359,9 +360,11 @@ class Reducer:
             if not self._config.abandon_on_failure:
                 raise
             self._fail(lost)
-        except (ConfigError, torch.OutOfMemoryError):  # the hook refused its input, or
-            raise  # this rank ran out of memory in it: not a lost peer
+        except ConfigError:  # the hook refused its input: not a lost peer
+            raise
         except RuntimeError as exc:
+            if is_out_of_memory(exc):  # this rank ran out of memory in it: not a lost
+                raise  # peer (potluck.fit_backward says what to do)
             error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
                 raise error from exc
@@ -505,6 +508,11 @@ class Reducer:
         it can no longer be taken back. Unlike the pass statistics this survives the
         reset at the end of a pass that raised."""
         return self._issued
+
+    def start_window(self) -> None:
+        """A new step's gradient passes begin (``fit_backward``): what earlier steps
+        issued is not theirs."""
+        self._issued = False
 
     def restart_window(self) -> bool:
         """Forget the accumulation window so far (passes that ran out of memory), before

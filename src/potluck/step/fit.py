@@ -37,14 +37,12 @@ from typing import Any, Protocol
 
 import torch
 
-from potluck.data.memory import MemoryCap
-from potluck.errors import ConfigError, OutOfMemoryError, PotluckError
+from potluck.data.memory import MemoryCap, is_out_of_memory
+from potluck.errors import ConfigError, OutOfMemoryError
 from potluck.metrics.notes import note
 from potluck.step.accumulate import batch_size, split_batch
 
 log = logging.getLogger(__name__)
-
-_ALLOCATOR_WORDS = ("out of memory", "can't allocate memory", "failed to allocate")
 
 
 class Replica(Protocol):
@@ -59,7 +57,9 @@ class Replica(Protocol):
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
-    def buffers(self) -> Iterator[torch.Tensor]: ...
+    def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def start_accumulation(self) -> None: ...
 
     def sync_now(self) -> None: ...
 
@@ -71,17 +71,6 @@ class Fitted(Protocol):
 
     @property
     def memory(self) -> MemoryCap: ...
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is a device's or the host's allocator running out of memory
-    (not one of potluck's own errors that quote one: a lost peer, a refused retry)."""
-    if isinstance(error, PotluckError):
-        return False
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and any(w in text for w in _ALLOCATOR_WORDS)
 
 
 def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tensor],
@@ -106,6 +95,7 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
                           "before); call it once per step, outside no_sync()")
     params = [p for p in model.parameters() if p.requires_grad]
     was_none = [p.grad is None for p in params]
+    model.start_accumulation()  # what the last step put on the wire is not this one's
     while True:
         chunks = split_batch(batch, memory.micro_batches(size))
         largest = max(batch_size(chunk) for chunk, _ in chunks)
@@ -126,7 +116,7 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
                     model.sync_now()  # collectives go out here: never retried
                 except Exception as error:
                     if is_out_of_memory(error):
-                        raise _too_late(largest, error) from error
+                        raise _short_in_sync(error) from error
                     raise
             memory.fit(largest)
             return loss
@@ -143,6 +133,15 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
                        "from now on")
 
 
+def _short_in_sync(error: BaseException) -> OutOfMemoryError:
+    return OutOfMemoryError(
+        "ran out of memory in the sync after the local backwards (the gradient buckets' "
+        "collectives or a communication hook's buffers, not the micro-batches), after "
+        "collectives had gone out, so the step cannot be taken again here. Give the "
+        "all-reduce smaller buckets (potluck.prepare(..., bucket_cap_mb=...)) or free "
+        f"the device's memory: {error}")
+
+
 def _too_late(largest: int, error: BaseException) -> OutOfMemoryError:
     return OutOfMemoryError(
         f"ran out of memory on a micro-batch of {largest} sample(s) after the step's "
@@ -153,22 +152,27 @@ def _too_late(largest: int, error: BaseException) -> OutOfMemoryError:
 
 
 class _State:
-    """The buffers' values and the random streams' states, to put back."""
+    """The buffers' values (on the host: memory on the device may be what is short)
+    and the random streams' states, to put back."""
 
-    def __init__(self, buffers: list[torch.Tensor], rng: torch.Tensor,
+    def __init__(self, buffers: dict[str, torch.Tensor], rng: torch.Tensor,
                  devices: list[torch.Tensor] | None) -> None:
         self.buffers, self.rng, self.devices = buffers, rng, devices
 
     @classmethod
     def taken(cls, model: Replica) -> _State:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        return cls([b.detach().clone() for b in model.buffers()], torch.get_rng_state(),
-                   torch.cuda.get_rng_state_all() if cuda else None)
+        return cls({name: b.detach().to("cpu", copy=True) for name, b in model.named_buffers()},
+                   torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
 
     def restore(self, model: Replica) -> None:
+        """By name; a buffer the failed forward replaced by one of another shape (a
+        cache that grew) or added is left as it is."""
         with torch.no_grad():
-            for buffer, value in zip(model.buffers(), self.buffers, strict=True):
-                buffer.copy_(value)
+            for name, buffer in model.named_buffers():
+                value = self.buffers.get(name)
+                if value is not None and value.shape == buffer.shape:
+                    buffer.copy_(value)
         torch.set_rng_state(self.rng)
         if self.devices is not None:
             torch.cuda.set_rng_state_all(self.devices)
