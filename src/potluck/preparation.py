@@ -115,7 +115,7 @@ def prepare(
     _check_sync(sync, balance, shares, weight, data_parallel)
     _check_trust(trust, sync, weight, data_parallel)
     # refused before joining (potluck run --balance brings no cap of its own)
-    memory = _memory_cap(max_micro_batch, given)
+    memory = _memory_cap(max_micro_batch, given, trust)
     cohort = cohort or init(timeout=timeout)
     if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
         raise ConfigError(
@@ -186,13 +186,19 @@ def prepare(
     return wrapped, transaction, loader
 
 
-def _memory_cap(given: int | None, config: BalanceConfig | None) -> MemoryCap:
-    """This rank's memory cap: ``prepare(max_micro_batch=)`` or the balancing's."""
+def _memory_cap(given: int | None, config: BalanceConfig | None,
+                trust: Trust | None) -> MemoryCap:
+    """This rank's memory cap: ``prepare(max_micro_batch=)`` or the balancing's; none
+    under trust's spot checks, which recompute a rank's part in one pass (with
+    BatchNorm, micro-batches do not give that pass's gradient)."""
     balancing = config.max_micro_batch if config else None
     if given is not None and balancing is not None and given != balancing:
         raise ConfigError(f"prepare(max_micro_batch={given}) and BalanceConfig("
                           f"max_micro_batch={balancing}) disagree: give this rank's cap once")
-    return MemoryCap(given if given is not None else balancing)
+    whole = ("trust=Trust(spot_check=...) recomputes a rank's part in one pass, which "
+             "micro-batches need not match (BatchNorm's statistics are per micro-batch)"
+             if trust is not None and trust.spot_check is not None else None)
+    return MemoryCap(given if given is not None else balancing, whole=whole)
 
 
 def _balance_config(balance: bool | BalanceConfig, shares: SharePolicy | None,

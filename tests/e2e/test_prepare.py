@@ -57,9 +57,10 @@ def test_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_prepare_refuses_what_it_decides_itself() -> None:
-    from potluck import BalanceConfig, DataParallel, prepare, weighted_mean
+    from potluck import BalanceConfig, DataParallel, Trust, prepare, weighted_mean
     from potluck.errors import ConfigError
     from potluck.step.parts import EqualShares
+    from potluck.trust import SpotCheck
 
     net = torch.nn.Linear(2, 1)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -83,6 +84,9 @@ def test_prepare_refuses_what_it_decides_itself() -> None:
     with pytest.raises(ConfigError, match="disagree: give this rank's cap once"):
         prepare(net, sgd, data, global_batch=4, max_micro_batch=4,
                 balance=BalanceConfig(max_micro_batch=8))
+    spot = Trust(spot_check=SpotCheck(lambda model, batch: model(batch[0]).sum()))
+    with pytest.raises(ConfigError, match=r"max_micro_batch=4: trust=Trust\(spot_check"):
+        prepare(net, sgd, data, global_batch=4, max_micro_batch=4, trust=spot)
 
 
 def test_prepare_refuses_what_cannot_go_with_a_sync_strategy() -> None:

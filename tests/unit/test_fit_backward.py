@@ -237,3 +237,18 @@ def test_fit_backward_refuses_no_sync_and_join() -> None:
                                      is_first_joinable=True)
     with pytest.raises(ConfigError, match="Join"):
         fit_backward(model, (x, y), lambda b: ((model(b[0]) - b[1]) ** 2).mean(), Loader())
+
+
+@pytest.mark.timeout(30)
+def test_a_part_that_must_be_whole_is_not_split_and_says_why() -> None:
+    # trust's spot checks recompute a part in one pass: no micro-batches there
+    model, x, y = DataParallel(Limited(5)), *_data()
+
+    class Whole:
+        memory = MemoryCap(whole="spot checks recompute it in one pass")
+
+    with pytest.raises(OutOfMemoryError, match="must be taken in one pass: spot checks"):
+        fit_backward(model, (x, y), lambda b: ((model(b[0]) - b[1]) ** 2).mean(), Whole())
+    assert Whole.memory.cap is None and Whole.memory.micro_batches(16) == 1
+    with pytest.raises(ConfigError, match="max_micro_batch=4: spot checks"):
+        MemoryCap(4, whole="spot checks recompute it in one pass")

@@ -39,12 +39,16 @@ class MemoryCap:
     """This rank's micro-batch cap: the user's (``given``) and what out-of-memory
     errors taught (``found``); ``micro_batches(samples)`` is how many a part takes."""
 
-    def __init__(self, given: int | None = None) -> None:
+    def __init__(self, given: int | None = None, *, whole: str | None = None) -> None:
+        """``whole``: why a part must be taken in one pass (then no cap is given, and
+        running out of memory is an error that says so), or None."""
         if given is not None and (isinstance(given, bool) or not isinstance(given, int)
                                   or given < 1):
             raise ConfigError(f"max_micro_batch={given!r} is invalid: the most samples one "
                               "forward may take on this rank, an integer >= 1 (or None)")
-        self.given = given
+        if given is not None and whole is not None:
+            raise ConfigError(f"max_micro_batch={given}: {whole}; drop the cap")
+        self.given, self.whole = given, whole
         self.found: int | None = None
         self.fitted = 0  # the largest micro-batch known to fit (went through backward)
         self.errors = 0  # out-of-memory errors caught so far
@@ -71,6 +75,11 @@ class MemoryCap:
         """A micro-batch of ``size`` samples ran out of memory: the new cap (half of it).
         Raises ``OutOfMemoryError`` if one sample did."""
         self.errors += 1
+        if self.whole is not None:
+            raise OutOfMemoryError(
+                f"ran out of memory on this rank's part of {size} sample(s), which must be "
+                f"taken in one pass: {self.whole}. Give this worker a smaller part (fewer "
+                "samples per step, or more workers) or more memory")
         if size <= 1:
             raise OutOfMemoryError(
                 "one sample does not fit in this rank's memory (it ran out of memory on a "
