@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
+from potluck.checkpoint.rng import capture_rng, restore_rng
 from potluck.data.memory import MemoryCap, is_out_of_memory
 from potluck.errors import ConfigError, OutOfMemoryError
 from potluck.metrics.notes import note
@@ -102,7 +103,7 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
         probe = not memory.known_to_fit(largest)
         # A new size: what the failed forwards would change besides the gradients
         # (BatchNorm statistics, the random streams) is put back before a retry.
-        before = _State.taken(model) if probe else None
+        before = _State(model) if probe else None
         try:
             loss = _passes(model, chunks, loss_of, weigh, sync_last=not probe)
         except Exception as error:  # only out-of-memory errors are retried
@@ -153,17 +154,12 @@ def _too_late(largest: int, error: BaseException) -> OutOfMemoryError:
 
 class _State:
     """The buffers' values (on the host: memory on the device may be what is short)
-    and the random streams' states, to put back."""
+    and the random generators' states (``checkpoint.rng``), to put back."""
 
-    def __init__(self, buffers: dict[str, torch.Tensor], rng: torch.Tensor,
-                 devices: list[torch.Tensor] | None) -> None:
-        self.buffers, self.rng, self.devices = buffers, rng, devices
-
-    @classmethod
-    def taken(cls, model: Replica) -> _State:
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        return cls({name: b.detach().to("cpu", copy=True) for name, b in model.named_buffers()},
-                   torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+    def __init__(self, model: Replica) -> None:
+        self.buffers = {name: b.detach().to("cpu", copy=True)
+                        for name, b in model.named_buffers()}
+        self.rng = capture_rng()
 
     def restore(self, model: Replica) -> None:
         """By name; a buffer the failed forward replaced by one of another shape (a
@@ -173,9 +169,7 @@ class _State:
                 value = self.buffers.get(name)
                 if value is not None and value.shape == buffer.shape:
                     buffer.copy_(value)
-        torch.set_rng_state(self.rng)
-        if self.devices is not None:
-            torch.cuda.set_rng_state_all(self.devices)
+        restore_rng(self.rng)
 
 
 def _passes(model: Replica, chunks: list[tuple[Any, float]],
