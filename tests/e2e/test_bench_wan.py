@@ -63,3 +63,37 @@ def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> 
         with pytest.raises(SystemExit) as refused:
             _parse(argv)
         assert refused.value.code == 2
+
+
+@pytest.mark.timeout(120)
+def test_torch_ddp_with_its_powersgd_hook_trains_on_gloo(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The ``ddp-powersgd`` contender on two loopback ranks, past PowerSGD's first
+    compressed steps (it starts at step 3). With DDP's default two buckets the ranks'
+    chained all-reduces paired up wrongly there and both aborted; in one bucket both
+    finish with the same finite held-out loss."""
+    import json
+    import math
+    import os
+
+    from potluck.harness.ranks import free_port
+
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "potluck.bench.wan_job", "--contender", "ddp-powersgd",
+             "--batches", "6", "--eval-every", "3", "--corpus-chars", "20000",
+             "--out", str(tmp_path / "out.json")],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [proc.communicate(timeout=100)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    losses = [json.loads((tmp_path / f"out-rank{r}.json").read_text())["curve"][-1][2]
+              for r in (0, 1)]
+    assert math.isfinite(losses[0]) and losses[0] == losses[1]

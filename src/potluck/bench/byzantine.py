@@ -8,7 +8,9 @@ attacker), median over the seeds (and the worst seed); the steps from the attack
 start to the attacker's quarantine, the most over the seeds; quarantines over clean runs
 with trust (false ones), and the step time with trust over without on a clean run
 (interleaved rounds, medians), with and without spot checks, without audits either,
-and without spot checks on a model of 1.1M parameters (the default one has 84k). One
+and without spot checks on a model of 1.1M parameters (the default one has 84k), and
+the floor: the same step in raw torch with one all-reduce, and with trust's two
+all-to-alls (``byzantine_floor``). One
 seed made the figures for the attacks that only a spot check catches a lottery: its
 target is one rank of four every second step, so the time to catch one ranged from 2
 to 25 steps between runs.
@@ -21,6 +23,7 @@ import math
 import time
 from typing import Any
 
+from potluck.bench.byzantine_floor import run_floor
 from potluck.bench.byzantine_job import ATTACKER, WIDE, run_rank
 from potluck.bench.common import interleaved, median, table, write_json
 from potluck.harness.attacks import ATTACKS, GROSS
@@ -101,6 +104,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
           f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
           f"{overhead['wide_plain_ms']:.2f} ms)")
+    print(f"  the step's collectives alone (raw torch, no potluck: byzantine_floor.py): one "
+          f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, trust's two all-to-alls "
+          f"{overhead['floor_alltoall_ms']:.2f} ms "
+          f"({overhead['floor_alltoall_ms'] / overhead['floor_allreduce_ms'] - 1:+.3f})")
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
         write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
@@ -115,7 +122,8 @@ def main(args: argparse.Namespace) -> int:
                                "step_ms": {k: overhead[k] for k in
                                            ("plain_ms", "trust_ms", "no_spot_ms",
                                             "no_audit_ms", "wide_plain_ms",
-                                            "wide_trust_ms")},
+                                            "wide_trust_ms", "floor_allreduce_ms",
+                                            "floor_alltoall_ms")},
                                "quick": bool(args.quick)})
     return 0
 
@@ -143,20 +151,26 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
     and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
     parameters: trust's work grows with the gradient, the step's compute with the
     samples too)."""
-    contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust")
+    contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust",
+                  "floor_allreduce", "floor_alltoall")
     times: dict[str, list[float]] = {k: [] for k in contenders}
     for contender in interleaved(contenders, rounds):
+        if contender.startswith("floor_"):
+            spec = {"mode": contender.removeprefix("floor_"), "steps": steps}
+            times[contender] += run_ranks(run_floor, WORKERS, spec, timeout=300)[0]["times"][5:]
+            continue
         extra: dict[str, Any] = {"hidden": WIDE} if contender.startswith("wide_") else {}
         if contender == "no_audit":
             extra["audit_every"] = 0
         run = _run("none", contender not in ("plain", "wide_plain"), 0, steps, wrap=False,
                    spot=SPOT_EVERY if contender == "trust" else 0, **extra)
         times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
-    plain, trust, no_spot, no_audit, wide_plain, wide_trust = (median(times[k])
-                                                                for k in contenders)
+    plain, trust, no_spot, no_audit, wide_plain, wide_trust, floor_ar, floor_a2a = (
+        median(times[k]) for k in contenders)
     return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
             "no_audit_ms": no_audit * 1e3,
             "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1,
             "overhead_no_audit": no_audit / plain - 1,
             "wide_plain_ms": wide_plain * 1e3, "wide_trust_ms": wide_trust * 1e3,
-            "overhead_wide": wide_trust / wide_plain - 1}
+            "overhead_wide": wide_trust / wide_plain - 1,
+            "floor_allreduce_ms": floor_ar * 1e3, "floor_alltoall_ms": floor_a2a * 1e3}

@@ -1,9 +1,7 @@
-"""``potluck bench wan``: torch DDP (plain, and with torch's fp16 hook) vs potluck DiLoCo
-(plain, and int8 on the wire), Streaming DiLoCo (int8) and Local SGD (int8 at H, int4 at
-H // 2) over a rate-limited link between two network namespaces.
-(``wan_job`` can run ``ddp-powersgd``, but torch 2.13's DDP with its PowerSGD hook fails on
-Gloo here: "Received data size doesn't match expected size" in the first steps; not
-root-caused, so it is not in the default contenders.)
+"""``potluck bench wan``: torch DDP (plain, with torch's fp16 hook, and with its PowerSGD
+hook at rank 4, in one bucket: ``wan_job`` says why) vs potluck DiLoCo (plain, and int8
+on the wire), Streaming DiLoCo (int8) and Local SGD (int8 at H, int4 at H // 2) over a
+rate-limited link between two network namespaces.
 
     potluck bench wan [--bandwidth 10mbit] [--quota Q] [--seeds K] [--contenders A,B]
                       [--quick] [--json PATH]
@@ -61,8 +59,7 @@ class WanConfig:
     measure_steps: int = 4
     quota: float | None = None
     seeds: int = 3  # data orders the loss gap is averaged over (the first one's run is timed)
-    # ddp-powersgd is left out: torch 2.13 DDP + PowerSGD on Gloo fails (module doc)
-    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "diloco", "diloco-int8",
+    contenders: tuple[str, ...] = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8",
                                    "streaming-int8", "localsgd-int8", "localsgd-int4")
     logs: str | None = None
 
@@ -95,10 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hold worker 1 to Q of a core; adds potluck with a fixed H")
     parser.add_argument("--contenders", metavar="A,B,...",
                         help="which contenders, comma-separated (ddp, the reference, among "
-                             "them); default: ddp,ddp-fp16,diloco,diloco-int8,streaming-int8,"
-                             "localsgd-int8,localsgd-int4 (with --quota: ddp,diloco,"
-                             "streaming-int8,"
-                             "diloco-fixed)")
+                             "them); default: ddp,ddp-fp16,ddp-powersgd,diloco,diloco-int8,"
+                             "streaming-int8,localsgd-int8,localsgd-int4 (with --quota: "
+                             "ddp,diloco,streaming-int8,diloco-fixed)")
     parser.add_argument("--seeds", type=int, default=None, metavar="K",
                         help="data orders the loss gap is averaged over (default 3; --quick "
                              "and --quota 1): the first is the timed run; the others train S "
@@ -207,7 +203,11 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
     ddp = [c for c in config.contenders if c in DDP]
     mine = [c for c in config.contenders if c not in DDP]
     hosts.limit(None)
-    curves = {c: jobs.run(c, batches=S)["ranks"][0]["curve"] for c in ddp}
+    # DDP's bytes per sample: over these S batches (the link's cap does not change the
+    # bytes), so one-off traffic (the start's parameter broadcast, PowerSGD's two
+    # uncompressed first steps) counts as in a run, not as a sixth of a short one.
+    reference = {c: jobs.run(c, batches=S) for c in ddp}
+    curves = {c: run["ranks"][0]["curve"] for c, run in reference.items()}
     target = curves["ddp"][-1][2]
     unlimited_step = {}
     figures: dict[str, Any] = {}
@@ -222,7 +222,9 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
         figures[c] = {
             "time_to_target_s": None if steps is None else steps * step,
             "step_s": step, "steps_to_target": steps,
-            "bytes_per_sample": run["veth_bytes"] / ((config.measure_steps + 1) * G),
+            "bytes_per_sample": reference[c]["veth_bytes"] / (S * G),
+            "bytes_per_sample_capped_steps": run["veth_bytes"] / ((config.measure_steps + 1)
+                                                                  * G),
             "utilization": unlimited_step[c] / step,
             "loss_at_S": loss_at(curves[c], S * G), "measured": "extrapolated"}
     for c in mine:

@@ -142,6 +142,8 @@ def _loss(model: Any, x: Any, y: Any) -> Any:
 
 
 def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
+    import gc
+
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -151,13 +153,21 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = torch.nn.parallel.DistributedDataParallel(net)
+    # torch's PowerSGD hook issues its second all-reduce (the Qs) in a callback of the
+    # first; on Gloo that callback runs on a communication thread, so with two buckets
+    # one rank can issue bucket 0's Qs before bucket 1's Ps and the other after: the
+    # ranks' collectives no longer pair up ("Received data size doesn't match expected
+    # size" in the first compressed step). One bucket keeps one chain a step in order.
+    one_bucket = args.contender == "ddp-powersgd"
+    model = torch.nn.parallel.DistributedDataParallel(
+        net, bucket_cap_mb=_whole_model_mb(net) if one_bucket else None)
     if args.contender == "ddp-fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.contender == "ddp-powersgd":
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
-                                   start_powerSGD_iter=2, min_compression_rate=2)
-        model.register_comm_hook(state, psgd.powerSGD_hook)
+        model.register_comm_hook(  # (held by DDP alone: freed with it, below)
+            psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+                               start_powerSGD_iter=2, min_compression_rate=2),
+            psgd.powerSGD_hook)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr)
     cursor = DataCursor(len(data), args.global_batch, seed=args.seed)
     clock, curve, step_times = Clock(), [], []
@@ -175,8 +185,21 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
             curve.append([(step + 1) * args.global_batch, clock.now(), _evaluate(net, held_out)])
             clock.resume(paused)
     wall = clock.now()
+    # DDP's reducer must let go of the group first (as in straggler_job): freed after
+    # destroy_process_group, as the last holder of the Gloo group, its destructor joins
+    # Gloo's threads while one of them may wait for the GIL (torch 2.13). With the
+    # PowerSGD hook, whose callbacks run Python on those threads, the process aborted
+    # at exit ("terminate called without an active exception") in one of two runs.
+    del model
+    gc.collect()
     dist.destroy_process_group()
     return {"curve": curve, "wall_s": wall, "step_times": step_times, "steps": steps}
+
+
+def _whole_model_mb(net: Any) -> int:
+    """A bucket cap (MiB) that holds every gradient of ``net`` in one bucket."""
+    size = sum(p.numel() * p.element_size() for p in net.parameters())
+    return int(size) // 2**20 + 1
 
 
 def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:

@@ -1,0 +1,31 @@
+"""The trust bench's floor (``bench/byzantine_floor.py``): its two synchronizations,
+one all-reduce and trust's two all-to-alls with a plain mean between, train the same
+model, so the floor's step times compare like with like."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from potluck.bench.byzantine_floor import run_floor
+from potluck.bench.byzantine_job import model
+from potluck.harness.ranks import run_ranks
+
+
+@pytest.mark.timeout(120)
+def test_both_floors_take_the_same_steps() -> None:
+    steps = 4
+    ends = {mode: run_ranks(run_floor, 4, {"mode": mode, "steps": steps}, timeout=100)
+            for mode in ("allreduce", "alltoall")}
+    for mode, results in ends.items():
+        assert all(len(r["times"]) == steps for r in results), mode
+        for r in results[1:]:  # every replica ends alike
+            assert torch.equal(r["parameters"], results[0]["parameters"]), mode
+    reduced = ends["allreduce"][0]["parameters"]
+    initial = torch.cat([p.detach().reshape(-1) for p in model(0).parameters()])
+    assert (reduced - initial).abs().max() > 1e-3  # it trained
+    # the same mean, summed in another order
+    torch.testing.assert_close(ends["alltoall"][0]["parameters"], reduced, rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(Exception, match="mode 'ring'"):
+        run_ranks(run_floor, 1, {"mode": "ring", "steps": 1}, timeout=60)
