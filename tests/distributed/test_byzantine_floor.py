@@ -9,7 +9,7 @@ import torch
 
 from potluck.bench.byzantine_floor import run_floor
 from potluck.bench.byzantine_job import model
-from potluck.harness.ranks import run_ranks
+from potluck.harness.ranks import RankFailed, run_ranks
 
 
 @pytest.mark.timeout(120)
@@ -27,5 +27,5 @@ def test_both_floors_take_the_same_steps() -> None:
     # the same mean, summed in another order
     torch.testing.assert_close(ends["alltoall"][0]["parameters"], reduced, rtol=1e-5,
                                atol=1e-6)
-    with pytest.raises(Exception, match="mode 'ring'"):
+    with pytest.raises(RankFailed, match="mode 'ring'"):
         run_ranks(run_floor, 1, {"mode": "ring", "steps": 1}, timeout=60)

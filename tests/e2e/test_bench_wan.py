@@ -69,11 +69,13 @@ def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> 
 def test_torch_ddp_with_its_powersgd_hook_trains_on_gloo(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The ``ddp-powersgd`` contender on two loopback ranks, past PowerSGD's first
     compressed steps (it starts at step 3). With DDP's default two buckets the ranks'
-    chained all-reduces paired up wrongly there and both aborted; in one bucket both
-    finish with the same finite held-out loss."""
+    chained all-reduces paired up wrongly there and the job failed (one rank aborted,
+    the other lost its peer); in one bucket both finish with the same finite held-out
+    loss."""
     import json
     import math
     import os
+    import time
 
     from potluck.harness.ranks import free_port
 
@@ -87,8 +89,10 @@ def test_torch_ddp_with_its_powersgd_hook_trains_on_gloo(tmp_path) -> None:  # t
              "--batches", "6", "--eval-every", "3", "--corpus-chars", "20000",
              "--out", str(tmp_path / "out.json")],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 100
     try:
-        outputs = [proc.communicate(timeout=100)[0] for proc in procs]
+        outputs = [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+                   for proc in procs]
     finally:
         for proc in procs:
             proc.kill()

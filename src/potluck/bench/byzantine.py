@@ -104,8 +104,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
           f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
           f"{overhead['wide_plain_ms']:.2f} ms)")
-    print(f"  the step's collectives alone (raw torch, no potluck: byzantine_floor.py): one "
-          f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, trust's two all-to-alls "
+    print(f"  the same step in raw torch (byzantine_floor.py: no potluck code), with one "
+          f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, with trust's two all-to-alls "
           f"{overhead['floor_alltoall_ms']:.2f} ms "
           f"({overhead['floor_alltoall_ms'] / overhead['floor_allreduce_ms'] - 1:+.3f})")
     print(f"({time.monotonic() - started:.0f} s)")
@@ -150,7 +150,8 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
     """Step times on a clean run: plain mean, trust with spot checks, trust without;
     and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
     parameters: trust's work grows with the gradient, the step's compute with the
-    samples too)."""
+    samples too); and the floor: the same step in raw torch, its gradient synchronized
+    by one all-reduce or by trust's two all-to-alls (``byzantine_floor``)."""
     contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust",
                   "floor_allreduce", "floor_alltoall")
     times: dict[str, list[float]] = {k: [] for k in contenders}

@@ -153,11 +153,14 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    # torch's PowerSGD hook issues its second all-reduce (the Qs) in a callback of the
-    # first; on Gloo that callback runs on a communication thread, so with two buckets
-    # one rank can issue bucket 0's Qs before bucket 1's Ps and the other after: the
-    # ranks' collectives no longer pair up ("Received data size doesn't match expected
-    # size" in the first compressed step). One bucket keeps one chain a step in order.
+    # torch's PowerSGD hook chains three all-reduces a bucket: the uncompressed tensors
+    # (issued by the hook, on the autograd thread), then the Ps and then the Qs (each
+    # issued from a callback of the one before, which on Gloo runs on the backend's
+    # thread). With two buckets one rank can issue bucket 0's Ps before bucket 1's
+    # first all-reduce and the other after it: the ranks' collectives no longer pair up
+    # ("Received data size doesn't match expected size" in the first compressed step).
+    # One bucket keeps one chain a step, in order (and gives up overlapping the
+    # all-reduces with backward).
     one_bucket = args.contender == "ddp-powersgd"
     model = torch.nn.parallel.DistributedDataParallel(
         net, bucket_cap_mb=_whole_model_mb(net) if one_bucket else None)
