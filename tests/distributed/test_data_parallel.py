@@ -428,3 +428,43 @@ def test_on_failure_must_be_raise_or_abandon() -> None:
 
     with pytest.raises(ConfigError, match="abandon"):
         DataParallel(M.mlp(), on_failure="ignore")
+
+
+# ------------------------------------------------------- the start's broadcast, skipped
+
+
+def _start(rank: int, world_size: int, differ: str) -> dict[str, Any]:
+    from potluck.reducer import data_parallel
+
+    sent: list[int] = []
+    real = data_parallel.broadcast_coalesced
+
+    def counting(tensors: Any, group: Any, src: int = 0) -> None:
+        sent.append(len(tensors))
+        real(tensors, group, src=src)
+
+    data_parallel.broadcast_coalesced = counting  # type: ignore[assignment]
+    net = M.batchnorm_net(seed=rank if differ == "parameters" else 0)
+    if differ == "buffers" and rank == 1:
+        for module in net.modules():
+            if isinstance(module, nn.BatchNorm1d):
+                module.running_mean.add_(1.0)  # type: ignore[operator]
+    model = DataParallel(net)
+    state = {**M.params(model.module),
+             **{n: b.clone() for n, b in model.module.named_buffers()}}
+    return {"sent": sent, "state": state}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("differ", ["nothing", "parameters", "buffers"])
+def test_replicas_that_start_equal_skip_the_start_broadcast(differ: str) -> None:
+    """Rank 0's parameters and buffers are broadcast at the start only when some rank
+    holds other values (over a slow link a model's worth of bytes saved); either way
+    every replica starts as rank 0's."""
+    results = run_ranks(_start, 2, differ)
+    assert [len(r["sent"]) for r in results] == ([0, 0] if differ == "nothing" else [1, 1])
+    for name, value in results[0]["state"].items():
+        assert torch.equal(results[1]["state"][name], value), name
+    if differ == "parameters":  # rank 1 built other values and took rank 0's
+        assert not torch.equal(M.params(M.batchnorm_net(seed=1))["0.weight"],
+                               results[1]["state"]["0.weight"])

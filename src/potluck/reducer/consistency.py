@@ -76,3 +76,27 @@ def _encode(entries: Iterable[Entry]) -> bytes:
     lines = [f"{kind}\t{name}\t{','.join(map(str, shape))}\t{dtype}" for kind, name, shape, dtype
              in entries]
     return "\n".join(lines).encode()
+
+
+def same_values(tensors: Iterable[torch.Tensor], group: Group, device: torch.device) -> bool:
+    """Whether every rank already holds the same values in ``tensors`` (the same model,
+    built from the same seed or loaded from the same file), so that rank 0's broadcast
+    of them can be left out: over a slow link, a model's worth of bytes. Each rank
+    hashes its tensors (SHA-256 of their bytes) and the digests are all-gathered, one
+    collective on every rank whatever the answer. Only host tensors are hashed: on an
+    accelerator the copy to the host would cost more than the broadcast it saves, so
+    there the answer is False and the caller broadcasts."""
+    digest, checkable = hashlib.sha256(), True
+    for tensor in tensors:
+        if tensor.device.type != "cpu":
+            checkable = False
+            break
+        data = tensor.detach().contiguous().reshape(-1)
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    raw = digest.digest()
+    header = torch.tensor([int(checkable), *(int.from_bytes(raw[i:i + 8], "little", signed=True)
+                                             for i in range(0, 32, 8))],
+                          dtype=torch.int64, device=device)
+    headers = allgather_tensor(header, group)
+    return all(bool(h[0]) and torch.equal(h, headers[0]) for h in headers)

@@ -31,7 +31,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle, as_handle
-from potluck.reducer.consistency import verify_same_model
+from potluck.reducer.consistency import same_values, verify_same_model
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import Bucket
 from potluck.reducer.join import DataParallelJoinHook, iteration_vote
@@ -128,8 +128,8 @@ class DataParallel(nn.Module, Joinable):
                 verify_same_model(module, group, self._device)
             state = [p.detach() for _, p in module.named_parameters()]
             state += list(module.buffers())
-            if state:
-                with torch.no_grad():
+            if state and not same_values(state, group, self._device):
+                with torch.no_grad():  # (equal replicas skip a model's worth of bytes)
                     broadcast_coalesced(state, group, src=0)
         self.reducer = Reducer(
             [p for _, p in named],
