@@ -468,3 +468,29 @@ def test_replicas_that_start_equal_skip_the_start_broadcast(differ: str) -> None
     if differ == "parameters":  # rank 1 built other values and took rank 0's
         assert not torch.equal(M.params(M.batchnorm_net(seed=1))["0.weight"],
                                results[1]["state"]["0.weight"])
+
+
+def _checked(rank: int, world_size: int, kind: str) -> bool:
+    from potluck.collectives import default_group
+    from potluck.reducer.consistency import same_values
+
+    values = torch.arange(6.0).reshape(2, 3)
+    if kind == "conjugate":  # numpy cannot read a lazily conjugated view: hashed resolved
+        tensors = [torch.complex(values, values).conj()]
+    elif kind == "quantized on one rank":  # its bytes are not all of its value
+        tensors = [torch.quantize_per_tensor(values, 0.1, 0, torch.qint8) if rank == 1
+                   else values]
+    else:
+        tensors = [values.t()]  # not contiguous
+    group = default_group()
+    assert group is not None
+    return same_values(tensors, group, torch.device("cpu"))
+
+
+@pytest.mark.timeout(60)
+def test_same_values_answers_alike_on_every_rank() -> None:
+    """Whatever one rank cannot hash, every rank takes part in the one gather and
+    gets the same answer (no rank left waiting in a collective)."""
+    assert run_ranks(_checked, 2, "conjugate") == [True, True]
+    assert run_ranks(_checked, 2, "not contiguous") == [True, True]
+    assert run_ranks(_checked, 2, "quantized on one rank") == [False, False]
