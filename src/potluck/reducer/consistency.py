@@ -32,14 +32,8 @@ def model_signature(module: torch.nn.Module) -> list[Entry]:
 def verify_same_model(module: torch.nn.Module, group: Group, device: torch.device) -> None:
     """Raise ModelMismatchError on every rank unless all ranks hold the same model."""
     local = _encode(model_signature(module))
-    digest = hashlib.sha256(local).digest()
-    header = torch.tensor(
-        [len(local), *(int.from_bytes(digest[i : i + 8], "little", signed=True)
-                       for i in range(0, 32, 8))],
-        dtype=torch.int64,
-        device=device,
-    )
-    headers = allgather_tensor(header, group)
+    headers = allgather_tensor(_header(len(local), hashlib.sha256(local).digest(), device),
+                               group)
     if all(torch.equal(h, headers[0]) for h in headers):
         return
     signatures = allgather_object(model_signature(module), group, device)
@@ -100,9 +94,11 @@ def same_values(tensors: Iterable[torch.Tensor], group: Group, device: torch.dev
                 digest.update(data.view(torch.uint8).numpy().data)  # (a view: no copy)
         except (RuntimeError, TypeError, ValueError):  # a tensor numpy cannot read
             checkable = False
-    raw = digest.digest()
-    header = torch.tensor([int(checkable), *(int.from_bytes(raw[i:i + 8], "little", signed=True)
-                                             for i in range(0, 32, 8))],
-                          dtype=torch.int64, device=device)
-    headers = allgather_tensor(header, group)
+    headers = allgather_tensor(_header(int(checkable), digest.digest(), device), group)
     return all(bool(h[0]) and torch.equal(h, headers[0]) for h in headers)
+
+
+def _header(lead: int, digest: bytes, device: torch.device) -> torch.Tensor:
+    """``lead`` and a SHA-256 ``digest`` as five int64 words, to all-gather."""
+    words = (int.from_bytes(digest[i:i + 8], "little", signed=True) for i in range(0, 32, 8))
+    return torch.tensor([lead, *words], dtype=torch.int64, device=device)
