@@ -4,15 +4,17 @@ The WAN bench's workload (``potluck.bench.wan_data``: the demo's char transforme
 AdamW at the bench's lr, global batch 32, the same ``DataCursor`` order) without the
 network: ``ddp`` trains one model on each global batch (what 2-rank DDP computes),
 the others train two replicas on its halves and average their parameters on a
-schedule. No codec: the WAN bench's own figures show the gap is the local steps',
-not the codec's (docs/benchmarks.md). The held-out loss after ``--steps`` batches is
-printed per data seed; ``ddp`` at seed 1 reproduces the bench's DDP loss (1.7724).
+schedule, always after the last batch. Unlike the bench's potluck contenders: no
+codec and no error feedback, each replica takes half of every global batch (potluck
+hands each worker a contiguous part of the whole round's samples), and no even start
+or adaptive split. The held-out loss after ``--steps`` batches is printed per data
+seed; ``ddp`` at seed 1 reproduces the bench's DDP loss (1.7724).
 
     .venv/bin/python tools/local_sgd_sim.py VARIANT [--seeds 1,2,3] [--outer-lr 1.0]
 
 VARIANT: ddp; every-H (a sync every H batches, e.g. every-125); ramp-F-H (sync after
-F, then twice as many batches each round up to H); every-H-m (Adam's first moment
-averaged too at each sync) and every-H-mv (both moments).
+F, then twice as many batches each round up to H); a suffix -m (Adam's first moment
+averaged too at each sync) or -mv (both moments) on either.
 """
 
 from __future__ import annotations
@@ -34,24 +36,31 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 
 def schedule(variant: str, steps: int) -> tuple[list[int], list[str]]:
+    """The batches after which the replicas are averaged (always after the last one,
+    so the loss is a synced model's), and the Adam state averaged with them."""
     parts = variant.split("-")
     state = {"m": ["exp_avg"], "mv": ["exp_avg", "exp_avg_sq"]}.get(parts[-1], [])
     if state:
         parts = parts[:-1]
+    try:
+        numbers = [int(x) for x in parts[1:]]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < 1 or (parts[0], len(numbers)) not in (
+            ("every", 1), ("ramp", 2)):
+        raise SystemExit(f"variant {variant!r}: ddp, every-H or ramp-F-H (H, F >= 1), "
+                         "optionally ending in -m or -mv")
     if parts[0] == "every":
-        h = int(parts[1])
-        return list(range(h, steps + 1, h)), state
-    if parts[0] == "ramp":
-        first, cap = int(parts[1]), int(parts[2])
-        at, h, syncs = 0, first, []
+        syncs = list(range(numbers[0], steps + 1, numbers[0]))
+    else:
+        at, h, syncs = 0, numbers[0], []
         while at + h <= steps:
             at += h
             syncs.append(at)
-            h = min(cap, 2 * h)
-        if syncs[-1] != steps:
-            syncs.append(steps)  # the last round is cut short: the loss is a synced model's
-        return syncs, state
-    raise SystemExit(f"unknown variant {variant!r}")
+            h = min(numbers[1], 2 * h)
+    if not syncs or syncs[-1] != steps:
+        syncs.append(steps)  # the last round is cut short
+    return syncs, state
 
 
 def run(variant: str, seed: int, steps: int, lr: float, outer_lr: float,
