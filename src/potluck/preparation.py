@@ -36,7 +36,6 @@ from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
 from potluck.sync import DiLoCo, DiLoCoSync
-from potluck.sync.round_plan import ramp_stops
 from potluck.trust import Trust, TrustPart
 
 
@@ -280,8 +279,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
     guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                group=cohort.group, agree=False)
     cursor = DataCursor(len(dataset), sync.inner_steps * global_batch, seed=seed,
-                        drop_last=drop_last,
-                        ramp=ramp_stops(sync.ramp, sync.inner_steps, global_batch))
+                        drop_last=drop_last)
     strategy = DiLoCoSync(sync, model, cohort.group, global_batch, cohort.device,
                           on_lost=cohort.mark_step_failed if cohort.elastic else None)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),

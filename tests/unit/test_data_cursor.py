@@ -166,8 +166,8 @@ def test_state_dict_round_trip_and_validation() -> None:
     cursor.commit()
     cursor.commit()
     saved = cursor.state_dict()
-    assert all(type(v) is int for k, v in saved.items() if k not in ("owed", "ramp"))
-    assert saved["owed"] == [] and saved["ramp"] == []
+    assert all(type(v) is int for k, v in saved.items() if k != "owed")
+    assert saved["owed"] == []
     fresh = DataCursor(50, 8)
     fresh.load_state_dict(saved)
     assert fresh.state == cursor.state and fresh.global_indices() == cursor.global_indices()
@@ -218,51 +218,3 @@ def test_loader_refuses_conflicts_and_catches_missed_commit() -> None:
 def test_loader_yields_none_for_an_empty_share() -> None:
     cursor = DataCursor(6, 3)
     assert list(cursor.loader(list(range(6)), rank=0, shares=[0, 1], strict=False)) == [None] * 2
-
-
-# ------------------------------------------------------------------------------ ramp
-
-
-def test_a_ramp_cuts_the_first_block_of_epoch_0_only() -> None:
-    state = CursorState(20, 5, ramp=(1, 3))
-    blocks = [s.block for s in state.rest_of_epoch()]
-    assert blocks == [(0, 1), (1, 3), (3, 5), (5, 10), (10, 15), (15, 20)]
-    assert state.steps_left == 6 and state.advanced().advanced().steps_left == 4
-    later = state
-    for _ in range(6):
-        later = later.advanced()
-    assert later.epoch == 1 and [s.block for s in later.rest_of_epoch()] == [
-        (0, 5), (5, 10), (10, 15), (15, 20)]
-    # an epoch shorter than the ramp: its steps end at the epoch's end
-    assert [s.block for s in CursorState(2, 5, ramp=(1, 3)).rest_of_epoch()] == [(0, 1), (1, 2)]
-    assert CursorState(4, 5, ramp=(1, 3)).steps_left == 3
-
-
-def test_a_ramp_keeps_every_sample_once_with_losses_and_resumes() -> None:
-    cursor = DataCursor(30, 8, seed=3, ramp=(2, 6))
-    seen: list[int] = []
-    cursor.commit()  # block [0, 2): trained
-    seen += cursor.permutation(0)[0:2].tolist()
-    assert cursor.state.block == (2, 6)
-    seen += cursor.permutation(0)[2:4].tolist()
-    cursor.commit(lost=((4, 6),))  # half of the ramp's second step is lost: owed
-    saved = cursor.state_dict()
-    resumed = DataCursor(30, 8, seed=3, ramp=(2, 6))
-    resumed.load_state_dict(saved)
-    assert resumed.state.block == (4, 6)  # the owed part first, then the ramp goes on
-    while resumed.epoch == 0:
-        seen += resumed.global_indices()
-        resumed.commit()
-    assert sorted(seen) == list(range(30))
-    with pytest.raises(ConfigError, match=r"saved with ramp=\[2, 6\] but this cursor has "
-                                          r"ramp=\[\]"):
-        DataCursor(30, 8, seed=3).load_state_dict(saved)
-    older = {k: v for k, v in DataCursor(30, 8, seed=3).state_dict().items() if k != "ramp"}
-    DataCursor(30, 8, seed=3).load_state_dict(older)  # saved before ramps: none
-
-
-@pytest.mark.parametrize("ramp", [(3, 1), (0, 2), (2, 8), (2, 2), (True,)])
-def test_a_bad_ramp_is_refused(ramp: tuple[int, ...]) -> None:
-    with pytest.raises(ConfigError, match=r"ramp=.* is invalid: it lists where epoch 0's "
-                                          r"first steps end, increasing positions in \(0, 8\)"):
-        DataCursor(30, 8, ramp=ramp)

@@ -100,9 +100,7 @@ def test_parts_that_overlap_mean_the_members_disagree() -> None:
     ({"fragments": 0}, "fragments=0"), ({"mixing": 1.0}, "mixing=1.0"),
     ({"fragments": True}, "fragments=True"), ({"measure": 1.0}, "measure=1.0"),
     ({"measure": -0.1}, r"measure=-0.1\) must be in \[0, 1\)"),
-    ({"measure": float("nan")}, "measure=nan"), ({"measure": True}, "measure=True"),
-    ({"ramp": -1}, r"ramp=-1\): the first short round's length"), ({"ramp": True}, "ramp=True"),
-    ({"ramp": 1.5}, "ramp=1.5")])
+    ({"measure": float("nan")}, "measure=nan"), ({"measure": True}, "measure=True")])
 def test_bad_fragments_and_measures_are_refused(kwargs: dict[str, object], message: str) -> None:
     from potluck import DiLoCo
 
@@ -135,16 +133,3 @@ def test_outer_step_of_one_fragment_and_the_merge() -> None:
     assert not outer_step(global_, local, outer, [([1], torch.tensor([1.0, float("nan"), 0]))],
                           0.0)
     assert global_[1].tolist() == [0.0] * 3 and local[1].tolist() == [0.0] * 3
-
-
-def test_a_ramp_doubles_its_rounds_inside_the_first_one() -> None:
-    from potluck.sync.round_plan import ramp_stops
-
-    # H = 125, F = 1: rounds of 1, 2, 4, 8, 16, 32 global batches and the 62 left
-    assert ramp_stops(1, 125, 1) == (1, 3, 7, 15, 31, 63)
-    assert ramp_stops(1, 125, 32) == tuple(32 * s for s in (1, 3, 7, 15, 31, 63))
-    assert ramp_stops(4, 8, 10) == (40,)  # 4 batches, then the 4 left
-    assert ramp_stops(3, 8, 1) == (3,)  # 3, then the 5 left (6 would end past 8)
-    assert ramp_stops(0, 125, 32) == ()  # off
-    assert ramp_stops(1, 1, 32) == ()  # nothing to cut: rounds of one batch already
-    assert ramp_stops(8, 8, 1) == ()  # a first round as long as H: no ramp

@@ -13,11 +13,8 @@ hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), 
 ``streaming-int8`` (``StreamingDiLoCo(H, 4, codec=Int8Blockwise())``: four fragments
 in turn, each overlapped with the following local steps), ``localsgd-int8``
 (``LocalSGD(H, codec=Int8Blockwise())``: DiLoCo whose outer step is the plain average),
-``localsgd-int4`` (``LocalSGD(H // 2, codec=Int4Blockwise())``: twice the syncs at
-half the bytes each, so about int8's bytes at H), and ``localsgd-int4-ramp``
-(``LocalSGD(H, codec=Int4Blockwise(), ramp=1)``: the first round cut into rounds of 1,
-2, 4, ... batches, where syncs help the most, then H; over a run of a few rounds about
-int8's bytes at H).
+and ``localsgd-int4`` (``LocalSGD(H // 2, codec=Int4Blockwise())``: twice the syncs at
+half the bytes each, so about int8's bytes at H).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed",
-              "streaming-int8", "localsgd-int8", "localsgd-int4", "localsgd-int4-ramp",
-              "localsgd", "localsgd-ramp")
+              "streaming-int8", "localsgd-int8", "localsgd-int4")
 STREAMING_FRAGMENTS = 4
 
 
@@ -216,11 +212,9 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     from potluck.compress import Int4Blockwise, Int8Blockwise
     from potluck.sync import DiLoCoSync
 
-    codec = (Int8Blockwise() if "-int8" in args.contender
-             else Int4Blockwise() if "-int4" in args.contender else None)
+    codec = (Int8Blockwise() if args.contender.endswith("-int8")
+             else Int4Blockwise() if args.contender.endswith("-int4") else None)
     extra: dict[str, Any] = {} if args.sync_measure is None else {"measure": args.sync_measure}
-    if args.contender.endswith("-ramp"):
-        extra["ramp"] = 1
     if args.contender == "localsgd-int4":
         sync = potluck.LocalSGD(max(1, args.inner_steps // 2), codec=codec, **extra)
     elif args.contender.startswith("localsgd"):

@@ -32,15 +32,11 @@ class DataCursor:
         seed: seeds every epoch's permutation together with the epoch number.
         drop_last: drop the epoch's last ``dataset_len % global_batch`` samples (True) or
             train on them in a short final step (False).
-        ramp: positions where epoch 0's first steps end, increasing and inside the
-            first block (below ``global_batch``): that block is trained as shorter
-            steps (``DiLoCo(ramp=...)``'s short first rounds). Default: none.
     """
 
     def __init__(self, dataset_len: int, global_batch: int, *, seed: int = 0,
-                 drop_last: bool = False, ramp: Sequence[int] = ()) -> None:
-        self._state = CursorState(dataset_len, global_batch, drop_last=drop_last, seed=seed,
-                                  ramp=tuple(ramp))
+                 drop_last: bool = False) -> None:
+        self._state = CursorState(dataset_len, global_batch, drop_last=drop_last, seed=seed)
         self._perm: tuple[int, int, torch.Tensor] | None = None  # (seed, epoch, perm)
 
     def __repr__(self) -> str:
@@ -90,8 +86,8 @@ class DataCursor:
         return self.permutation(state.epoch)[part.start:part.stop].tolist()
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain ints: configuration (for validation on load: the ramp as a list of
-        ints) and position (with the owed ranges, as lists of two ints)."""
+        """Plain ints: configuration (for validation on load) and position (with the
+        owed ranges, as lists of two ints)."""
         return self._state.to_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -6,11 +6,6 @@ end of the epoch when ``drop_last`` is False). ``advanced()`` is the commit tran
 rolling over to the next epoch after the last step. The state is a handful of ints and
 round-trips through ``to_dict``/``load`` (what a checkpoint stores).
 
-**A ramp.** ``ramp`` cuts epoch 0's first block into shorter steps: its positions are
-where they end, increasing and inside the first block, so the cursor is back on the
-usual grid from the first block's end on (a sync strategy's short first rounds:
-``DiLoCo(ramp=...)``). Later epochs have no ramp.
-
 **Owed ranges.** A step can commit without all of its block: under a sync strategy a
 worker lost mid-round takes its part of the round with it, and the survivors commit
 theirs (``advanced(lost=...)``). The lost positions are *owed*: each owed range is a
@@ -48,7 +43,6 @@ class CursorState:
     epoch: int = 0
     cursor: int = 0
     owed: tuple[Range, ...] = ()  # lost parts of committed steps, served next, in order
-    ramp: tuple[int, ...] = ()  # where epoch 0's first steps end (within the first block)
 
     def __post_init__(self) -> None:
         _check_int("dataset_len", self.dataset_len, 1, "Pass len(dataset); it cannot be empty.")
@@ -71,15 +65,6 @@ class CursorState:
                 f"[0, {end}) for dataset_len={self.dataset_len}, "
                 f"global_batch={self.global_batch}, drop_last={self.drop_last}."
             )
-        ramp = self.ramp
-        if (not isinstance(ramp, tuple)
-                or any(not isinstance(p, int) or isinstance(p, bool) for p in ramp)
-                or any(not a < b for a, b in zip((0, *ramp), ramp, strict=False))
-                or (ramp and ramp[-1] >= self.global_batch)):
-            raise ConfigError(
-                f"ramp={ramp!r} is invalid: it lists where epoch 0's first steps end, "
-                f"increasing positions in (0, {self.global_batch}) (inside the first block "
-                f"of global_batch={self.global_batch}), e.g. (1, 3, 7); () for none")
         for start, stop in self.owed:
             if not 0 <= start < stop <= self.epoch_end:
                 raise ConfigError(
@@ -95,17 +80,13 @@ class CursorState:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Steps of an epoch without a ramp (epoch 0 has one more per ramp position)."""
         return -(-self.epoch_end // self.global_batch)
 
     @property
     def steps_left(self) -> int:
         """Steps of the current epoch not yet committed (including the current one):
-        the owed ones, then the rest of the permutation (each ramp position still ahead
-        is one step more)."""
-        ramped = sum(1 for p in self._ramp() if self.cursor < p < self.epoch_end)
-        return (len(self.owed) + ramped
-                + -(-(self.epoch_end - self.cursor) // self.global_batch))
+        the owed ones, then the rest of the permutation."""
+        return len(self.owed) + -(-(self.epoch_end - self.cursor) // self.global_batch)
 
     @property
     def block(self) -> Range:
@@ -113,12 +94,7 @@ class CursorState:
         the first owed range if there is one."""
         if self.owed:
             return self.owed[0]
-        ramp = (*self._ramp(), self.global_batch) if self._ramp() else ()
-        stop = next((p for p in ramp if p > self.cursor), self.cursor + self.global_batch)
-        return self.cursor, min(stop, self.epoch_end)
-
-    def _ramp(self) -> tuple[int, ...]:
-        return self.ramp if self.epoch == 0 else ()
+        return self.cursor, min(self.cursor + self.global_batch, self.epoch_end)
 
     def advanced(self, lost: tuple[Range, ...] = ()) -> CursorState:
         """The state after this step commits; the last step of an epoch rolls over.
@@ -145,8 +121,7 @@ class CursorState:
     def to_dict(self) -> dict[str, Any]:
         return {"dataset_len": self.dataset_len, "global_batch": self.global_batch,
                 "drop_last": int(self.drop_last), "seed": self.seed, "epoch": self.epoch,
-                "cursor": self.cursor, "owed": [list(r) for r in self.owed],
-                "ramp": list(self.ramp)}
+                "cursor": self.cursor, "owed": [list(r) for r in self.owed]}
 
     def load(self, saved: Mapping[str, Any]) -> CursorState:
         """The saved position on this configuration; a different configuration is an error."""
@@ -163,12 +138,6 @@ class CursorState:
                     f"{key}={getattr(self, key)!r}: resume with the same dataset and "
                     f"settings, or start a fresh cursor."
                 )
-        ramp = tuple(int(p) for p in saved.get("ramp", ()))  # older: none
-        if ramp != self.ramp:
-            raise ConfigError(
-                f"cursor state was saved with ramp={list(ramp)} but this cursor has "
-                f"ramp={list(self.ramp)} (DiLoCo(ramp=...) with its inner_steps and the "
-                "global batch): resume with the same settings, or start a fresh cursor.")
         owed = tuple((int(a), int(b)) for a, b in saved.get("owed", ()))  # older: none
         return replace(self, seed=saved["seed"], epoch=saved["epoch"], cursor=saved["cursor"],
                        owed=owed)

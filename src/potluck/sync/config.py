@@ -42,11 +42,6 @@ class DiLoCo:
       least one) split evenly; then the ranks exchange their speeds (a few bytes; no
       parameters travel) and split the rest of the round by them, so a fast worker
       waits for a slow one only through that start. 0: the whole round is even.
-    - ``ramp`` (F > 0): the run's first round is cut into rounds of F, 2F, 4F, ...
-      global batches and what is left of it (with H = 125 and F = 1: syncs after 1, 3,
-      7, 15, 31, 63 and 125 batches, then every 125). The replicas drift apart the most
-      early on, and a sync there helps the most (docs/sync.md); it costs about
-      ``log2(H / F)`` syncs more, once. 0 (the default): every round is H long.
     - ``fragments`` (P > 1: Streaming DiLoCo; see the module doc), parameter tensors
       dealt out in turn (tensor i to fragment ``i % P``), and ``mixing``: how much of its
       own fragment a worker keeps when the new global one arrives (0: it takes the
@@ -65,7 +60,6 @@ class DiLoCo:
     fragments: int = 1
     mixing: float = 0.0
     measure: float = 0.0625
-    ramp: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) \
@@ -102,10 +96,6 @@ class DiLoCo:
             raise ConfigError(f"DiLoCo(measure={self.measure!r}) must be in [0, 1): the share "
                               "of an unmeasured round taken evenly before the speeds are "
                               "exchanged, e.g. 0.0625 (0: the whole round even)")
-        if isinstance(self.ramp, bool) or not isinstance(self.ramp, int) or self.ramp < 0:
-            raise ConfigError(f"DiLoCo(ramp={self.ramp!r}): the first short round's length "
-                              "in global batches, an int >= 0 (e.g. 1: rounds of 1, 2, 4, "
-                              "... batches up to inner_steps; 0: no ramp)")
         if not isinstance(self.mixing, (int, float)) or not 0 <= self.mixing < 1:
             raise ConfigError(f"DiLoCo(mixing={self.mixing!r}) must be in [0, 1): the share "
                               "of its own fragment a worker keeps (0.5 in Streaming DiLoCo)")
@@ -123,7 +113,7 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
                     nesterov: bool = True, codec: Codec | None = None,
                     error_feedback: bool = True, adaptive: bool = True,
                     split: tuple[int, ...] | None = None, min_gain: float = 0.05,
-                    measure: float = 0.0625, ramp: int = 0) -> DiLoCo:
+                    measure: float = 0.0625) -> DiLoCo:
     """Streaming DiLoCo: ``fragments`` parts synced in turn, each overlapped with the
     following local steps (see the module doc)."""
     if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments < 2:
@@ -132,16 +122,16 @@ def StreamingDiLoCo(inner_steps: int = 50, fragments: int = 4, *, mixing: float 
     return DiLoCo(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                   nesterov=nesterov, codec=codec, error_feedback=error_feedback,
                   adaptive=adaptive, split=split, min_gain=min_gain, fragments=fragments,
-                  mixing=mixing, measure=measure, ramp=ramp)
+                  mixing=mixing, measure=measure)
 
 
 def LocalSGD(inner_steps: int = 8, *, codec: Codec | None = None, error_feedback: bool = True,
              adaptive: bool = True, split: tuple[int, ...] | None = None,
-             min_gain: float = 0.05, measure: float = 0.0625, ramp: int = 0) -> DiLoCo:
+             min_gain: float = 0.05, measure: float = 0.0625) -> DiLoCo:
     """Local SGD: H local steps, then the replicas' weighted average."""
     return DiLoCo(inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
                   codec=codec, error_feedback=error_feedback, adaptive=adaptive, split=split,
-                  min_gain=min_gain, measure=measure, ramp=ramp)
+                  min_gain=min_gain, measure=measure)
 
 
 def check_split(split: Sequence[int]) -> None:

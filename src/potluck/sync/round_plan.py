@@ -48,21 +48,6 @@ def segments(block: Range, *, inner_steps: int, global_batch: int, world_size: i
     return ((start, start + first), (start + first, stop))
 
 
-def ramp_stops(first: int, inner_steps: int, global_batch: int) -> tuple[int, ...]:
-    """Where the run's first rounds end, in samples (``DataCursor(ramp=...)``), for
-    ``DiLoCo(ramp=first)``: rounds of ``first``, ``2 first``, ``4 first``, ... global
-    batches while they end inside the first round of ``inner_steps``, then what is left
-    of it; from there on every round is ``inner_steps`` long, as without a ramp. The
-    replicas drift apart the most early in a run, where a sync helps the most
-    (docs/sync.md). ``first`` 0: no ramp."""
-    stops, at, size = [], 0, first
-    while first and at + size < inner_steps:
-        at += size
-        stops.append(at * global_batch)
-        size *= 2
-    return tuple(stops)
-
-
 def local_steps(samples: int, global_batch: int, world_size: int) -> int:
     """Local steps for a part of ``samples``: about ``global_batch / N`` samples each
     (at least one step, at most one per sample)."""
