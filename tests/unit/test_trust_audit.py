@@ -517,3 +517,21 @@ def test_equal_infinities_and_the_largest_float16_against_infinity_are_alike() -
                            torch.tensor([70000.0])) > TOLERANCE
     assert beyond_rounding(torch.tensor([-top], dtype=torch.float16),
                            torch.tensor([70000.0])) > TOLERANCE  # the other sign
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_aggregate_equal_to_the_auditors_is_agreed_whatever_its_special_values(
+        dtype: torch.dtype) -> None:
+    """Equal value for value (the one-pass case): zeros of either sign, infinities,
+    ordinary values; a NaN on both sides is alike too, a NaN on one side is not."""
+    from potluck.trust.audit import TOLERANCE, beyond_rounding
+
+    expected = torch.tensor([0.0, -0.0, math.inf, -math.inf, 1.5, -3.25])
+    assert beyond_rounding(expected.to(dtype), expected.clone()) == 0.0
+    assert beyond_rounding(expected.neg().to(dtype)[:2], expected[:2].clone()) == 0.0  # -0/+0
+    both = torch.tensor([math.nan, 1.0])
+    assert beyond_rounding(both.to(dtype), both.clone()) == 0.0
+    assert beyond_rounding(torch.tensor([math.nan, 1.0]).to(dtype),
+                           torch.tensor([2.0, 1.0])) > TOLERANCE
+    assert beyond_rounding(torch.tensor([2.0, 1.0]).to(dtype),
+                           torch.tensor([math.nan, 1.0])) > TOLERANCE

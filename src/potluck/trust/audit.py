@@ -164,9 +164,10 @@ def beyond_rounding(given: torch.Tensor, expected: torch.Tensor) -> float:
     per value is rounding, not a lie (so an owner can shade each value by about one
     ulp of its bucket dtype unseen)."""
     info = torch.finfo(given.dtype)
-    if torch.equal(given, expected.to(given.dtype)):
+    rounded = expected.to(given.dtype)  # rounded as the owner's was
+    if torch.equal(given, rounded):  # value for value (+0 and -0 alike; never with a NaN)
         return 0.0  # the usual case, one pass: the same code on the same inputs agrees
-    rounded = expected.to(given.dtype).float()  # rounded as the owner's was
+    rounded = rounded.float()
     given = given.float()
     diff = (given - rounded).abs()
     # Alike: both NaN; the same infinity; or the dtype's largest finite value against
