@@ -8,6 +8,7 @@ from potluck.bench.wan_figures import (
     mean_gaps,
     median,
     ratio,
+    seed_gaps,
     steps_to_target,
 )
 from potluck.harness.netns import tbf_args
@@ -43,6 +44,8 @@ def test_the_loss_gap_is_averaged_over_the_data_seeds() -> None:
                       "c": [2.0, 2.5]})
     assert set(gaps) == {"a"} and abs(gaps["a"] - 0.1 / 3) < 1e-12
     assert mean_gaps({"ddp": [2.0], "a": [2.06]}) == {"a": 2.06 / 2.0 - 1}
+    each = seed_gaps({"ddp": [2.0, 2.5, 1.6], "a": [2.2, 2.5, 1.6], "b": [1.8, 2.75, None]})
+    assert set(each) == {"a"} and each["a"] == [2.2 / 2.0 - 1, 0.0, 0.0]
 
 
 def test_the_report_prints_every_contender_and_the_seeds_of_those_reseeded() -> None:
@@ -61,11 +64,12 @@ def test_the_report_prints_every_contender_and_the_seeds_of_those_reseeded() -> 
                                          "busy": [0.9, 0.8]}},
         "time_to_target_vs_ddp": 20.5, "time_to_target_contender": "localsgd-int8",
         "bytes_vs_ddp": 410.0, "bytes_contender": "localsgd-int8", "loss_gap": 0.025,
-        "loss_gap_contender": "localsgd-int8", "seeds": 2}
+        "loss_gap_contender": "localsgd-int8", "seeds": 2,
+        "loss_gap_by_seed": [0.05, 0.0]}
     text = report(WanConfig(batches=500, inner_steps=125), results)
     assert "ddp-fp16" in text and "ddp-fp16: loss at" not in text
     assert "localsgd-int8: loss at 500 batches by data seed [2.1000, 2.2000]; gap to ddp, " \
            "mean over the seeds +0.0250" in text
-    assert "loss_gap: 0.025 (localsgd-int8, mean over 2 data seeds)" in text
+    assert "loss_gap: 0.025 (localsgd-int8, mean over 2 data seeds: +0.0500, +0.0000)" in text
     assert "time_to_target_vs_ddp: 20.5 (localsgd-int8)" in text
     assert "bytes_vs_ddp: 410 (localsgd-int8)" in text

@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from potluck.bench.common import table, write_json
-from potluck.bench.wan_figures import loss_at, mean_gaps, median, ratio, steps_to_target
+from potluck.bench.wan_figures import (
+    loss_at,
+    mean_gaps,
+    median,
+    ratio,
+    seed_gaps,
+    steps_to_target,
+)
 from potluck.errors import ConfigError
 from potluck.harness.cpu_quota import join
 from potluck.harness.netns import LinkedHosts, unavailable
@@ -257,7 +264,7 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
         for c in losses:
             run = jobs.run(c, batches=S, seed=seed)
             losses[c].append(loss_at(run["ranks"][0]["curve"], S * G))
-    gaps = mean_gaps(losses)
+    gaps, by_seed = mean_gaps(losses), seed_gaps(losses)
     for c in mine:
         figures[c]["losses_by_seed"], figures[c]["loss_gap"] = losses[c], gaps.get(c)
     figures["ddp"]["losses_by_seed"] = losses["ddp"]
@@ -273,6 +280,7 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
         "bytes_contender": lightest,
         "loss_gap": None if smallest is None else gaps[smallest],
         "loss_gap_contender": smallest, "seeds": config.seeds,
+        "loss_gap_by_seed": [] if smallest is None else by_seed[smallest],
         "target_loss": target, "contenders": figures, "curves": curves}
 
 
@@ -310,8 +318,10 @@ def _whose(key: str, results: dict[str, Any]) -> str:
     """The contender a top-level figure comes from (and, for the loss, its seeds)."""
     if key == "loss_gap":
         seeds = results["seeds"]
+        each = ", ".join(f"{g:+.4f}" for g in results.get("loss_gap_by_seed", []))
         return (f"{results['loss_gap_contender']}, "
-                + ("data seed 1 only" if seeds == 1 else f"mean over {seeds} data seeds"))
+                + ("data seed 1 only" if seeds == 1 else f"mean over {seeds} data seeds"
+                   + (f": {each}" if each else "")))
     return str(results.get(key.replace("_vs_ddp", "_contender")))
 
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 from potluck.bench.common import median
 
-__all__ = ["first_at_or_below", "loss_at", "mean_gaps", "median", "ratio", "steps_to_target"]
+__all__ = ["first_at_or_below", "loss_at", "mean_gaps", "median", "ratio", "seed_gaps",
+           "steps_to_target"]
 
 Curve = Sequence[Sequence[float]]
 
@@ -53,12 +54,10 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def mean_gaps(losses: dict[str, list[float | None]], reference: str = "ddp"
-              ) -> dict[str, float]:
+def seed_gaps(losses: dict[str, list[float | None]], reference: str = "ddp"
+              ) -> dict[str, list[float]]:
     """Each contender's loss gap to ``reference`` (its loss over the reference's, minus
-    1), seed by seed, averaged over the data seeds: one data order decides a run's loss
-    at S batches by as much as the contenders differ. A contender missing a seed's loss
-    is left out."""
+    1) seed by seed. A contender missing a seed's loss is left out."""
     base = losses[reference]
     gaps = {}
     for name, values in losses.items():
@@ -67,6 +66,12 @@ def mean_gaps(losses: dict[str, list[float | None]], reference: str = "ddp"
         pairs = [(v, b) for v, b in zip(values, base, strict=True)]
         if any(v is None or b is None or b == 0 for v, b in pairs):
             continue
-        gaps[name] = sum(v / b - 1 for v, b in pairs if v is not None and b is not None
-                         ) / len(pairs)
+        gaps[name] = [v / b - 1 for v, b in pairs if v is not None and b is not None]
     return gaps
+
+
+def mean_gaps(losses: dict[str, list[float | None]], reference: str = "ddp"
+              ) -> dict[str, float]:
+    """``seed_gaps`` averaged over the data seeds: one data order decides a run's loss
+    at S batches by as much as the contenders differ."""
+    return {name: sum(gaps) / len(gaps) for name, gaps in seed_gaps(losses, reference).items()}
