@@ -222,21 +222,16 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
     unlimited_step = {}
     figures: dict[str, Any] = {}
     for c in ddp:  # compute alone: the unlimited link's step time
-        skip = _UNTIMED.get(c, 1)
-        unlimited_step[c] = median(jobs.run(c, batches=S, measure=config.measure_steps + skip)
-                                   ["ranks"][0]["step_times"][skip:])
+        unlimited_step[c] = _timed_steps(jobs, c, S, config.measure_steps)[0]
     hosts.limit(config.bandwidth)
     for c in ddp:
-        skip = _UNTIMED.get(c, 1)
-        run = jobs.run(c, batches=S, measure=config.measure_steps + skip)
-        step = median(run["ranks"][0]["step_times"][skip:])
+        step, run, taken = _timed_steps(jobs, c, S, config.measure_steps)
         steps = steps_to_target(curves[c], target, G)
         figures[c] = {
             "time_to_target_s": None if steps is None else steps * step,
             "step_s": step, "steps_to_target": steps,
             "bytes_per_sample": reference[c]["veth_bytes"] / (S * G),
-            "bytes_per_sample_capped_steps": run["veth_bytes"]
-            / ((config.measure_steps + skip) * G),
+            "bytes_per_sample_capped_steps": run["veth_bytes"] / (taken * G),
             "utilization": unlimited_step[c] / step,
             "loss_at_S": loss_at(curves[c], S * G), "measured": "extrapolated"}
     for c in mine:
@@ -282,6 +277,15 @@ def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]
         "loss_gap_contender": smallest, "seeds": config.seeds,
         "loss_gap_by_seed": [] if smallest is None else by_seed[smallest],
         "target_loss": target, "contenders": figures, "curves": curves}
+
+
+def _timed_steps(jobs: Jobs, contender: str, batches: int, measure: int
+                 ) -> tuple[float, dict[str, Any], int]:
+    """A DDP contender's median step time over ``measure`` steps past the ones its
+    timing leaves out (``_UNTIMED``), its run, and the steps the run took."""
+    skip = _UNTIMED.get(contender, 1)
+    run = jobs.run(contender, batches=batches, measure=measure + skip)
+    return median(run["ranks"][0]["step_times"][skip:]), run, measure + skip
 
 
 def report(config: WanConfig, results: dict[str, Any]) -> str:
