@@ -36,6 +36,25 @@ def test_a_copy_sent_again_is_flagged_and_nothing_else_is() -> None:
     assert watch.check(0, SENDERS, first, ones) == [False] * 3
 
 
+def test_copies_read_in_place_beside_their_headers_sum_as_copied_out() -> None:
+    from potluck.trust.fingerprint import word_sums
+    from potluck.trust.replay import _sums
+
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        buffer = torch.randn(3, 53, generator=torch.Generator().manual_seed(5)).to(dtype)
+        rows = buffer[:, :51]  # as the exchange hands them: each row followed by a header
+        assert _sums(rows) == _sums(rows.contiguous()), dtype
+        assert word_sums(rows, dim=1).dtype == torch.int32
+        before = _sums(rows)
+        for column in (0, -1):  # a bit in either half changes that row's sums alone
+            words = rows.view({2: torch.int16, 4: torch.int32, 8: torch.int32}[
+                rows.element_size()])
+            words[1, column] ^= 1
+            after = _sums(rows)
+            assert after[1] != before[1] and after[0] == before[0], (dtype, column)
+            words[1, column] ^= 1
+
+
 def test_eight_byte_and_two_byte_values_are_watched_too() -> None:
     for dtype in (torch.float64, torch.bfloat16, torch.float16):
         watch, rows = ReplayWatch(), _rows(3).to(dtype)

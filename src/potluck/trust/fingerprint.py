@@ -1,10 +1,11 @@
 """A bitwise fingerprint of a replica's parameters (honest replicas are bitwise equal).
 
-Each tensor's bit patterns are read as integers (8-byte values as two 32-bit words) and
-summed in 64 bits (wrapping), and the sums are folded in order into 63 bits: any single
-flipped bit changes a sum by at most 2^31, so it changes the fingerprint (read whole, a
-float64's sign bit would change its sum by 2^63, which the fold drops). One pass over
-the parameters and one host sync per call.
+Each tensor's bit patterns are read as integers of at most 32 bits (8-byte values as two
+32-bit words), each half of them summed in 32 bits (wrapping: ``word_sums``), and the
+sums are folded in order into 63 bits: a single flipped bit changes one sum by 2^k for
+some k < 32, which is not 0 modulo 2^32, and the fold keeps any change below 2^63 (read
+whole, a float64's sign bit would change a sum by 2^63, which the fold drops). One
+pass over the parameters and one host sync per call.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import torch
 
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # (8: two words)
 _MASK = (1 << 63) - 1  # non-negative: below it, wire.py marks "no majority"
+_WORD = (1 << 32) - 1  # a 32-bit sum as a non-negative number
 
 
 def fingerprint(tensors: Sequence[torch.Tensor]) -> int:
     if not tensors:
         return 0
-    sums = torch.stack([word_sum(t) for t in tensors]).tolist()
     folded = 0
-    for value in sums:
-        folded = (folded * 1_000_003 + int(value)) & _MASK
+    for pair in torch.stack([word_sums(t) for t in tensors]).tolist():
+        for value in pair:
+            folded = (folded * 1_000_003 + (value & _WORD)) & _MASK
     return folded
 
 
@@ -93,16 +95,24 @@ def _as_digest(total: int) -> int:
     return _signed(total) or 1
 
 
-def word_sum(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """The sum, in 64 bits (wrapping), of the tensor's ``bit_words`` (of each row of a
-    2-d tensor with ``dim=1``). On the CPU widened first: ``sum(dtype=torch.int64)`` of
-    32-bit words is several times slower there than a widened copy's sum."""
-    words = bit_words(tensor)
-    if dim is not None:
-        words = words.view(tensor.shape[0], -1)
-    if words.device.type == "cpu":  # (not on an accelerator: its memory)
-        words = words.to(torch.int64)
-    return words.sum(dtype=torch.int64) if dim is None else words.sum(dim, dtype=torch.int64)
+def word_sums(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The tensor's ``bit_words`` (of each row of a 2-d tensor with ``dim=1``) in two
+    halves, each summed in 32 bits, wrapping: an int32 tensor ``[2]`` (``[rows, 2]``).
+    A single flipped bit changes one sum by 2^k, k < 32, so never to the same value; two
+    sums make a chance repeat between unrelated runs of values about 2^-64. Summed as
+    they are: on the CPU a sum of 32-bit words in 64 bits is several times slower (a
+    widened copy's sum was the old way, a copy of twice the values' bytes)."""
+    if dim is None:
+        rows = bit_words(tensor).view(1, -1)
+    else:  # rows read in place (a strided view, e.g. copies beside their headers)
+        values = tensor.detach()
+        if values.stride(-1) != 1:
+            values = values.contiguous()
+        rows = values.view(_AS_INT[values.element_size()])
+    half = rows.shape[1] // 2
+    sums = torch.stack([rows[:, :half].sum(1, dtype=torch.int32),
+                        rows[:, half:].sum(1, dtype=torch.int32)], dim=1)
+    return sums[0] if dim is None else sums
 
 
 def bit_words(tensor: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 An honest rank's gradient changes every step (other samples, other parameters), so a
 copy of a slice whose bits repeat one of the same sender's last ``memory`` copies of
 that slice was replayed: a lazy or stale worker resending an old gradient. Each owner
-keeps a 64-bit sum of each copy's bit patterns per bucket and sender (no tensors) and
+keeps two 32-bit sums of each copy's bit patterns per bucket and sender (no tensors) and
 flags repeats in its report; the verdict goes by the owners' majority.
 
 Not flagged: a copy that is all zeros (a rank with no samples in the step, or a slice
@@ -19,7 +19,7 @@ from collections import deque
 
 import torch
 
-from potluck.trust.fingerprint import word_sum
+from potluck.trust.fingerprint import word_sums
 
 
 class ReplayWatch:
@@ -49,10 +49,12 @@ class ReplayWatch:
 
 
 def _sums(rows: torch.Tensor) -> list[int]:
-    """Each row's bit patterns (``fingerprint.bit_words``) summed in 64 bits."""
+    """Each row's bit patterns (``fingerprint.bit_words``) as 64 bits: the wrapping
+    32-bit sums of its two halves (``fingerprint.word_sums``)."""
     if rows.numel() == 0:
         return [0] * rows.shape[0]
-    return word_sum(rows, dim=1).tolist()
+    return [(first & 0xFFFF_FFFF) << 32 | (second & 0xFFFF_FFFF)
+            for first, second in word_sums(rows, dim=1).tolist()]
 
 
 def _zero_rows(rows: torch.Tensor) -> list[bool]:
