@@ -4,6 +4,7 @@ minutes, so it is not run here; its figures are in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -63,6 +64,30 @@ def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> 
         with pytest.raises(SystemExit) as refused:
             _parse(argv)
         assert refused.value.code == 2
+
+
+@pytest.mark.timeout(30)
+def test_the_jobs_rate_schedule_for_sweeps() -> None:
+    """``--warmup W`` ramps the rate linearly over W steps, ``--decay`` takes it by a
+    cosine to a tenth at ``--batches`` and holds it there; neither: constant."""
+    from potluck.bench.wan_job import _parse, lr_at
+
+    base = ["--batches", "100", "--lr", "1e-3", "--out", "/tmp/unused.json",
+            "--contender", "localsgd"]
+    plain = _parse(base)
+    assert [lr_at(plain, s) for s in (0, 50, 500)] == [1e-3, 1e-3, 1e-3]
+    warm = _parse([*base, "--warmup", "4"])
+    assert [lr_at(warm, s) for s in range(6)] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    decay = _parse([*base, "--decay"])
+    assert lr_at(decay, 0) == pytest.approx(1e-3)
+    assert lr_at(decay, 50) == pytest.approx(0.55e-3)
+    assert lr_at(decay, 100) == lr_at(decay, 300) == pytest.approx(1e-4)
+    both = _parse([*base, "--warmup", "10", "--decay"])
+    assert lr_at(both, 4) == pytest.approx(0.5e-3 * (0.1 + 0.45 * (1 + math.cos(0.04 * math.pi))))
+    with pytest.raises(SystemExit) as refused:
+        _parse([*base, "--warmup", "-1"])
+    assert refused.value.code == 2
 
 
 @pytest.mark.timeout(120)

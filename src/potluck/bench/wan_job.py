@@ -14,13 +14,23 @@ hooks), ``diloco`` and ``diloco-int8`` (``potluck.prepare(sync=DiLoCo(...))``), 
 in turn, each overlapped with the following local steps), ``localsgd-int8``
 (``LocalSGD(H, codec=Int8Blockwise())``: DiLoCo whose outer step is the plain average),
 and ``localsgd-int4`` (``LocalSGD(H // 2, codec=Int4Blockwise())``: twice the syncs at
-half the bytes each, so about int8's bytes at H).
+half the bytes each, so about int8's bytes at H); ``localsgd`` (``LocalSGD(H)`` without a
+codec) is for loopback sweeps.
+
+The learning rate is constant unless ``--warmup W`` (a linear ramp over the first W
+steps) or ``--decay`` (a cosine from the rate down to a tenth of it at ``--batches``) is
+given, for sweeps; the bench itself uses neither. The schedule's clock is the optimizer
+steps this rank took: DDP's steps, or potluck's local steps, each about
+``global_batch / N`` samples on every worker, so about one global batch's worth of the
+run (with local steps set by speed, a worker that takes more local steps in a round
+runs ahead of the other on the schedule by that difference).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 CONTENDERS = ("ddp", "ddp-fp16", "ddp-powersgd", "diloco", "diloco-int8", "diloco-fixed",
-              "streaming-int8", "localsgd-int8", "localsgd-int4")
+              "streaming-int8", "localsgd-int8", "localsgd-int4", "localsgd")
 STREAMING_FRAGMENTS = 4
 
 
@@ -46,6 +56,8 @@ class JobArgs:
     outer: dict[str, Any] | None = None  # DiLoCo's outer-step settings given as flags
     sync_measure: float | None = None  # DiLoCo's measure, given as a flag
     seed: int = 1  # the data order's (the model's initial weights never change)
+    warmup: int = 0  # steps of a linear ramp of the rate (0: none)
+    decay: bool = False  # a cosine from the rate to a tenth of it at ``batches``
 
 
 def _parse(argv: list[str]) -> JobArgs:
@@ -60,6 +72,10 @@ def _parse(argv: list[str]) -> JobArgs:
     p.add_argument("--measure-steps", type=int, default=0)
     p.add_argument("--corpus-chars", type=int, default=400_000)
     p.add_argument("--seed", type=int, default=1, help="the data order's seed")
+    p.add_argument("--warmup", type=int, default=0, metavar="W",
+                   help="ramp the rate up linearly over the first W steps (default: none)")
+    p.add_argument("--decay", action="store_true",
+                   help="a cosine from the rate down to a tenth of it at --batches")
     p.add_argument("--outer-lr", type=float, help="DiLoCo's outer lr (default: DiLoCo's)")
     p.add_argument("--outer-momentum", type=float,
                    help="DiLoCo's outer momentum (0: plain SGD; default: DiLoCo's)")
@@ -81,9 +97,11 @@ def _parse(argv: list[str]) -> JobArgs:
         p.error("--sync-measure is for potluck's contenders with local steps by speed")
     if a.sync_measure is not None and not 0 <= a.sync_measure < 1:
         p.error(f"--sync-measure {a.sync_measure}: a fraction of a round in [0, 1)")
+    if a.warmup < 0:
+        p.error(f"--warmup {a.warmup}: a number of steps, 0 or more")
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,
                    a.out, a.measure_steps, a.corpus_chars, outer or None, a.sync_measure,
-                   a.seed)
+                   a.seed, a.warmup, a.decay)
 
 
 class Clock:
@@ -178,6 +196,7 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
     for step in range(steps):
         began = time.perf_counter()
         x, y = data.batch(cursor.rank_indices(rank, [1.0] * world))
+        _set_lr(opt, lr_at(args, step))
         opt.zero_grad()
         _loss(model, x, y).backward()
         opt.step()
@@ -197,6 +216,22 @@ def _ddp(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]:
     gc.collect()
     dist.destroy_process_group()
     return {"curve": curve, "wall_s": wall, "step_times": step_times, "steps": steps}
+
+
+def lr_at(args: JobArgs, step: int) -> float:
+    """The rate of optimizer step ``step`` (from 0): ``args.lr``, ramped up linearly over
+    ``args.warmup`` steps, and with ``args.decay`` times a cosine from 1 down to 0.1 at
+    ``args.batches`` steps (0.1 from there on)."""
+    rate = args.lr * min(1.0, (step + 1) / args.warmup) if args.warmup else args.lr
+    if args.decay:
+        done = min(1.0, step / args.batches)
+        rate *= 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * done))
+    return rate
+
+
+def _set_lr(opt: Any, rate: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = rate
 
 
 def _whole_model_mb(net: Any) -> int:
@@ -233,8 +268,11 @@ def _diloco(args: JobArgs, net: Any, data: Any, held_out: Any) -> dict[str, Any]
     assert strategy is not None
     clock, curve, rounds = Clock(), [], []
     due, trained = args.batches * args.global_batch, 0  # samples (a lost part is owed)
+    local = 0  # this rank's local steps: the schedule's clock
     while trained < due:
         for x, y in loader:
+            _set_lr(inner, lr_at(args, local))
+            local += 1
             opt.zero_grad()
             _loss(model, x, y).backward()
             before = opt.steps
