@@ -271,3 +271,20 @@ def test_a_resumed_fixed_job_notes_who_is_still_quarantined(elastic: bool) -> No
     assert [(n.what, n.member, n.step) for n in heard] == expected
     assert all("still quarantined" in n.text and "far from the center" in n.text
                for n in heard)
+
+
+def test_the_hooks_buffers_are_kept_per_bucket_and_name_on_the_cpu() -> None:
+    from potluck.trust.exchange import Scratch
+
+    scratch = Scratch()
+    take = scratch.taker(0, torch.float32, torch.device("cpu"))
+    first = take("result", 12)
+    assert take("result", 12) is first  # the next step's same buffer
+    assert take("mine", 12) is not first
+    assert scratch.taker(1, torch.float32, torch.device("cpu"))("result", 12) is not first
+    assert take("result", 13).numel() == 13  # the bucket changed size: a new one
+    assert scratch.taker(0, torch.float16, torch.device("cpu"))("result", 13).dtype == (
+        torch.float16)
+    kept = take("mine", 12)
+    scratch.clear()  # a new generation
+    assert take("mine", 12) is not kept
