@@ -279,12 +279,16 @@ def test_the_hooks_buffers_are_kept_per_bucket_and_name_on_the_cpu() -> None:
     scratch = Scratch()
     take = scratch.taker(0, torch.float32, torch.device("cpu"))
     first = take("result", 12)
-    assert take("result", 12) is first  # the next step's same buffer
-    assert take("mine", 12) is not first
-    assert scratch.taker(1, torch.float32, torch.device("cpu"))("result", 12) is not first
-    assert take("result", 13).numel() == 13  # the bucket changed size: a new one
+    assert take("result", 12).data_ptr() == first.data_ptr()  # the next step's same one
+    assert take("mine", 12).data_ptr() != first.data_ptr()
+    other = scratch.taker(1, torch.float32, torch.device("cpu"))("result", 12)
+    assert other.data_ptr() != first.data_ptr()
+    smaller = take("result", 7)  # an unaudited step after an audited one: a slice of it
+    assert smaller.numel() == 7 and smaller.data_ptr() == first.data_ptr()
+    larger = take("result", 13)  # more than ever asked for: a new one
+    assert larger.numel() == 13 and larger.data_ptr() != first.data_ptr()
     assert scratch.taker(0, torch.float16, torch.device("cpu"))("result", 13).dtype == (
         torch.float16)
     kept = take("mine", 12)
     scratch.clear()  # a new generation
-    assert take("mine", 12) is not kept
+    assert take("mine", 12).data_ptr() != kept.data_ptr()

@@ -97,6 +97,8 @@ def _parse(argv: list[str]) -> JobArgs:
         p.error("--sync-measure is for potluck's contenders with local steps by speed")
     if a.sync_measure is not None and not 0 <= a.sync_measure < 1:
         p.error(f"--sync-measure {a.sync_measure}: a fraction of a round in [0, 1)")
+    if a.batches < 1:
+        p.error(f"--batches {a.batches}: at least one global batch")
     if a.warmup < 0:
         p.error(f"--warmup {a.warmup}: a number of steps, 0 or more")
     return JobArgs(a.contender, a.batches, a.global_batch, a.inner_steps, a.eval_every, a.lr,

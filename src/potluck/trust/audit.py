@@ -69,7 +69,9 @@ class AuditPlan:
     @classmethod
     def of(cls, owner: int, step: int, kept: dict[int, Kept], me: int) -> AuditPlan:
         buckets = {index: Audited(k.copy_of(owner).clone(), k.aggregate_of(owner).clone(),
-                                  k.weights, k.owners, k.piece)  # (clones: a view keeps it all)
+                                  k.weights, k.owners, k.piece)
+                   # (clones, needed: the hook reuses its buffers on the CPU, and the next
+                   # step's first bucket overwrites this rank's copy before it is carried)
                    for index, k in kept.items()}
         received: dict[int, int] = {}
         if me == owner and kept:

@@ -245,13 +245,16 @@ class RobustExchange:
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
             fut.value()  # re-raises the collective's failure
-            into, aggregates = bucket.buffer.view(-1), result.view(len(owners), stride)
+            # Not into the bucket: the reducer copies the result there once it settles the
+            # step, and not at all for a step it gave up (a late callback of an abandoned
+            # step must not write into the buffers of the step that redoes it).
+            into, aggregates = buffer("out", numel), result.view(len(owners), stride)
             for i in range(len(owners)):  # each owner's aggregate, in the slices' order
                 start = i * piece
                 end = min(numel, start + piece)
                 if start < end:
                     into[start:end] = aggregates[i, :end - start]
-            return bucket.buffer  # (its own gradient was copied into ``mine`` above)
+            return into.view_as(bucket.buffer)
 
         return work.get_future().then(done)  # type: ignore[no-any-return]
 
@@ -270,12 +273,14 @@ class RobustExchange:
 class Scratch:
     """The hook's buffers, one set per bucket, kept from step to step on the CPU. A step
     reads what it wrote in them until the next step's same bucket (the ledger is reset
-    at the first bucket), so one set suffices. Allocated afresh every step, five
-    gradients' worth of buffers were returned to the system and faulted back in page by
-    page (glibc gives back memory freed at the top of its heap): about 5,800 page
-    faults a rank and step for a 1.1M-parameter model. On an accelerator they are
-    allocated per step (its caching allocator reuses them, and between steps that
-    memory serves the forward and backward)."""
+    at the first bucket), so one set suffices. Allocated afresh every step (six
+    buffers, six to eight gradients' worth with an audit copy riding along), glibc gave
+    them back to the system after each step and faulted them in again page by page:
+    about 4,500 page faults a rank and step for a 1.1M-parameter model. A buffer is
+    kept at the largest size asked for and sliced (an audited step's rows are about
+    twice an unaudited one's). On an accelerator they are allocated per step (its
+    caching allocator reuses them, and between steps that memory serves the forward
+    and backward)."""
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, str], torch.Tensor] = {}
@@ -288,9 +293,9 @@ class Scratch:
             if device.type != "cpu":
                 return torch.empty(numel, dtype=dtype, device=device)
             kept = self._kept.get((bucket, name))
-            if kept is None or kept.numel() != numel or kept.dtype != dtype:
+            if kept is None or kept.numel() < numel or kept.dtype != dtype:
                 kept = self._kept[(bucket, name)] = torch.empty(numel, dtype=dtype)
-            return kept
+            return kept[:numel]
         return take
 
     def clear(self) -> None:

@@ -102,6 +102,9 @@ def word_sums(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     sums make a chance repeat between unrelated runs of values about 2^-64. Summed as
     they are: on the CPU a sum of 32-bit words in 64 bits is several times slower (a
     widened copy's sum was the old way, a copy of twice the values' bytes)."""
+    if dim not in (None, 1) or (dim == 1 and tensor.dim() != 2):
+        raise ValueError(f"word_sums: dim None (the whole tensor) or 1 (the rows of a 2-d "
+                         f"tensor), got dim {dim} of a {tensor.dim()}-d tensor")
     if dim is None:
         rows = bit_words(tensor).view(1, -1)
     else:  # rows read in place (a strided view, e.g. copies beside their headers)
@@ -117,8 +120,9 @@ def word_sums(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 def bit_words(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bits, flat, as integers of at most 32 bits (8-byte values as two
-    32-bit words): a single flipped bit changes one by at most 2^31, so a sum in 64 bits
-    sees it, and a product with a 64-bit word never loses a high bit."""
+    32-bit words): a single flipped bit changes one by 2^k, k < 32, so a wrapping 32-bit
+    sum sees it (``word_sums``), and a product with a 64-bit word never loses a high
+    bit."""
     flat = tensor.detach().contiguous().view(-1)
     return flat.view(_AS_INT[flat.element_size()])
 

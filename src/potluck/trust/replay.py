@@ -49,8 +49,8 @@ class ReplayWatch:
 
 
 def _sums(rows: torch.Tensor) -> list[int]:
-    """Each row's bit patterns (``fingerprint.bit_words``) as 64 bits: the wrapping
-    32-bit sums of its two halves (``fingerprint.word_sums``)."""
+    """Each row's bit patterns as 64 bits: the wrapping 32-bit sums of its two halves
+    (``fingerprint.word_sums``, reading the rows in place)."""
     if rows.numel() == 0:
         return [0] * rows.shape[0]
     return [(first & 0xFFFF_FFFF) << 32 | (second & 0xFFFF_FFFF)
