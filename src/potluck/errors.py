@@ -22,6 +22,11 @@ class ReducerError(PotluckError):
     """The gradient reducer was used in a way it cannot honour (e.g. a double backward)."""
 
 
+class CommHookError(ReducerError):
+    """A communication hook failed with its own error (not a lost peer): redoing the
+    step would fail the same way, so no cohort absorbs it."""
+
+
 class OutOfMemoryError(PotluckError):
     """This rank cannot take its part of the step in memory, not even one sample at a
     time, or it ran out after a collective of the pass was issued (which cannot be

@@ -334,12 +334,25 @@ def test_unknown_argument_is_a_clear_error() -> None:
 # ------------------------------------------------------------ a peer leaves mid-run
 
 
-def _peer_leaves(rank: int, world_size: int) -> dict[str, Any]:
+SHAPES = "The size of tensor a (10) must match the size of tensor b (20)"
+
+
+def _mean_then_check(state: Any, bucket: Any) -> torch.futures.Future[Any]:
+    """potluck's mean, with a callback of the hook's own after it (a lost peer fails the
+    all-reduce's future, and the callback quotes that error)."""
+    from potluck import allreduce_mean
+
+    return allreduce_mean(state, bucket).then(lambda fut: fut.value())
+
+
+def _peer_leaves(rank: int, world_size: int, hooked: bool = False) -> dict[str, Any]:
     import time
 
     from potluck.errors import CommunicationError
 
     model = DataParallel(M.mlp())
+    if hooked:
+        model.register_comm_hook(None, _mean_then_check)
     x, y = M.batch(0)
     mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
     if rank == 1:  # returns: its process tears down the group and closes its sockets
@@ -353,10 +366,49 @@ def _peer_leaves(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-def test_vanished_peer_is_a_typed_error_from_backward_not_a_hang() -> None:
-    survivor = run_ranks(_peer_leaves, 2, timeout=45, collective_timeout=20)[0]
+@pytest.mark.parametrize("hooked", [False, True])
+def test_vanished_peer_is_a_typed_error_from_backward_not_a_hang(hooked: bool) -> None:
+    survivor = run_ranks(_peer_leaves, 2, hooked, timeout=45, collective_timeout=20)[0]
     assert survivor["error"] is not None and "bucket" in survivor["error"]
+    assert "a peer died" in survivor["error"], survivor["error"]  # the backend's failure
     assert survivor["seconds"] < 15
+
+
+def _raise_in_hook(state: Any, bucket: Any) -> torch.futures.Future[Any]:
+    raise RuntimeError(SHAPES)
+
+
+def _raise_in_callback(state: Any, bucket: Any) -> torch.futures.Future[Any]:
+    from potluck import allreduce_mean
+
+    def check(fut: torch.futures.Future[Any]) -> Any:
+        raise RuntimeError(SHAPES)
+
+    return allreduce_mean(state, bucket).then(check)
+
+
+def _buggy_hook(rank: int, world_size: int, in_callback: bool) -> str:
+    from potluck.errors import CommHookError
+
+    model = DataParallel(M.mlp())
+    model.register_comm_hook(None, _raise_in_callback if in_callback else _raise_in_hook)
+    x, y = M.batch(0)
+    try:
+        mse(model(M.shard(x, rank, world_size)), M.shard(y, rank, world_size)).backward()
+    except CommHookError as exc:
+        assert isinstance(exc.__cause__, RuntimeError)  # the hook's own, with its traceback
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_callback", [False, True])
+def test_a_hooks_own_error_is_its_own_not_a_lost_peer(in_callback: bool) -> None:
+    """Redoing the step would fail the same way: an elastic cohort must not take it for
+    a lost peer (it used to redo the step until the cursor refused)."""
+    for rank, message in enumerate(run_ranks(_buggy_hook, 2, in_callback, timeout=45)):
+        assert "_raise_in_" in message and SHAPES in message, message
+        assert f"on rank {rank}" in message and "not a lost peer" in message
 
 
 # ------------------------------------------------- overlap with the backward pass

@@ -203,3 +203,15 @@ def test_the_report_names_the_rank_that_left_not_the_one_that_lost_it() -> None:
     assert "rank      : 1 (local rank 1, node rank 0)" in root, root
     assert "its script ended while the other ranks still waited for it" in root
     assert "rank 0 (pid" in root and "PeerLostError" in root  # listed as a consequence
+
+
+@pytest.mark.timeout(90)
+def test_an_elastic_jobs_buggy_hook_fails_at_once_with_its_own_error() -> None:
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "t",
+                         str(SCRIPTS / "buggy_hook.py"), timeout=80)
+    assert result.returncode == 1, result.stderr[-3000:]
+    root = result.stderr.split("Root cause")[1]
+    assert "CommHookError: the communication hook shapes_mismatch failed" in root, root
+    assert "not a lost peer" in root
+    assert "CursorError" not in result.stderr and "a peer died" not in result.stderr
+    assert "step abandoned" not in result.stderr  # never redone

@@ -40,12 +40,25 @@ import torch.distributed as dist
 
 from potluck.collectives import PendingBroadcast, wait_for
 from potluck.data.memory import is_out_of_memory
-from potluck.errors import CommunicationError, ConfigError, PeerLostError, ReducerError
+from potluck.errors import (
+    CommHookError,
+    CommunicationError,
+    ConfigError,
+    PeerLostError,
+    ReducerError,
+)
 from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.contribution import Contribution
+from potluck.reducer.hook_failure import hook_error, is_backend_failure
 from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, sums_prescaled
-from potluck.reducer.torch_hooks import call_hook, chains_collectives, check_hook, is_torch_hook
+from potluck.reducer.torch_hooks import (
+    call_hook,
+    chains_collectives,
+    check_hook,
+    hook_name,
+    is_torch_hook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +378,8 @@ class Reducer:
         except RuntimeError as exc:
             if is_out_of_memory(exc):  # this rank ran out of memory in it: not a lost
                 raise  # peer (potluck.fit_backward says what to do)
+            if self._hook is not allreduce_mean and not is_backend_failure(exc):
+                raise self._hook_error(f"bucket {b}", exc) from exc
             error = self._lost(f"bucket {b}'s all-reduce", exc)
             if not self._config.abandon_on_failure:
                 raise error from exc
@@ -530,6 +545,11 @@ class Reducer:
         rank = group.rank() if group is not None and group.usable else -1
         return PeerLostError.from_failure(what, cause, rank=rank, generation=generation)
 
+    def _hook_error(self, what: str, cause: BaseException) -> CommHookError:
+        group = self._group
+        rank = group.rank() if group is not None and group.usable else -1
+        return hook_error(hook_name(self._hook), what, cause, rank)
+
     def _result(self, b: int) -> torch.Tensor:
         future = self._futures[b]
         assert future is not None  # launched: every launch before the first failure sets it
@@ -538,7 +558,14 @@ class Reducer:
     def _value(self, future: torch.futures.Future[Any], what: str) -> torch.Tensor:
         # Elastic: a live peer that gave up on the step never sends, and Gloo would wait
         # out its whole timeout; the handle says so without I/O (see wait_for).
-        value = wait_for(future, self._communicating(), f"{what}'s all-reduce")
+        try:
+            value = wait_for(future, self._communicating(), f"{what}'s all-reduce")
+        except PeerLostError as lost:
+            cause = lost.__cause__  # what the future failed with, if it failed
+            if (self._hook is not allreduce_mean and isinstance(cause, RuntimeError)
+                    and not is_backend_failure(cause)):
+                raise self._hook_error(what, cause) from cause
+            raise
         if isinstance(value, (list, tuple)):
             value = value[0]
         if not isinstance(value, torch.Tensor):
