@@ -95,7 +95,9 @@ class StepLoader:
                 raise CursorError(
                     f"step at sample {state.cursor} of epoch {state.epoch} was handed out "
                     f"{repeats} times without a commit: call the optimizer's step() "
-                    "(potluck.prepare's, or cursor.commit()) once per batch"
+                    "(potluck.prepare's, or cursor.commit()) once per batch; if the loop "
+                    "does, every attempt at this step failed (the log's 'step abandoned' "
+                    "warnings say why)"
                 )
             last = state
             rank, world_size = self.membership()
