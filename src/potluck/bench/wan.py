@@ -60,9 +60,9 @@ LR = 1.5e-3
 @dataclass(frozen=True)
 class WanConfig:
     bandwidth: str = "10mbit"
-    batches: int = 300  # S
+    batches: int = 1000  # S (the loss gap shrinks with it: docs/benchmarks.md)
     global_batch: int = 32
-    inner_steps: int = 50  # H
+    inner_steps: int = 125  # H
     lr: float = LR  # every contender's AdamW (potluck's inner optimizer)
     diloco_factor: float = 2.0  # potluck trains S * factor batches (to reach the target)
     eval_every: int = 10
@@ -92,9 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", default="10mbit", help="each direction (default 10mbit)")
     parser.add_argument("--workers", type=int, default=2, help="workers (2: two hosts)")
     parser.add_argument("--batches", type=int, default=None, metavar="S",
-                        help="DDP's reference run, global batches (default 300; --quick 60)")
+                        help="DDP's reference run, global batches (default 1000; --quick 60)")
     parser.add_argument("--inner-steps", type=int, default=None, metavar="H",
-                        help="DiLoCo's local steps per round (default 50; --quick 20)")
+                        help="DiLoCo's local steps per round (default 125; --quick 20)")
     parser.add_argument("--lr", type=float, default=LR,
                         help=f"every contender's AdamW learning rate (default {LR}: torch "
                              "DDP's best on this workload, docs/benchmarks.md)")
