@@ -28,6 +28,14 @@ from potluck.data.memory import MemoryCap
 from potluck.data.step_loader import StepLoader
 from potluck.errors import ConfigError
 from potluck.metrics.observing import observer_for
+from potluck.prepare_checks import (
+    agree_everywhere,
+    check_arguments,
+    check_optimizer,
+    check_split,
+    signature,
+    whole_number,
+)
 from potluck.reducer import DataParallel
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import sums_prescaled
@@ -102,9 +110,13 @@ def prepare(
             f"prepare() takes a torch.optim.Optimizer over the model's parameters, got "
             f"{type(optimizer).__name__}"
         )
-    if not isinstance(global_batch, int) or global_batch < 1:
+    check_optimizer(model, optimizer)
+    global_batch = whole_number("global_batch", global_batch, "global_batch=64")
+    if global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
                           "per step, all workers together), e.g. global_batch=64")
+    check_arguments(dataset, seed, collate, clip_grad_norm, shares, minimum, metrics_dir,
+                    SharePolicy, MinimumSize)
     for name in ("group", "process_group", "on_failure", "init_sync"):
         if name in data_parallel:
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
@@ -128,6 +140,12 @@ def prepare(
                           "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
+    check_split(len(dataset), global_batch, cohort.world_size, drop_last,
+                sync.inner_steps if sync is not None else 1)
+    if cohort.world_size > 1 and not cohort.joined_late:  # (a joiner's cursor comes with
+        # the live state, which refuses another dataset length, global batch or seed)
+        agree_everywhere(cohort.group, signature(len(dataset), global_batch, int(seed),
+                                                 drop_last))
     model.to(cohort.device)
     if sync is not None:
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
@@ -176,7 +194,7 @@ def prepare(
                                   parts=(policy, *parts, *([guard] if guard else [])),
                                   minimum=minimum,
                                   checkpoint_dir=checkpoint_dir, resume=resume,
-                                  observer=observer)
+                                  observer=observer, handed=lambda: loader.batches)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=policy.shares,
                         stop=lambda: transaction.left,
@@ -284,7 +302,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                           on_lost=cohort.mark_step_failed if cohort.elastic else None)
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   minimum=minimum, checkpoint_dir=checkpoint_dir,
-                                  resume=resume, observer=observer)
+                                  resume=resume, observer=observer,
+                                  handed=lambda: loader.batches)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,

@@ -69,6 +69,7 @@ class StepLoader:
         self._part = 1  # samples of this rank's part of the step last handed out
         self.split: list[int] = []  # samples per rank last handed out (a step, a segment)
         self.segment = 0  # under a sync strategy: which segment of its round (from 0)
+        self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
         self._handed: tuple[CursorState, Sequence[float]] | None = None  # its cursor state, shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
@@ -111,7 +112,8 @@ class StepLoader:
                     f"rank {rank} of {world_size} has no sample in the step at sample "
                     f"{state.cursor} (a block of {len(self.cursor.global_indices())}); every "
                     "rank must train on at least one sample per step: use a global batch "
-                    "of at least the world size and DataCursor(drop_last=True)"
+                    "of at least the world size, and drop_last=True (potluck.prepare's or "
+                    "DataCursor's) where an epoch's last step is shorter"
                 )
             if self._inner_of is not None:
                 yield from self._round(state, rank, world_size, shares)
@@ -120,6 +122,7 @@ class StepLoader:
             self._part = len(indices)
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
+            self.batches += 1
             yield batch
 
     def part_of(self, rank: int) -> Any:
@@ -154,6 +157,7 @@ class StepLoader:
             offset = 0
             for count in split_counts(len(indices), equal_shares(steps)):
                 self._part = count
+                self.batches += 1
                 yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
                 offset += count
 

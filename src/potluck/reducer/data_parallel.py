@@ -85,6 +85,11 @@ class DataParallel(nn.Module, Joinable):
         super().__init__()
         Joinable.__init__(self)
         _check_compat_kwargs(torch_ddp_compat)
+        if isinstance(module, (DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            raise ConfigError(
+                f"DataParallel got a module already wrapped in {type(module).__name__}: each "
+                "wrapper averages the gradients again, so they would be divided by the world "
+                "size twice; wrap the plain module once (module.module is the plain one)")
         if group is not None and process_group is not None and group is not process_group:
             raise ConfigError("pass the process group once: either group= or process_group=")
         if on_failure not in ("raise", "abandon"):

@@ -129,7 +129,12 @@ class LiveState:
             checkpoint = CheckpointManager(directory, rank=0).load_latest()
         state = broadcast_object(checkpoint.state if checkpoint else None, cohort.group,
                                  device=cohort.device)
-        if state is None:
+        if state is None:  # said once, by rank 0: a mistyped directory must not pass quietly
+            if cohort.rank == 0:
+                log.warning("resume=True, but there is no checkpoint in %s (%s): starting "
+                            "from step 0", directory,
+                            "the directory is empty" if directory.is_dir() else
+                            "no such directory")
             return False
         self.apply(state)
         log.warning("[rank %d] resumed at step %d from %s", cohort.rank,

@@ -17,10 +17,13 @@ class MinimumSize:
     """Seconds to wait for joiners below ``workers`` before checkpointing and stopping."""
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or not self.timeout > 0:
+        if (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                or isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                or self.workers < 1 or not self.timeout > 0):
             raise ConfigError(
-                f"MinimumSize(workers={self.workers}, timeout={self.timeout}): workers must "
-                "be >= 1 and timeout > 0 seconds, e.g. MinimumSize(2, 60.0)"
+                f"MinimumSize(workers={self.workers!r}, timeout={self.timeout!r}): workers "
+                "must be an int >= 1 and timeout a number of seconds > 0, e.g. "
+                "MinimumSize(2, 60.0)"
             )
 
     def stop_message(self, world_size: int, steps: int, where: str) -> str:

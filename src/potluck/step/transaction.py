@@ -26,12 +26,19 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
-from potluck.errors import ConfigError, PeerLostError, QuarantinedError
+from potluck.errors import (
+    ConfigError,
+    CursorError,
+    PeerLostError,
+    QuarantinedError,
+    ReducerError,
+)
 from potluck.metrics.observer import StepObserver
 from potluck.reducer import DataParallel
 from potluck.step.boundary import Boundary
@@ -55,12 +62,17 @@ class StepTransaction:
                  cursor: DataCursor, *, parts: tuple[StepPart, ...] = (),
                  minimum: MinimumSize | None = None, admit_every: int = 1,
                  checkpoint_dir: str | Path | None = None, resume: bool = False,
-                 observer: StepObserver | None = None) -> None:
+                 observer: StepObserver | None = None,
+                 handed: Callable[[], int] | None = None) -> None:
         """``minimum`` defaults to the launcher's (``potluck run --min-workers``);
         ``resume`` starts the founders from the newest checkpoint in ``checkpoint_dir``
         (written when the cohort stopped below its minimum), if there is one;
-        ``observer`` times each step (``potluck.metrics.observer``)."""
+        ``observer`` times each step (``potluck.metrics.observer``); ``handed``: the
+        batches the loader has handed out so far (``StepLoader.batches``), so that a
+        second ``step()`` for one batch is refused instead of skipping the next one."""
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
+        self._handed, self._handed_at_step = handed, 0
+        self._pass_at_step = model.reducer.last_pass
         self.parts = parts
         self.observer = observer
         if observer is not None:  # (a resume's notes too); finish() closes it
@@ -150,6 +162,7 @@ class StepTransaction:
             self.observer.report(**figures)
 
     def step(self) -> StepResult:
+        self._check_loop()
         observer = self.observer
         if observer is not None:
             observer.step_started()
@@ -194,6 +207,31 @@ class StepTransaction:
             self._hold_at_boundary = False  # the live state is a committed one
             self.boundary.hold_minimum()
         return result
+
+    def _check_loop(self) -> None:
+        """Refuse a ``step()`` the loop did not earn, before it issues a collective: a
+        second one for the same batch would commit the cursor again (the next batch
+        skipped, the stale gradient applied twice), and one without a synchronized
+        backward on this rank would pair its collectives with the other ranks' backward
+        ones (a vote read as a gradient bucket)."""
+        handed = self._handed() if self._handed is not None else 0
+        if handed and handed == self._handed_at_step:
+            raise CursorError(
+                f"step() was called again at step {self.progress.steps} without a new batch "
+                "from the loader since the last step(): call it once per batch (a second "
+                "call would commit the data cursor again, so the next batch would never be "
+                "trained on)")
+        self._handed_at_step = handed
+        model, passed = self.model, self.model.reducer.last_pass
+        if (self._sync is None and self.cohort.world_size > 1 and not model.step_failed
+                and model.require_backward_grad_sync and passed is self._pass_at_step):
+            raise ReducerError(
+                f"step() at step {self.progress.steps} on rank {self.cohort.rank} without a "
+                "synchronized backward() since the last step(): every worker must run "
+                "backward() on its batch every step (the others' gradient all-reduce would "
+                "be paired with this worker's next collective); call loss.backward() before "
+                "step(), outside model.no_sync() for the last micro-batch")
+        self._pass_at_step = passed
 
     def _round_again(self, result: StepResult) -> StepResult:
         """The round was abandoned on every member: redone, from the committed state,

@@ -1,0 +1,152 @@
+"""What ``potluck.prepare`` refuses before it trains a step (pure, but for the cohort's
+one agreement all-gather in ``agree_everywhere``).
+
+Each check stops a mistake that would otherwise train silently wrong or fail far from
+its cause: an optimizer over another model's parameters (nothing trained), ranks that
+disagree on the data's order or size (samples trained twice or never), an epoch whose
+last step has fewer samples than workers (a crash after a whole epoch), a value of the
+wrong type (a traceback from deep inside).
+"""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.collectives import allgather_tensor
+from potluck.errors import ConfigError
+from potluck.group import GroupHandle
+
+
+def whole_number(name: str, value: Any, example: str) -> int:
+    """``value`` as an int if it is a whole number (a numpy integer too; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name}={value!r} must be an int, e.g. {example}")
+    return int(value)
+
+
+def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every parameter ``optimizer`` updates is one of ``model``'s: a parameter outside
+    the model is never averaged across ranks (the replicas would drift apart), and an
+    optimizer over another model trains nothing here."""
+    own = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    foreign = [p for p in held if id(p) not in own]
+    if not foreign:
+        return
+    if len(foreign) == len(held):
+        raise ConfigError(
+            f"prepare(): the optimizer holds {len(held)} parameter(s), none of them the "
+            "model's, so training would never change the model; build the optimizer over "
+            "this model, e.g. torch.optim.SGD(model.parameters(), lr=...)")
+    shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:3])
+    raise ConfigError(
+        f"prepare(): the optimizer holds {len(foreign)} parameter(s) that are not the "
+        f"model's (shapes {shapes}{', ...' if len(foreign) > 3 else ''}); their gradients "
+        "would not be averaged across workers, so the replicas would drift apart; make them "
+        "part of the model (an nn.Parameter of a submodule) or leave them out of the "
+        "optimizer")
+
+
+def check_arguments(dataset: Any, seed: Any, collate: Any, clip_grad_norm: Any,
+                    shares: Any, minimum: Any, metrics_dir: Any,
+                    policy: type, minimum_type: type) -> None:
+    """The arguments whose type is checked nowhere else before they are used."""
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise ConfigError(
+            f"prepare() takes a map-style dataset (len(dataset) and dataset[i]), got "
+            f"{type(dataset).__name__}; the data cursor hands out sample indices, so wrap "
+            "an iterable in a list or a torch.utils.data.Dataset")
+    whole_number("seed", seed, "seed=0")
+    if collate is not None and not callable(collate):
+        raise ConfigError(f"collate={collate!r} must be a function of a list of samples "
+                          "returning a batch (default: torch's default_collate)")
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(
+            clip_grad_norm, numbers.Real) or not float(clip_grad_norm) > 0):
+        raise ConfigError(f"clip_grad_norm={clip_grad_norm!r} must be a positive number "
+                          "(the largest global gradient norm), e.g. 1.0, or None")
+    if shares is not None and not isinstance(shares, policy):
+        raise ConfigError(f"shares={shares!r} must be a share policy: a step part "
+                          "(potluck.step.parts.SharePolicy: name, shares(world_size) -> a "
+                          "weight per rank, on_commit, on_membership, state_dict, "
+                          "load_state_dict); leave it out for equal shares, or pass "
+                          "balance=True for shares by measured speed")
+    if minimum is not None and not isinstance(minimum, minimum_type):
+        raise ConfigError(f"minimum={minimum!r} must be a potluck.MinimumSize(workers, "
+                          f"timeout), e.g. minimum=potluck.MinimumSize({minimum!r}, 60)"
+                          if isinstance(minimum, int) else
+                          f"minimum={minimum!r} must be a potluck.MinimumSize(workers, "
+                          "timeout)")
+    if metrics_dir is not None:
+        check_directory("metrics_dir", metrics_dir)
+
+
+def check_directory(name: str, path: Any) -> None:
+    """``path`` is a directory or can be made one (its nearest existing ancestor is a
+    directory)."""
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(f"{name}={path!r} must be a path (str or pathlib.Path)")
+    here = Path(path)
+    if here.exists() and not here.is_dir():
+        raise ConfigError(f"{name}={str(path)!r} is a file, not a directory; pass a "
+                          "directory (it is made if it does not exist)")
+    for parent in here.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{name}={str(path)!r} cannot be made: {parent} is a "
+                                  "file; pass a directory path")
+            return
+
+
+def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last: bool,
+                steps_per_block: int = 1) -> None:
+    """Every step of an epoch gives every rank at least one sample: a global batch of at
+    least the world size, and (without ``drop_last``) an epoch's last, shorter block of
+    none or of at least the world size. ``steps_per_block``: a sync strategy's round of
+    global batches, the cursor's block (its last round is split among the ranks). An
+    elastic cohort's world size changes later: this checks the one it starts with."""
+    if global_batch < world_size:
+        raise ConfigError(
+            f"global_batch={global_batch} is smaller than the {world_size} workers: every "
+            "worker needs at least one sample a step; use a global batch of at least "
+            f"{world_size}")
+    block = global_batch * steps_per_block
+    tail = dataset_len % block
+    if drop_last or tail == 0 or tail >= world_size:
+        return
+    what = "step" if steps_per_block == 1 else "round"
+    raise ConfigError(
+        f"the dataset's {dataset_len} samples end each epoch with a {what} of {tail} "
+        f"sample(s) ({what}s of {block}), fewer than the {world_size} workers, so a worker "
+        f"would have none in it; pass drop_last=True (that {what} is left out), or use a "
+        f"dataset length whose last {what} has at least {world_size} samples")
+
+
+def agree_everywhere(group: GroupHandle, values: dict[str, int]) -> None:
+    """Every rank passed the same ``values`` (one all-gather): ranks with another seed,
+    global batch or dataset length would each walk their own order of the data, and some
+    samples would be trained twice and others never, with no error anywhere."""
+    names = list(values)
+    mine = torch.tensor([values[name] % (1 << 63) for name in names], dtype=torch.int64)
+    rows = [row.tolist() for row in allgather_tensor(mine, group)]
+    differ = [k for k in range(len(names)) if len({row[k] for row in rows}) > 1]
+    if not differ:
+        return
+    table = "; ".join(f"{names[k]}: " + ", ".join(f"rank {r} {row[k]}"
+                                                  for r, row in enumerate(rows))
+                      for k in differ)
+    raise ConfigError(
+        f"the workers called prepare() with different {', '.join(names[k] for k in differ)} "
+        f"({table}); every worker must pass the same dataset, global_batch, seed and "
+        "drop_last, or the data would not be split exactly once among them")
+
+
+def signature(dataset_len: int, global_batch: int, seed: int,
+              drop_last: bool) -> dict[str, int]:
+    """What every rank must agree on for the data to be split exactly once."""
+    return {"len(dataset)": dataset_len, "global_batch": global_batch, "seed": seed,
+            "drop_last": int(drop_last)}

@@ -1,0 +1,86 @@
+"""A loop or setup that would train silently wrong is refused, on every rank, with what
+to fix: ranks that disagree on the data's order, a second step() for one batch, a
+step() without backward()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from potluck.harness.ranks import free_port, run_ranks
+
+DATA = TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
+
+
+def _cohort(rank: int, world_size: int, port: int) -> Any:
+    from potluck import init
+    from potluck.env import WorkerEnv
+
+    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                              master_port=port, source="torchrun"), timeout=20.0)
+
+
+def _setup(rank: int, world_size: int, port: int, seed_of: list[int]) -> Any:
+    import potluck
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    return potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DATA,
+                           global_batch=8, seed=seed_of[rank],
+                           cohort=_cohort(rank, world_size, port))
+
+
+def _different_seeds(rank: int, world_size: int, port: int) -> str:
+    from potluck.errors import ConfigError
+
+    try:
+        _setup(rank, world_size, port, [0, 1])
+    except ConfigError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_ranks_with_different_seeds_are_refused_on_every_rank() -> None:
+    """Each would walk its own order of the data: samples trained twice and never."""
+    for message in run_ranks(_different_seeds, 2, free_port(), init_group=False, timeout=50):
+        assert "different seed (seed: rank 0 0, rank 1 1)" in message, message
+
+
+def _loop(rank: int, world_size: int, port: int, mistake: str) -> str:
+    from potluck.errors import CursorError, ReducerError
+
+    model, opt, loader = _setup(rank, world_size, port, [0, 0])
+    try:
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            if not (mistake == "no backward" and rank == 1 and step == 1):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if mistake == "twice":
+                opt.step()
+    except (CursorError, ReducerError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # the other rank's consequence (its peer left)
+        return f"other: {type(exc).__name__}"
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_a_second_step_for_one_batch_is_refused() -> None:
+    """It used to commit the cursor again: half of the data never trained on."""
+    for message in run_ranks(_loop, 2, free_port(), "twice", init_group=False, timeout=50):
+        assert message.startswith("CursorError: step() was called again at step 1"), message
+
+
+@pytest.mark.timeout(60)
+def test_a_step_without_backward_is_refused_before_any_collective() -> None:
+    """It used to pair this rank's finiteness vote with the others' gradient all-reduce
+    (an elastic job then trained on and exited 0 with samples trained twice)."""
+    results = run_ranks(_loop, 2, free_port(), "no backward", init_group=False, timeout=50,
+                        may_die=(0,))
+    assert results[1].startswith("ReducerError: step() at step 1 on rank 1 without a "
+                                 "synchronized backward()"), results[1]

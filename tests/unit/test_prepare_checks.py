@@ -1,0 +1,106 @@
+"""What potluck.prepare refuses before it trains a step (one process: the pure checks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import potluck
+from potluck.errors import ConfigError
+from potluck.prepare_checks import check_directory, check_split, whole_number
+
+DATA = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+
+
+def _prepare(net: torch.nn.Module | None = None, **kwargs: object) -> object:
+    net = net or torch.nn.Linear(4, 2)
+    opt = kwargs.pop("optimizer", None) or torch.optim.SGD(net.parameters(), lr=0.1)
+    return potluck.prepare(net, opt, kwargs.pop("dataset", DATA),
+                           global_batch=kwargs.pop("global_batch", 8), **kwargs)
+
+
+def test_an_optimizer_over_another_model_is_refused() -> None:
+    other = torch.nn.Linear(4, 2)
+    with pytest.raises(ConfigError, match="none of them the model's"):
+        _prepare(optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+    net, extra = torch.nn.Linear(4, 2), torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ConfigError, match=r"1 parameter\(s\) that are not the model's.*\(3,\)"):
+        _prepare(net, optimizer=torch.optim.SGD([*net.parameters(), extra], lr=0.1))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dataset": None}, "map-style dataset"),
+    ({"dataset": iter(range(3))}, "map-style dataset"),
+    ({"clip_grad_norm": "1"}, "clip_grad_norm='1' must be a positive number"),
+    ({"shares": "equal"}, "shares='equal' must be a share policy"),
+    ({"minimum": 2}, r"minimum=2 must be a potluck.MinimumSize.*MinimumSize\(2, 60\)"),
+    ({"collate": 3}, "collate=3 must be a function"),
+    ({"seed": 1.5}, "seed=1.5 must be an int"),
+    ({"global_batch": True}, "global_batch=True must be an int"),
+    ({"global_batch": 20}, None),  # more than the dataset: fine (one short step an epoch)
+])
+def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
+                                                 message: str | None) -> None:
+    if message is None:
+        _prepare(**kwargs)
+        return
+    with pytest.raises(ConfigError, match=message):
+        _prepare(**kwargs)
+
+
+def test_a_numpy_integer_is_a_whole_number() -> None:
+    assert whole_number("global_batch", np.int64(8), "8") == 8
+    _prepare(global_batch=np.int64(8))
+
+
+def test_metrics_dir_must_be_a_directory(tmp_path: Path) -> None:
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        _prepare(metrics_dir=afile)
+    with pytest.raises(ConfigError, match="cannot be made"):
+        check_directory("metrics_dir", afile / "sub")
+    check_directory("metrics_dir", tmp_path / "new" / "dir")  # made later: fine
+
+
+@pytest.mark.parametrize(("length", "batch", "world", "drop_last", "steps", "message"), [
+    (25, 8, 2, False, 1, "end each epoch with a step of 1 sample"),
+    (25, 8, 2, True, 1, None),  # that step is left out
+    (26, 8, 2, False, 1, None),  # a last step of 2: one each
+    (16, 1, 2, False, 1, "global_batch=1 is smaller than the 2 workers"),
+    (24, 8, 3, False, 1, None),
+    (41, 4, 2, False, 5, "end each epoch with a round of 1 sample"),  # DiLoCo: rounds of 20
+])
+def test_every_step_gives_every_worker_a_sample(length: int, batch: int, world: int,
+                                                drop_last: bool, steps: int,
+                                                message: str | None) -> None:
+    if message is None:
+        check_split(length, batch, world, drop_last, steps)
+        return
+    with pytest.raises(ConfigError, match=message) as caught:
+        check_split(length, batch, world, drop_last, steps)
+    assert "drop_last=True" in str(caught.value) or "at least" in str(caught.value)
+
+
+def test_a_module_wrapped_twice_is_refused() -> None:
+    """Each wrapper would average again: gradients divided by the world size twice."""
+    once = potluck.DataParallel(torch.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="already wrapped in DataParallel"):
+        potluck.DataParallel(once)
+
+
+@pytest.mark.parametrize("args", [("2", 60), (2.5, 60), (True, 60), (2, "60")])
+def test_a_minimum_size_of_the_wrong_type_is_named(args: tuple[object, object]) -> None:
+    with pytest.raises(ConfigError, match="workers must be an int >= 1"):
+        potluck.MinimumSize(*args)  # type: ignore[arg-type]
+
+
+def test_resume_from_a_missing_directory_says_so(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    _, opt, _ = _prepare(checkpoint_dir=tmp_path / "typo", resume=True)
+    assert opt.steps == 0  # type: ignore[attr-defined]
+    assert "no checkpoint in" in caplog.text and "starting from step 0" in caplog.text
