@@ -21,8 +21,8 @@ from typing import Any
 
 from potluck.errors import ConfigError
 
-_CONFIG_KEYS = ("dataset_len", "global_batch", "drop_last", "seed")
-_STATE_KEYS = ("epoch", "cursor")
+_CONFIG_KEYS = ("dataset_len", "global_batch", "drop_last")
+_STATE_KEYS = ("epoch", "cursor", "seed")
 
 Range = tuple[int, int]  # [start, stop) positions in the epoch permutation
 
@@ -139,4 +139,5 @@ class CursorState:
                     f"settings, or start a fresh cursor."
                 )
         owed = tuple((int(a), int(b)) for a, b in saved.get("owed", ()))  # older: none
-        return replace(self, epoch=saved["epoch"], cursor=saved["cursor"], owed=owed)
+        return replace(self, seed=saved["seed"], epoch=saved["epoch"], cursor=saved["cursor"],
+                       owed=owed)

@@ -64,7 +64,12 @@ class LiveState:
     def apply(self, state: dict[str, Any]) -> None:
         self._model.module.load_state_dict(state["model"])
         self._optimizer.load_state_dict(state["optimizer"])
-        self._cursor.load_state_dict(state["cursor"])
+        seed, saved_seed = self._cursor.state.seed, state["cursor"].get("seed")
+        self._cursor.load_state_dict(state["cursor"])  # the saved seed: the epoch goes on
+        if saved_seed is not None and int(saved_seed) != seed:  # in the order it began
+            log.warning("the live state's data order has seed=%s; this worker's seed=%s is "
+                        "not used (the epoch goes on in the order it began, so that every "
+                        "sample is still trained on exactly once)", saved_seed, seed)
         self._progress.steps = int(state["steps"])
         self._model.reducer.adopt_bucket_order(state["bucket_order"])
         saved = state.get("parts", {})
