@@ -69,11 +69,25 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(words).parse_args(words)
-    table = dict((c, m) for c, m, _ in _COMMANDS)
     if args.command == "bench":
-        table = dict((c, m) for c, m, _ in _BENCHES)
-        name = args.bench
-    else:
-        name = args.command
-    result: int = _module(table[name]).main(args)
+        return _bench(args)
+    table = dict((c, m) for c, m, _ in _COMMANDS)
+    result: int = _module(table[args.command]).main(args)
+    return result
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Run one bench. A bad flag exits 2, as argparse's own errors do: the ``--json``
+    path is checked here for every bench, before it runs (not after, when its results
+    would be lost), and a bench's own checks raise ``ConfigError``."""
+    from potluck.bench.common import check_json_path
+    from potluck.errors import ConfigError
+
+    module = dict((c, m) for c, m, _ in _BENCHES)[args.bench]
+    try:
+        check_json_path(getattr(args, "json", None))
+        result: int = _module(module).main(args)
+    except ConfigError as exc:
+        print(f"potluck bench {args.bench}: {exc}", file=sys.stderr)
+        return 2
     return result

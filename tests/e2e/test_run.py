@@ -205,6 +205,29 @@ def test_the_report_names_the_rank_that_left_not_the_one_that_lost_it() -> None:
     assert "rank 0 (pid" in root and "PeerLostError" in root  # listed as a consequence
 
 
+@pytest.mark.timeout(30)
+def test_a_scripts_own_sys_exit_is_reported_with_its_code() -> None:
+    result = potluck_run(str(SCRIPTS / "exit_3.py"), timeout=25)
+    assert result.returncode == 1, result.stderr[-3000:]
+    root = result.stderr.split("Root cause")[1]
+    assert "exit      : exit code 3" in root
+    assert "error     : the script exited with code 3 via SystemExit (sys.exit(3))" in root
+    assert 'exit_3.py", line' in root and "none recorded" not in root
+
+
+@pytest.mark.timeout(30)
+def test_the_report_names_the_rank_that_left_after_closing_its_cohort() -> None:
+    """A README loop ends with ``cohort.close()``: it closes the group before the script
+    ends, so rank 0 records its lost peer before rank 1 records its end."""
+    result = potluck_run("--nproc-per-node", "2", str(SCRIPTS / "close_before_backward.py"),
+                         timeout=25)
+    assert result.returncode == 1, result.stderr[-3000:]
+    root = result.stderr.split("Root cause")[1]
+    assert "rank      : 1 (local rank 1, node rank 0)" in root, root
+    assert "its script ended while the other ranks still waited for it" in root
+    assert "rank 0 (pid" in root and "PeerLostError" in root  # listed as a consequence
+
+
 @pytest.mark.timeout(90)
 def test_an_elastic_jobs_buggy_hook_fails_at_once_with_its_own_error() -> None:
     result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "t",

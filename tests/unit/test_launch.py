@@ -111,9 +111,47 @@ def test_a_rank_whose_script_ended_while_the_others_needed_it_is_the_root_cause(
     # stopped by the agent in its teardown: it had left all the same
     stopped = WorkerResult(1, 1, 101, -15, seen_at=5.2, stopped=True, finished_at=4.9)
     assert root_cause([_lost_peer(0, raised_at=5.0), stopped]) == stopped
-    # a script that ended after the loss is not why it happened
-    late = WorkerResult(1, 1, 101, 0, seen_at=5.2, finished_at=5.1)
+    # a script that ended after the agent saw the loss is not why it happened
+    late = WorkerResult(1, 1, 101, 0, seen_at=5.2, finished_at=5.15)
     assert root_cause([_lost_peer(0, raised_at=5.0), late]) == _lost_peer(0, 5.0)
+
+
+def test_a_rank_that_closed_its_cohort_and_left_is_the_root_cause() -> None:
+    """``cohort.close()`` closes the group before the script ends: the peer records its
+    loss (5.0) before the leaver's finished record (5.01), and exits later (5.1)."""
+    closed = WorkerResult(1, 1, 101, 0, seen_at=5.12, finished_at=5.01)
+    results = [_lost_peer(0, raised_at=5.0), closed]
+    assert root_cause(results) == closed
+    text = format_report(results, host="h", node_rank=0)
+    assert "rank      : 1 (local rank 1, node rank 0)" in text
+    assert "its script ended while the other ranks still waited for it" in text
+
+
+def _stopped_after_raising(rank: int, raised_at: float) -> WorkerResult:
+    error = ErrorRecord(raised_at, "CursorError", "the cursor is past the end",
+                        "Traceback...\nCursorError: the cursor is past the end\n")
+    return WorkerResult(rank, rank, 100 + rank, -15, raised_at + 0.5, stopped=True,
+                        error=error)
+
+
+def test_a_worker_stopped_after_it_raised_its_own_error_is_the_root_cause() -> None:
+    """Rank 1 raised first; rank 0 lost it as a peer and its exit was seen first, so
+    the agent stopped rank 1 while its traceback printed."""
+    raiser = _stopped_after_raising(1, raised_at=4.9)
+    results = [_lost_peer(0, raised_at=5.0), raiser]
+    assert root_cause(results) == raiser
+    text = format_report(results, host="h", node_rank=0)
+    root = text.split("Root cause")[1].split("Other workers")[0]
+    assert "rank      : 1 (local rank 1, node rank 0)" in root
+    assert "CursorError: the cursor is past the end" in root
+    assert "stopped   : by the launcher, after it raised the error below" in root
+    assert "rank 0 (pid 100): exit code 1: PeerLostError" in text
+    # a failure of its own that was only seen (no record) still wins if it came first
+    killed = _result(2, -9, seen=4.8)
+    assert root_cause([*results, killed]) == killed
+    # raised after the agent saw the first failure (while being stopped): a consequence
+    later = _stopped_after_raising(1, raised_at=5.2)
+    assert root_cause([_lost_peer(0, raised_at=5.0), later]) == _lost_peer(0, 5.0)
 
 
 def test_format_report_names_rank_host_exit_and_traceback() -> None:
@@ -354,3 +392,100 @@ def test_workers_found_dead_in_one_poll_are_handled_in_the_order_they_failed(
 
     found = [worker(0, 1000.5), worker(1, 1000.2), worker(2, None), worker(3, 1000.2)]
     assert [w.rank for w in sorted(found, key=_failed_at)] == [1, 3, 0, 2]
+
+
+@pytest.mark.parametrize(("argv", "refused"), [
+    (("--token", "abc"), "--token only applies to --elastic runs"),
+    (("--no-warm-spare",), "--no-warm-spare only applies to --elastic runs"),
+    (("--token-file", __file__, "--no-warm-spare"),
+     "--token-file and --no-warm-spare only apply to --elastic runs"),
+])
+def test_elastic_only_flags_without_elastic_are_refused(
+        argv: tuple[str, ...], refused: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(_parse(*argv, __file__)) == 2
+    err = capsys.readouterr().err
+    assert refused in err and "add --elastic or drop" in err and "Traceback" not in err
+    elastic = cli.config_from_args(_parse("--elastic", *argv, "t.py"))  # fine with it
+    assert elastic.elastic and elastic.warm_spare is ("--no-warm-spare" not in argv)
+
+
+def test_a_token_in_the_environment_does_not_refuse_a_fixed_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POTLUCK_TOKEN", "exported-for-another-job")
+    assert cli.config_from_args(_parse("t.py")).elastic is False
+
+
+def test_the_endpoint_and_master_flags_must_agree() -> None:
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint 127\.0\.0\.1:29556 and "
+                       r"--master-port 29557 name two different ports"):
+        cli.config_from_args(_parse("--rdzv-endpoint", "127.0.0.1:29556", "--master-port",
+                                    "29557", "t.py"))
+    with pytest.raises(ConfigError, match="name two different hosts"):
+        cli.config_from_args(_parse("--rdzv-endpoint", "127.0.0.1:29556", "--master-addr",
+                                    "10.0.0.1", "t.py"))
+    same = cli.config_from_args(_parse("--rdzv-endpoint", "10.0.0.1:29556", "--master-port",
+                                       "29556", "--master-addr", "10.0.0.1", "t.py"))
+    assert (same.master_addr, same.master_port) == ("10.0.0.1", 29556)
+    assert cli.config_from_args(_parse("t.py")).master_addr == "127.0.0.1"
+
+
+@pytest.mark.parametrize("addr", ["not..valid", "a" * 64 + ".example.com", "", " "])
+def test_a_malformed_master_addr_is_refused_with_exit_2(
+        addr: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(_parse("--master-addr", addr, __file__)) == 2
+    err = capsys.readouterr().err
+    assert f"--master-addr {addr!r} is" in err and "e.g. 10.0.0.1" in err
+    assert "Traceback" not in err and "UnicodeError" not in err
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint 'not\.\.valid' is not a hostname"):
+        cli.config_from_args(_parse("--rdzv-endpoint", "not..valid:29500", "t.py"))
+    for good in ("10.0.0.1", "::1", "node-3.cluster.local"):
+        cli.check_host("--master-addr", good)
+
+
+def test_an_unresolvable_name_on_node_0_is_a_config_error_not_a_unicode_error() -> None:
+    from potluck.launch.store import check_local_address
+
+    with pytest.raises(ConfigError, match=r"'not\.\.valid' does not resolve"):
+        check_local_address("not..valid")
+
+
+def test_a_whitespace_token_is_refused_like_an_empty_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("POTLUCK_TOKEN", "  \t")
+    assert cli.main(_parse("--elastic", __file__)) == 2
+    err = capsys.readouterr().err
+    assert "the job's shared secret is only whitespace" in err
+    assert "openssl rand -hex 16" in err and "\t" not in err  # never echoed
+    with pytest.raises(ConfigError, match="only whitespace"):
+        cli.require_token(cli.config_from_args(_parse("--elastic", "--token", " ", "t.py")))
+
+
+def test_a_metrics_dir_that_is_a_file_is_refused_before_any_worker_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "hostname"
+    blocker.write_text("not a directory")
+    assert cli.main(_parse("--metrics-dir", str(blocker), __file__)) == 2
+    err = capsys.readouterr().err
+    assert f"--metrics-dir {blocker}: it is a file, not a directory" in err
+    assert "e.g. --metrics-dir runs/metrics" in err and "Traceback" not in err
+    assert cli.main(_parse("--metrics-dir", str(blocker / "m"), __file__)) == 2
+    assert "cannot write there" in capsys.readouterr().err
+    fresh = tmp_path / "new" / "metrics"
+    cli.check_writable_dir("--metrics-dir", str(fresh), example="m")
+    assert fresh.is_dir() and not any(fresh.iterdir())  # created, no probe left behind
+
+
+def test_a_scripts_own_sys_exit_is_named_as_such() -> None:
+    exited = WorkerResult(0, 0, 100, 3, 1.0, error=ErrorRecord(
+        0.9, "SystemExit", "3", "Traceback...\n    sys.exit(3)\nSystemExit: 3\n"))
+    text = format_report([exited, _result(1, -15, 1.1, stopped=True)], host="h",
+                         node_rank=0)
+    assert "error     : the script exited with code 3 via SystemExit (sys.exit(3))" in text
+    assert "none recorded" not in text and "sys.exit(3)\n" in text + "\n"
+    said = WorkerResult(0, 0, 100, 1, 1.0, error=ErrorRecord(
+        0.9, "SystemExit", "no data", "Traceback...\nSystemExit: no data\n"))
+    assert "exited with code 1 via SystemExit (sys.exit('no data'))" in format_report(
+        [said], host="h", node_rank=0)
+    silent = format_report([_result(0, 3, 1.0)], host="h", node_rank=0)  # os._exit(3)
+    assert "none recorded (the process exited with code 3 without an exception" in silent
+    assert "died without raising" not in silent

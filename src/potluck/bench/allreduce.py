@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from potluck.bench.common import interleaved, median, table, write_json
+from potluck.bench.common import at_least, interleaved, median, table, write_json
+from potluck.errors import ConfigError
 from potluck.harness.ranks import run_ranks
 
 _DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -41,11 +42,12 @@ def parse_size(text: str) -> int:
     try:
         value = int(float(digits) * scale)
     except ValueError:
-        raise SystemExit(
-            f"potluck bench allreduce: bad size {text!r}; use e.g. 4K, 1M, 65536"
+        raise ConfigError(
+            f"--sizes: bad size {text!r}; use sizes like 4K, 1M or 65536 (bytes)"
         ) from None
     if value < 32:
-        raise SystemExit(f"potluck bench allreduce: size {text!r} is below 32 bytes")
+        raise ConfigError(f"--sizes: size {text!r} is below 32 bytes, the smallest measured; "
+                          "use e.g. 64 or 4K")
     return value
 
 
@@ -54,8 +56,18 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * nbytes / seconds
 
 
-def main(args: argparse.Namespace) -> int:
+def check_args(args: argparse.Namespace) -> list[int]:
+    """The sizes in bytes; raises ConfigError (exit 2) naming a bad flag."""
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes:
+        raise ConfigError(f"--sizes {args.sizes!r} names no size; use e.g. --sizes 4K,1M")
+    at_least("--world-size", args.world_size, 2, "2")
+    at_least("--rounds", args.rounds, 1, "6")
+    return sizes
+
+
+def main(args: argparse.Namespace) -> int:
+    sizes = check_args(args)
     rounds = 3 if args.quick else args.rounds
     per_rank = run_ranks(_rank_main, args.world_size, sizes, rounds, timeout=600)
     rows, results = [], []

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from potluck.bench.common import write_json
+from potluck.bench.common import at_least, write_json
 from potluck.harness.elastic_job import (
     ElasticJob,
     ledger_problems,
@@ -229,8 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.trials < 1:
-        raise SystemExit(f"potluck bench chaos: --trials must be >= 1, got {args.trials}")
+    at_least("--trials", args.trials, 1, "4")
     print(f"potluck bench chaos: {args.trials} trial(s) from seed {args.seed}; "
           f"{FOUNDERS} founders + 1 joiner, gloo, {JOB.epochs} epochs of "
           f"{JOB.samples // JOB.global_batch} steps, collective timeout "

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from potluck.errors import ConfigError
 
 
 def median(values: Sequence[float]) -> float:
@@ -27,6 +30,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def at_least(flag: str, value: float, minimum: float, example: str) -> None:
+    """Refuse a count (or size) below ``minimum``: a bench of 0 rounds measures nothing."""
+    if value < minimum:
+        raise ConfigError(f"{flag} {value:g} must be at least {minimum:g}; use e.g. "
+                          f"{flag} {example}")
+
+
+def check_json_path(path: str | None) -> None:
+    """Refuse a ``--json`` file that could not be written, before the bench runs rather
+    than after it: its directory must exist (or be creatable) and be writable."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--json {path} is a directory: name a file in it, e.g. --json "
+                          f"{target / 'bench.json'}")
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--json {path}: cannot create its directory {parent} "
+                          f"({exc.strerror or exc}); name a file in a directory this user "
+                          "can write, e.g. --json results.json") from exc
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--json {path}: its directory {parent} is not writable by this "
+                          "user; name a file in one that is, e.g. --json results.json")
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:

@@ -23,7 +23,8 @@ from torch._C._distributed_c10d import TCPStore
 
 from potluck.balance.clock import ComputeClock
 from potluck.bench import models
-from potluck.bench.common import interleaved, median, table, write_json
+from potluck.bench.common import at_least, interleaved, median, table, write_json
+from potluck.errors import ConfigError
 from potluck.harness.ranks import run_ranks
 from potluck.metrics.observer import StepObserver
 from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
@@ -44,14 +45,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
 
-def main(args: argparse.Namespace) -> int:
+def check_args(args: argparse.Namespace) -> list[str]:
+    """The models to run; raises ConfigError (exit 2) naming a bad flag."""
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(names) - set(_WORKLOADS))
     if unknown or not names:
-        raise SystemExit(f"potluck bench ddp: unknown model(s) {unknown}; "
-                         f"choose from {sorted(_WORKLOADS)}")
-    if args.world_size < 2:
-        raise SystemExit(f"potluck bench ddp: --world-size must be >= 2, got {args.world_size}")
+        raise ConfigError(f"--models {args.models!r}: unknown model(s) {unknown}; choose "
+                          f"from {', '.join(sorted(_WORKLOADS))}, e.g. --models mlp")
+    at_least("--world-size", args.world_size, 2, "2")
+    at_least("--rounds", args.rounds, 1, "8")
+    at_least("--steps", args.steps, 1, "5")
+    if not args.bucket_cap_mb > 0:
+        raise ConfigError(f"--bucket-cap-mb {args.bucket_cap_mb:g} must be a positive size "
+                          "in MB; use e.g. --bucket-cap-mb 25")
+    return names
+
+
+def main(args: argparse.Namespace) -> int:
+    names = check_args(args)
     rounds, steps = (4, 2) if args.quick else (args.rounds, args.steps)
     results = []
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the agent's

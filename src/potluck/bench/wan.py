@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from potluck.bench.common import table, write_json
+from potluck.bench.common import at_least, table, write_json
 from potluck.bench.wan_figures import (
     loss_at,
     mean_gaps,
@@ -74,6 +74,9 @@ class WanConfig:
     logs: str | None = None
 
     def validated(self) -> WanConfig:
+        for flag, count, example in (("--batches", self.batches, "60"),
+                                     ("--inner-steps", self.inner_steps, "20")):
+            at_least(flag, count, 1, example)
         if self.batches % self.inner_steps:
             raise ConfigError(f"--batches {self.batches} is not a multiple of --inner-steps "
                               f"{self.inner_steps}: the loss gap compares whole rounds")

@@ -163,6 +163,54 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     )
 
 
+def check_demo_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that the chosen demo would silently ignore, before any demo runs:
+    two demos at once, ``--bandwidth`` without ``--wan``, and the plain demo's flags
+    (``--resume``, ``--steps``...) with ``--wan``, which sets its own."""
+    chosen = [f"--{name}" for name in ("wan", "chaos", "uneven") if getattr(args, name)]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' with '.join(chosen)}: they are separate demos; run one at a "
+                          f"time, e.g. potluck demo {chosen[0]}")
+    if args.bandwidth is not None and not args.wan:
+        raise ConfigError(f"--bandwidth {args.bandwidth} is the link rate of the --wan demo "
+                          "only: add --wan, or drop --bandwidth")
+    if args.wan:
+        ignored = [flag for flag, given in (
+            ("--resume", args.resume), ("--steps", args.steps is not None),
+            ("--batch-size", args.batch_size is not None),
+            ("--baseline-steps", args.baseline_steps is not None),
+            ("--no-baseline", args.no_baseline), ("--metrics", args.metrics is not None),
+        ) if given]
+        _require(not ignored,
+                 f"{', '.join(ignored)} with --wan: the WAN demo keeps no checkpoints or "
+                 "metrics file and sets its own steps and batch (only --quick and "
+                 f"--bandwidth change it); drop {', '.join(ignored)}")
+
+
+def metrics_path(args: argparse.Namespace) -> Path:
+    """Where the chosen demo writes its per-step metrics."""
+    if args.metrics is not None:
+        return Path(args.metrics)
+    return CHAOS_METRICS if args.chaos else UNEVEN_METRICS if args.uneven else METRICS
+
+
+def check_metrics_path(path: Path) -> None:
+    """The metrics file must be writable: refused now, not after the workers started.
+    Its directory is created if missing (the demo would create it anyway)."""
+    if path.is_dir():
+        raise ConfigError(f"--metrics {path} is a directory: name a file in it, e.g. "
+                          f"--metrics {path / 'metrics.jsonl'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".potluck-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--metrics {path}: cannot write in {path.parent} "
+                          f"({exc.strerror or exc}); name a file in a directory this user "
+                          f"can write, e.g. --metrics {METRICS}") from exc
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -170,6 +218,13 @@ def _require(ok: bool, message: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
+    try:
+        check_demo_flags(args)
+        if not args.wan:
+            check_metrics_path(metrics_path(args))
+    except ConfigError as exc:
+        print(f"potluck demo: error: {exc}", file=sys.stderr)
+        return 2
     if args.uneven:
         from potluck.demo import uneven
 

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "job, up to MAX join while it runs")
     flag("node-rank", type=int, default=0, metavar="R",
          help="this node's rank, 0..nnodes-1 (default 0); node 0 hosts the store")
-    flag("master-addr", default="127.0.0.1", metavar="ADDR",
+    flag("master-addr", default=None, metavar="ADDR",
          help="node 0's address as every node sees it (default 127.0.0.1)")
     flag("master-port", type=int, default=None, metavar="PORT",
          help="the store's port on node 0 (default: a free port on one node, 29500 on many)")
@@ -98,15 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
-    addr, port = args.master_addr, args.master_port
-    if args.rdzv_endpoint:
-        addr, _, port_text = args.rdzv_endpoint.rpartition(":")
-        if not addr or not port_text.isdigit():
-            raise ConfigError(
-                f"--rdzv-endpoint {args.rdzv_endpoint!r} must look like HOST:PORT, "
-                "e.g. 10.0.0.1:29500"
-            )
-        port = int(port_text)
+    addr, port = store_address(args.master_addr, args.master_port, args.rdzv_endpoint)
+    check_elastic_only(args)
     min_nodes, nnodes = parse_nnodes(args.nnodes)
     if args.rdzv_backend not in ("c10d", "static"):
         raise ConfigError(
@@ -144,6 +137,66 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     ).validated()
 
 
+def store_address(master_addr: str | None, master_port: int | None,
+                  rdzv_endpoint: str | None) -> tuple[str, int | None]:
+    """Node 0's store address from ``--master-addr``/``--master-port`` or torchrun's
+    ``--rdzv-endpoint HOST:PORT``: both may be given only when they agree."""
+    addr, port = master_addr, master_port
+    if rdzv_endpoint:
+        host, _, port_text = rdzv_endpoint.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise ConfigError(
+                f"--rdzv-endpoint {rdzv_endpoint!r} must look like HOST:PORT, "
+                "e.g. 10.0.0.1:29500"
+            )
+        if master_port is not None and master_port != int(port_text):
+            raise ConfigError(
+                f"--rdzv-endpoint {rdzv_endpoint} and --master-port {master_port} name two "
+                "different ports for the store: give the port once (either flag)"
+            )
+        if master_addr is not None and master_addr != host:
+            raise ConfigError(
+                f"--rdzv-endpoint {rdzv_endpoint} and --master-addr {master_addr} name two "
+                "different hosts for the store: give the address once (either flag)"
+            )
+        addr, port = host, int(port_text)
+    addr = "127.0.0.1" if addr is None else addr
+    check_host("--rdzv-endpoint" if rdzv_endpoint else "--master-addr", addr)
+    return addr, port
+
+
+def check_host(flag: str, addr: str) -> None:
+    """Refuse an address no resolver could take (empty, ``not..valid``, a label over 63
+    characters), with the flag that gave it, before anything tries to connect."""
+    try:
+        valid = bool(addr.strip()) and bool(addr.encode("idna"))
+    except UnicodeError as exc:
+        reason = str(exc).rstrip(")").rpartition(": ")[2] or str(exc)
+        raise ConfigError(
+            f"{flag} {addr!r} is not a hostname or IP address ({reason}): a hostname's "
+            "dot-separated labels must each be 1 to 63 characters; give node 0's hostname "
+            "or IP as the other nodes see it, e.g. 10.0.0.1 (on one node leave it out)"
+        ) from exc
+    if not valid:
+        raise ConfigError(f"{flag} {addr!r} is empty: give node 0's hostname or IP as the "
+                          "other nodes see it, e.g. 10.0.0.1 (on one node leave it out)")
+
+
+def check_elastic_only(args: argparse.Namespace) -> None:
+    """Refuse flags that only an elastic run reads, instead of ignoring them."""
+    if args.elastic:
+        return
+    given = [name for name, present in (("--token", args.token is not None),
+                                        ("--token-file", args.token_file is not None),
+                                        ("--no-warm-spare", not args.warm_spare)) if present]
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to "
+            "--elastic runs (a fixed job admits no new workers, so it needs no secret and "
+            f"keeps no spare): add --elastic or drop {'them' if len(given) > 1 else 'it'}"
+        )
+
+
 def resolve_token(flag: str | None, path: str | None, environ: Mapping[str, str]) -> str | None:
     """The job's secret: ``--token``, else ``--token-file``'s first line, else
     ``$POTLUCK_TOKEN``; None if none is given."""
@@ -167,6 +220,12 @@ def resolve_token(flag: str | None, path: str | None, environ: Mapping[str, str]
 
 def require_token(config: LaunchConfig) -> LaunchConfig:
     """An elastic job admits workers by its token: refuse to start one without it."""
+    if config.elastic and config.token is not None and not config.token.strip():
+        raise ConfigError(
+            f"the job's shared secret is only whitespace ({len(config.token)} character(s), "
+            "from $POTLUCK_TOKEN or --token): a blank secret protects nothing; set a real one, "
+            "e.g. export POTLUCK_TOKEN=$(openssl rand -hex 16)"
+        )
     if config.elastic and not config.token:
         raise ConfigError(
             "--elastic needs the job's shared secret, the same on every node: export "
@@ -242,7 +301,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = require_token(config_from_args(args))
         check_script(config)
-        _check_log_dir(config.log_dir)
+        check_writable_dir("--log-dir", config.log_dir, example="logs")
+        check_writable_dir("--metrics-dir", config.metrics_dir, example="runs/metrics")
         return Agent(config, emit=_emit).run()
     except ConfigError as exc:
         print(f"potluck run: {exc}", file=sys.stderr)
@@ -252,8 +312,10 @@ def main(args: argparse.Namespace) -> int:
         return 1
 
 
-def _check_log_dir(path: str | None) -> None:
-    """A ``--log-dir`` that cannot be written is refused before any worker starts."""
+def check_writable_dir(flag: str, path: str | None, *, example: str) -> None:
+    """A directory flag (``--log-dir``, ``--metrics-dir``) that cannot be written is
+    refused before any worker starts, not by every worker as it writes there. It is
+    created if it is missing."""
     if path is None:
         return
     try:
@@ -263,9 +325,10 @@ def _check_log_dir(path: str | None) -> None:
             pass
         os.remove(probe)
     except OSError as exc:
-        raise ConfigError(f"--log-dir {path}: cannot write there ({exc.strerror or exc}); "
-                          "pick a directory this user can write, e.g. --log-dir logs"
-                          ) from exc
+        what = ("it is a file, not a directory" if os.path.isfile(path)
+                else f"cannot write there ({exc.strerror or exc})")
+        raise ConfigError(f"{flag} {path}: {what}; pick a directory this user can write "
+                          f"(it is created if missing), e.g. {flag} {example}") from exc
 
 
 def _emit(line: str) -> None:

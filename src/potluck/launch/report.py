@@ -4,8 +4,10 @@ A worker started by ``potluck run`` writes an uncaught exception to its error fi
 (``write_error_file``); the agent reads it back (``read_error_file``) and picks the root
 cause: the earliest failure by the time the worker recorded, or by the time the agent
 saw the exit when no record exists. Workers the agent stopped itself are never the root
-cause, and neither is a worker whose script ran to its end (the bootstrap records that
-with ``write_finished_file``) and which then died while the interpreter shut down: its
+cause unless they had already recorded an exception of their own (the agent stops a
+worker whose traceback is still printing when another's exit is seen first). Neither is
+a worker whose script ran to its end (the bootstrap records that with
+``write_finished_file``) and which then died while the interpreter shut down: its
 training is complete, so the agent only warns (``format_teardown_warning``). Everything
 here is pure except the file functions.
 """
@@ -117,20 +119,33 @@ def lost_a_peer(result: WorkerResult) -> bool:
 
 
 def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
-    """The first failure of its own (earliest recorded exception, else earliest observed
-    exit). When every failure only lost a peer: a worker whose script ended before the
-    first of them (it left while the others still needed it, e.g. it skipped a step's
-    backward() and returned), else the first of them."""
+    """The first failure of its own: the earliest recorded exception that is not a lost
+    peer (also from a worker the agent stopped, if it raised before the agent saw any
+    failure: it was only stopped while its own traceback printed), else the earliest
+    observed exit. When every failure only lost a peer: a worker whose script ended
+    before the agent saw the first of them exit (it left while the others still needed
+    it, e.g. it skipped a step's backward() and returned), else the first of them."""
     failed = [r for r in results if r.failed]
     if not failed:
         return None
-    own = [r for r in failed if not lost_a_peer(r)]
+    first_seen = min(r.seen_at for r in failed)
+    own = [r for r in results if raised_its_own(r, first_seen)]
     if own:
         return min(own, key=_failed_at)
     first = min(failed, key=_failed_at)
-    assert first.error is not None  # lost_a_peer
-    left = [r for r in results if left_early(r, first.error.timestamp)]
+    left = [r for r in results if left_early(r, first.seen_at)]
     return min(left, key=lambda r: (r.finished_at, r.rank)) if left else first
+
+
+def raised_its_own(result: WorkerResult, first_seen: float) -> bool:
+    """It failed, and not only by losing a peer; or the agent stopped it after it had
+    recorded an exception of its own, before the agent saw the first failure."""
+    if lost_a_peer(result) or result.finished_at is not None:
+        return False
+    if result.failed:
+        return True
+    return (result.stopped and result.error is not None
+            and result.error.timestamp <= first_seen)
 
 
 def _failed_at(result: WorkerResult) -> tuple[float, int]:
@@ -138,8 +153,11 @@ def _failed_at(result: WorkerResult) -> tuple[float, int]:
 
 
 def left_early(result: WorkerResult, before: float) -> bool:
-    """Its script ended (exit 0) before ``before``, while the others still needed it
-    (the agent may have stopped the process since, in its interpreter's teardown)."""
+    """Its script ended (exit 0) before ``before``, the time the agent saw the first
+    lost peer's exit, while the others still needed it (the agent may have stopped the
+    process since, in its interpreter's teardown). Not the lost peer's recorded time:
+    a script that ends with ``cohort.close()`` closes its group first, so the others
+    record their loss while it is still returning from ``close()``."""
     return result.finished_at is not None and result.finished_at <= before
 
 
@@ -151,6 +169,17 @@ def describe_exit(exitcode: int) -> str:
     except ValueError:
         name = f"signal {-exitcode}"
     return f"killed by {name} (exit code {exitcode})"
+
+
+def describe_error(error: ErrorRecord, exitcode: int) -> str:
+    """The recorded exception; a script's own ``sys.exit(N)`` in words (its message is
+    only the code, or the text that ``sys.exit("...")`` printed)."""
+    if error.exc_type != "SystemExit":
+        return f"{error.exc_type}: {error.message}"
+    code = exitcode if exitcode > 0 else error.message
+    number = error.message.lstrip("-").isdigit()
+    called = f"sys.exit({error.message if number else repr(error.message)})"
+    return f"the script exited with code {code} via SystemExit ({called})"
 
 
 def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
@@ -175,14 +204,20 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
         ]
         if root.why is not None:
             lines.append(f"  why       : {root.why}")
-        if not root.failed:  # it left early: its script ended while the others needed it
+        if root.stopped and root.finished_at is None:
+            lines.append("  stopped   : by the launcher, after it raised the error below")
+        if root.finished_at is not None:  # it left early: its script ended too soon
             lines.append("  why       : its script ended while the other ranks still "
                          "waited for it in a collective (they lost it as a peer): every "
                          "rank must run the same steps, and call backward() in each")
         if root.error is not None:
-            lines.append(f"  error     : {root.error.exc_type}: {root.error.message}")
+            lines.append(f"  error     : {describe_error(root.error, root.exitcode)}")
             lines.append("  traceback :")
             lines += ["    " + line for line in root.error.traceback.rstrip().splitlines()]
+        elif root.failed and root.exitcode > 0:
+            lines.append(f"  traceback : none recorded (the process exited with code "
+                         f"{root.exitcode} without an exception reaching potluck's worker "
+                         "bootstrap: os._exit(), or native code)")
         elif root.failed:
             lines.append("  traceback : none recorded (the process died without raising)")
     others = [r for r in results if r is not root and r.exitcode != 0]
@@ -192,7 +227,7 @@ def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
         how = "stopped by the launcher" if other.stopped else describe_exit(other.exitcode)
         if other.died_after_finishing:
             how = f"finished its script, then {how} at interpreter exit"
-        error = f": {other.error.exc_type}: {other.error.message}" if other.error else ""
+        error = f": {describe_error(other.error, other.exitcode)}" if other.error else ""
         lines.append(f"  rank {other.rank} (pid {other.pid}): {how}{error}")
     lines.append(bar)
     return "\n".join(lines)

@@ -63,9 +63,10 @@ def check_local_address(addr: str) -> None:
     if a socket can be bound to it."""
     try:
         infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name like "not..valid"
+        reason = getattr(exc, "strerror", None) or exc
         raise ConfigError(
-            f"--master-addr {addr!r} does not resolve ({exc.strerror or exc}); give node "
+            f"--master-addr {addr!r} does not resolve ({reason}); give node "
             "0's hostname or IP address as the other nodes see it (on one node leave it out)"
         ) from exc
     for family, kind, proto, _, address in infos:

@@ -6,7 +6,8 @@ usual traceback goes to stderr, so the launcher's report can quote it. An elasti
 that stopped below its minimum size (``BelowMinimumError``) is a planned stop: its
 message, no traceback, a stop file beside the finished file, and exit code 3; the
 launcher does not restart it (a script's own ``sys.exit(3)`` writes no stop file, and
-is a failure like any other). A joiner
+is a failure like any other: a non-zero ``SystemExit`` goes to the error file, so the
+report says the script exited with that code). A joiner
 that arrived after the run finished (``JobFinishedError``) says so and exits with 0.
 A script that ran to its end (or called ``sys.exit(0)``) is recorded in the finished file
 the launcher named, so that a crash while the interpreter shuts down afterwards is
@@ -74,6 +75,8 @@ def main(argv: list[str]) -> None:
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
             _record_finished()
+        else:  # the report says how it ended: not "died without raising"
+            _record_error(exc)
         raise
     except KeyboardInterrupt:
         raise
@@ -85,10 +88,7 @@ def main(argv: list[str]) -> None:
     except JobFinishedError as exc:  # came too late to help: nothing failed
         _planned_exit(str(exc), 0)
     except BaseException as exc:
-        exc.with_traceback(_user_frames(exc.__traceback__))
-        path = env.error_file()
-        if path is not None:
-            write_error_file(path, exc)
+        _record_error(exc)
         # Printed here, through whatever hook the script installed, starting in the
         # script: re-raised, it would gain this bootstrap's and runpy's frames again.
         sys.excepthook(type(exc), exc, exc.__traceback__)
@@ -157,6 +157,15 @@ def warm_up() -> None:
     import potluck.preparation  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def _record_error(exc: BaseException) -> None:
+    """Write ``exc`` to the error file the launcher named, its traceback starting in
+    the script."""
+    exc.with_traceback(_user_frames(exc.__traceback__))
+    path = env.error_file()
+    if path is not None:
+        write_error_file(path, exc)
 
 
 def _record_finished() -> None:
