@@ -10,6 +10,9 @@ namespace is a host with its own address; the veth between them is the only link
 its counters count every byte the job put on the wire (headers included). ``tc ... tbf``
 caps each end's egress (netem, for delay, is not available on these machines).
 Deleting a namespace deletes its end of the veth, so ``close`` leaves nothing behind.
+While the hosts are open, a SIGTERM (where nobody else handles it) exits the process
+through ``close`` as an exception would, instead of killing it with the namespaces still
+there (a bench stopped with ``kill`` used to leave them for good).
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from potluck.errors import PotluckError
 
@@ -54,6 +61,19 @@ def _run(*args: str) -> str:
     return done.stdout
 
 
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM raise ``SystemExit`` (so ``finally`` and ``with`` clean up) if it
+    still has its default action and this is the main thread; the handler it replaced,
+    or None if it left SIGTERM alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return None
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return previous
+
+
 class LinkedHosts:
     """Two namespaces ``<prefix>-<tag>-0/1`` with addresses ``10.77.<k>.1/.2``."""
 
@@ -64,8 +84,10 @@ class LinkedHosts:
         self.addresses = (f"10.77.{subnet}.1", f"10.77.{subnet}.2")
         self.devices = (f"plv{tag}a"[:15], f"plv{tag}b"[:15])
         self._created: list[str] = []
+        self._sigterm: Any = None  # the handler ours replaced while open (None: none)
 
     def open(self) -> LinkedHosts:
+        self._sigterm = _exit_on_sigterm()
         try:
             for name in self.names:
                 _run("ip", "netns", "add", name)
@@ -104,6 +126,9 @@ class LinkedHosts:
         for name in self._created:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=15)
         self._created = []
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
     def __enter__(self) -> LinkedHosts:
         return self.open()
