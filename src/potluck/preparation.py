@@ -115,8 +115,12 @@ def prepare(
     if global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
                           "per step, all workers together), e.g. global_batch=64")
-    check_arguments(dataset, seed, collate, clip_grad_norm, shares, minimum, metrics_dir,
+    check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir,
                     SharePolicy, MinimumSize)
+    seed = whole_number("seed", seed, "seed=0")
+    if not isinstance(drop_last, bool):
+        raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "
+                          "epoch's last, shorter step)")
     for name in ("group", "process_group", "on_failure", "init_sync"):
         if name in data_parallel:
             raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
@@ -140,12 +144,13 @@ def prepare(
                           "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
+    if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
+        # alike below. (A joiner takes the live state's cursor, which refuses another
+        # dataset length or global batch and goes on in the saved seed's order.)
+        agree_everywhere(cohort.group, signature(len(dataset), global_batch, seed, drop_last),
+                         cohort.device)
     check_split(len(dataset), global_batch, cohort.world_size, drop_last,
                 sync.inner_steps if sync is not None else 1)
-    if cohort.world_size > 1 and not cohort.joined_late:  # (a joiner's cursor comes with
-        # the live state, which refuses another dataset length, global batch or seed)
-        agree_everywhere(cohort.group, signature(len(dataset), global_batch, int(seed),
-                                                 drop_last))
     model.to(cohort.device)
     if sync is not None:
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,

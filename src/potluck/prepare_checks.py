@@ -52,7 +52,7 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         "optimizer")
 
 
-def check_arguments(dataset: Any, seed: Any, collate: Any, clip_grad_norm: Any,
+def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
                     shares: Any, minimum: Any, metrics_dir: Any,
                     policy: type, minimum_type: type) -> None:
     """The arguments whose type is checked nowhere else before they are used."""
@@ -61,7 +61,6 @@ def check_arguments(dataset: Any, seed: Any, collate: Any, clip_grad_norm: Any,
             f"prepare() takes a map-style dataset (len(dataset) and dataset[i]), got "
             f"{type(dataset).__name__}; the data cursor hands out sample indices, so wrap "
             "an iterable in a list or a torch.utils.data.Dataset")
-    whole_number("seed", seed, "seed=0")
     if collate is not None and not callable(collate):
         raise ConfigError(f"collate={collate!r} must be a function of a list of samples "
                           "returning a batch (default: torch's default_collate)")
@@ -126,12 +125,14 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
         f"dataset length whose last {what} has at least {world_size} samples")
 
 
-def agree_everywhere(group: GroupHandle, values: dict[str, int]) -> None:
+def agree_everywhere(group: GroupHandle, values: dict[str, int],
+                     device: torch.device) -> None:
     """Every rank passed the same ``values`` (one all-gather): ranks with another seed,
     global batch or dataset length would each walk their own order of the data, and some
     samples would be trained twice and others never, with no error anywhere."""
     names = list(values)
-    mine = torch.tensor([values[name] % (1 << 63) for name in names], dtype=torch.int64)
+    mine = torch.tensor([values[name] % (1 << 63) for name in names], dtype=torch.int64,
+                        device=device)  # (NCCL takes only its device's tensors)
     rows = [row.tolist() for row in allgather_tensor(mine, group)]
     differ = [k for k in range(len(names)) if len({row[k] for row in rows}) > 1]
     if not differ:

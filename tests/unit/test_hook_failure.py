@@ -29,6 +29,9 @@ def test_the_backend_failures_are_lost_peers(error: BaseException) -> None:
 
 
 @pytest.mark.parametrize("error", [
+    hook_error("h", "bucket 0", RuntimeError(SHAPES), 0),  # quotes "not a lost peer"
+    RuntimeError(f"Got the following error when running the callback: RuntimeError: "
+                 f"{SHAPES}\n\nAt:\n  /home/me/nccl-timeout-tests/train.py(12): check\n"),
     RuntimeError(SHAPES),
     RuntimeError(f"Got the following error when running the callback: RuntimeError: {SHAPES}"),
     RuntimeError("expected scalar type Float but found Double"),

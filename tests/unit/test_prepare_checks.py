@@ -54,7 +54,13 @@ def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
 
 def test_a_numpy_integer_is_a_whole_number() -> None:
     assert whole_number("global_batch", np.int64(8), "8") == 8
-    _prepare(global_batch=np.int64(8))
+    _prepare(global_batch=np.int64(8), seed=np.int64(3))
+    assert potluck.MinimumSize(np.int64(2), 60).workers == 2
+
+
+def test_drop_last_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="drop_last='no' must be True or False"):
+        _prepare(drop_last="no")
 
 
 def test_metrics_dir_must_be_a_directory(tmp_path: Path) -> None:

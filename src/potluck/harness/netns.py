@@ -64,7 +64,7 @@ def _run(*args: str) -> str:
 def _exit_on_sigterm() -> Any:
     """Make SIGTERM raise ``SystemExit`` (so ``finally`` and ``with`` clean up) if it
     still has its default action and this is the main thread; the handler it replaced,
-    or None if it left SIGTERM alone."""
+    or None if it left SIGTERM alone (another ``LinkedHosts`` open already set it)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     previous = signal.getsignal(signal.SIGTERM)
@@ -72,6 +72,16 @@ def _exit_on_sigterm() -> Any:
         return None
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return previous
+
+
+def _deferred(previous: Any) -> Any:
+    """While ``close`` deletes the namespaces, a second SIGTERM waits (it would stop the
+    deletion halfway); returns what to restore, or None where nothing was deferred."""
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        return None
+    caught: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+    return caught
 
 
 class LinkedHosts:
@@ -90,8 +100,8 @@ class LinkedHosts:
         self._sigterm = _exit_on_sigterm()
         try:
             for name in self.names:
-                _run("ip", "netns", "add", name)
-                self._created.append(name)
+                self._created.append(name)  # first: a SIGTERM right after the add
+                _run("ip", "netns", "add", name)  # must still find it to delete
             _run("ip", "link", "add", self.devices[0], "netns", self.names[0], "type", "veth",
                  "peer", "name", self.devices[1], "netns", self.names[1])
             for name, dev, addr in zip(self.names, self.devices, self.addresses, strict=True):
@@ -123,12 +133,15 @@ class LinkedHosts:
         return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
 
     def close(self) -> None:
-        for name in self._created:
+        caught = _deferred(self._sigterm)
+        for name in self._created:  # (one never added: ip says so, nothing happens)
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=15)
         self._created = []
         if self._sigterm is not None:
             signal.signal(signal.SIGTERM, self._sigterm)
             self._sigterm = None
+            if caught:  # a SIGTERM came while deleting: its default action now
+                signal.raise_signal(signal.SIGTERM)
 
     def __enter__(self) -> LinkedHosts:
         return self.open()

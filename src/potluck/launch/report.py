@@ -133,7 +133,7 @@ def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
     if own:
         return min(own, key=_failed_at)
     first = min(failed, key=_failed_at)
-    left = [r for r in results if left_early(r, first.seen_at)]
+    left = [r for r in results if left_early(r, first_seen)]
     return min(left, key=lambda r: (r.finished_at, r.rank)) if left else first
 
 

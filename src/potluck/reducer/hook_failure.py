@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from potluck.errors import CommHookError, CommunicationError
+from potluck.errors import CommHookError, CommunicationError, PotluckError
 
 BACKEND_WORDS = ("gloo", "nccl", "processgroup", "process group", "peer", "connection",
                  "socket", "broken pipe", "timed out", "timeout", "aborted",
@@ -30,10 +30,15 @@ BACKEND_WORDS = ("gloo", "nccl", "processgroup", "process group", "peer", "conne
 
 def is_backend_failure(error: BaseException) -> bool:
     """Whether ``error`` came from the communication backend (or potluck's waits on it)
-    rather than from a hook's own code."""
-    if isinstance(error, (CommunicationError, dist.DistError)):
+    rather than from a hook's own code. Potluck's own errors say by their type (a
+    ``CommHookError`` quotes the words "not a lost peer"); the text of others is read
+    only before torch's "At:" stack of a failed callback, whose file paths are the
+    user's (a script under ``~/nccl-tests/`` is not a lost peer)."""
+    if isinstance(error, PotluckError):
+        return isinstance(error, CommunicationError)
+    if isinstance(error, dist.DistError):
         return True
-    text = f"{type(error).__name__}: {error}".lower()
+    text = f"{type(error).__name__}: {error}".split("\n\nAt:", 1)[0].lower()
     return any(word in text for word in BACKEND_WORDS)
 
 
@@ -46,4 +51,4 @@ def hook_error(hook: str, what: str, error: BaseException, rank: int) -> CommHoo
         f"the communication hook {hook} failed in {what} on rank {rank} with its own "
         f"error, not a lost peer: {type(error).__name__}: {first}. No collective failed, "
         "so redoing the step would fail the same way; fix the hook (its traceback is "
-        "this error's cause), or pass no comm_hook to use potluck's mean")
+        "this error's cause)")

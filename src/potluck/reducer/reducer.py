@@ -373,8 +373,8 @@ class Reducer:
             if not self._config.abandon_on_failure:
                 raise
             self._fail(lost)
-        except ConfigError:  # the hook refused its input: not a lost peer
-            raise
+        except (ConfigError, CommHookError):  # the hook refused its input, or failed
+            raise  # in its own code (a chain's earlier bucket): not a lost peer
         except RuntimeError as exc:
             if is_out_of_memory(exc):  # this rank ran out of memory in it: not a lost
                 raise  # peer (potluck.fit_backward says what to do)

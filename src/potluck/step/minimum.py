@@ -4,6 +4,7 @@ it then waits for joiners before it checkpoints and stops (``potluck run --min-w
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
@@ -17,14 +18,16 @@ class MinimumSize:
     """Seconds to wait for joiners below ``workers`` before checkpointing and stopping."""
 
     def __post_init__(self) -> None:
-        if (isinstance(self.workers, bool) or not isinstance(self.workers, int)
-                or isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
-                or self.workers < 1 or not self.timeout > 0):
+        if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
+                or isinstance(self.timeout, bool) or not isinstance(self.timeout, numbers.Real)
+                or self.workers < 1 or not float(self.timeout) > 0):
             raise ConfigError(
                 f"MinimumSize(workers={self.workers!r}, timeout={self.timeout!r}): workers "
                 "must be an int >= 1 and timeout a number of seconds > 0, e.g. "
                 "MinimumSize(2, 60.0)"
             )
+        object.__setattr__(self, "workers", int(self.workers))  # (a numpy integer too)
+        object.__setattr__(self, "timeout", float(self.timeout))
 
     def stop_message(self, world_size: int, steps: int, where: str) -> str:
         return (
