@@ -150,7 +150,8 @@ def test_bad_planner_input_is_refused_with_the_value_and_the_rule(
 
 
 def test_balance_config_is_checked_when_made() -> None:
-    with pytest.raises(ConfigError, match=r"caps\[0\]=0 is invalid"):
+    with pytest.raises(ConfigError, match=r"BalanceConfig\(max_micro_batch=0\) must be an "
+                                          "int >= 1"):  # its own name, not the planner's caps
         BalanceConfig(max_micro_batch=0)
     with pytest.raises(ConfigError, match="min_gain"):
         BalanceConfig(min_gain=-0.1)

@@ -59,7 +59,11 @@ class BalanceConfig:
 
     def __post_init__(self) -> None:
         SpeedMeter(self.smoothing)  # validates
-        plan_shares([1.0], 1, caps=[self.max_micro_batch], min_gain=self.min_gain)
+        cap = self.max_micro_batch
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ConfigError(f"BalanceConfig(max_micro_batch={cap!r}) must be an int >= 1 "
+                              "(this rank's most samples per forward), or None (no cap)")
+        plan_shares([1.0], 1, caps=[cap], min_gain=self.min_gain)
 
 
 class BalancedCohort(Protocol):
