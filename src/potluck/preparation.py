@@ -115,8 +115,7 @@ def prepare(
     if global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
                           "per step, all workers together), e.g. global_batch=64")
-    check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir,
-                    SharePolicy, MinimumSize)
+    check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir)
     seed = whole_number("seed", seed, "seed=0")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "

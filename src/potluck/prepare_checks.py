@@ -20,6 +20,8 @@ from torch import nn
 from potluck.collectives import allgather_tensor
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle
+from potluck.step.minimum import MinimumSize
+from potluck.step.parts import SharePolicy
 
 
 def whole_number(name: str, value: Any, example: str) -> int:
@@ -53,8 +55,7 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
-                    shares: Any, minimum: Any, metrics_dir: Any,
-                    policy: type, minimum_type: type) -> None:
+                    shares: Any, minimum: Any, metrics_dir: Any) -> None:
     """The arguments whose type is checked nowhere else before they are used."""
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ConfigError(
@@ -68,13 +69,13 @@ def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
             clip_grad_norm, numbers.Real) or not float(clip_grad_norm) > 0):
         raise ConfigError(f"clip_grad_norm={clip_grad_norm!r} must be a positive number "
                           "(the largest global gradient norm), e.g. 1.0, or None")
-    if shares is not None and not isinstance(shares, policy):
+    if shares is not None and not isinstance(shares, SharePolicy):
         raise ConfigError(f"shares={shares!r} must be a share policy: a step part "
                           "(potluck.step.parts.SharePolicy: name, shares(world_size) -> a "
                           "weight per rank, on_commit, on_membership, state_dict, "
                           "load_state_dict); leave it out for equal shares, or pass "
                           "balance=True for shares by measured speed")
-    if minimum is not None and not isinstance(minimum, minimum_type):
+    if minimum is not None and not isinstance(minimum, MinimumSize):
         raise ConfigError(f"minimum={minimum!r} must be a potluck.MinimumSize(workers, "
                           f"timeout), e.g. minimum=potluck.MinimumSize({minimum!r}, 60)"
                           if isinstance(minimum, int) else
