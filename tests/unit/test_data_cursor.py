@@ -49,6 +49,29 @@ def test_split_counts_property_largest_remainder() -> None:
                 assert count == 0
 
 
+def fraction_split(total: int, shares: list[float]) -> list[int]:
+    """Largest remainder in ``Fraction`` arithmetic: the reference ``split_counts`` meets."""
+    quotas = [total * Fraction(s) / sum(Fraction(x) for x in shares) for s in shares]
+    counts = [int(q) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda r: -(quotas[r] - counts[r]))
+    for rank in order[:total - sum(counts)]:
+        counts[rank] += 1
+    return counts
+
+
+def test_split_counts_equals_exact_rational_largest_remainder() -> None:
+    rng = random.Random(1)
+    for _ in range(3000):
+        world_size = rng.randint(1, 8)
+        shares = [rng.choice([0.0, 1.0, rng.random(), rng.random() * 1e-300,
+                              rng.random() * 1e300, float(rng.randint(1, 9))])
+                  for _ in range(world_size)]
+        if not any(shares):
+            shares[0] = 1.0
+        total = rng.randint(0, 5000)
+        assert split_counts(total, shares) == fraction_split(total, shares), (total, shares)
+
+
 def test_split_block_is_contiguous_and_covers() -> None:
     parts = split_block(10, 22, [1, 0, 2])
     assert parts == [range(10, 14), range(14, 14), range(14, 22)]

@@ -3,7 +3,8 @@
 Pure functions of their inputs. Shares are non-negative weights (samples/s, or 1 each);
 rank ``r`` gets a contiguous sub-block whose length is proportional to its share,
 rounded by largest remainder so that the lengths sum exactly to the block. Ties go to
-the lower rank. The arithmetic is exact (``fractions.Fraction``), so every rank computes
+the lower rank. The arithmetic is exact (each float share is an integer over a power of
+two, so the quotas are integers over one common denominator), so every rank computes
 the same split from the same float shares, bit for bit.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 
 from potluck.errors import ConfigError
 
@@ -50,13 +50,16 @@ def split_counts(total: int, shares: Sequence[float]) -> list[int]:
     """Per-rank sample counts for a block of ``total`` samples; they sum to ``total``."""
     if total < 0:
         raise ConfigError(f"total={total} is invalid: a block cannot have fewer than 0 samples.")
-    weights = [Fraction(share) for share in check_shares(shares)]
-    weight_sum = sum(weights, Fraction(0))
-    quotas = [total * weight / weight_sum for weight in weights]
-    counts = [math.floor(quota) for quota in quotas]
+    ratios = [share.as_integer_ratio() for share in check_shares(shares)]
+    denominator = math.lcm(*(d for _, d in ratios))
+    weights = [n * (denominator // d) for n, d in ratios]  # shares x denominator, exactly
+    weight_sum = sum(weights)
+    # Rank r's quota is total * weights[r] / weight_sum: its floor and its remainder.
+    counts = [total * weight // weight_sum for weight in weights]
+    remainders = [total * weight % weight_sum for weight in weights]
     left = total - sum(counts)
-    # Largest fractional part first; ties to the lower rank (stable sort on -fraction).
-    order = sorted(range(len(quotas)), key=lambda r: -(quotas[r] - counts[r]))
+    # Largest fractional part first; ties to the lower rank (stable sort on -remainder).
+    order = sorted(range(len(weights)), key=lambda r: -remainders[r])
     for rank in order[:left]:
         counts[rank] += 1
     return counts
