@@ -50,7 +50,7 @@ torch.manual_seed(1000 + cohort.rank)  # per-rank randomness (dropout) from here
 
 state = {"model": net, "optimizer": opt, "scheduler": sched, "cursor": cursor,
          "rng": DistributedRng(cohort.group)}
-checkpoints = CheckpointManager(args.dir, keep=args.keep, rank=cohort.rank)
+checkpoints = CheckpointManager(args.dir, keep=args.keep)  # writer: the cohort's rank 0
 step = checkpoints.restore_latest(state) or 0
 
 loader = cursor.loader(data, rank=cohort.rank, world_size=cohort.world_size)

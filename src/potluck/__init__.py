@@ -56,6 +56,7 @@ _LAZY = {
     "GroupHandle": "potluck.group",
     "GuardedOptimizer": "potluck.step",
     "LocalSGD": "potluck.sync",
+    "SpotCheck": "potluck.trust",
     "StreamingDiLoCo": "potluck.sync",
     "Trust": "potluck.trust",
     "MinimumSize": "potluck.step",
@@ -75,6 +76,8 @@ _LAZY = {
     "restore_rng": "potluck.checkpoint",
     "weighted_mean": "potluck.reducer",
 }
+# Subpackages the API names as ``potluck.<name>.X`` (README), imported on first use too.
+_LAZY_SUBMODULES = ("compress",)
 
 __version__ = "0.1.0"
 
@@ -103,6 +106,7 @@ __all__ = [
     "ReducerError",
     "RendezvousError",
     "ShardedLoader",
+    "SpotCheck",
     "StepTransaction",
     "StreamingDiLoCo",
     "Trust",
@@ -119,6 +123,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return import_module(f"potluck.{name}")  # which also sets it here, as an import does
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'potluck' has no attribute {name!r}")

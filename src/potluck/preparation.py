@@ -14,6 +14,7 @@ can be redone; a late joiner takes the live state instead of broadcasting its ow
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,13 @@ def prepare(
     if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
         # alike below. (A joiner takes the live state's cursor, which refuses another
         # dataset length or global batch and goes on in the saved seed's order.)
-        agree_everywhere(cohort.group, signature(len(dataset), global_batch, seed, drop_last),
-                         cohort.device)
+        # (not max_micro_batch: each rank's own memory cap)
+        same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
+        settings = {"sync": sync, "balance": same, "trust": trust, "shares": shares,
+                    "weight": weight, "clip_grad_norm": clip_grad_norm, "minimum": minimum,
+                    "DataParallel options": data_parallel}
+        agree_everywhere(cohort.group, signature(len(dataset), global_batch, seed, drop_last,
+                                                 settings), cohort.device)
     check_split(len(dataset), global_batch, cohort.world_size, drop_last,
                 sync.inner_steps if sync is not None else 1)
     model.to(cohort.device)
@@ -176,7 +182,8 @@ def prepare(
                           "whole part in one pass, which micro-batches would not match; "
                           "drop one of them")
     guard = TrustPart(trust, cohort, model, lambda: loader.split,
-                      lambda rank: loader.part_of(rank)) if trust else None
+                      lambda rank: loader.part_of(rank),
+                      lambda: wrapped.reducer.last_pass) if trust else None
     if guard is not None:
         data_parallel = {**data_parallel, "comm_hook": guard.exchange}
     wrapped = DataParallel(model, group=cohort.group,

@@ -10,6 +10,8 @@ wrong type (a traceback from deep inside).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import numbers
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from potluck.collectives import allgather_tensor
+from potluck.collectives import allgather_object, allgather_tensor
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle
 from potluck.step.minimum import MinimumSize
@@ -126,29 +128,73 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
         f"dataset length whose last {what} has at least {world_size} samples")
 
 
-def agree_everywhere(group: GroupHandle, values: dict[str, int],
+def agree_everywhere(group: GroupHandle, values: dict[str, int | str],
                      device: torch.device) -> None:
-    """Every rank passed the same ``values`` (one all-gather): ranks with another seed,
-    global batch or dataset length would each walk their own order of the data, and some
-    samples would be trained twice and others never, with no error anywhere."""
+    """Every rank passed the same ``values`` (one all-gather; a text travels as a hash,
+    and only when ranks differ are the texts gathered to show them): ranks with another
+    seed, global batch or dataset length would each walk their own order of the data,
+    and some samples would be trained twice and others never, with no error anywhere;
+    ranks with other settings (``signature``'s texts) would sync differently, which
+    ends in a hang, a crash or replicas drifting apart."""
     names = list(values)
-    mine = torch.tensor([values[name] % (1 << 63) for name in names], dtype=torch.int64,
+    mine = torch.tensor([_as_word(values[name]) for name in names], dtype=torch.int64,
                         device=device)  # (NCCL takes only its device's tensors)
     rows = [row.tolist() for row in allgather_tensor(mine, group)]
     differ = [k for k in range(len(names)) if len({row[k] for row in rows}) > 1]
     if not differ:
         return
+    texts = [k for k in differ if isinstance(values[names[k]], str)]
+    if texts:  # every rank sees the same rows, so every rank gathers here
+        shown = allgather_object([values[names[k]] for k in texts], group, device)
+        for r, row in enumerate(rows):
+            for at, k in enumerate(texts):
+                row[k] = shown[r][at]
     table = "; ".join(f"{names[k]}: " + ", ".join(f"rank {r} {row[k]}"
                                                   for r, row in enumerate(rows))
                       for k in differ)
     raise ConfigError(
         f"the workers called prepare() with different {', '.join(names[k] for k in differ)} "
-        f"({table}); every worker must pass the same dataset, global_batch, seed and "
-        "drop_last, or the data would not be split exactly once among them")
+        f"({table}); every worker must pass the same dataset, global_batch, seed, "
+        "drop_last, sync, balance, trust and DataParallel options, or the data would not "
+        "be split exactly once among them and the workers would not sync alike")
 
 
-def signature(dataset_len: int, global_batch: int, seed: int,
-              drop_last: bool) -> dict[str, int]:
-    """What every rank must agree on for the data to be split exactly once."""
+def _as_word(value: int | str) -> int:
+    if isinstance(value, str):
+        return int.from_bytes(hashlib.sha256(value.encode()).digest()[:8], "big") >> 1
+    return value % (1 << 63)
+
+
+def describe(value: Any) -> str:
+    """A text for a setting that is the same in every process for the same setting: a
+    dataclass by its type and fields, a function by its qualified name (a default
+    ``repr`` holds a memory address, which differs between processes), potluck's own
+    objects (codecs, hooks) by their type and public fields; anyone else's object by its
+    type alone (its fields may rightly differ between ranks)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(describe(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {describe(value[k])}" for k in sorted(value, key=str)) + "}"
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    if hasattr(value, "__qualname__"):  # a function or a class
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    kind = type(value).__qualname__
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif type(value).__module__.startswith("potluck."):
+        fields = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    else:
+        return kind
+    return kind + "(" + ", ".join(f"{k}={describe(v)}" for k, v in fields.items()) + ")"
+
+
+def signature(dataset_len: int, global_batch: int, seed: int, drop_last: bool,
+              settings: dict[str, Any]) -> dict[str, int | str]:
+    """What every rank must agree on: the data's size and order, so that it is split
+    exactly once, and ``settings`` (sync, balance, trust, DataParallel's options), so
+    that every rank syncs alike."""
     return {"len(dataset)": dataset_len, "global_batch": global_batch, "seed": seed,
-            "drop_last": int(drop_last)}
+            "drop_last": int(drop_last), **{k: describe(v) for k, v in settings.items()}}

@@ -50,6 +50,45 @@ def test_ranks_with_different_seeds_are_refused_on_every_rank() -> None:
         assert "different seed (seed: rank 0 0, rank 1 1)" in message, message
 
 
+def _different_settings(rank: int, world_size: int, port: int, which: str) -> str:
+    import potluck
+    from potluck.compress import Int8Blockwise
+    from potluck.errors import ConfigError
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    mine: dict[str, Any] = {
+        "sync": {"sync": potluck.DiLoCo(inner_steps=2, codec=Int8Blockwise() if rank else None)},
+        "balance": {"balance": rank == 0},
+        "clip": {"clip_grad_norm": 1.0 + rank},
+    }[which]
+    try:
+        potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DATA, global_batch=8,
+                        cohort=_cohort(rank, world_size, port), **mine)
+    except ConfigError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("which", "shown"), [
+    ("sync", "sync: rank 0 DiLoCo(inner_steps=2, outer_lr=0.7, outer_momentum=0.9, "
+             "nesterov=True, codec=None"),
+    ("balance", "balance: rank 0 BalanceConfig(smoothing=0.5, min_gain=0.03, "
+                "max_micro_batch=None), rank 1 None"),
+    ("clip", "clip_grad_norm: rank 0 1.0, rank 1 2.0")])
+def test_ranks_with_different_settings_are_refused_on_every_rank(which: str, shown: str) -> None:
+    """Other sync, balance or clipping settings would sync differently: a hang, a crash
+    in Gloo or replicas drifting apart, where one setup error names the setting."""
+    messages = run_ranks(_different_settings, 2, free_port(), which, init_group=False,
+                         timeout=50)
+    for message in messages:
+        assert "called prepare() with different" in message and shown in message, message
+    if which == "sync":
+        assert "rank 1 DiLoCo(inner_steps=2" in messages[0]
+        assert "codec=Int8Blockwise(block=256)" in messages[0]
+
+
 def _loop(rank: int, world_size: int, port: int, mistake: str) -> str:
     from potluck.errors import CursorError, ReducerError
 

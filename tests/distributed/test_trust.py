@@ -427,3 +427,51 @@ def test_an_owner_telling_one_rank_other_reports_is_named() -> None:
     assert all("other reports" in d for d in details), details
     for got, expected in zip(honest[2]["params"], honest[1]["params"], strict=True):
         assert torch.equal(got, expected)
+
+
+def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
+    from potluck.errors import ConfigError, PeerLostError
+    from potluck.trust import SpotCheck
+
+    cohort = join(rank, world_size, port)
+    train, _ = data(4)
+    net = model(0)
+    if mistake == "dropout":  # a new mask each forward: the recomputation cannot match
+        net = torch.nn.Sequential(net[0], torch.nn.Dropout(0.1), *net[1:])
+    spot = SpotCheck(
+        lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), every=1)
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05), train, global_batch=GLOBAL_BATCH,
+        cohort=cohort, trust=potluck.Trust(spot_check=spot if mistake == "dropout" else None))
+    if mistake == "hook":
+        wrapped.register_comm_hook(None, potluck.allreduce_mean)
+    try:
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+            opt.step()
+    except ConfigError as exc:
+        return f"step {opt.steps}: {exc}"
+    except PeerLostError as exc:  # the checked rank, when its checkers stop
+        return f"peer lost: {exc}"
+    finally:
+        opt.finish()
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mistake", "said"), [
+    ("hook", "trust's exchange did not see step 1's gradients"),
+    ("dropout", "does not recompute this rank's own gradient either")])
+def test_a_setup_that_would_void_trust_is_refused_at_the_first_step(mistake: str,
+                                                                      said: str) -> None:
+    """A hook registered over trust's would average without it, silently; a spot check
+    whose loss draws a new dropout mask would accuse honest ranks one after another (its
+    owners find that out at the first check, recomputing their own gradients too)."""
+    messages = run_ranks(_misuse, 4, free_port(), mistake, init_group=False, timeout=100)
+    refused = [m for m in messages if said in m]
+    # every rank, or every owner but the one it checked (that one loses its peers)
+    assert len(refused) >= (4 if mistake == "hook" else 3), messages
+    assert all(m in refused or m.startswith("peer lost") for m in messages), messages

@@ -46,6 +46,8 @@ def test_a_json_path_that_is_a_directory_is_refused(
     (["faults", "--rounds", "0"], "--rounds 0 must be at least 1"),
     (["wan", "--batches", "0"], "--batches 0 must be at least 1"),
     (["wan", "--inner-steps", "0"], "--inner-steps 0 must be at least 1"),
+    (["wan", "--bandwidth", "10xyz"], "--bandwidth '10xyz' must be a tc rate, e.g. 10mbit"),
+    (["wan", "--bandwidth", "0mbit"], "--bandwidth '0mbit' is 0 bits a second"),
 ])
 def test_bad_counts_exit_2_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

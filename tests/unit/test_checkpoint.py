@@ -7,7 +7,7 @@ import errno
 import logging
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -23,6 +23,8 @@ from potluck.checkpoint import (
     rng_for_rank,
 )
 from potluck.checkpoint.atomic import atomic_write
+from potluck.cohort import Cohort
+from potluck.cohort.current import clear_current, current, set_current
 from potluck.data import DataCursor
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from potluck.metrics import notes
@@ -243,3 +245,99 @@ def test_missing_ranks_get_distinct_deterministic_states() -> None:
     assert torch.equal(one["torch"], rng_for_rank(saved, 1)["torch"])
     assert not torch.equal(one["torch"], two["torch"])
     assert not torch.equal(derive_rng(1)["torch"], derive_rng(2)["torch"])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"directory": None}, r"directory=None is invalid: it must be a path \(str or os.PathLike\)"),
+    ({"directory": 123}, r"directory=123 is invalid"),
+    ({"rank": -1}, r"rank=-1 is invalid: it must be an integer >= 0 .*pass cohort.rank"),
+    ({"rank": "0"}, r"rank='0' is invalid"),
+    ({"rank": True}, r"rank=True is invalid"),
+    ({"rank": 1.0}, r"rank=1.0 is invalid"),
+], ids=["dir-None", "dir-int", "rank-negative", "rank-str", "rank-bool", "rank-float"])
+def test_bad_directory_or_rank_is_a_config_error(tmp_path: Path, kwargs: dict[str, Any],
+                                                 match: str) -> None:
+    arguments: dict[str, Any] = {"directory": tmp_path, **kwargs}
+    directory = arguments.pop("directory")
+    with pytest.raises(ConfigError, match=match):
+        CheckpointManager(directory, **arguments)
+    CheckpointManager(str(tmp_path), rank=3)  # a str and any rank >= 0 are fine
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
+def test_state_the_loader_refuses_fails_at_the_first_save_and_leaves_no_file(
+        tmp_path: Path, blocking: bool) -> None:
+    CheckpointManager(tmp_path).save(1, state(1))  # an earlier run's good checkpoint
+    manager = CheckpointManager(tmp_path, keep=1)
+    with pytest.raises(CheckpointError, match=r"step 2 could not be loaded back with "
+                       r"weights_only=True \(Unsupported global: GLOBAL object was not an "
+                       r"allowed global by default\), so it was deleted: keep only tensors "
+                       r".*weights_only=False\) if you trust the files"):
+        manager.save(2, {"o": object()}, blocking=blocking)
+        manager.wait()
+    assert [step for step, _ in manager.checkpoints()] == [1]  # read back before pruning
+    assert manager.load_latest().step == 1  # type: ignore[union-attr]
+    manager.save(3, state(3))  # plain state: saving works again
+    assert [step for step, _ in manager.checkpoints()] == [3]
+    trusting = CheckpointManager(tmp_path / "trusted", weights_only=False)
+    trusting.save(4, {"o": object()})  # the loader takes it too: nothing to refuse
+    assert type(trusting.load_latest().state["o"]) is object  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(30)
+def test_only_the_first_write_is_read_back(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[Path] = []
+
+    def counting(path: Path, *, weights_only: bool = True) -> Any:
+        reads.append(path)
+        return read_checkpoint(path, weights_only=weights_only)
+
+    monkeypatch.setattr("potluck.checkpoint.manager.read_checkpoint", counting)
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state(1))
+    manager.save(2, state(2), blocking=False)
+    manager.save(3, state(3))
+    assert reads == [tmp_path / "ckpt-000000000001.pt"]
+
+
+class _Member:
+    """Stands in for the current cohort: only its rank is asked."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+@pytest.mark.timeout(30)
+def test_the_writer_follows_the_current_cohorts_rank_at_each_save(tmp_path: Path) -> None:
+    directory = tmp_path / "ckpts"
+    member = _Member(rank=1)
+    set_current(cast(Cohort, member))
+    try:
+        manager = CheckpointManager(directory)
+        assert not manager.is_writer and not directory.exists()  # not the writer: no I/O
+        assert manager.save(1, state(1)).wait() is None
+        directory.mkdir()
+        stale = directory / ".ckpt-000000000009.pt.tmp-1-abcd"  # a killed writer's
+        stale.write_bytes(b"half")
+        member.rank = 0  # the old rank 0 is gone; the cohort renumbered this worker
+        assert manager.is_writer
+        assert manager.save(2, state(2)).wait() == directory / "ckpt-000000000002.pt"
+        assert sorted(p.name for p in directory.iterdir()) == ["ckpt-000000000002.pt"]
+        assert CheckpointManager(directory, rank=1).rank == 1  # an explicit rank wins
+    finally:
+        clear_current(cast(Cohort, member))
+    assert current() is None and manager.rank == 0  # no cohort, no default group: 0
+
+
+@pytest.mark.timeout(30)
+def test_init_makes_its_cohort_current_until_closed() -> None:
+    import potluck
+    from potluck.env import WorkerEnv
+
+    with potluck.init(env=WorkerEnv()) as cohort:
+        assert current() is cohort
+        assert DistributedRng().state_dict()["world_size"] == 1
+    assert current() is None

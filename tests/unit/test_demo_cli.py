@@ -44,6 +44,52 @@ def test_the_plain_demos_flags_with_wan_are_refused() -> None:
     cli.check_demo_flags(_parse("--quick", "--resume", "--steps", "3"))  # the plain demo's
 
 
+@pytest.mark.parametrize(("argv", "refused"), [
+    (("--seed", "5"), "--seed"),
+    (("--checkpoint-dir", "ckpt"), "--checkpoint-dir"),
+    (("--checkpoint-every", "100"), "--checkpoint-every"),  # the default's value, given
+    (("--checkpoint-dir", "ckpt", "--seed", "1"), "--checkpoint-dir, --seed"),
+])
+def test_the_wan_demo_refuses_seed_and_checkpoint_flags(
+        argv: tuple[str, ...], refused: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(_parse("--wan", *argv)) == 2
+    err = capsys.readouterr().err
+    assert f"potluck demo: error: {refused} with --wan: the WAN demo keeps no " in err
+    assert err.rstrip().endswith(f"drop {refused}") and "Traceback" not in err
+    cli.check_demo_flags(_parse("--wan", "--seed", "0"))  # the default: nothing is lost
+
+
+@pytest.mark.parametrize("demo", ["--chaos", "--uneven"])
+@pytest.mark.parametrize("argv", [("--baseline-steps", "5"), ("--no-baseline",),
+                                  ("--checkpoint-dir", "ckpt"), ("--checkpoint-every", "0")])
+def test_chaos_and_uneven_refuse_the_baseline_and_checkpoint_flags(
+        demo: str, argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(_parse(demo, *argv)) == 2
+    err = capsys.readouterr().err
+    assert f"potluck demo: error: {argv[0]} with {demo}: the {demo[2:]} demo runs no " \
+           "1-worker baseline" in err
+    assert err.rstrip().endswith(f"drop {argv[0]}") and "Traceback" not in err
+
+
+def test_flags_a_demo_uses_are_not_refused() -> None:
+    used = ("--seed", "3", "--steps", "12", "--batch-size", "8", "--metrics", "m.jsonl",
+            "--no-progress", "--quick")
+    cli.check_demo_flags(_parse("--chaos", *used))
+    cli.check_demo_flags(_parse("--uneven", *used))
+    cli.check_demo_flags(_parse(*used, "--baseline-steps", "5", "--checkpoint-dir", "c",
+                                "--checkpoint-every", "0", "--resume"))
+
+
+def test_the_plain_demo_fills_in_its_checkpoint_defaults() -> None:
+    config = cli.config_from_args(_parse("--quick"))
+    assert (config.checkpoint_dir, config.checkpoint_every) == (cli.CHECKPOINTS, 100)
+    config = cli.config_from_args(_parse("--checkpoint-dir", "c", "--checkpoint-every", "0"))
+    assert (config.checkpoint_dir, config.checkpoint_every) == (Path("c"), 0)
+    with pytest.raises(ConfigError, match=r"--checkpoint-every -1: must be >= 0 .* use e\.g\. "
+                                          r"--checkpoint-every 100"):
+        cli.config_from_args(_parse("--checkpoint-every", "-1"))
+
+
 def test_an_unwritable_metrics_path_is_refused_before_training(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(_parse("--quick", "--metrics", "/proc/nope/m.jsonl")) == 2

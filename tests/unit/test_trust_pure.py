@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from potluck.errors import ConfigError
-from potluck.trust import CenteredClip, Rules, TrimmedMean
+from potluck.trust import CenteredClip, Rules, SpotCheck, TrimmedMean, Trust
 from potluck.trust.fingerprint import fingerprint
 from potluck.trust.verdict import (
     DIVERGED,
@@ -113,6 +113,23 @@ def test_bad_settings_are_refused() -> None:
         Rules(far_ratio=0.5)
     with pytest.raises(ConfigError, match="strikes"):
         Rules(strikes={"bogus": 1})
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Rules(far_ratio="4"), "far_ratio='4' must be > 1"),
+    (lambda: Rules(strikes=None), "strikes=None must be a dict"),
+    (lambda: Rules(strikes={"far from the center": True}), "values ints >= 1"),
+    (lambda: Rules(memory=True), "memory=True must be an int"),
+    (lambda: SpotCheck(lambda m, b: m(b), every=True), r"SpotCheck\(every=True\)"),
+    (lambda: Trust(fingerprint_every=True), r"Trust\(fingerprint_every=True\)"),
+    (lambda: Trust(audit_every=False), r"Trust\(audit_every=False\)"),
+    (lambda: Trust(aggregator=CenteredClip), "pass an aggregator object"),
+])
+def test_wrong_types_are_refused_in_their_own_words(make: Any, message: str) -> None:
+    """A bool is not a count, a class is not an aggregator, a string is not a ratio:
+    each is refused where it is given, not deep inside a step."""
+    with pytest.raises(ConfigError, match=message):
+        make()
 
 
 def _reports(distance: list[list[float]], finite: list[list[float]] | None = None,
@@ -255,7 +272,7 @@ def test_a_resumed_fixed_job_notes_who_is_still_quarantined(elastic: bool) -> No
     from potluck.trust import Trust
     from potluck.trust.part import TrustPart
 
-    cohort: Any = SimpleNamespace(elastic=elastic)
+    cohort: Any = SimpleNamespace(elastic=elastic, rank=0, world_size=4)
     part = TrustPart(Trust(), cohort, torch.nn.Linear(2, 2), lambda: None)
     struck = Evidence("rank3", 3, 7, FAR, "5.0x the median").as_dict()
     state = {"strikes": {"evidence": [struck], "quarantined": {"rank3": [struck, struck]}},

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,7 @@ from potluck.bench.wan_figures import (
 )
 from potluck.errors import ConfigError
 from potluck.harness.cpu_quota import join
-from potluck.harness.netns import LinkedHosts, unavailable
+from potluck.harness.netns import LinkedHosts, NetnsError, unavailable
 
 DDP = ("ddp", "ddp-fp16", "ddp-powersgd")
 # Steps a DDP contender's timing leaves out: the first (DDP's bucket rebuild); with
@@ -55,6 +57,13 @@ _UNTIMED = {"ddp-powersgd": 3}
 # AdamW's learning rate for every contender: torch DDP's best on this workload of 7e-4,
 # 1e-3, 1.5e-3, 2e-3 and 3e-3 (the held-out loss after 500 batches, data seeds 1-3)
 LR = 1.5e-3
+# tc's rate units (tc(8), RATES; any case), in bits per second; a bare number is bits too
+RATE_UNITS = {"": 1.0, "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+              "kibit": 2.0**10, "mibit": 2.0**20, "gibit": 2.0**30, "tibit": 2.0**40,
+              "bps": 8.0, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
+              "kibps": 8 * 2.0**10, "mibps": 8 * 2.0**20, "gibps": 8 * 2.0**30,
+              "tibps": 8 * 2.0**40}
+_RATE = re.compile(r"((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)([a-z]*)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,7 @@ class WanConfig:
         if self.batches % self.inner_steps:
             raise ConfigError(f"--batches {self.batches} is not a multiple of --inner-steps "
                               f"{self.inner_steps}: the loss gap compares whole rounds")
-        if not self.bandwidth[:1].isdigit():
-            raise ConfigError(f"--bandwidth {self.bandwidth!r}: a tc rate, e.g. 10mbit")
+        rate_bits(self.bandwidth)
         if not 0 < self.lr < 1:
             raise ConfigError(f"--lr {self.lr}: AdamW's learning rate, in (0, 1), e.g. {LR}")
         if self.seeds < 1:
@@ -89,6 +97,25 @@ class WanConfig:
         if self.quota is not None and not 0 < self.quota <= 1:
             raise ConfigError(f"--quota {self.quota}: a fraction of one core in (0, 1]")
         return self
+
+
+def rate_bits(rate: str) -> float:
+    """``--bandwidth``'s ``rate`` in bits per second, as ``tc ... tbf rate`` reads it;
+    ConfigError unless tc would take it: checked before any namespace is built, where
+    tc's own "illegal value" would come only after (the WAN demo's and bench's check)."""
+    match = _RATE.fullmatch(rate)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in RATE_UNITS:
+        raise ConfigError(f"--bandwidth {rate!r} must be a tc rate, e.g. 10mbit: a number "
+                          "and an optional unit, one of bit, kbit, mbit, gbit, tbit (bits a "
+                          "second) or bps, kbps, mbps, gbps, tbps (bytes a second), in any "
+                          "case")
+    bits = float(match.group(1)) * RATE_UNITS[unit]
+    if not 8 <= bits < math.inf:  # tc caps whole bytes a second: under 8 bits it is 0
+        raise ConfigError(f"--bandwidth {rate!r} is {bits:g} bits a second: the link's rate "
+                          "must be at least one byte a second (8bit) and finite; use e.g. "
+                          "--bandwidth 10mbit")
+    return bits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -347,6 +374,19 @@ def main(args: argparse.Namespace) -> int:
           f"global batch {config.global_batch}, S={config.batches}, H={config.inner_steps}, "
           f"AdamW lr {config.lr}",
           flush=True)
+    try:
+        results = _measure_on_hosts(config, logs)
+    except NetnsError as exc:  # ip's or tc's words, not a traceback
+        print(f"potluck bench wan: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.json:  # first: a report that fails must not lose the run
+        write_json(args.json, {**results, "config": config.__dict__})
+    print(report(config, results))
+    return 0
+
+
+def _measure_on_hosts(config: WanConfig, logs: Path) -> dict[str, Any]:
+    """Build the two hosts (and worker 1's quota), measure, and take them down again."""
     with LinkedHosts("pl-wan") as hosts:
         quota = None
         if config.quota is not None:
@@ -354,11 +394,7 @@ def main(args: argparse.Namespace) -> int:
             quota = CpuQuota(f"potluck-wan-{os.getpid()}").create(config.quota)
         try:
             jobs = Jobs(hosts, config, logs, str(quota.path) if quota else None)
-            results = measure(config, hosts, jobs)
+            return measure(config, hosts, jobs)
         finally:
             if quota is not None:
                 quota.remove()
-    if args.json:  # first: a report that fails must not lose the run
-        write_json(args.json, {**results, "config": config.__dict__})
-    print(report(config, results))
-    return 0

@@ -1,18 +1,23 @@
 """``CheckpointManager``: durable training state in a directory, newest K kept.
 
 Every rank calls ``save`` (entries such as ``DistributedRng`` gather across ranks);
-only the writer (rank 0) writes, because the model and optimizer are replicated. Each
+only the writer (rank 0) writes, because the model and optimizer are replicated. The
+rank is asked at each save (of the current potluck cohort by default, which an elastic
+job renumbers), so a new rank 0 takes over when the old one is gone. Each
 checkpoint is one atomic, checksummed file (see ``fileformat``); older ones are deleted
 only after the new one is complete. With ``blocking=False`` the state is copied to CPU
 at once and written by a background thread; the next ``save`` or ``wait`` waits for it
-and raises its error, if any. ``load_latest`` skips (with a warning) checkpoints that
-fail their checksum and returns the newest good one; every rank reads the directory, so
-it must be visible to all of them.
+and raises its error, if any. The first file is read back as the loader will read it,
+so state the loader would refuse fails at once, not at resume. ``load_latest`` skips
+(with a warning) checkpoints that fail their checksum and returns the newest good one;
+every rank reads the directory, so it must be visible to all of them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import tempfile
 import threading
 import time
@@ -30,10 +35,16 @@ from potluck.checkpoint.fileformat import (
     write_checkpoint,
 )
 from potluck.checkpoint.snapshot import cpu_copy, resolve_state
+from potluck.cohort.current import current
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from potluck.metrics.notes import note
 
 log = logging.getLogger(__name__)
+
+# The first file is read back only up to this size: loading reads a whole file into
+# memory, and a large model's state, twice in memory at its first save, could run the
+# host out of it. (Its state is a model's and an optimizer's: tensors, rarely objects.)
+READ_BACK_LIMIT = 1 << 30
 
 
 class Checkpoint(NamedTuple):
@@ -88,24 +99,44 @@ class CheckpointManager:
     Args:
         directory: where the files live (created by the writer if missing).
         keep: how many of the newest checkpoints to keep (>= 1).
-        rank: this process's rank; only rank 0 writes. Default: the default group's
-            rank if one is initialized, else 0.
+        rank: this process's rank; only rank 0 writes. Default (None): asked at each
+            save, of the current potluck cohort (``potluck.init()``), else of torch's
+            default group if one is initialized, else 0.
         weights_only: passed to ``torch.load``; keep True unless the state holds
             objects other than tensors and plain containers and you trust the files.
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 3, rank: int | None = None,
-                 weights_only: bool = True) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3,
+                 rank: int | None = None, weights_only: bool = True) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ConfigError(f"directory={directory!r} is invalid: it must be a path (str or "
+                              "os.PathLike), e.g. CheckpointManager('checkpoints').")
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"keep={keep!r} is invalid: keep at least 1 checkpoint.")
-        if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
+                                 or rank < 0):
+            raise ConfigError(f"rank={rank!r} is invalid: it must be an integer >= 0 (only "
+                              "rank 0 writes); pass cohort.rank, or leave it out to follow "
+                              "the current cohort.")
         self.directory = Path(directory)
-        self.keep, self.rank, self.weights_only = keep, rank, weights_only
+        self.keep, self.weights_only = keep, weights_only
+        self._rank = rank
         self._pending = PendingSave(None)
+        self._directory_ready = False  # prepared by the first writer, once
+        self._read_back = False  # the first file was read back as the loader reads it
         if self.is_writer:
             self._prepare_directory()
-            self._remove_temp_files()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank now: the explicit one, else the current cohort's, else
+        the default group's, else 0."""
+        if self._rank is not None:
+            return self._rank
+        cohort = current()
+        if cohort is not None:
+            return cohort.rank
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     @property
     def is_writer(self) -> bool:
@@ -126,6 +157,7 @@ class CheckpointManager:
         resolved = resolve_state(state)  # on every rank: entries may be collectives
         if not self.is_writer:
             return PendingSave(None)
+        self._prepare_directory()  # a rank that became the writer since construction
         path = self.directory / checkpoint_name(step)
         if blocking:
             try:
@@ -184,10 +216,31 @@ class CheckpointManager:
         started = time.perf_counter()
         write_checkpoint(path, step, state)
         took, size = time.perf_counter() - started, path.stat().st_size
+        if self.weights_only and not self._read_back and size <= READ_BACK_LIMIT:
+            self._read_back_first(path, step)
         log.info("rank %d: wrote checkpoint %s", self.rank, path)
         self._prune()  # (may remove it: a directory holding `keep` newer checkpoints)
         note("checkpoint", f"step {step} saved to {path} ({size / 1e6:.1f} MB in {took:.2f} s)",
              step=step)
+
+    def _read_back_first(self, path: Path, step: int) -> None:
+        """Load the first file as ``load_latest`` will (``weights_only``); one it cannot
+        unpickle is deleted and raised now, not hours later at resume."""
+        try:
+            read_checkpoint(path, weights_only=True)
+        except CorruptCheckpointError:
+            raise
+        except CheckpointError as error:
+            path.unlink(missing_ok=True)
+            fsync_dir(self.directory)
+            raise CheckpointError(
+                f"the checkpoint of step {step} could not be loaded back with "
+                f"weights_only=True ({_unpickling_reason(error.__cause__ or error)}), so it "
+                "was deleted: keep only tensors and plain containers (dict, list, tuple, "
+                "str, numbers) in the state, or pass CheckpointManager(..., "
+                "weights_only=False) if you trust the files"
+            ) from error
+        self._read_back = True
 
     def _prune(self) -> None:
         """Delete all but the newest ``keep`` checkpoints (after the new one is durable)."""
@@ -199,7 +252,9 @@ class CheckpointManager:
 
     def _prepare_directory(self) -> None:
         """The writer's directory exists and takes files, or a clear error now (not at
-        the first save, minutes into training)."""
+        the first save, minutes into training); unfinished files are removed. Once."""
+        if self._directory_ready:
+            return
         where = self.directory
         if where.exists() and not where.is_dir():
             raise CheckpointError(f"checkpoint directory {where} is a file: move it away or "
@@ -213,6 +268,8 @@ class CheckpointManager:
                 f"cannot write checkpoints in {where}: {_reason(error)}; pass a directory "
                 "this process can write (on a filesystem every rank can read, to resume)"
             ) from error
+        self._remove_temp_files()
+        self._directory_ready = True
 
     def _remove_temp_files(self) -> None:
         """Temp files are what a killed writer leaves behind; they never count."""
@@ -220,6 +277,15 @@ class CheckpointManager:
             if is_temp(path) and path.name.startswith(".ckpt-"):
                 log.info("rank %d: removing unfinished checkpoint %s", self.rank, path)
                 path.unlink(missing_ok=True)
+
+
+def _unpickling_reason(error: BaseException) -> str:
+    """torch's long weights_only message -> its one line that names the refused type."""
+    text = str(error)
+    found = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", text)
+    line = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
+    line = line.strip().rstrip(".")
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def _reason(error: BaseException) -> str:

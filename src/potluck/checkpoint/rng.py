@@ -2,10 +2,11 @@
 
 A captured state is a dict of tensors, ints and tuples, so it survives
 ``torch.load(weights_only=True)``. Per rank: ``DistributedRng`` gathers every rank's
-state to every rank with ``all_gather_object`` (rank 0 writes it with the rest of the
-checkpoint) and, on load, gives rank ``r`` the saved state of rank ``r``. A rank that
-did not exist when the checkpoint was saved (the cohort grew) gets ``derive_rng`` of a
-seed hashed from the saved rank 0 state and ``r``: deterministic, and distinct per rank.
+state to every rank (rank 0 writes it with the rest of the checkpoint) over the current
+potluck cohort's group (``potluck.init()``) or torch's default group, and, on load,
+gives rank ``r`` the saved state of rank ``r``. A rank that did not exist when the
+checkpoint was saved (the cohort grew) gets ``derive_rng`` of a seed hashed from the
+saved rank 0 state and ``r``: deterministic, and distinct per rank.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from potluck.cohort.current import current
 from potluck.collectives import allgather_object, default_group, group_rank_and_size
 from potluck.errors import CheckpointError
 
@@ -87,8 +89,9 @@ def rng_for_rank(saved: Sequence[Mapping[str, Any]], rank: int) -> RngState:
 class DistributedRng:
     """Every rank's RNG states as one checkpoint entry (pass it to ``CheckpointManager``).
 
-    ``state_dict()`` is a collective on ``group`` (default: the default group, or a
-    single process without one): call the manager's ``save`` on every rank.
+    ``state_dict()`` is a collective on ``group``: call the manager's ``save`` on every
+    rank. Default: the current cohort's group and device (``potluck.init()``), looked up
+    at each call, else torch's default group, else this process alone.
     """
 
     def __init__(self, group: Any = None, device: torch.device | None = None) -> None:
@@ -96,13 +99,23 @@ class DistributedRng:
         self.device = device  # where the gathered bytes travel: the group's (CUDA for NCCL)
 
     def state_dict(self) -> dict[str, Any]:
-        _, world_size = group_rank_and_size(self.group)
-        states: list[Any] = [capture_rng()]
-        group = self.group if self.group is not None else default_group()
+        group, device = self._group_and_device()
+        _, world_size = group_rank_and_size(group)
+        states = [capture_rng()]
         if world_size > 1 and group is not None:
-            states = allgather_object(capture_rng(), group, self.device)
+            states = allgather_object(states[0], group, device)
         return {"world_size": world_size, "ranks": states}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        rank, _ = group_rank_and_size(self.group)
+        group, _ = self._group_and_device()
+        rank, _ = group_rank_and_size(group)
         restore_rng(rng_for_rank(state_dict["ranks"], rank))
+
+    def _group_and_device(self) -> tuple[Any, torch.device | None]:
+        """The group to gather over (None: a single process) and its device."""
+        if self.group is not None:
+            return self.group, self.device
+        cohort = current()
+        if cohort is not None:
+            return cohort.group, self.device or cohort.device
+        return default_group(), self.device

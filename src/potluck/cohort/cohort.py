@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import Store
 
+from potluck.cohort.current import clear_current
 from potluck.cohort.groups import GroupSpec, make_group
 from potluck.cohort.membership import MembershipSource
 from potluck.collectives import settle
@@ -165,6 +166,7 @@ class Cohort:
         connection; safe to call twice. Whoever holds ``group`` (``DataParallel`` too) can
         no longer communicate through it. A group left open is released at exit
         (``potluck.group``), before the interpreter finalizes."""
+        clear_current(self)
         self.group.release("the cohort was closed")
         self._source.close()
 

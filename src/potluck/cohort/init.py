@@ -21,6 +21,7 @@ from torch._C._distributed_c10d import Store, TCPStore
 
 from potluck import keys
 from potluck.cohort.cohort import Cohort
+from potluck.cohort.current import set_current
 from potluck.cohort.groups import GroupSpec, choose_backend
 from potluck.cohort.membership import FixedMembership, RendezvousMembership
 from potluck.cohort.store import connect_store, local_address
@@ -39,7 +40,8 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
 
     ``timeout`` (seconds) bounds joining and every collective. Without launcher
     variables this is a one-process cohort. The heartbeat and rendezvous timeouts apply
-    to elastic jobs only. ``env`` overrides what the environment says (tests).
+    to elastic jobs only. ``env`` overrides what the environment says (tests). The
+    cohort is the process's current one (``potluck.cohort.current``) until it is closed.
     """
     if not timeout > 0:
         raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 60")
@@ -68,6 +70,7 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
                         lambda g: keys.static_group(env.run_id, env.restart_count, g),
                         device=device, env=env)
     log.info("[rank %d] joined: %r", cohort.rank, cohort)
+    set_current(cohort)  # the defaults of CheckpointManager and DistributedRng follow it
     return cohort
 
 

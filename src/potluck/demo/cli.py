@@ -36,6 +36,9 @@ from potluck.errors import ConfigError
 from potluck.metrics.figures import scaling_figures
 
 METRICS = Path("runs/demo/metrics.jsonl")  # the plain demo's; the chaos demo has its own
+CHECKPOINTS = Path("runs/demo/checkpoints")  # the plain demo's; the others keep none
+CHECKPOINT_EVERY = 100
+SEED = 0
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help=f"global batch in sequences, split evenly over the workers "
                              f"({FULL.global_batch}; {QUICK.global_batch} with --quick)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of corpus, model, data (0)")
+    parser.add_argument("--seed", type=int, default=SEED,
+                        help=f"seed of corpus, model, data ({SEED})")
     parser.add_argument("--metrics", type=Path, default=None,
                         help="per-step JSON lines (potluck.metrics.journal 'step' records): "
                              "step, loss, step_s, samples_per_s, tokens_per_s, sync_s, lr, "
@@ -98,10 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="hide the progress (a bar on a terminal, a line every tenth of "
                              "the run when output goes to a file or a pipe)")
-    parser.add_argument("--checkpoint-dir", type=Path, default=Path("runs/demo/checkpoints"),
-                        help="where checkpoints go (runs/demo/checkpoints)")
-    parser.add_argument("--checkpoint-every", type=int, default=100,
-                        help="steps between checkpoints; 0 saves only at the end (100)")
+    # None when not given: the demos that keep no checkpoints refuse them when given
+    parser.add_argument("--checkpoint-dir", type=Path, default=None,
+                        help=f"where checkpoints go ({CHECKPOINTS})")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="steps between checkpoints; 0 saves only at the end "
+                             f"({CHECKPOINT_EVERY})")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest good checkpoint in --checkpoint-dir")
     parser.add_argument("--chaos", action="store_true",
@@ -147,9 +153,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
              f"--workers {args.workers}: the global batch must be a positive multiple of the "
              f"worker count; use e.g. --batch-size {args.workers * per_worker}")
     _require(args.seed >= 0, f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
-    _require(args.checkpoint_every >= 0,
-             f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: only at the "
-             "end); use e.g. --checkpoint-every 100")
+    every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+    _require(every >= 0, f"--checkpoint-every {every}: must be >= 0 (0: only at the end); "
+                         f"use e.g. --checkpoint-every {CHECKPOINT_EVERY}")
     return DemoConfig(
         workers=args.workers,
         seed=args.seed,
@@ -157,16 +163,37 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         preset=preset,
         baseline=not args.no_baseline and args.workers > 1,
         progress=not args.no_progress,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=CHECKPOINTS if args.checkpoint_dir is None else args.checkpoint_dir,
+        checkpoint_every=every,
         resume=args.resume,
     )
+
+
+# Per demo, the plain demo's flags it has no use for, and why. (--resume with --chaos or
+# --uneven is refused by the demo itself, with its own reason.)
+_BASELINE_AND_CHECKPOINTS = ("--baseline-steps", "--no-baseline", "--checkpoint-dir",
+                             "--checkpoint-every")
+_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
+    "--wan": (
+        ("--resume", "--steps", "--batch-size", *_BASELINE_AND_CHECKPOINTS, "--metrics",
+         "--seed"),
+        "the WAN demo keeps no checkpoints or metrics file and sets its own steps, batch "
+        "and seed (only --quick and --bandwidth change it)"),
+    "--chaos": (
+        _BASELINE_AND_CHECKPOINTS,
+        "the chaos demo runs no 1-worker baseline and keeps no checkpoints (a restarted "
+        "worker receives the live state from the others)"),
+    "--uneven": (
+        _BASELINE_AND_CHECKPOINTS,
+        "the uneven demo runs no 1-worker baseline (it compares balanced with equal shares "
+        "instead) and keeps no checkpoints"),
+}
 
 
 def check_demo_flags(args: argparse.Namespace) -> None:
     """Refuse flags that the chosen demo would silently ignore, before any demo runs:
     two demos at once, ``--bandwidth`` without ``--wan``, and the plain demo's flags
-    (``--resume``, ``--steps``...) with ``--wan``, which sets its own."""
+    that the chosen one has no use for (``_UNUSED``)."""
     chosen = [f"--{name}" for name in ("wan", "chaos", "uneven") if getattr(args, name)]
     if len(chosen) > 1:
         raise ConfigError(f"{' with '.join(chosen)}: they are separate demos; run one at a "
@@ -174,17 +201,28 @@ def check_demo_flags(args: argparse.Namespace) -> None:
     if args.bandwidth is not None and not args.wan:
         raise ConfigError(f"--bandwidth {args.bandwidth} is the link rate of the --wan demo "
                           "only: add --wan, or drop --bandwidth")
-    if args.wan:
-        ignored = [flag for flag, given in (
-            ("--resume", args.resume), ("--steps", args.steps is not None),
-            ("--batch-size", args.batch_size is not None),
-            ("--baseline-steps", args.baseline_steps is not None),
-            ("--no-baseline", args.no_baseline), ("--metrics", args.metrics is not None),
-        ) if given]
-        _require(not ignored,
-                 f"{', '.join(ignored)} with --wan: the WAN demo keeps no checkpoints or "
-                 "metrics file and sets its own steps and batch (only --quick and "
-                 f"--bandwidth change it); drop {', '.join(ignored)}")
+    if not chosen:
+        return
+    unused, why = _UNUSED[chosen[0]]
+    given = _given(args)
+    ignored = [flag for flag in unused if given[flag]]
+    _require(not ignored, f"{', '.join(ignored)} with {chosen[0]}: {why}; drop "
+                          f"{', '.join(ignored)}")
+
+
+def _given(args: argparse.Namespace) -> dict[str, bool]:
+    """Which of the plain demo's flags were given: not left at their defaults."""
+    return {
+        "--resume": args.resume, "--steps": args.steps is not None,
+        "--batch-size": args.batch_size is not None,
+        "--baseline-steps": args.baseline_steps is not None,
+        "--no-baseline": args.no_baseline, "--metrics": args.metrics is not None,
+        "--checkpoint-dir": args.checkpoint_dir is not None,
+        "--checkpoint-every": args.checkpoint_every is not None,
+        # the chaos and uneven demos read --seed, so its default stays 0 (not None):
+        # --seed 0 asks for nothing the WAN demo would leave out
+        "--seed": args.seed != SEED,
+    }
 
 
 def metrics_path(args: argparse.Namespace) -> Path:

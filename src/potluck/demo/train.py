@@ -146,7 +146,7 @@ def _checkpointing(
         return None, {}
     rng = DistributedRng(cohort.group, cohort.device)
     state = {"model": model, "optimizer": optimizer, "rng": rng}
-    return CheckpointManager(config.checkpoint_dir, keep=3, rank=cohort.rank), state
+    return CheckpointManager(config.checkpoint_dir, keep=3), state
 
 
 def _train_step(

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from potluck.bench.common import table
-from potluck.bench.wan import Jobs, WanConfig
+from potluck.bench.wan import Jobs, WanConfig, rate_bits
 from potluck.errors import ConfigError
-from potluck.harness.netns import LinkedHosts, unavailable
+from potluck.harness.netns import LinkedHosts, NetnsError, unavailable
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> WanDemo:
+    """Validate the flags for a WAN run; ConfigError names the value, the rule, the fix.
+    (``cli.check_demo_flags`` has refused the plain demo's flags already.)"""
     demo = QUICK if args.quick else FULL
     if args.bandwidth is not None:
-        if not args.bandwidth[:1].isdigit():
-            raise ConfigError(f"--bandwidth {args.bandwidth!r}: a tc rate, e.g. 10mbit or "
-                              "100mbit")
+        rate_bits(args.bandwidth)  # tc's own refusal would come after the hosts are built
         demo = WanDemo(args.bandwidth, demo.ddp_batches, demo.diloco_batches,
                        demo.inner_steps)
     if args.workers != 2:
@@ -80,6 +80,20 @@ def main(args: argparse.Namespace) -> int:
           f"(each way), the demo's character transformer, global batch "
           f"{config.global_batch}", flush=True)
     logs = Path(tempfile.mkdtemp(prefix="potluck-demo-wan-"))
+    try:
+        ddp, diloco = _train(demo, config, logs)
+    except NetnsError as exc:  # ip's or tc's words (its first line), not a traceback
+        print(f"potluck demo --wan: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(report(ddp, diloco))
+    print(f"done in {time.perf_counter() - started:.1f} s; the workers' logs are in {logs}")
+    return 0
+
+
+def _train(demo: WanDemo, config: WanConfig,
+           logs: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Build the two hosts, run torch DDP then potluck DiLoCo over the capped link, and
+    take the hosts down again; each contender's figures."""
     with LinkedHosts("pl-demo") as hosts:
         hosts.limit(demo.bandwidth)
         jobs = Jobs(hosts, config, logs, None)
@@ -89,9 +103,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"potluck DiLoCo: {demo.inner_steps} local steps a round, then one sync "
               f"({demo.diloco_batches} global batches)...", flush=True)
         diloco = _figures(jobs.run("diloco", batches=demo.diloco_batches), config)
-    print(report(ddp, diloco))
-    print(f"done in {time.perf_counter() - started:.1f} s; the workers' logs are in {logs}")
-    return 0
+    return ddp, diloco
 
 
 def _figures(run: dict[str, Any], config: WanConfig) -> dict[str, float]:

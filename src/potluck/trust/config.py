@@ -32,13 +32,13 @@ class Trust:
     spot_check: SpotCheck | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.aggregator, Aggregator):
-            raise ConfigError(f"Trust(aggregator={self.aggregator!r}): pass "
-                              "potluck.trust.CenteredClip() or TrimmedMean(trim=1)")
-        if not (isinstance(self.fingerprint_every, int) and self.fingerprint_every >= 0):
+        if isinstance(self.aggregator, type) or not isinstance(self.aggregator, Aggregator):
+            raise ConfigError(f"Trust(aggregator={self.aggregator!r}): pass an aggregator "
+                              "object, potluck.trust.CenteredClip() or TrimmedMean(trim=1)")
+        if not (_count(self.fingerprint_every) and self.fingerprint_every >= 0):
             raise ConfigError(f"Trust(fingerprint_every={self.fingerprint_every!r}) must be "
                               "an int >= 0 (steps between replica checks; 0: never)")
-        if not (isinstance(self.audit_every, int) and self.audit_every >= 0):
+        if not (_count(self.audit_every) and self.audit_every >= 0):
             raise ConfigError(f"Trust(audit_every={self.audit_every!r}) must be an int >= 0 "
                               "(one audit per K steps on average; 0: never)")
         if self.spot_check is not None and not isinstance(self.spot_check, SpotCheck):
@@ -46,3 +46,8 @@ class Trust:
                               "potluck.trust.SpotCheck(loss) or None")
         if not isinstance(self.rules, Rules):
             raise ConfigError(f"Trust(rules={self.rules!r}) must be a potluck.trust.Rules")
+
+
+def _count(value: object) -> bool:
+    """An int, not a bool (``True`` is an int to Python, not a count to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -66,13 +66,21 @@ class TrustPart:
 
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
                  samples: Callable[[], Sequence[int] | None],
-                 part_of: Callable[[int], Any] | None = None) -> None:
+                 part_of: Callable[[int], Any] | None = None,
+                 synced: Callable[[], object] | None = None) -> None:
         """``samples()``: the step's split; ``part_of(rank)``: that rank's batch of the
-        step (the loader's, for spot checks)."""
+        step (the loader's, for spot checks); ``synced()``: the reducer's last synced
+        pass (a new object each pass), to tell a step whose hook was not trust's."""
         _check_dtypes(module)
+        if cohort.world_size < 3:
+            log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
+                        "needs at least 3 (an honest majority) to tell a bad gradient from "
+                        "a good one; with fewer it protects nothing", cohort.rank,
+                        cohort.world_size)
         self.config = config
         self._cohort, self._module, self._samples = cohort, module, samples
-        self._part_of = part_of
+        self._part_of, self._synced = part_of, synced
+        self._last_pass: object = None  # the synced pass the last commit judged
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._snapshot: dict[str, torch.Tensor] | None = None  # the step's parameters
         self.ledger = Ledger()
@@ -111,7 +119,16 @@ class TrustPart:
         self._steps = steps
         cohort, ledger = self._cohort, self.ledger
         n = cohort.group.size()
+        passed = self._synced() if self._synced is not None else None
+        fresh, self._last_pass = passed is not self._last_pass, passed
         if n == 1 or not (ledger.world_size == n and ledger.buckets):
+            if n > 1 and fresh and passed is not None:
+                raise ConfigError(
+                    f"trust's exchange did not see step {steps}'s gradients, though its "
+                    "backward was synchronized: the model's communication hook was replaced "
+                    "after prepare(trust=...) (register_comm_hook), so the step was averaged "
+                    "without trust; drop that register_comm_hook call (trust aggregates "
+                    "with its own hook, which is why prepare refuses comm_hook= with trust)")
             self.exchange.forget()  # no synced backward: nothing to judge or carry
             ledger.reset(0)
             return
@@ -225,7 +242,33 @@ class TrustPart:
                                      k.owners.index(me) * k.piece))
         difference = relative(parts)
         log.debug("[rank %d] trust: spot check of rank %d: %.3g", me, target, difference)
+        if not difference <= spot.tolerance:
+            self._check_spot_loss(kept, self._steps, target)
         return SpotResult(target, difference, not difference <= spot.tolerance)
+
+    def _check_spot_loss(self, kept: list[Kept], steps: int, target: int) -> None:
+        """This owner found ``target``'s copy off: first, can it recompute its own
+        gradient, the copy it sent? If not, the loss (a dropout mask drawn again,
+        another reduction, another loss) or this machine is at fault, not the target:
+        every honest rank would be accused in turn."""
+        spot, me = self.config.spot_check, self._cohort.rank
+        assert spot is not None and self._snapshot is not None and self._part_of is not None
+        grads = recompute_gradient(self._module, self._snapshot, spot.loss, self._part_of(me))
+        parts = []
+        for k in kept:
+            if me in k.senders:
+                flat = torch.cat([grads[self._names[id(p)]].reshape(-1) for p in k.parameters])
+                parts.append(slice_error(flat.to(k.mine.dtype), k.mine[:flat.numel()], 0))
+        difference = relative(parts)
+        if not difference <= spot.tolerance:
+            raise ConfigError(
+                f"SpotCheck(loss={_name(spot.loss)}) found rank {target}'s gradient of step "
+                f"{steps} off, but it does not recompute this rank's own gradient either: "
+                f"off by {difference:.3g} (relative), over its tolerance {spot.tolerance:g}, "
+                "so spot checks would accuse honest ranks. The loss must be the one the "
+                "loop calls backward() on (same reduction, the mean over the rank's batch) "
+                "and deterministic given the parameters and the batch: no dropout (or a "
+                "fixed seed inside the loss), no other randomness; or drop spot_check=")
 
     def _fingerprint(self) -> int:
         """At the step's first bucket (before the update): the replica's fingerprint
@@ -285,6 +328,10 @@ class TrustPart:
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module
         return [p.data for p in module.parameters()] + [b for b in module.buffers()]
+
+
+def _name(loss: Callable[..., Any]) -> str:
+    return getattr(loss, "__qualname__", type(loss).__name__)
 
 
 def _check_dtypes(module: torch.nn.Module) -> None:

@@ -49,7 +49,7 @@ class SpotCheck:
         if not callable(self.loss):
             raise ConfigError(f"SpotCheck(loss={self.loss!r}) must be a callable "
                               "loss(model, batch) -> scalar tensor")
-        if not (isinstance(self.every, int) and self.every >= 1):
+        if isinstance(self.every, bool) or not (isinstance(self.every, int) and self.every >= 1):
             raise ConfigError(f"SpotCheck(every={self.every!r}) must be an int >= 1 (one "
                               "checked step in K on average)")
         if not (isinstance(self.tolerance, float) and 0 < self.tolerance < 1):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -68,17 +68,23 @@ class Rules:
     memory: int = 50
 
     def __post_init__(self) -> None:
+        if not isinstance(self.strikes, Mapping):
+            raise ConfigError(f"strikes={self.strikes!r} must be a dict of strike kinds to "
+                              f"counts, e.g. {{{KINDS[0]!r}: 2}} (the kinds left out keep "
+                              "their defaults)")
         # A partial dict changes those kinds only; the others keep their defaults.
         merged = {**_DEFAULT_STRIKES, **self.strikes}
         object.__setattr__(self, "strikes", merged)
-        if not self.far_ratio > 1:
+        if (isinstance(self.far_ratio, bool) or not isinstance(self.far_ratio, (int, float))
+                or not self.far_ratio > 1):
             raise ConfigError(f"far_ratio={self.far_ratio!r} must be > 1 (honest senders "
                               "are about 1 apart from the median sender), e.g. 4.0")
         unknown = set(self.strikes) - set(KINDS)
-        if unknown or any(not (isinstance(v, int) and v >= 1) for v in self.strikes.values()):
+        if unknown or any(isinstance(v, bool) or not (isinstance(v, int) and v >= 1)
+                          for v in self.strikes.values()):
             raise ConfigError(f"strikes={self.strikes!r}: keys are "
                               f"{', '.join(repr(k) for k in KINDS)}; values ints >= 1")
-        if not (isinstance(self.memory, int) and self.memory >= 1):
+        if isinstance(self.memory, bool) or not (isinstance(self.memory, int) and self.memory >= 1):
             raise ConfigError(f"memory={self.memory!r} must be an int >= 1 (steps)")
 
 
