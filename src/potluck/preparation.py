@@ -45,6 +45,7 @@ from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
 from potluck.sync import DiLoCo, DiLoCoSync
+from potluck.sync.round_plan import plan_round
 from potluck.trust import Trust, TrustPart
 
 
@@ -112,6 +113,10 @@ def prepare(
             f"{type(optimizer).__name__}"
         )
     check_optimizer(model, optimizer)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"prepare() got a model ({type(model).__name__}) with no parameter "
+                          "that requires a gradient: there is nothing to train or sync; set "
+                          "requires_grad=True on the parameters to train before prepare()")
     global_batch = whole_number("global_batch", global_batch, "global_batch=64")
     if global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
@@ -121,10 +126,12 @@ def prepare(
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "
                           "epoch's last, shorter step)")
-    for name in ("group", "process_group", "on_failure", "init_sync"):
+    for name in ("group", "process_group", "on_failure", "init_sync", "sync_gradients",
+                 "clock", "contribution"):
         if name in data_parallel:
-            raise ConfigError(f"prepare() sets DataParallel's {name}= from the cohort; "
-                              f"drop {name}= (or build DataParallel yourself)")
+            raise ConfigError(f"prepare() sets DataParallel's {name}= itself (from the "
+                              f"cohort, sync= and balance=); drop {name}= (or build "
+                              "DataParallel yourself)")
     # Refused before joining; what potluck run --balance adds is checked after.
     given = _balance_config(False if balance is None else balance, shares, weight,
                             data_parallel)
@@ -139,6 +146,8 @@ def prepare(
             "run --elastic, minimum=): a member lost mid-round would leave the fragments "
             "already applied holding its samples, so the round could not be owed exactly; "
             "use DiLoCo(...) (one fragment) there, or a fixed cohort")
+    if sync is not None and sync.split is not None:  # now, not from the loader a round in
+        plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
     if sync is not None and cohort.env.balance and balance is None:
         raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
                           "steps follow each worker's speed by themselves; drop --balance")
@@ -198,7 +207,8 @@ def prepare(
                                group=cohort.group, recoverable=cohort.elastic,
                                agree=guard is None)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
-    balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory)
+    balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory,
+                         lambda: sum(loader.split))
                 if config and contribution and clock else None)
     policy = balancer or shares or EqualShares()
     transaction = StepTransaction(guarded, wrapped, cohort, cursor,

@@ -280,3 +280,65 @@ def test_a_resumed_diloco_run_equals_the_uninterrupted_one() -> None:
     for got in resumed:
         for name, value in whole[0]["params"].items():
             assert torch.equal(got["params"][name], value), name
+
+
+def _stop_mid_round(rank: int, world_size: int, port: int,
+                    state: bytes | None) -> dict[str, Any]:
+    """With no ``state``: one round of 4 local steps, then a break after one more local
+    step and ``finish()``; the live state after the round comes back as bytes. With a
+    ``state`` (rank 0's): a new process takes it, and says what error feedback it has."""
+    import logging
+
+    from potluck import DiLoCo, prepare
+    from potluck.compress import Int8Blockwise
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("potluck.step.transaction").addHandler(handler)
+    cohort = _cohort(rank, world_size, port)
+    net = mlp()
+    model, opt, loader = prepare(net, torch.optim.SGD(net.parameters(), lr=LR),
+                                 Indexed(SAMPLES), cohort=cohort, global_batch=GLOBAL_BATCH,
+                                 seed=SEED, sync=DiLoCo(inner_steps=4, adaptive=False,
+                                                        codec=Int8Blockwise(block=64)))
+    strategy = opt.part(type(opt.parts[0]))
+    if state is not None:
+        opt.load_state_dict(torch.load(io.BytesIO(state)))
+        feedback = strategy.feedback.state_dict()
+        opt.finish()
+        return {"feedback": feedback}
+    saved, after_round = None, {}
+    for local, (_, x, y) in enumerate(loader, start=1):
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        if local == 4:  # the round committed
+            buffer = io.BytesIO()
+            torch.save(opt.state_dict(), buffer)
+            saved, after_round = buffer.getvalue(), params(net)
+        if local == 5:
+            break
+    opt.finish()
+    return {"params": params(net), "after_round": after_round, "saved": saved, "said": said,
+            "feedback": strategy.feedback.state_dict()}
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_stopped_mid_round_leaves_the_global_model_and_feedback_stays_own() -> None:
+    """finish() with local steps not synced says so and puts every replica back at the
+    global parameters (they would differ); a worker takes a saved residual only if it is
+    its own rank's, so a resumed rank 1 does not count rank 0's residual again."""
+    stopped = run_ranks(_stop_mid_round, 2, free_port(), None, init_group=False, timeout=100)
+    for got in stopped:
+        assert any("finish() with 1 local step(s) of a round not synced" in m
+                   for m in got["said"]), got["said"]
+        for name, value in stopped[0]["after_round"].items():
+            assert torch.equal(got["params"][name], value), name  # the global model
+    assert stopped[0]["feedback"] and stopped[1]["feedback"]  # each rank's own residual
+    resumed = run_ranks(_stop_mid_round, 2, free_port(), stopped[0]["saved"],
+                        init_group=False, timeout=100)
+    saved = torch.load(io.BytesIO(stopped[0]["saved"]))["parts"]["sync"]["feedback"]
+    assert resumed[1]["feedback"] == {}  # rank 0's is not rank 1's
+    assert resumed[0]["feedback"].keys() == saved.keys()
+    assert all(torch.equal(resumed[0]["feedback"][k], saved[k]) for k in saved)

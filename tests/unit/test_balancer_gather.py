@@ -148,3 +148,25 @@ def test_a_gather_that_cannot_be_issued_fails_the_step(elastic: bool) -> None:
         return
     balancer.on_commit(4)
     assert cohort.failed == 1 and balancer.plan is not None
+
+
+def test_a_short_step_is_not_measured() -> None:
+    """An epoch's last, short step pays the step's fixed costs over fewer samples: its
+    seconds per sample would pass for a slower worker and move the plan each epoch."""
+    group = _Group(80.0)
+    contribution = Contribution()
+    contribution.set(24, 24.0, 48.0)
+    step_samples = [48]
+    balancer = Balancer(_Cohort(group), 48, contribution, _Clock(),  # type: ignore[arg-type]
+                        BalanceConfig(smoothing=0.0), step_samples=lambda: step_samples[0])
+    balancer.on_commit(1)  # the first step is skipped by the meter anyway
+    balancer.on_commit(2)
+    assert balancer.meter.speed == 240.0
+    step_samples[0] = 10  # a short step, slower per sample
+    contribution.set(5, 5.0, 10.0)
+    balancer.on_commit(3)
+    assert balancer.meter.speed == 240.0  # not counted
+    step_samples[0] = 48
+    contribution.set(12, 12.0, 48.0)  # 12 samples in 0.1 s: a slower worker indeed
+    balancer.on_commit(4)
+    assert balancer.meter.speed == 120.0

@@ -110,3 +110,73 @@ def test_resume_from_a_missing_directory_says_so(tmp_path: Path,
     _, opt, _ = _prepare(checkpoint_dir=tmp_path / "typo", resume=True)
     assert opt.steps == 0  # type: ignore[attr-defined]
     assert "no checkpoint in" in caplog.text and "starting from step 0" in caplog.text
+    assert "no such directory" in caplog.text
+    assert not (tmp_path / "typo").exists()  # a typo is not made a directory
+
+
+def _saved(directory: Path) -> None:
+    """A live state as prepare's jobs save it: the returned optimizer's state_dict."""
+    _, opt, _ = _prepare()
+    potluck.CheckpointManager(directory).save(3, opt.state_dict())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("other", "message"), [
+    ({"optimizer": "adamw"}, r"saved by another optimizer than this AdamW: its param "
+                             r"group 0 lacks \['betas', 'eps'\]"),
+    ({"net": "wider"}, "holds another model than this one: Error"),
+    ({"file": "not live"}, r"is not a live state potluck.prepare wrote \(it holds \['opt'\]"),
+])
+def test_resume_from_a_checkpoint_it_cannot_take_names_the_file(
+        tmp_path: Path, other: dict[str, str], message: str) -> None:
+    if "file" in other:
+        potluck.CheckpointManager(tmp_path).save(3, {"opt": {"lr": 0.1}})
+    else:
+        _saved(tmp_path)
+    net = torch.nn.Linear(4, 2) if "net" not in other else torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    optimizer = (torch.optim.AdamW(net.parameters()) if "optimizer" in other
+                 else torch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match=message) as caught:
+        _prepare(net, optimizer=optimizer, checkpoint_dir=tmp_path, resume=True)
+    assert f"the checkpoint {tmp_path / 'ckpt-000000000003.pt'}" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["sync_gradients", "clock", "contribution"])
+def test_dataparallel_options_prepare_sets_itself_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"prepare\\(\\) sets DataParallel's {name}= itself"):
+        _prepare(**{name: None})
+
+
+def test_a_model_with_nothing_to_train_is_refused() -> None:
+    net = torch.nn.Linear(4, 2).requires_grad_(False)
+    with pytest.raises(ConfigError, match="no parameter that requires a gradient"):
+        _prepare(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def test_a_parameter_unfrozen_after_prepare_is_refused_at_the_next_step() -> None:
+    """Its gradient was never in a bucket: it would train apart on every worker."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    net[0].requires_grad_(False)
+    model, opt, loader = _prepare(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))  # type: ignore[misc]
+    batches = iter(loader)
+    x, y = next(batches)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    net[0].requires_grad_(True)  # unfrozen after step 1
+    x, y = next(batches)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    with pytest.raises(ConfigError, match=r"\['0.bias', '0.weight'\] changed requires_grad"):
+        opt.step()
+
+
+def test_compressed_sum_refuses_a_codec_class() -> None:
+    from potluck.compress import CompressedSum, Int8Blockwise
+
+    with pytest.raises(ConfigError, match="with the parentheses"):
+        CompressedSum(Int8Blockwise)  # type: ignore[arg-type]
+
+
+def test_a_diloco_split_for_another_world_size_is_refused_at_prepare() -> None:
+    """Not from inside the loader, a round into training."""
+    with pytest.raises(ConfigError, match=r"DiLoCo\(split=\(30, 10\)\) for 1 ranks"):
+        _prepare(sync=potluck.DiLoCo(inner_steps=20, split=(30, 10)))

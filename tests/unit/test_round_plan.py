@@ -100,10 +100,16 @@ def test_parts_that_overlap_mean_the_members_disagree() -> None:
     ({"fragments": 0}, "fragments=0"), ({"mixing": 1.0}, "mixing=1.0"),
     ({"fragments": True}, "fragments=True"), ({"measure": 1.0}, "measure=1.0"),
     ({"measure": -0.1}, r"measure=-0.1\) must be in \[0, 1\)"),
-    ({"measure": float("nan")}, "measure=nan"), ({"measure": True}, "measure=True")])
+    ({"measure": float("nan")}, "measure=nan"), ({"measure": True}, "measure=True"),
+    ({"min_gain": 1.5}, r"DiLoCo\(min_gain=1.5\) must be in \[0, 1\)"),
+    ({"codec": "Int8Blockwise"}, "pass a codec object"),
+    ({"codec": "class"}, r"Int8Blockwise\(\) \(with the parentheses\)")])
 def test_bad_fragments_and_measures_are_refused(kwargs: dict[str, object], message: str) -> None:
     from potluck import DiLoCo
+    from potluck.compress import Int8Blockwise
 
+    if kwargs.get("codec") == "class":  # the class, not a codec: crashed a round later
+        kwargs = {"codec": Int8Blockwise}
     with pytest.raises(ConfigError, match=message):
         DiLoCo(**kwargs)  # type: ignore[arg-type]
 

@@ -164,6 +164,26 @@ def test_no_member_when_everybody_is_done() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_an_old_generations_silent_worker_never_stands_for_the_cohort_again() -> None:
+    """A worker lost in generation 0 never says it is done; once generation 1's workers
+    are all done, the board shows nobody, not that worker as the whole cohort."""
+    clocks = Clocks()
+    board = board_of(clocks)
+    w0, w1, lost = (Worker("h:0", 0, world_size=3), Worker("h:1", 1, world_size=3),
+                    Worker("h:2", 2, world_size=3))
+    board.ingest({w.name: w.pulse([rec(0)]) for w in (w0, w1, lost)})
+    for w in (w0, w1):
+        w.generation, w.world_size = 1, 2
+    board.ingest({w0.name: w0.pulse([rec(1)]), w1.name: w1.pulse([rec(1)])})
+    board.ingest({w0.name: w0.pulse([rec(2)], done=True),
+                  w1.name: w1.pulse([rec(2)], done=True)})
+    snap = board.snapshot()
+    assert snap["ranks"] == [] and snap["world_size"] == 0 and snap["slowest"] is None
+    # the steps that came with the pulses saying done are on the curve too
+    assert snap["curves"]["step"] == [0, 1, 2]
+
+
+@pytest.mark.timeout(10)
 def test_a_pulse_with_the_same_seq_is_ignored() -> None:
     clocks = Clocks()
     board = board_of(clocks)

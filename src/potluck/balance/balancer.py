@@ -29,7 +29,7 @@ two steps: the gather in flight is not state), and each rank with its recorded s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,11 +106,16 @@ class Balancer:
 
     def __init__(self, cohort: BalancedCohort, global_batch: int, contribution: Contribution,
                  clock: ComputeClock, config: BalanceConfig | None = None,
-                 memory: MemoryCap | None = None) -> None:
+                 memory: MemoryCap | None = None,
+                 step_samples: Callable[[], int] | None = None) -> None:
+        """``step_samples()``: the samples of the step just committed, all ranks together
+        (an epoch's last step may be short: it is not measured, since a step's fixed
+        costs weigh more per sample in it and would pass for a slower worker)."""
         self.config = config or BalanceConfig()
         self._memory = memory or MemoryCap(self.config.max_micro_batch)
         self._cohort, self._global_batch = cohort, global_batch
         self._contribution, self._clock = contribution, clock
+        self._step_samples = step_samples
         self.meter = SpeedMeter(self.config.smoothing)
         self.plan: Plan | None = None
         self.speeds: tuple[float | None, ...] = ()  # the last gathered, in rank order
@@ -127,7 +132,8 @@ class Balancer:
 
     def on_commit(self, steps: int) -> None:
         seconds = self._clock.take()
-        if seconds is not None:
+        short = self._step_samples is not None and self._step_samples() < self._global_batch
+        if seconds is not None and not short:
             self.meter.add(self._contribution.samples, seconds)
         group = self._cohort.group
         if group.size() == 1:

@@ -29,9 +29,10 @@ class CompressedSum:
     prescaled = True
 
     def __init__(self, codec: Codec, *, error_feedback: bool = True) -> None:
-        if not isinstance(codec, Codec):
-            raise ConfigError(f"CompressedSum({codec!r}): pass a codec, e.g. "
-                              "potluck.compress.Int8Blockwise() or Fp16()")
+        if isinstance(codec, type) or not isinstance(codec, Codec):
+            raise ConfigError(f"CompressedSum({codec!r}): pass a codec object, e.g. "
+                              "potluck.compress.Int8Blockwise() (with the parentheses) or "
+                              "Fp16()")
         self.codec = codec
         self.feedback = ErrorFeedback() if error_feedback else None
         self.traffic = Traffic()

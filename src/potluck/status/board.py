@@ -136,16 +136,21 @@ class StatusBoard:
 
     # --------------------------------------------------------------- internals
 
-    def _members(self) -> list[_Worker]:
-        """The newest attempt's and generation's workers that have not said they are
-        done (a worker of an attempt the launcher gave up on never says so)."""
-        live = [w for w in self._workers.values()
-                if not w.pulse.get("done") and w.attempt == self._attempt]
-        if not live:
+    def _generation(self) -> list[_Worker]:
+        """The newest attempt's newest generation, workers that said they are done
+        included: once it ends, no older generation's worker (one that died or was
+        quarantined, and never said it was done) stands for the cohort again."""
+        this = [w for w in self._workers.values() if w.attempt == self._attempt]
+        if not this:
             return []
-        newest = max(w.generation for w in live)
-        return sorted((w for w in live if w.generation == newest),
+        newest = max(w.generation for w in this)
+        return sorted((w for w in this if w.generation == newest),
                       key=lambda w: int(w.pulse.get("rank", 0)))
+
+    def _members(self) -> list[_Worker]:
+        """The newest generation's workers that have not said they are done (a worker
+        of an attempt the launcher gave up on never says so)."""
+        return [w for w in self._generation() if not w.pulse.get("done")]
 
     def _computes(self, worker: _Worker) -> list[float]:
         tail = list(worker.steps.values())[-self.rule.window:]
@@ -156,8 +161,9 @@ class StatusBoard:
                     if w.attempt == self._attempt), default=-1)
 
     def _judge(self) -> None:
-        """Judge each step every member has reported, in order, once."""
-        members = self._members()
+        """Judge each step every member has reported, in order, once (the last steps
+        too, which come with the pulses that say the workers are done)."""
+        members = self._generation()
         # Until every member of the generation has pulsed, a step is not complete: the
         # ones heard from first would be judged (and plotted) alone.
         if not members or len(members) < max(int(w.pulse.get("world_size", 1))

@@ -21,7 +21,7 @@ from potluck.checkpoint import CheckpointManager
 from potluck.cohort import Cohort
 from potluck.collectives import allgather_tensor, broadcast_object
 from potluck.data import DataCursor
-from potluck.errors import RendezvousError
+from potluck.errors import ConfigError, RendezvousError
 from potluck.reducer import DataParallel
 from potluck.step.guard import GuardedOptimizer
 from potluck.step.parts import StepPart
@@ -61,9 +61,17 @@ class LiveState:
             "parts": {part.name: part.state_dict() for part in self._parts}})
         return state
 
-    def apply(self, state: dict[str, Any]) -> None:
-        self._model.module.load_state_dict(state["model"])
+    def apply(self, state: dict[str, Any], source: str = "the cohort's live state") -> None:
+        """Take ``state`` (from ``source``, named in an error: a checkpoint's path)."""
+        _check_state(state, source)
+        try:
+            self._model.module.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            raise ConfigError(f"{source} holds another model than this one: {exc}; resume "
+                              "with the model it was saved from, or start afresh without "
+                              "resume=True (or from an empty checkpoint directory)") from exc
         self._optimizer.load_state_dict(state["optimizer"])
+        _check_optimizer(self._optimizer.optimizer, source)
         seed, saved_seed = self._cursor.state.seed, state["cursor"].get("seed")
         self._cursor.load_state_dict(state["cursor"])  # the saved seed: the epoch goes on
         if saved_seed is not None and int(saved_seed) != seed:  # in the order it began
@@ -129,22 +137,51 @@ class LiveState:
     def resume(self, cohort: Cohort, directory: Path) -> bool:
         """Every member starts from the newest checkpoint in ``directory``, as rank 0
         reads it; False (and nothing changed) if there is none."""
-        checkpoint = None
-        if cohort.rank == 0:
+        checkpoint, missing = None, not directory.is_dir()
+        if cohort.rank == 0 and not missing:  # (a manager would create a missing one)
             checkpoint = CheckpointManager(directory, rank=0).load_latest()
-        state = broadcast_object(checkpoint.state if checkpoint else None, cohort.group,
-                                 device=cohort.device)
-        if state is None:  # said once, by rank 0: a mistyped directory must not pass quietly
+        found = broadcast_object((checkpoint.state, str(checkpoint.path)) if checkpoint
+                                 else None, cohort.group, device=cohort.device)
+        if found is None:  # said once, by rank 0: a mistyped directory must not pass quietly
             if cohort.rank == 0:
                 log.warning("resume=True, but there is no checkpoint in %s (%s): starting "
                             "from step 0", directory,
-                            "the directory is empty" if directory.is_dir() else
-                            "no such directory")
+                            "no such directory" if missing else "the directory is empty")
             return False
-        self.apply(state)
+        state, path = found
+        self.apply(state, f"the checkpoint {path}")
         log.warning("[rank %d] resumed at step %d from %s", cohort.rank,
                     self._progress.steps, directory)
         return True
+
+
+def _check_state(state: Any, source: str) -> None:
+    """``state`` is a live state (``capture``'s), or a clear error naming ``source``
+    instead of a raw ``KeyError``."""
+    entries = sorted(state) if isinstance(state, dict) else type(state).__name__
+    if not isinstance(state, dict) or not set(state) >= LIVE_KEYS:
+        raise ConfigError(
+            f"{source} is not a live state potluck.prepare wrote (it holds {entries}; a "
+            f"live state holds {sorted(LIVE_KEYS)}): prepare(resume=True) reads the "
+            "checkpoints prepare's own jobs save (opt.state_dict() as a whole, under "
+            "CheckpointManager); load another file yourself, or point checkpoint_dir= "
+            "at the right directory")
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, source: str) -> None:
+    """After loading: every param group has every setting of this optimizer's class
+    (a state saved by another class lacks some, and the first step would fail inside
+    torch; a setting a newer torch added is filled in by the class as it loads)."""
+    for k, group in enumerate(optimizer.param_groups):
+        missing = sorted(set(optimizer.defaults) - set(group))
+        if missing:
+            raise ConfigError(
+                f"{source} was saved by another optimizer than this "
+                f"{type(optimizer).__name__}: its param group {k} lacks {missing}; resume "
+                "with the optimizer class it was saved with")
+
+
+LIVE_KEYS = frozenset({"model", "optimizer", "cursor", "steps", "bucket_order"})
 
 
 def _on_cpu(obj: Any) -> Any:

@@ -75,6 +75,10 @@ class SyncStrategy(SharePolicy, Protocol):
 
     def abandon_round(self) -> None: ...
 
+    def unsynced(self) -> int:
+        """Local steps of the round under way not yet reconciled (0: none)."""
+        ...
+
 
 @runtime_checkable
 class Gatekeeper(StepPart, Protocol):

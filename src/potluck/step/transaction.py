@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
 from potluck.errors import (
@@ -73,6 +75,7 @@ class StepTransaction:
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         self._handed, self._handed_at_step = handed, 0
         self._pass_at_step = model.reducer.last_pass
+        self._trainable = _trainable(model.module)
         self.parts = parts
         self.observer = observer
         if observer is not None:  # (a resume's notes too); finish() closes it
@@ -214,6 +217,15 @@ class StepTransaction:
         skipped, the stale gradient applied twice), and one without a synchronized
         backward on this rank would pair its collectives with the other ranks' backward
         ones (a vote read as a gradient bucket)."""
+        trainable = _trainable(self.model.module)
+        if trainable != self._trainable:
+            changed = sorted({name for name, _ in trainable ^ self._trainable})
+            raise ConfigError(
+                f"parameter(s) {changed[:5]} changed requires_grad after prepare(): potluck "
+                "syncs the parameters that required a gradient when it was set up, so one "
+                "unfrozen since would train apart on every worker (and one frozen since "
+                "would still be stepped); set requires_grad before prepare(), or prepare "
+                "the model again after changing it")
         handed = self._handed() if self._handed is not None else 0
         if handed and handed == self._handed_at_step:
             raise CursorError(
@@ -329,7 +341,21 @@ class StepTransaction:
         worker left alone), then release the cohort."""
         if self.observer is not None:
             self.observer.close()
+        sync = self._sync
+        unsynced = sync.unsynced() if sync is not None else 0
+        if sync is not None and unsynced:  # the replicas differ: back to the global ones
+            log.warning("[rank %d] finish() with %d local step(s) of a round not synced: "
+                        "they are dropped, and the model is the global one of the last "
+                        "round (the same on every worker); to keep them, end the loop at "
+                        "the end of a round (with the loader, or on opt.steps)",
+                        self.cohort.rank, unsynced)
+            sync.abandon_round()
         if self.left:
             self.cohort.close()
         else:
             self.cohort.finish()
+
+
+def _trainable(module: torch.nn.Module) -> frozenset[tuple[str, bool]]:
+    """Each parameter's name and whether it requires a gradient."""
+    return frozenset((name, p.requires_grad) for name, p in module.named_parameters())

@@ -66,9 +66,11 @@ class DiLoCo:
                 or self.inner_steps < 1:
             raise ConfigError(f"DiLoCo(inner_steps={self.inner_steps!r}): the local steps "
                               "per round are a positive int, e.g. 50 (1 syncs every step)")
-        if self.codec is not None and not isinstance(self.codec, Codec):
+        if self.codec is not None and (isinstance(self.codec, type)
+                                       or not isinstance(self.codec, Codec)):
             raise ConfigError(f"DiLoCo(codec={self.codec!r}): pass a codec object, e.g. "
-                              "potluck.compress.Int8Blockwise(), or None to send as is")
+                              "potluck.compress.Int8Blockwise() (with the parentheses), or "
+                              "None to send as is")
         for name in ("nesterov", "error_feedback", "adaptive"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"DiLoCo({name}={getattr(self, name)!r}) must be True or False")
@@ -79,6 +81,10 @@ class DiLoCo:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"DiLoCo({name}={value!r}) must be a finite number >= 0")
+        if not self.min_gain < 1:
+            raise ConfigError(f"DiLoCo(min_gain={self.min_gain!r}) must be in [0, 1): the "
+                              "least predicted gain in a round's time worth a new plan of "
+                              "local steps, e.g. 0.05")
         if not self.outer_lr > 0:
             raise ConfigError("DiLoCo(outer_lr=0) never moves the global parameters: "
                               "use e.g. 0.7 (DiLoCo) or 1.0 (Local SGD)")

@@ -90,6 +90,7 @@ class DiLoCoSync:
         loss is raised where it happens."""
         self.config, self.module, self.group = config, module, group
         self._on_lost = on_lost
+        self._rank = group.rank()  # whose error feedback this is (on_membership renumbers)
         self.device = device or torch.device("cpu")  # NCCL talks in device tensors
         self.global_batch = global_batch
         self.codec: Codec = config.codec or Identity()
@@ -388,20 +389,24 @@ class DiLoCoSync:
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)
 
+    def unsynced(self) -> int:
+        return self._done if self._due else 0
+
     # ------------------------------------------------------------ step part
 
     def on_commit(self, steps: int) -> None:
         """The round committed (``synchronize`` did the work)."""
 
     def on_membership(self, rank: int, world_size: int) -> None:
-        self.plan, self.speeds = None, [None] * world_size
+        self.plan, self.speeds, self._rank = None, [None] * world_size, rank
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.config.strategy, "global": [g.detach().clone()
                                                            for g in self._global],
                 "outer": self._outer.state_dict(), "plan": self.plan,
                 "speeds": list(self.speeds), "rounds": self.rounds,
-                "feedback": self.feedback.state_dict() if self.feedback else {}}
+                "feedback": self.feedback.state_dict() if self.feedback else {},
+                "feedback_rank": self._rank}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("policy") != self.config.strategy:
@@ -420,5 +425,10 @@ class DiLoCoSync:
         self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
-        if self.feedback is not None:
+        # Error feedback is each rank's own: what its codec left out of its own sends. A
+        # state from another rank (a joiner's, a realign's, every resumed rank's but the
+        # one that saved it) would count that rank's residual twice: this rank keeps its
+        # own (empty in a new process).
+        if self.feedback is not None and state.get("feedback_rank", 0) == self._rank \
+                and not self.feedback.state_dict():
             self.feedback.load_state_dict(state["feedback"])
