@@ -146,8 +146,6 @@ def prepare(
             "run --elastic, minimum=): a member lost mid-round would leave the fragments "
             "already applied holding its samples, so the round could not be owed exactly; "
             "use DiLoCo(...) (one fragment) there, or a fixed cohort")
-    if sync is not None and sync.split is not None:  # now, not from the loader a round in
-        plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
     if sync is not None and cohort.env.balance and balance is None:
         raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
                           "steps follow each worker's speed by themselves; drop --balance")
@@ -160,11 +158,14 @@ def prepare(
         same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
         settings = {"sync": sync, "balance": same, "trust": trust, "shares": shares,
                     "weight": weight, "clip_grad_norm": clip_grad_norm, "minimum": minimum,
-                    "DataParallel options": data_parallel}
+                    "DataParallel options": {k: v for k, v in data_parallel.items()
+                                             if k not in PER_RANK}}
         agree_everywhere(cohort.group, signature(len(dataset), global_batch, seed, drop_last,
                                                  settings), cohort.device)
     check_split(len(dataset), global_batch, cohort.world_size, drop_last,
                 sync.inner_steps if sync is not None else 1)
+    if sync is not None and sync.split is not None:  # now, not from the loader a round in
+        plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
     model.to(cohort.device)
     if sync is not None:
         return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
@@ -330,6 +331,10 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
                         segments=strategy.segments, memory=memory)
     return wrapped, transaction, loader
+
+
+# DataParallel's options that name this rank's own device: they differ between ranks.
+PER_RANK = frozenset({"device_ids", "output_device"})
 
 
 def _weighs_itself(data_parallel: dict[str, Any]) -> bool:

@@ -171,6 +171,8 @@ def describe(value: Any) -> str:
     ``repr`` holds a memory address, which differs between processes), potluck's own
     objects (codecs, hooks) by their type and public fields; anyone else's object by its
     type alone (its fields may rightly differ between ranks)."""
+    if isinstance(value, float) and value.is_integer():  # 1.0 and 1 are one setting
+        return repr(int(value))
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return repr(value)
     if isinstance(value, (list, tuple)):

@@ -60,7 +60,10 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
     mine: dict[str, Any] = {
         "sync": {"sync": potluck.DiLoCo(inner_steps=2, codec=Int8Blockwise() if rank else None)},
         "balance": {"balance": rank == 0},
-        "clip": {"clip_grad_norm": 1.0 + rank},
+        "clip": {"clip_grad_norm": 1.0 + 1.5 * rank},
+        # each rank's own device and memory cap; 1 and 1.0 are one setting
+        "per rank": {"device_ids": None if rank else [], "max_micro_batch": 4 + rank,
+                     "clip_grad_norm": [1, 1.0][rank]},
     }[which]
     try:
         potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DATA, global_batch=8,
@@ -76,13 +79,17 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
              "nesterov=True, codec=None"),
     ("balance", "balance: rank 0 BalanceConfig(smoothing=0.5, min_gain=0.03, "
                 "max_micro_batch=None), rank 1 None"),
-    ("clip", "clip_grad_norm: rank 0 1.0, rank 1 2.0")])
+    ("per rank", "no error"),
+    ("clip", "clip_grad_norm: rank 0 1, rank 1 2.5")])
 def test_ranks_with_different_settings_are_refused_on_every_rank(which: str, shown: str) -> None:
     """Other sync, balance or clipping settings would sync differently: a hang, a crash
     in Gloo or replicas drifting apart, where one setup error names the setting."""
     messages = run_ranks(_different_settings, 2, free_port(), which, init_group=False,
                          timeout=50)
     for message in messages:
+        if which == "per rank":
+            assert message == "no error", message
+            continue
         assert "called prepare() with different" in message and shown in message, message
     if which == "sync":
         assert "rank 1 DiLoCo(inner_steps=2" in messages[0]

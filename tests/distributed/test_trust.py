@@ -432,7 +432,7 @@ def test_an_owner_telling_one_rank_other_reports_is_named() -> None:
 def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
     import potluck
     from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
-    from potluck.errors import ConfigError, PeerLostError
+    from potluck.errors import ConfigError
     from potluck.trust import SpotCheck
 
     cohort = join(rank, world_size, port)
@@ -454,8 +454,6 @@ def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
             opt.step()
     except ConfigError as exc:
         return f"step {opt.steps}: {exc}"
-    except PeerLostError as exc:  # the checked rank, when its checkers stop
-        return f"peer lost: {exc}"
     finally:
         opt.finish()
     return "no error"
@@ -464,14 +462,12 @@ def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("mistake", "said"), [
     ("hook", "trust's exchange did not see step 1's gradients"),
-    ("dropout", "does not recompute this rank's own gradient either")])
+    ("dropout", "does not recompute the owners' own gradients")])
 def test_a_setup_that_would_void_trust_is_refused_at_the_first_step(mistake: str,
                                                                       said: str) -> None:
     """A hook registered over trust's would average without it, silently; a spot check
     whose loss draws a new dropout mask would accuse honest ranks one after another (its
-    owners find that out at the first check, recomputing their own gradients too)."""
-    messages = run_ranks(_misuse, 4, free_port(), mistake, init_group=False, timeout=100)
-    refused = [m for m in messages if said in m]
-    # every rank, or every owner but the one it checked (that one loses its peers)
-    assert len(refused) >= (4 if mistake == "hook" else 3), messages
-    assert all(m in refused or m.startswith("peer lost") for m in messages), messages
+    owners find that out at the first check, recomputing their own gradients too, and
+    say so in their reports: every rank stops at the same step)."""
+    for message in run_ranks(_misuse, 4, free_port(), mistake, init_group=False, timeout=100):
+        assert said in message, message  # every rank, at the same step

@@ -345,9 +345,9 @@ class StepTransaction:
         unsynced = sync.unsynced() if sync is not None else 0
         if sync is not None and unsynced:  # the replicas differ: back to the global ones
             log.warning("[rank %d] finish() with %d local step(s) of a round not synced: "
-                        "they are dropped, and the model is the global one of the last "
-                        "round (the same on every worker); to keep them, end the loop at "
-                        "the end of a round (with the loader, or on opt.steps)",
+                        "they are dropped, and the model is back at the global parameters "
+                        "of the last sync, which every worker holds; to keep them, end the "
+                        "loop at the end of a round (with the loader, or on opt.steps)",
                         self.cohort.rank, unsynced)
             sync.abandon_round()
         if self.left:

@@ -121,6 +121,7 @@ class SpotResult:
     target: int
     difference: float
     mismatch: bool
+    unreproducible: bool = False  # the owner could not recompute its own gradient either
 
 
 class Outcome(enum.IntEnum):
@@ -219,6 +220,15 @@ def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
             found.append(Finding(i, FAR, f"{score:.1f}x the median sender's distance from the "
                                   f"robust center (limit {rules.far_ratio:g})"))
     return settle_disputes(found, ())
+
+
+def unreproducible(reports: Reports, owners: Sequence[int]) -> list[int]:
+    """The owners whose spot check found that the loss does not recompute even their
+    own gradient, if they are more than half of the owners that checked (a minority may
+    be lying, or broken machines: it stops nobody); else empty."""
+    checked = [o for o in owners if o < len(reports.spot) and reports.spot[o] is not None]
+    said = [o for o in checked if reports.spot[o].unreproducible]  # type: ignore[union-attr]
+    return said if said and len(said) * 2 > len(checked) else []
 
 
 def spot_checked(reports: Reports, trusted: Sequence[int],

@@ -71,6 +71,7 @@ def audit_of(tag: int) -> tuple[int, int]:
     return tag & ((1 << 20) - 1), tag >> 20
 
 
+UNREPRODUCIBLE = 2  # a spot check's mismatch word: the owner's own gradient is off too
 _HEAD = 8  # owned; the spot check (target + 1 or 0, difference, mismatch); the audit
 # (tag, outcome, difference); the key of the handed-out digests
 _PER_SENDER = 6  # flags (finite, replayed), squared distance, fingerprint, digest of the
@@ -97,7 +98,8 @@ def encode_report(owned: int, finite: Sequence[bool], distance: Sequence[float],
     reports that rank handed this one in the last step (0: none)]``; ``senders``: the
     senders' ranks, to read ``handed`` by (whose ``key`` ends the head)."""
     words = [owned, 0, 0, 0] if spot is None else [
-        owned, spot.target + 1, float_word(spot.difference), int(spot.mismatch)]
+        owned, spot.target + 1, float_word(spot.difference),
+        UNREPRODUCIBLE if spot.unreproducible else int(spot.mismatch)]
     words += [0, 0, 0] if audit is None else [
         audit_tag(audit.owner, audit.step), int(audit.outcome) | (audit.disputed + 1) << 8,
         float_word(audit.difference)]
@@ -147,7 +149,8 @@ def decode_reports(buckets: Sequence[tuple[Sequence[int], Sequence[int], torch.T
         for owner, row in zip(owners, rows, strict=True):
             owns[owner] += float(row[0])
             if number == 0 and 0 < row[1] <= n:
-                spots[owner] = SpotResult(row[1] - 1, word_float(row[2]), bool(row[3]))
+                spots[owner] = SpotResult(row[1] - 1, word_float(row[2]), row[3] == 1,
+                                          row[3] == UNREPRODUCIBLE)
             if number == 0:
                 audits[owner] = _audit_result(row[4], row[5], row[6])
                 keys[owner] = row[7]
