@@ -30,8 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
 from potluck.cohort import Cohort
 from potluck.data import DataCursor
 from potluck.errors import (
@@ -75,7 +73,8 @@ class StepTransaction:
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         self._handed, self._handed_at_step = handed, 0
         self._pass_at_step = model.reducer.last_pass
-        self._trainable = _trainable(model.module)
+        self._params = list(model.module.parameters())  # whose requires_grad is synced
+        self._trainable = [p.requires_grad for p in self._params]
         self.parts = parts
         self.observer = observer
         if observer is not None:  # (a resume's notes too); finish() closes it
@@ -217,9 +216,10 @@ class StepTransaction:
         skipped, the stale gradient applied twice), and one without a synchronized
         backward on this rank would pair its collectives with the other ranks' backward
         ones (a vote read as a gradient bucket)."""
-        trainable = _trainable(self.model.module)
-        if trainable != self._trainable:
-            changed = sorted({name for name, _ in trainable ^ self._trainable})
+        if [p.requires_grad for p in self._params] != self._trainable:
+            was = {id(p): flag for p, flag in zip(self._params, self._trainable, strict=True)}
+            changed = sorted(name for name, p in self.model.module.named_parameters()
+                             if was.get(id(p)) != p.requires_grad)
             raise ConfigError(
                 f"parameter(s) {changed[:5]} changed requires_grad after prepare(): potluck "
                 "syncs the parameters that required a gradient when it was set up, so one "
@@ -355,7 +355,3 @@ class StepTransaction:
         else:
             self.cohort.finish()
 
-
-def _trainable(module: torch.nn.Module) -> frozenset[tuple[str, bool]]:
-    """Each parameter's name and whether it requires a gradient."""
-    return frozenset((name, p.requires_grad) for name, p in module.named_parameters())

@@ -239,17 +239,18 @@ class TrustPart:
         for k in kept:
             if target not in k.senders or me not in k.owners:
                 continue
-            flat = torch.cat([grads[self._names[id(p)]].reshape(-1) for p in k.parameters])
-            parts.append(slice_error(flat.to(k.copies.dtype), k.copies[k.senders.index(target)],
+            flat = self._flat(grads, k).to(k.copies.dtype)
+            parts.append(slice_error(flat, k.copies[k.senders.index(target)],
                                      k.owners.index(me) * k.piece))
         difference = relative(parts)
         log.debug("[rank %d] trust: spot check of rank %d: %.3g", me, target, difference)
-        if not difference <= spot.tolerance and not self._reproduces_own(kept) <= spot.tolerance:
+        off = not difference <= spot.tolerance
+        if off and not self._reproduces_own(kept) <= spot.tolerance:
             log.warning("[rank %d] trust: the spot check of rank %d found its copy off by "
                         "%.3g, but the loss does not recompute this rank's own gradient "
                         "either: no accusation", me, target, difference)
             return SpotResult(target, difference, False, unreproducible=True)
-        return SpotResult(target, difference, not difference <= spot.tolerance)
+        return SpotResult(target, difference, off)
 
     def _reproduces_own(self, kept: list[Kept]) -> float:
         """This owner found a target's copy off: can it recompute its own gradient, the
@@ -262,9 +263,13 @@ class TrustPart:
         parts = []
         for k in kept:
             if me in k.senders:
-                flat = torch.cat([grads[self._names[id(p)]].reshape(-1) for p in k.parameters])
-                parts.append(slice_error(flat.to(k.mine.dtype), k.mine[:flat.numel()], 0))
+                flat = self._flat(grads, k).to(k.mine.dtype)
+                parts.append(slice_error(flat, k.mine[:flat.numel()], 0))
         return relative(parts)
+
+    def _flat(self, grads: dict[str, torch.Tensor], kept: Kept) -> torch.Tensor:
+        """A recomputed gradient (by parameter name) laid out as bucket ``kept`` is."""
+        return torch.cat([grads[self._names[id(p)]].reshape(-1) for p in kept.parameters])
 
     def _refuse_spot_loss(self, reports: Reports, owners: Sequence[int], steps: int) -> None:
         """Most owners that spot-checked could not recompute their own gradients: the
