@@ -200,13 +200,15 @@ def prepare(
                            on_failure="abandon" if cohort.elastic else "raise",
                            init_sync=not cohort.joined_late, contribution=contribution,
                            clock=observer, **data_parallel)
-    # Under trust no finiteness vote: every rank holds the same aggregates (an owner that
-    # hands some ranks others is caught by the digests), so each decides alike alone;
-    # and a vote is a collective one rank decides (MAX): an attacker voting "not
-    # finite" every step would stall the cohort.
+    # A finiteness vote only under a custom hook: the built-in all-reduce hooks give
+    # every rank the same bits. Under trust none either: every rank holds the same
+    # aggregates (an owner that hands some ranks others is caught by the digests), so
+    # each decides alike alone; and a vote is a collective one rank decides (MAX): an
+    # attacker voting "not finite" every step would stall the cohort.
     guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                group=cohort.group, recoverable=cohort.elastic,
-                               agree=guard is None)
+                               agree=(lambda: not wrapped.reducer.agreed_result)
+                               if guard is None else False)
     cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
     balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory,
                          lambda: sum(loader.split))

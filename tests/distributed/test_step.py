@@ -163,3 +163,59 @@ def test_nan_on_one_rank_makes_every_rank_skip_that_step(scaled: bool) -> None:
         assert result["scales"] == results[0]["scales"]
     if scaled:
         assert results[0]["scales"][3] == results[0]["scales"][2] / 2  # backed off
+
+
+def _prepared_nan(rank: int, world_size: int, port: int, hook: str) -> dict[str, Any]:
+    """``prepare``'s loop with rank 1's loss NaN at step 2; counts finiteness votes."""
+    from unittest import mock
+
+    import potluck
+    from potluck.env import WorkerEnv
+    from potluck.step import guard
+
+    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
+                                        master_addr="127.0.0.1", master_port=port,
+                                        source="torchrun"), timeout=20.0)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randn(40, 2))
+    extra: dict[str, Any] = {}
+    if hook == "custom":  # not one of the reducer's built-in hooks: the ranks vote
+        extra["comm_hook"] = lambda state, bucket: potluck.allreduce_mean(state, bucket)
+    elif hook == "balance":
+        extra["balance"] = True
+    model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                                         data, global_batch=8, cohort=cohort, **extra)
+    votes = 0
+    vote = guard.allreduce_max
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal votes
+        votes += 1
+        return vote(*args, **kwargs)
+
+    committed = []
+    with mock.patch.object(guard, "allreduce_max", counted):
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            (loss * float("nan") if (step, rank) == (2, 1) else loss).backward()
+            committed.append(opt.step().committed)
+    opt.finish()
+    return {"committed": committed, "votes": votes, "params": M.params(net)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hook", ["built-in", "balance", "custom"])
+def test_prepare_votes_on_finiteness_only_under_a_custom_hook(hook: str) -> None:
+    """The built-in hooks' all-reduce gives every rank the same bits, so each rank skips
+    a NaN step alike without a vote (one round trip less per step); a custom hook's
+    result need not be the same everywhere, so its ranks vote."""
+    from potluck.harness.ranks import free_port
+
+    results = run_ranks(_prepared_nan, 2, free_port(), hook, init_group=False, timeout=50)
+    for result in results:
+        assert result["committed"] == [True, True, False, True, True]
+        assert result["votes"] == (5 if hook == "custom" else 0)
+        assert_close(result["params"], results[0]["params"])
+        assert all(torch.isfinite(p).all() for p in result["params"].values())

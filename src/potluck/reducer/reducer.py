@@ -51,7 +51,13 @@ from potluck.group import GroupHandle
 from potluck.reducer.buckets import assign_buckets
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hook_failure import hook_error, is_backend_failure
-from potluck.reducer.hooks import Bucket, CommHook, allreduce_mean, sums_prescaled
+from potluck.reducer.hooks import (
+    Bucket,
+    CommHook,
+    allreduce_mean,
+    sums_prescaled,
+    weighted_mean,
+)
 from potluck.reducer.torch_hooks import (
     call_hook,
     chains_collectives,
@@ -65,6 +71,8 @@ log = logging.getLogger(__name__)
 # Hooks under which zero bitmap entries stay zero and positive ones positive. Not
 # weighted_mean: a rank with weight 0 would erase its own "used" bits.
 _BITMAP_SAFE_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean})
+# Hooks whose result is one all-reduce's: the same bits on every rank.
+_AGREED_HOOKS: frozenset[CommHook] = frozenset({allreduce_mean, weighted_mean})
 
 # A potluck hook (takes a Bucket) or one written for torch DDP (takes a GradBucket).
 AnyHook = Callable[[Any, Any], "torch.futures.Future[Any]"]
@@ -165,6 +173,13 @@ class Reducer:
         (a scaled sum); any other hook gets a separate small all-reduce for the bitmap.
         """
         return self._hook in _BITMAP_SAFE_HOOKS
+
+    @property
+    def agreed_result(self) -> bool:
+        """Every rank gets the same bits from the hook (an all-reduce's result: the
+        default mean, the weighted mean), so what a rank decides from a synchronized
+        pass's gradients alone (e.g. that they are finite) every rank decides alike."""
+        return self._hook in _AGREED_HOOKS
 
     def remove_hooks(self) -> None:
         for handle in self._handles:

@@ -6,10 +6,13 @@ averaged gradients (potluck.DataParallel guarantees that), then:
 
 1. unscales fp16 gradients if a ``GradScaler`` is given;
 2. computes the global gradient norm (one pass), and decides whether it is finite;
-3. makes that decision the same on every rank: averaged gradients are bitwise equal on
-   every rank already, and a one-scalar all-reduce (MAX) on ``group`` guarantees it even
-   when a communication hook or backend does not (``agree=False``: no vote, each rank
-   decides alone; trust does so, since a vote is one any rank can decide);
+3. makes that decision the same on every rank: a one-scalar all-reduce (MAX) on
+   ``group`` (the finiteness vote), unless ``agree`` says no vote is needed. ``agree``
+   is a bool or a callable asked at each step: ``prepare`` passes the reducer's
+   ``agreed_result`` (its built-in all-reduce hooks give every rank the same bits, so
+   every rank decides alike alone, and a step saves the vote's round trip; a custom
+   hook gets the vote). ``agree=False``: each rank decides alone (trust does so, since
+   a vote is one any rank can decide, and every rank holds the same aggregates);
 4. on a non-finite step, every rank skips the update together, logs it and counts it
    (a scaler backs off its scale identically on every rank);
 5. otherwise clips to ``clip_grad_norm`` (if set) and steps.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +62,13 @@ class GuardedOptimizer:
         clip_grad_norm: float | None = None,
         scaler: torch.amp.GradScaler | None = None,
         group: Group | None = None,
-        agree: bool = True,
+        agree: bool | Callable[[], bool] = True,
         recoverable: bool = False,
     ) -> None:
-        """``recoverable``: a failed finiteness vote returns ``StepResult(failed=True)``
-        (the elastic transaction redoes the step) instead of raising ``PeerLostError``."""
+        """``agree``: whether the ranks vote on finiteness (a callable: asked at each
+        step; see the module's docstring). ``recoverable``: a failed finiteness vote
+        returns ``StepResult(failed=True)`` (the elastic transaction redoes the step)
+        instead of raising ``PeerLostError``."""
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(
                 f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}"
@@ -103,9 +108,9 @@ class GuardedOptimizer:
         self.steps += 1
         if not finite:
             self.skipped += 1
+            where = "on this rank" if self._agree is False else "on every rank"
             log.warning("step %d skipped %s: gradient norm is %s (%d skipped so far)",
-                        self.steps, "on every rank" if self._agree else "on this rank", norm,
-                        self.skipped)
+                        self.steps, where, norm, self.skipped)
             if self.scaler is not None:
                 self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             return StepResult(committed=False, grad_norm=norm)
@@ -136,7 +141,8 @@ class GuardedOptimizer:
 
     def _agreed_finite(self, finite: bool) -> bool:
         group = self._group
-        if not self._agree or group is None or group.size() == 1:
+        agree = self._agree() if callable(self._agree) else self._agree
+        if not agree or group is None or group.size() == 1:
             return finite
         device = next(iter(self._parameters()), torch.empty(0)).device
         flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group,
