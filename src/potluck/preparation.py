@@ -223,8 +223,7 @@ def prepare(
                         collate=_on_device(collate, cohort.device), shares=policy.shares,
                         stop=lambda: transaction.left,
                         contribution=contribution.set if contribution else None,
-                        weight=weight,
-                        memory=memory)
+                        weight=weight, memory=memory, redone=lambda: transaction.redone)
     return wrapped, transaction, loader
 
 
@@ -331,7 +330,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=_on_device(collate, cohort.device), shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
-                        segments=strategy.segments, memory=memory)
+                        segments=strategy.segments, memory=memory,
+                        redone=lambda: transaction.redone)
     return wrapped, transaction, loader
 
 

@@ -102,6 +102,10 @@ def _loop(rank: int, world_size: int, port: int, mistake: str) -> str:
     model, opt, loader = _setup(rank, world_size, port, [0, 0])
     try:
         for step, (x, y) in enumerate(loader):
+            if mistake == "accumulate" and step % 2 == 0:  # torch DDP's recipe: A = 2
+                with model.no_sync():
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                continue
             opt.zero_grad()
             if not (mistake == "no backward" and rank == 1 and step == 1):
                 torch.nn.functional.mse_loss(model(x), y).backward()
@@ -120,6 +124,17 @@ def test_a_second_step_for_one_batch_is_refused() -> None:
     """It used to commit the cursor again: half of the data never trained on."""
     for message in run_ranks(_loop, 2, free_port(), "twice", init_group=False, timeout=50):
         assert message.startswith("CursorError: step() was called again at step 1"), message
+
+
+@pytest.mark.timeout(60)
+def test_an_accumulation_loop_over_the_loader_is_refused_at_once() -> None:
+    """The loader hands a step's batch out until step() commits it: a loop that steps
+    every second batch trained each batch twice and half the data never, silently."""
+    for message in run_ranks(_loop, 2, free_port(), "accumulate", init_group=False,
+                             timeout=50):
+        assert message.startswith("CursorError: the loader was asked for the next batch"), \
+            message
+        assert "potluck.accumulate(model, batch, k)" in message
 
 
 @pytest.mark.timeout(60)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from potluck import DataParallel
+from potluck.errors import ConfigError
 from potluck.harness.ranks import run_ranks
 from potluck.step import GuardedOptimizer, accumulate, split_batch
 from tests.distributed import models as M
@@ -25,18 +26,36 @@ def test_split_batch_weights_sum_to_one_and_cover_the_batch() -> None:
     assert len(split_batch(x, 50)) == 10  # never an empty micro-batch
 
 
-def test_split_batch_rejects_bad_input() -> None:
-    from potluck.errors import ConfigError
+def test_split_batch_splits_lists_of_samples_with_their_fields() -> None:
+    """A list of strings, of samples or of variable-length sequences is one entry per
+    sample: it used to be kept whole (strings) or have every sequence cut along its
+    own length (each micro-batch got every sequence, half of each)."""
+    x = torch.arange(4.0).view(4, 1)
+    chunks = split_batch({"x": x, "names": ["a", "b", "c", "d"], "flag": True}, 2)
+    assert [c["names"] for c, _ in chunks] == [["a", "b"], ["c", "d"]]
+    assert [c["flag"] for c, _ in chunks] == [True, True]
+    seqs = [torch.full((n,), float(i)) for i, n in enumerate([3, 1, 2, 4])]
+    chunks = split_batch((seqs, torch.arange(4)), 2)
+    assert [[s.tolist() for s in c[0]] for c, _ in chunks] == [
+        [[0.0] * 3, [1.0]], [[2.0] * 2, [3.0] * 4]]
+    assert [c[1].tolist() for c, _ in chunks] == [[0, 1], [2, 3]]
+    kept = split_batch([(x[i], i) for i in range(3)], 2)  # a collate that keeps samples
+    assert [[i for _, i in c] for c, _ in kept] == [[0], [1, 2]]
+    fields = split_batch([x, x * 2], 2)  # torch's default_collate of (x, y) samples
+    assert torch.equal(fields[1][0][1], x[2:] * 2)
+    with pytest.raises(ConfigError, match=r"one number of samples in every field, got "
+                                          r"\{0: 3, 1: 4\}"):
+        split_batch(([torch.ones(3)] * 4, torch.arange(4)), 2)  # sequences of one length
 
+
+def test_split_batch_rejects_bad_input() -> None:
     with pytest.raises(ConfigError, match="micro_batches"):
         split_batch(torch.zeros(4), 0)
-    with pytest.raises(ConfigError, match="common first dimension"):
+    with pytest.raises(ConfigError, match="one number of samples in every field"):
         split_batch((torch.zeros(4), torch.zeros(5)), 2)
 
 
 def test_guarded_optimizer_rejects_bad_clip() -> None:
-    from potluck.errors import ConfigError
-
     with pytest.raises(ConfigError, match="clip_grad_norm"):
         GuardedOptimizer(torch.optim.SGD(M.mlp().parameters(), lr=0.1), clip_grad_norm=-1)
 

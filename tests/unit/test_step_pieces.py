@@ -52,6 +52,25 @@ def test_a_step_handed_out_forever_without_commit_is_a_clear_error() -> None:
             pass
 
 
+def test_a_step_handed_out_again_without_a_commit_or_a_redo_is_refused_at_once() -> None:
+    """Under a step transaction (``redone``) the same step handed out again needs a redo
+    in between: else the loop trains on one batch twice (a torch-style accumulation loop
+    over several batches), which used to go on silently for 100 hand-outs."""
+    data = TensorDataset(torch.arange(8).float())
+    cursor, redone = DataCursor(8, 2), [0]
+    seen = []
+    batches = iter(StepLoader(data, cursor, lambda: (0, 1), redone=lambda: redone[0]))
+    seen.append(next(batches)[0].tolist())
+    redone[0] += 1  # the step failed and is redone: the same batch again
+    seen.append(next(batches)[0].tolist())
+    assert seen[0] == seen[1]
+    cursor.commit()
+    seen.append(next(batches)[0].tolist())  # committed: the next step
+    assert seen[2] != seen[1]
+    with pytest.raises(CursorError, match=r"neither committed nor failed.*potluck\.accumulate"):
+        next(batches)  # no commit, no redo: a loop bug
+
+
 def test_accumulate_refuses_an_empty_batch() -> None:
     with pytest.raises(ConfigError, match="empty batch"):
         list(accumulate(None, torch.zeros(0, 3), 2))

@@ -49,12 +49,16 @@ class StepLoader:
                  weight: Callable[[Any], float] | None = None,
                  memory: MemoryCap | None = None,
                  inner_steps: InnerSteps | None = None,
-                 segments: Segments | None = None) -> None:
+                 segments: Segments | None = None,
+                 redone: Callable[[], int] | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
         cap (``loader.memory``; ``loader.micro_batches``: how many its part takes);
         ``inner_steps`` into how many batches of a round, ``segments`` in which pieces
-        the round is handed out (a sync strategy's; both or neither)."""
+        the round is handed out (a sync strategy's; both or neither); ``redone``: how
+        many steps the step transaction gave up and redoes, so far (``prepare``'s: the
+        same step handed out again without one more is a loop bug, refused at once;
+        without it, after ``max_repeats`` hand-outs)."""
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
             raise ConfigError(f"StepLoader got {given}= alone: a round needs both "
@@ -74,6 +78,7 @@ class StepLoader:
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
+        self._redone = redone
 
     @property
     def micro_batches(self) -> int:
@@ -88,10 +93,21 @@ class StepLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.cursor.epoch
-        last, repeats = None, 0
+        last, repeats, redone = None, 0, self._redone_so_far()
         while self.cursor.epoch == epoch and not self._epoch_done() and not self.stop():
             state = self.cursor.state
             repeats = repeats + 1 if state == last else 0
+            if repeats and self._redone is not None and self._redone_so_far() == redone:
+                raise CursorError(
+                    f"the loader was asked for the next batch, but the step at sample "
+                    f"{state.cursor} of epoch {state.epoch} it handed out last was neither "
+                    "committed nor failed: the loader hands out each step's batch until "
+                    "opt.step() commits it, so the loop would train on it again. Call "
+                    "opt.step() once per batch; to accumulate gradients over several "
+                    "micro-batches, split the step's batch: for part, weight in "
+                    "potluck.accumulate(model, batch, k): (loss(part) * weight).backward() "
+                    "(docs/data-parallel.md)")
+            redone = self._redone_so_far()
             if repeats > self.max_repeats:
                 raise CursorError(
                     f"step at sample {state.cursor} of epoch {state.epoch} was handed out "
@@ -124,6 +140,9 @@ class StepLoader:
                 self._contribute(batch, len(indices), stop - start)
             self.batches += 1
             yield batch
+
+    def _redone_so_far(self) -> int:
+        return self._redone() if self._redone is not None else 0
 
     def part_of(self, rank: int) -> Any:
         """``rank``'s batch of the step last handed out (what it trained on: a spot

@@ -20,9 +20,10 @@ from potluck.errors import ConfigError
 
 
 def split_batch(batch: Any, micro_batches: int) -> list[tuple[Any, float]]:
-    """Split ``batch`` (a tensor, or a tuple/list/dict of tensors with the same first
-    dimension) into ``micro_batches`` near-equal chunks along dim 0, each with its
-    weight ``len(chunk) / len(batch)``. Empty chunks are dropped."""
+    """Split ``batch`` (a tensor, or a tuple/list/dict of tensors and lists of samples
+    with one number of samples: ``_size``) into ``micro_batches`` near-equal chunks of
+    samples, each with its weight ``len(chunk) / len(batch)``. Empty chunks are
+    dropped."""
     size = batch_size(batch)
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -60,23 +61,63 @@ def accumulate(model: Any, batch: Any, micro_batches: int) -> Iterator[tuple[Any
 
 
 def batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    items = list(batch.values()) if isinstance(batch, dict) else list(batch)
-    sizes = {int(t.shape[0]) for t in items if isinstance(t, torch.Tensor)}
-    if len(sizes) != 1:
+    """The number of samples in ``batch`` (see ``_size``); a ``ConfigError`` where its
+    parts disagree or nothing in it says."""
+    size = _size(batch)
+    if size is None:
         raise ConfigError(
-            f"a batch to split must hold tensors with one common first dimension, got "
-            f"sizes {sorted(sizes)}; split it yourself or pass a tensor / tuple of tensors"
-        )
-    return sizes.pop()
+            f"a batch to split must hold at least one tensor or list of samples, got "
+            f"{type(batch).__name__}; pass a tensor, or a tuple/list/dict of them")
+    return size
+
+
+def _size(batch: Any) -> int | None:
+    """Samples in ``batch``, or None for a value the split leaves whole (a number, a
+    string, None, a 0-d tensor). A tensor's are its first dimension. A dict's values and
+    a tuple's items are fields, which must agree. A list is a list of samples (one item
+    each) when its items are strings or numbers, tuples or dicts (a collate that keeps
+    the samples), or tensors of different lengths (variable-length sequences); else its
+    items are fields, as in torch's ``default_collate`` output for a batch of tuples."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, dict):
+        return _agreed(list(batch.items()))
+    if isinstance(batch, list) and _samples(batch):
+        return len(batch)
+    if isinstance(batch, (list, tuple)):
+        return _agreed(list(enumerate(batch)))
+    return None
+
+
+def _samples(items: list[Any]) -> bool:
+    """Whether the list ``items`` is a list of samples (see ``_size``)."""
+    if all(isinstance(item, torch.Tensor) and item.dim() for item in items):
+        return len({int(item.shape[0]) for item in items}) > 1
+    return all(isinstance(item, (tuple, dict)) for item in items) or all(
+        _size(item) is None for item in items)
+
+
+def _agreed(fields: list[tuple[Any, Any]]) -> int | None:
+    """The fields' common number of samples (None if none has one)."""
+    sizes = {name: size for name, size in ((name, _size(v)) for name, v in fields)
+             if size is not None}
+    if len(set(sizes.values())) > 1:
+        raise ConfigError(
+            f"a batch to split must have one number of samples in every field, got "
+            f"{sizes} (by field); split it yourself, or make every field hold one entry "
+            "per sample (a list of samples: strings, numbers, tuples, dicts, or tensors of "
+            "different lengths)")
+    return next(iter(sizes.values()), None)
 
 
 def _slice(batch: Any, start: int, stop: int) -> Any:
     if isinstance(batch, torch.Tensor):
-        return batch[start:stop]
+        return batch[start:stop] if batch.dim() else batch
     if isinstance(batch, dict):
         return {k: _slice(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, list) and _samples(batch):
+        return batch[start:stop]
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_slice(v, start, stop) for v in batch)
+        fields = [_slice(v, start, stop) for v in batch]
+        return type(batch)(*fields) if hasattr(batch, "_fields") else type(batch)(fields)
     return batch
