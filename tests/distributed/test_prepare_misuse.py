@@ -107,8 +107,9 @@ def _loop(rank: int, world_size: int, port: int, mistake: str) -> str:
                     torch.nn.functional.mse_loss(model(x), y).backward()
                 continue
             opt.zero_grad()
+            forward = model.module if mistake == "bare module" and step == 1 else model
             if not (mistake == "no backward" and rank == 1 and step == 1):
-                torch.nn.functional.mse_loss(model(x), y).backward()
+                torch.nn.functional.mse_loss(forward(x), y).backward()
             opt.step()
             if mistake == "twice":
                 opt.step()
@@ -135,6 +136,17 @@ def test_an_accumulation_loop_over_the_loader_is_refused_at_once() -> None:
         assert message.startswith("CursorError: the loader was asked for the next batch"), \
             message
         assert "potluck.accumulate(model, batch, k)" in message
+
+
+@pytest.mark.timeout(60)
+def test_a_backward_through_the_bare_module_is_refused() -> None:
+    """Its gradients were averaged with the last pass's weights (wrong on a step whose
+    split changed), silently."""
+    for message in run_ranks(_loop, 2, free_port(), "bare module", init_group=False,
+                             timeout=50):
+        assert message.startswith("ReducerError: parameter '"), message
+        assert ("received a gradient in a backward pass whose forward did not go through "
+                "the wrapped model") in message, message
 
 
 @pytest.mark.timeout(60)

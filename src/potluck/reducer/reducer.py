@@ -125,6 +125,7 @@ class Reducer:
         self._torch_style = False  # the hook takes a GradBucket (torch_hooks)
         self._chains = False  # ... and issues collectives from its future's callbacks
         self.require_sync = True  # set by every forward (prepare_for_forward)
+        self._forwarded = False  # a forward began the pass (cleared when a pass ends)
         self._buffer_src = 0  # the rank whose buffers are broadcast after the pass
         self.failure: CommunicationError | None = None  # set when a step was abandoned
         self._failed_generation = -1  # ... in this generation of the handle
@@ -302,6 +303,7 @@ class Reducer:
         autograd accumulates into the bucket in place.
         """
         self.require_sync, self._buffer_src = sync, buffer_src
+        self._forwarded = True
         self._issued = False  # a new pass: nothing of it is on the wire yet
         self._reset_pass()
 
@@ -324,6 +326,14 @@ class Reducer:
         self._produced[index] = 1
         if not self.require_sync:
             return
+        if not self._forwarded:
+            raise ReducerError(
+                f"parameter {self._names[index]!r} received a gradient in a backward pass "
+                "whose forward did not go through the wrapped model: potluck begins each "
+                "synchronized pass in DataParallel's forward (this rank's weight in the "
+                "average, the unused parameters), so it would average it with the last "
+                "pass's settings; call the wrapped model (prepare's model, or the "
+                "DataParallel), not model.module or the bare module, in training")
         if self._ready[index]:
             raise ReducerError(
                 f"parameter {self._names[index]!r} received its gradient twice in one "
@@ -412,6 +422,7 @@ class Reducer:
                 raise
             self._fail(exc)
         finally:
+            self._forwarded = False
             if self.failure is not None:
                 self._abandon()
             self._pass.settled_at = time.perf_counter()
