@@ -3,7 +3,9 @@
 Job-level keys live under ``potluck/<run id>/``; the launcher and the workers both name
 them from here (the launcher imports nothing else of the worker side):
 
-``potluck/<run>/a<restart>/g<n>``       prefix of a static job's group n (restart attempt)
+``potluck/<run>/a<restart>/inits``     ``init()`` calls of a static job's ranks so far
+``potluck/<run>/a<restart>/s<k>/g<n>``  prefix of a static job's group n (restart attempt,
+                                        k-th cohort of its processes)
 ``potluck/<run>/elastic/g<n>``          prefix of an elastic cohort's group n
 ``potluck/<run>/elastic/failed/g<n>``   a member abandoned generation n's step
 ``potluck/<run>/rdzv/...``              the rendezvous (below)
@@ -35,9 +37,15 @@ from __future__ import annotations
 import socket
 
 
-def static_group(run_id: str, restart: int, generation: int) -> str:
-    """Prefix of a static job's process group (a restarted job never reuses keys)."""
-    return f"potluck/{run_id}/a{restart}/g{generation}"
+def static_inits(run_id: str, restart: int) -> str:
+    """A counter: every rank of a static job adds 1 at each ``init()``."""
+    return f"potluck/{run_id}/a{restart}/inits"
+
+
+def static_group(run_id: str, restart: int, generation: int, session: int = 0) -> str:
+    """Prefix of a static job's process group: a restarted job never reuses keys, nor
+    does a process's next cohort (``session``: a second ``init()`` after ``close()``)."""
+    return f"potluck/{run_id}/a{restart}/s{session}/g{generation}"
 
 
 def elastic_root(run_id: str) -> str:

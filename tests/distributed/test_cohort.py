@@ -153,3 +153,31 @@ def test_a_cohort_left_open_is_closed_before_the_interpreter_finalizes() -> None
     running, at_exit = done.stdout.splitlines()
     assert running.startswith("end of script:") and "'pt_gloo_runloop'" in running
     assert at_exit == "at exit: []"
+
+
+def _stages(rank: int, world_size: int, port: int) -> list[float]:
+    """Three cohorts one after another in one process, on a store that outlives them
+    (the launcher's), each closed before the next."""
+    env = WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                    master_port=port, agent_store=True, run_id="stages")
+    sums = []
+    for stage in range(3):
+        with potluck.init(timeout=20, env=env) as cohort:
+            value = torch.tensor([float(rank + stage)])
+            cohort.all_reduce_sum(value)
+            sums.append(float(value))
+    return sums
+
+
+@pytest.mark.timeout(90)
+def test_a_process_forms_a_new_cohort_after_closing_one() -> None:
+    """A second init() after close() used to build its group under the first one's keys
+    on the launcher's store: now and then Gloo read the closed group's addresses and
+    failed after several timeouts, blaming the network."""
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+    for sums in run_ranks(_stages, 2, port, init_group=False, timeout=80):
+        assert sums == [1.0, 3.0, 5.0]
+    assert int(store.add("potluck/stages/a0/inits", 0)) == 6  # a session each: 0, 1, 2

@@ -66,12 +66,24 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
                               device=device, env=env, seat=seat)
     else:
         store = connect_store(env, timeout)
+        session = _session(store, env)
         cohort = Cohort(FixedMembership(env.rank, env.world_size), store, spec,
-                        lambda g: keys.static_group(env.run_id, env.restart_count, g),
+                        lambda g: keys.static_group(env.run_id, env.restart_count, g, session),
                         device=device, env=env)
     log.info("[rank %d] joined: %r", cohort.rank, cohort)
     set_current(cohort)  # the defaults of CheckpointManager and DistributedRng follow it
     return cohort
+
+
+def _session(store: Store, env: WorkerEnv) -> int:
+    """Which cohort of this job's processes this ``init()`` forms: 0, then 1 after every
+    rank closed its first and called ``init()`` again (a second training stage), so the
+    new group's keys are not the closed one's on a store that outlives it (the
+    launcher's): a Gloo group reading those found addresses nobody listens at. Every
+    rank adds 1 at each ``init()``; a rank's k-th group forms only once every rank's
+    k-th ``init()`` has added, so the k-th adds are the counts ``(k - 1) N + 1 .. k N``."""
+    count = int(store.add(keys.static_inits(env.run_id, env.restart_count), 1))
+    return (count - 1) // max(1, env.world_size)
 
 
 def join_elastic(store: Store, worker_id: str, config: RendezvousConfig, spec: GroupSpec,
