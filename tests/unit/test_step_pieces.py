@@ -88,3 +88,31 @@ def test_guarded_optimizer_state_carries_the_grad_scaler() -> None:
     other = GuardedOptimizer(torch.optim.SGD(params, lr=0.1), scaler=other_scaler)
     other.load_state_dict(state)
     assert other_scaler.get_scale() == 64.0
+
+
+def _scaled_step(recipe: str) -> torch.Tensor:
+    """One scaled step of a GuardedOptimizer with a GradScaler, the loop as ``recipe``."""
+    param = torch.nn.Parameter(torch.ones(2))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guard = GuardedOptimizer(torch.optim.SGD([param], lr=0.1), scaler=scaler)
+    scaler.scale((param * torch.tensor([1.0, 2.0])).sum()).backward()
+    if recipe == "unscaled by hand":  # torch's recipe before clipping by hand
+        scaler.unscale_(guard.optimizer)
+    elif recipe == "unscaled another":  # scaler.unscale_(opt) on prepare's optimizer
+        scaler.unscale_(guard)  # type: ignore[arg-type]
+    assert guard.step().committed
+    return param.detach().clone()
+
+
+def test_a_grad_scaler_unscaled_by_hand_is_not_unscaled_again() -> None:
+    """torch's AMP recipe (unscale_, clip by hand, step) raised torch's "unscale_() has
+    already been called"; the step now equals the one the guard unscales itself."""
+    assert torch.equal(_scaled_step("unscaled by hand"), _scaled_step("guard"))
+    assert torch.allclose(_scaled_step("guard"), torch.tensor([0.9, 0.8]))
+
+
+def test_a_grad_scaler_used_on_another_object_is_refused() -> None:
+    """scaler.step(opt) / scaler.unscale_(opt) on prepare's optimizer: the gradients
+    would be unscaled twice, and the user's scaler.update() failed in torch."""
+    with pytest.raises(ConfigError, match=r"leave out scaler\.step\(\) and scaler\.update"):
+        _scaled_step("unscaled another")

@@ -92,7 +92,7 @@ class GuardedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> StepResult:
-        if self.scaler is not None:
+        if self.scaler is not None and not _unscaled(self.scaler, self.optimizer):
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._parameters() if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -148,3 +148,29 @@ class GuardedOptimizer:
         flag = allreduce_max(torch.tensor([0.0 if finite else 1.0], device=device), group,
                              "the finiteness vote")
         return bool(flag.item() == 0.0)
+
+
+def _unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the loop already unscaled this step's gradients by ``scaler`` (torch's
+    recipe: ``scaler.unscale_(opt.optimizer)``, then clip by hand): then ``step()`` does
+    not unscale again, as ``GradScaler.step`` does not. A scaler that unscaled, or
+    stepped, any other object (``scaler.step(opt)``, ``scaler.unscale_(opt)`` on
+    ``prepare``'s optimizer) is refused: its gradients would be unscaled twice, and its
+    ``update()`` would find no step of its own. Reads the scaler's per-optimizer record
+    (torch's own bookkeeping; a scaler without one is taken as not yet unscaled)."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict):
+        return False
+    ready = getattr(getattr(torch.amp.grad_scaler, "OptState", None), "READY", None)
+    others = [key for key, state in states.items()
+              if key != id(optimizer) and state.get("stage") is not ready]
+    if others:
+        raise ConfigError(
+            "the GradScaler given to prepare(scaler=...) was used on another object this "
+            "step (scaler.step(opt) or scaler.unscale_(opt) on prepare's optimizer): "
+            "opt.step() unscales, skips a non-finite step, steps and updates the scaler "
+            "itself. Write scaler.scale(loss).backward(); opt.step(), and leave out "
+            "scaler.step() and scaler.update(); to clip, pass clip_grad_norm= to prepare, "
+            "or call scaler.unscale_(opt.optimizer) before clipping by hand")
+    mine = states.get(id(optimizer))
+    return mine is not None and mine.get("stage") is not ready
