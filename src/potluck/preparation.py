@@ -33,6 +33,7 @@ from potluck.prepare_checks import (
     agree_everywhere,
     check_arguments,
     check_optimizer,
+    check_setup,
     check_split,
     signature,
     whole_number,
@@ -122,6 +123,7 @@ def prepare(
         raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
                           "per step, all workers together), e.g. global_batch=64")
     check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir)
+    check_setup(cohort, checkpoint_dir, resume, timeout, data_parallel)
     seed = whole_number("seed", seed, "seed=0")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "

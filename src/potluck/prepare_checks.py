@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from potluck.cohort import Cohort
 from potluck.collectives import allgather_object, allgather_tensor
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle
@@ -59,7 +60,8 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
                     shares: Any, minimum: Any, metrics_dir: Any) -> None:
     """The arguments whose type is checked nowhere else before they are used."""
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not (
+            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ConfigError(
             f"prepare() takes a map-style dataset (len(dataset) and dataset[i]), got "
             f"{type(dataset).__name__}; the data cursor hands out sample indices, so wrap "
@@ -85,6 +87,45 @@ def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
                           "timeout)")
     if metrics_dir is not None:
         check_directory("metrics_dir", metrics_dir)
+
+
+# torch DataLoader's options: prepare's loader has its own (or none)
+_LOADER_OPTIONS = {
+    "collate_fn": "pass collate= (a function of a list of samples)",
+    "batch_size": "pass global_batch= (samples per step, all workers together)",
+    "shuffle": "the loader walks a seeded permutation of the data every epoch (seed=)",
+    "sampler": "the data cursor picks each rank's samples",
+    "batch_sampler": "the data cursor picks each rank's samples",
+    "num_workers": "the loader reads a step's samples in this process (no worker "
+                   "processes yet: see docs/data-parallel.md)",
+}
+for _name in ("pin_memory", "prefetch_factor", "persistent_workers", "worker_init_fn",
+              "timeout_s", "generator", "multiprocessing_context", "in_order"):
+    _LOADER_OPTIONS[_name] = _LOADER_OPTIONS["num_workers"]
+
+
+def check_setup(cohort: Any, checkpoint_dir: Any, resume: Any,
+                timeout: Any, data_parallel: dict[str, Any]) -> None:
+    """``prepare``'s own arguments not checked elsewhere, and torch DataLoader options
+    given to it (they would reach DataParallel, whose error would not say so)."""
+    loader = sorted(set(data_parallel) & set(_LOADER_OPTIONS))
+    if loader:
+        raise ConfigError(
+            f"prepare() got torch DataLoader option(s) {loader}: prepare's loader is not a "
+            "DataLoader; " + "; ".join(f"{name}: {_LOADER_OPTIONS[name]}" for name in loader))
+    if cohort is not None and not isinstance(cohort, Cohort):
+        raise ConfigError(f"cohort={cohort!r} must be a potluck.Cohort (potluck.init()'s), "
+                          "or None to join the job the launcher started")
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, Path)):
+        raise ConfigError(f"checkpoint_dir={checkpoint_dir!r} must be a path (str or "
+                          "pathlib.Path), or None")
+    if not isinstance(resume, bool):
+        raise ConfigError(f"resume={resume!r} must be True or False (resume from "
+                          "checkpoint_dir's latest live state)")
+    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+            or not float(timeout) > 0):
+        raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. "
+                          "timeout=60")
 
 
 def check_directory(name: str, path: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,16 @@ from potluck.errors import ConfigError
 from potluck.prepare_checks import check_directory, check_split, whole_number
 
 DATA = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+
+
+class _Stream(torch.utils.data.IterableDataset[int]):
+    """An iterable dataset with a length: it has __getitem__ (Dataset's, which raises)."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+    def __len__(self) -> int:
+        return 3
 
 
 def _prepare(net: torch.nn.Module | None = None, **kwargs: object) -> object:
@@ -42,6 +53,20 @@ def test_an_optimizer_over_another_model_is_refused() -> None:
     ({"seed": 1.5}, "seed=1.5 must be an int"),
     ({"global_batch": True}, "global_batch=True must be an int"),
     ({"global_batch": 20}, None),  # more than the dataset: fine (one short step an epoch)
+    ({"dataset": _Stream()}, r"dataset\[i\]\), got _Stream"),  # (it has a __len__)
+    ({"bucket_cap_mb": "25"}, "bucket_cap_mb='25' must be a positive, finite number"),
+    ({"bucket_cap_mb": float("nan")}, "bucket_cap_mb=nan must be a positive, finite"),
+    ({"first_bucket_cap_mb": None}, "first_bucket_cap_mb=None must be a positive"),
+    ({"timeout": "60"}, "timeout='60' must be a positive number of seconds"),
+    ({"cohort": "x"}, "cohort='x' must be a potluck.Cohort"),
+    ({"checkpoint_dir": 5}, "checkpoint_dir=5 must be a path"),
+    ({"resume": "yes"}, "resume='yes' must be True or False"),
+    ({"broadcast_buffers": "no"}, r"DataParallel\(broadcast_buffers='no'\): pass True or"),
+    ({"device_ids": [0]}, r"device_ids=\[0\] names an accelerator, but the module's "
+                          "parameters are on the CPU"),
+    ({"device_ids": "cuda"}, "device_ids='cuda' must be a list of one device"),
+    ({"collate_fn": list, "num_workers": 2}, r"DataLoader option\(s\) \['collate_fn', "
+                                             r"'num_workers'\].*collate_fn: pass collate="),
 ])
 def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
                                                  message: str | None) -> None:
@@ -180,3 +205,10 @@ def test_a_diloco_split_for_another_world_size_is_refused_at_prepare() -> None:
     """Not from inside the loader, a round into training."""
     with pytest.raises(ConfigError, match=r"DiLoCo\(split=\(30, 10\)\) for 1 ranks"):
         _prepare(sync=potluck.DiLoCo(inner_steps=20, split=(30, 10)))
+
+
+def test_data_parallel_refuses_what_torch_ddp_refuses() -> None:
+    with pytest.raises(ConfigError, match=r"takes a torch\.nn\.Module, got NoneType"):
+        potluck.DataParallel(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no parameter that requires a gradient"):
+        potluck.DataParallel(torch.nn.ReLU())

@@ -43,7 +43,8 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
     to elastic jobs only. ``env`` overrides what the environment says (tests). The
     cohort is the process's current one (``potluck.cohort.current``) until it is closed.
     """
-    if not timeout > 0:
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not timeout > 0):
         raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 60")
     env = read_worker_env() if env is None else env
     chosen = choose_backend(backend)

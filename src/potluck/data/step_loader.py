@@ -97,7 +97,9 @@ class StepLoader:
         while self.cursor.epoch == epoch and not self._epoch_done() and not self.stop():
             state = self.cursor.state
             repeats = repeats + 1 if state == last else 0
-            if repeats and self._redone is not None and self._redone_so_far() == redone:
+            # (a round's steps are counted by its sync strategy, which says more)
+            if (repeats and self._redone is not None and self._inner_of is None
+                    and self._redone_so_far() == redone):
                 raise CursorError(
                     f"the loader was asked for the next batch, but the step at sample "
                     f"{state.cursor} of epoch {state.epoch} it handed out last was neither "

@@ -35,6 +35,12 @@ from potluck.reducer.consistency import same_values, verify_same_model
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import Bucket
 from potluck.reducer.join import DataParallelJoinHook, iteration_vote
+from potluck.reducer.options import (
+    check_bucket_sizes,
+    check_device_ids,
+    check_flags,
+    check_module,
+)
 from potluck.reducer.reducer import AnyHook, Reducer, ReducerConfig
 from potluck.reducer.torch_hooks import hook_name, is_torch_hook
 
@@ -100,11 +106,11 @@ class DataParallel(nn.Module, Joinable):
             )
         if bucket_cap_mb is None:
             bucket_cap_mb = 25.0
-        if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
-            raise ConfigError(
-                f"bucket sizes must be positive, got bucket_cap_mb={bucket_cap_mb} and "
-                f"first_bucket_cap_mb={first_bucket_cap_mb}; 25 and 1 are good defaults"
-            )
+        check_bucket_sizes(bucket_cap_mb, first_bucket_cap_mb)
+        check_flags({"broadcast_buffers": broadcast_buffers, "check_model": check_model,
+                     "init_sync": init_sync, "sync_gradients": sync_gradients})
+        check_module(module)
+        check_device_ids(device_ids, _module_device(module))
         self.module = module
         self.device_ids = list(device_ids) if device_ids else None
         self.broadcast_buffers = broadcast_buffers
