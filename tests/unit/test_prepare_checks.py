@@ -212,3 +212,29 @@ def test_data_parallel_refuses_what_torch_ddp_refuses() -> None:
         potluck.DataParallel(None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no parameter that requires a gradient"):
         potluck.DataParallel(torch.nn.ReLU())
+
+
+def test_the_loader_and_optimizer_answer_what_torch_code_asks_of_them() -> None:
+    """len(loader) sizes schedulers and progress bars; opt.state and opt.defaults are
+    the torch optimizer's; what cannot work is refused with what to do."""
+    net = torch.nn.Linear(4, 2)
+    model, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), DATA, global_batch=6)
+    assert len(loader) == 3  # 16 samples, 6 a step: 6, 6, 4
+    loader.set_epoch(0)
+    batches = 0
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        batches += 1
+    assert batches == len(loader) and loader.epoch == 1
+    assert opt.defaults["momentum"] == 0.9
+    assert all("momentum_buffer" in opt.state[p] for p in net.parameters())
+    with pytest.raises(ConfigError, match=r"set_epoch\(0\): the loader is at epoch 1"):
+        loader.set_epoch(0)
+    with pytest.raises(ConfigError, match="before prepare"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))]})
+    with pytest.raises(ConfigError, match="takes no closure"):
+        opt.step(lambda: 0.0)
+    opt.finish()

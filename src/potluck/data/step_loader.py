@@ -91,6 +91,30 @@ class StepLoader:
         """The epoch the next batch comes from (the cursor's committed epoch)."""
         return self.cursor.epoch
 
+    def __len__(self) -> int:
+        """Steps in an epoch (batches a ``for`` over the loader yields from an epoch's
+        start), as ``len()`` of a DataLoader: for ``OneCycleLR(total_steps=...)`` and
+        progress bars. Under a sync strategy a round's batches follow each worker's
+        measured speed, so there is no such number: ``loader.cursor.state
+        .steps_per_epoch`` rounds."""
+        if self._inner_of is not None:
+            raise TypeError(
+                "len() of a loader under sync=DiLoCo(...): each worker's batches in a "
+                "round follow its measured speed; rounds per epoch are "
+                "loader.cursor.state.steps_per_epoch")
+        return self.cursor.state.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """DistributedSampler's call, for scripts that make it every epoch: the loader
+        reshuffles by itself (the cursor's seeded permutation of each epoch), so this
+        only checks that ``epoch`` is the loader's."""
+        if epoch != self.cursor.epoch:
+            raise ConfigError(
+                f"set_epoch({epoch}): the loader is at epoch {self.cursor.epoch} and moves "
+                "on by itself after an epoch's last step (a fresh seeded permutation each "
+                "epoch); drop the call, or loop `while loader.epoch < epochs: for batch in "
+                "loader: ...`")
+
     def __iter__(self) -> Iterator[Any]:
         epoch = self.cursor.epoch
         last, repeats, redone = None, 0, self._redone_so_far()

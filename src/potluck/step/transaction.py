@@ -112,11 +112,29 @@ class StepTransaction:
 
     @property
     def optimizer(self) -> Any:
+        """The torch optimizer: give it to LR schedulers (``StepLR(opt.optimizer, ...)``;
+        torch's schedulers take an ``Optimizer`` only, and this is not one)."""
         return self.guarded.optimizer
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.guarded.param_groups
+
+    @property
+    def state(self) -> Any:
+        """The torch optimizer's per-parameter state (momentum buffers, Adam's moments)."""
+        return self.guarded.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.guarded.optimizer.defaults  # type: ignore[no-any-return]
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        raise ConfigError(
+            "add_param_group() after prepare(): the model's gradients are synced for the "
+            "parameters it had when it was set up, so a group added now could hold "
+            "parameters nobody averages; build the optimizer with every parameter group "
+            "before prepare() (set lr=0 on a group to train it later)")
 
     @property
     def steps(self) -> int:
@@ -163,7 +181,13 @@ class StepTransaction:
         if self.observer is not None:
             self.observer.report(**figures)
 
-    def step(self) -> StepResult:
+    def step(self, closure: Any = None) -> StepResult:
+        if closure is not None:
+            raise ConfigError(
+                "step(closure): the step transaction takes no closure; it applies one "
+                "synchronized backward per step, so an optimizer that evaluates the loss "
+                "several times per step (LBFGS) cannot run under it. Call backward() "
+                "yourself, then opt.step()")
         self._check_loop()
         observer = self.observer
         if observer is not None:
