@@ -231,3 +231,16 @@ def test_an_elastic_jobs_buggy_hook_fails_at_once_with_its_own_error() -> None:
     assert "not a lost peer" in root
     assert "CursorError" not in result.stderr and "a peer died" not in result.stderr
     assert "step abandoned" not in result.stderr  # never redone
+
+
+@pytest.mark.timeout(90)
+def test_a_restarted_plain_torch_script_does_not_see_the_last_attempts_keys() -> None:
+    """torch's env:// rendezvous writes its group's keys on the launcher's store with no
+    attempt in them (torchrun gives each attempt a new store): the restarted workers
+    read the dead attempt's addresses, and 2 restarts in 10 hung or failed in Gloo."""
+    result = potluck_run("--nproc-per-node", "2", "--max-restarts", "1",
+                         str(SCRIPTS / "plain_torch_restarted.py"), timeout=80)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("attempt 1: an earlier attempt's key: False") == 2, \
+        result.stdout
+    assert result.stdout.count("attempt 1 done: 2") == 2

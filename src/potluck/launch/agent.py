@@ -47,6 +47,7 @@ from potluck.launch.spare import Spare, WaitingSpare, WorkerProcess
 from potluck.launch.store import (
     JobStore,
     check_in,
+    clear_worker_keys,
     cohort_formed,
     count,
     elastic_offset,
@@ -147,6 +148,8 @@ class Agent:
             return self._run_elastic(job_store)
         restarts = 0
         while True:
+            if restarts and cfg.node_rank == 0:  # before any node's meeting for it
+                clear_worker_keys(job_store.get())
             if cfg.nnodes > 1:  # ranks follow every node's worker count, told at the meeting
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
                 nprocs = exchange_nprocs(job_store.get(), key, cfg, self._stopping)

@@ -56,6 +56,21 @@ class JobStore:
         return self._store
 
 
+def clear_worker_keys(store: Store) -> int:
+    """Delete every key of the store that is not potluck's (``potluck/...``, each named
+    with its attempt where an attempt must not see another's): what a restarted
+    attempt's plain torch workers would otherwise read. torch's ``env://`` rendezvous
+    on the agent's store writes its group's keys with no attempt in them (torchrun
+    gives every attempt a new store), so an attempt's Gloo group read the previous
+    attempt's addresses and hung or failed. Node 0 calls it before an attempt's
+    workers start on any node. Returns how many keys it deleted."""
+    deleted = 0
+    for key in store.list_keys():  # type: ignore[attr-defined]
+        if not key.startswith("potluck/"):
+            deleted += bool(store.delete_key(key))
+    return deleted
+
+
 def check_local_address(addr: str) -> None:
     """Node 0 hosts the store, so ``--master-addr`` must be one of this machine's own
     addresses (its workers connect there too): refuse one that is not, at once, instead
