@@ -119,6 +119,8 @@ def check_setup(cohort: Any, checkpoint_dir: Any, resume: Any,
     if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, Path)):
         raise ConfigError(f"checkpoint_dir={checkpoint_dir!r} must be a path (str or "
                           "pathlib.Path), or None")
+    if checkpoint_dir is not None:  # now, not when a stop below the minimum writes there
+        check_directory("checkpoint_dir", checkpoint_dir)
     if not isinstance(resume, bool):
         raise ConfigError(f"resume={resume!r} must be True or False (resume from "
                           "checkpoint_dir's latest live state)")

@@ -95,6 +95,8 @@ def test_metrics_dir_must_be_a_directory(tmp_path: Path) -> None:
         _prepare(metrics_dir=afile)
     with pytest.raises(ConfigError, match="cannot be made"):
         check_directory("metrics_dir", afile / "sub")
+    with pytest.raises(ConfigError, match=r"checkpoint_dir=.*cannot be made"):
+        _prepare(checkpoint_dir=afile / "ck")  # found at setup, not at the minimum's stop
     check_directory("metrics_dir", tmp_path / "new" / "dir")  # made later: fine
 
 
