@@ -108,6 +108,7 @@ class Agent:
         self._signal: int | None = None
         self._layout = Layout.assumed(self.config)  # until the nodes have met
         self._said_not_joined = False
+        self._reported: set[int] = set()  # pids of workers reported lost (elastic)
         self._status: StatusService | None = None  # node 0's status page (--status-port)
         self._template: Template | None = None  # forks warm spares (elastic, Linux)
 
@@ -210,7 +211,13 @@ class Agent:
                        "workers to join; its checkpoint is named above: start the job "
                        "again with enough workers to resume from it")
             return BelowMinimumError.EXIT_CODE
-        self._emit(format_report(results, host=socket.gethostname(), node_rank=cfg.node_rank))
+        unreported = [r for r in results if r.pid not in self._reported]
+        if any(r.failed for r in unreported):
+            self._emit(format_report(unreported, host=socket.gethostname(),
+                                     node_rank=cfg.node_rank))
+        else:  # each was reported when it was lost: say how it ended, not all again
+            self._emit("potluck run: the job failed: every worker of this node was lost "
+                       "(each is reported above)")
         return 1
 
     def _warn_teardown_deaths(self, results: list[WorkerResult]) -> None:
@@ -415,7 +422,8 @@ class Agent:
                         restarts = self.config.max_restarts - restarts_left
                         self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                    f"as a new member ({restarts} of "
-                                   f"{self.config.max_restarts} restarts); the others train on")
+                                   f"{self.config.max_restarts} restarts): it joins the "
+                                   "running cohort")
                         taken, spare = spare, None  # it becomes this worker: never discard it
                         workers[index] = self._spawn(worker.local_rank, store.port, restarts,
                                                      tmp, taken)
@@ -479,9 +487,10 @@ class Agent:
 
     def _report_lost(self, worker: _Worker, store: TCPStore, workers: list[_Worker]) -> None:
         self._post_exit(_result(worker))
+        self._reported.add(worker.proc.pid)
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
-                                 title="a worker was lost (elastic: the others train on)"))
+                                 title="a worker was lost (elastic: the cohort goes on)"))
         if self._said_not_joined:
             return
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing to add

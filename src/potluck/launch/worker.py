@@ -35,7 +35,7 @@ import threading
 from types import TracebackType
 
 from potluck import env
-from potluck.errors import BelowMinimumError, JobFinishedError
+from potluck.errors import BelowMinimumError, JobFinishedError, RendezvousError
 from potluck.launch import priority
 from potluck.launch.report import write_error_file, write_finished_file, write_stop_file
 
@@ -87,6 +87,11 @@ def main(argv: list[str]) -> None:
         _planned_exit(str(exc), BelowMinimumError.EXIT_CODE)
     except JobFinishedError as exc:  # came too late to help: nothing failed
         _planned_exit(str(exc), 0)
+    except RendezvousError as exc:  # not admitted, no cohort, no store: the message is
+        path = env.error_file()  # what to fix; potluck's frames would only bury it
+        if path is not None:
+            write_error_file(path, exc.with_traceback(None))
+        _planned_exit(f"{type(exc).__name__}: {exc}", 1)
     except BaseException as exc:
         _record_error(exc)
         # Printed here, through whatever hook the script installed, starting in the

@@ -128,6 +128,8 @@ class StoreRendezvous:
     def _await_admission(self, started: float) -> Record:
         cfg = self.config
         answered = ""
+        orphaned: float | None = None  # since when no member of the cohort was alive
+        looked = 0.0  # when the members' heartbeats were last read (once an interval)
         while True:
             admitted = admission.read_verdict(self._store, self.worker_id)
             if admitted is not None:
@@ -142,6 +144,9 @@ class StoreRendezvous:
                     f"worker {self.worker_id!r} arrived after the run had finished: there "
                     "is nothing left to train; start a new run to train more"
                 )
+            if time.monotonic() - looked >= cfg.heartbeat_interval:
+                looked = time.monotonic()
+                orphaned = self._check_orphaned(orphaned)
             if time.monotonic() - started > cfg.join_timeout:
                 raise RendezvousError(
                     f"worker {self.worker_id!r} waited join_timeout={cfg.join_timeout:g} s "
@@ -150,6 +155,35 @@ class StoreRendezvous:
                     "running and calls it, or raise join_timeout"
                 )
             time.sleep(cfg.poll_interval)
+
+    def _check_orphaned(self, since: float | None) -> float | None:
+        """A joiner's wait: raise once no member of the newest generation (or the
+        founder, before generation 0 is out) has had a fresh heartbeat for another
+        ``heartbeat_timeout``: every member was lost at once, nobody will admit anyone,
+        and waiting out ``join_timeout`` would say nothing for minutes. Returns since
+        when the cohort has had no live member (None: it has one)."""
+        if self._store.check([keys.CURRENT]):
+            current = int(self._store.get(keys.CURRENT).decode())
+            record = Record.decode(self._store.get(keys.generation(current)))
+            members, what = record.members, f"generation {current}"
+        elif self._store.check([keys.FOUNDER]):
+            members, what = (self._store.get(keys.FOUNDER).decode(),), "the founder"
+        else:
+            return None  # nobody has started the cohort yet: the founder is still to come
+        if self._alive(members):
+            return None
+        now = time.monotonic()
+        if since is None:
+            return now
+        if now - since > self.config.heartbeat_timeout:
+            raise RendezvousError(
+                f"worker {self.worker_id!r} cannot be admitted: no member of the cohort is "
+                f"alive ({what}: {', '.join(members)}; none has had a fresh heartbeat for "
+                f"over {2 * self.config.heartbeat_timeout:g} s), so every worker was lost "
+                "at once (the node went down, all were killed). The cohort's state lived "
+                "in its members: start the job again (with prepare(..., checkpoint_dir=..., "
+                "resume=True) it resumes from the latest checkpoint written there)")
+        return since
 
     def pending_joiners(self) -> list[str]:
         """Workers in the join queue that were neither admitted nor refused, in order."""
