@@ -296,6 +296,20 @@ def test_torchrun_multi_node_recipe_flags_are_accepted() -> None:
     assert cli.config_from_args(_parse("t.py")).local_ranks_filter is None
 
 
+def test_torchrun_flags_potluck_lacks_are_ignored_or_refused_with_what_to_do(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """They used to end in the top-level usage line: "unrecognized arguments"."""
+    cli.config_from_args(_parse("--start-method", "spawn", "--role", "trainer", "--run-path",
+                                "train.py"))
+    for flag, says in (("--tee", "--log-dir DIR"), ("--local-addr", "GLOO_SOCKET_IFNAME"),
+                       ("--no-python", "Python script or module")):
+        with pytest.raises(SystemExit) as exited:
+            _parse(flag, "3", "train.py") if flag != "--no-python" else _parse(flag, "t.py")
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{flag} is a torchrun flag potluck run does not support" in err and says in err
+
+
 def test_an_unwritable_log_dir_is_refused_before_any_worker_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"

@@ -90,11 +90,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("monitor-interval", type=float, default=None, metavar="S",
          help="accepted for torchrun compatibility and ignored: potluck checks its workers "
               "every 0.05 s")
+    flag("start-method", default=None, choices=("spawn", "fork", "forkserver"),
+         help="accepted for torchrun compatibility and ignored: potluck starts each worker "
+              "as a process of its own")
+    flag("role", default=None, metavar="NAME",
+         help="accepted for torchrun compatibility and ignored")
+    flag("run-path", action="store_true",
+         help="accepted for torchrun compatibility: the script is run as a path already")
+    for name, why in _UNSUPPORTED.items():
+        flag(name, nargs="?", action=_Unsupported, why=why, help=argparse.SUPPRESS)
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m) instead of a file")
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER,
                         help="arguments passed to the script unchanged")
+
+
+# torchrun flags potluck run does not have, and what to do instead
+_UNSUPPORTED = {
+    "redirects": "every worker's output is prefixed with its rank on the terminal; "
+                 "--log-dir DIR keeps each worker's stdout and stderr in files",
+    "tee": "every worker's output is prefixed with its rank on the terminal; "
+           "--log-dir DIR keeps each worker's stdout and stderr in files",
+    "no-python": "potluck run starts a Python script or module (-m); run other programs "
+                 "another way",
+    "local-addr": "each worker's address is the one on its route to --master-addr (set "
+                  "GLOO_SOCKET_IFNAME to pick the interface)",
+    "logs-specs": "--log-dir DIR writes torchrun's default layout",
+}
+
+
+class _Unsupported(argparse.Action):
+    """A torchrun flag potluck run does not have: refused with what to do instead."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "",
+                 **kwargs: object) -> None:
+        super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is a torchrun flag potluck run does not support: "
+                     f"{self.why}")
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
