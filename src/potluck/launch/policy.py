@@ -52,8 +52,9 @@ def why_end(view: CohortView, *, finished_for: float | None, grace: float) -> st
     runs again. A joiner still waiting ``grace`` s after the run finished would exit as
     well, if it could run. ``finished_for``: seconds since the run finished, or None."""
     if view.worker_id is not None and view.left_out and not view.left:
-        return ("the cohort went on without it (no heartbeat for the heartbeat timeout: "
-                "frozen, e.g. by SIGSTOP, or cut off from the store), so its agent ended it")
+        return ("the cohort went on without it (it stopped taking part: frozen, e.g. by "
+                "SIGSTOP, hung in its script past the collectives' timeout, or cut off from "
+                "the store), so its agent ended it")
     if finished_for is not None and finished_for > grace and view.worker_id is not None \
             and not view.admitted:
         return (f"the run finished {finished_for:.0f} s ago while it was still waiting to "
