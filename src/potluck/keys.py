@@ -3,7 +3,6 @@
 Job-level keys live under ``potluck/<run id>/``; the launcher and the workers both name
 them from here (the launcher imports nothing else of the worker side):
 
-``potluck/<run>/a<restart>/inits``     ``init()`` calls of a static job's ranks so far
 ``potluck/<run>/a<restart>/s<k>/g<n>``  prefix of a static job's group n (restart attempt,
                                         k-th cohort of its processes)
 ``potluck/<run>/elastic/g<n>``          prefix of an elastic cohort's group n
@@ -35,11 +34,6 @@ The rendezvous's own keys, relative to its prefix:
 from __future__ import annotations
 
 import socket
-
-
-def static_inits(run_id: str, restart: int) -> str:
-    """A counter: every rank of a static job adds 1 at each ``init()``."""
-    return f"potluck/{run_id}/a{restart}/inits"
 
 
 def static_group(run_id: str, restart: int, generation: int, session: int = 0) -> str:

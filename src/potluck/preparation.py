@@ -364,7 +364,8 @@ def _to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=True)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(o, device) for o in obj)
+        moved = [_to(o, device) for o in obj]  # (a namedtuple takes them one by one)
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     if isinstance(obj, dict):
         return {k: _to(v, device) for k, v in obj.items()}
     return obj

@@ -145,8 +145,8 @@ def test_a_backward_through_the_bare_module_is_refused() -> None:
     for message in run_ranks(_loop, 2, free_port(), "bare module", init_group=False,
                              timeout=50):
         assert message.startswith("ReducerError: parameter '"), message
-        assert ("received a gradient in a backward pass whose forward did not go through "
-                "the wrapped model") in message, message
+        assert ("received a gradient in a synchronized backward pass with no forward of "
+                "the wrapped model since the last one") in message, message
 
 
 @pytest.mark.timeout(60)
@@ -157,3 +157,24 @@ def test_a_step_without_backward_is_refused_before_any_collective() -> None:
                         may_die=(0,))
     assert results[1].startswith("ReducerError: step() at step 1 on rank 1 without a "
                                  "synchronized backward()"), results[1]
+
+
+def _gradient_penalty(rank: int, world_size: int, port: int) -> list[float]:
+    """torch.autograd.grad of the output (a gradient penalty, a PINN) before backward:
+    its pass reaches no parameter, so the backward after it is the step's."""
+    model, opt, loader = _setup(rank, world_size, port, [0, 0])
+    for x, y in loader:
+        x = x.requires_grad_()
+        opt.zero_grad()
+        out = model(x)
+        (slope,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (torch.nn.functional.mse_loss(out, y) + slope.pow(2).mean()).backward()
+        opt.step()
+    opt.finish()
+    return [float(p.sum()) for p in model.module.parameters()]
+
+
+@pytest.mark.timeout(60)
+def test_a_gradient_penalty_through_autograd_grad_is_not_refused() -> None:
+    first, second = run_ranks(_gradient_penalty, 2, free_port(), init_group=False, timeout=50)
+    assert first == second

@@ -43,9 +43,15 @@ def test_split_batch_splits_lists_of_samples_with_their_fields() -> None:
     assert [[i for _, i in c] for c, _ in kept] == [[0], [1, 2]]
     fields = split_batch([x, x * 2], 2)  # torch's default_collate of (x, y) samples
     assert torch.equal(fields[1][0][1], x[2:] * 2)
-    with pytest.raises(ConfigError, match=r"one number of samples in every field, got "
-                                          r"\{0: 3, 1: 4\}"):
-        split_batch(([torch.ones(3)] * 4, torch.arange(4)), 2)  # sequences of one length
+    # sequences of one length: one per sample, as the labels beside them say
+    chunks = split_batch(([torch.ones(3)] * 4, torch.arange(4)), 2)
+    assert [len(c[0]) for c, _ in chunks] == [2, 2]
+    assert [len(c[0][0]) for c, _ in chunks] == [3, 3]
+    # strings as torch's default_collate gives them: a tuple
+    chunks = split_batch({"x": x, "names": ("a", "b", "c", "d")}, 2)
+    assert [c["names"] for c, _ in chunks] == [("a", "b"), ("c", "d")]
+    with pytest.raises(ConfigError, match=r"list of 3 tensors whose first dimensions"):
+        split_batch(([torch.ones(2)] * 3, torch.arange(4)), 2)  # neither per sample nor fields
 
 
 def test_split_batch_rejects_bad_input() -> None:

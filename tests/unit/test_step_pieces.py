@@ -116,3 +116,30 @@ def test_a_grad_scaler_used_on_another_object_is_refused() -> None:
     would be unscaled twice, and the user's scaler.update() failed in torch."""
     with pytest.raises(ConfigError, match=r"leave out scaler\.step\(\) and scaler\.update"):
         _scaled_step("unscaled another")
+
+
+def test_one_grad_scaler_for_two_optimizers_is_not_refused() -> None:
+    """torch's recipe for a GAN: scaler.step(opt_g) on another optimizer, then this one."""
+    param, other = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guard = GuardedOptimizer(torch.optim.SGD([param], lr=0.1), scaler=scaler)
+    second = torch.optim.SGD([other], lr=0.1)
+    scaler.scale((param * torch.tensor([1.0, 2.0])).sum() + other.sum()).backward()
+    scaler.step(second)
+    assert guard.step().committed
+    assert torch.allclose(param.detach(), torch.tensor([0.9, 0.8]))
+
+
+def test_a_step_not_applied_forgets_that_it_was_unscaled() -> None:
+    """Its redo's gradients are scaled afresh: they must be unscaled again (they were
+    applied scaled, 1024 times too large)."""
+    param = torch.nn.Parameter(torch.ones(2))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guard = GuardedOptimizer(torch.optim.SGD([param], lr=0.1), scaler=scaler)
+    scaler.scale((param * torch.tensor([1.0, 2.0])).sum()).backward()
+    scaler.unscale_(guard.optimizer)  # the loop unscaled by hand; then the step failed
+    guard.forget_unscale()
+    guard.zero_grad()
+    scaler.scale((param * torch.tensor([1.0, 2.0])).sum()).backward()  # the redo
+    assert guard.step().committed
+    assert torch.allclose(param.detach(), torch.tensor([0.9, 0.8]))

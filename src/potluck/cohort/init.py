@@ -10,6 +10,7 @@ torchrun, SLURM, or a plain process) the launcher's ranks form one fixed generat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
@@ -67,7 +68,7 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
                               device=device, env=env, seat=seat)
     else:
         store = connect_store(env, timeout)
-        session = _session(store, env)
+        session = _session()
         cohort = Cohort(FixedMembership(env.rank, env.world_size), store, spec,
                         lambda g: keys.static_group(env.run_id, env.restart_count, g, session),
                         device=device, env=env)
@@ -76,15 +77,17 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
     return cohort
 
 
-def _session(store: Store, env: WorkerEnv) -> int:
-    """Which cohort of this job's processes this ``init()`` forms: 0, then 1 after every
-    rank closed its first and called ``init()`` again (a second training stage), so the
-    new group's keys are not the closed one's on a store that outlives it (the
-    launcher's): a Gloo group reading those found addresses nobody listens at. Every
-    rank adds 1 at each ``init()``; a rank's k-th group forms only once every rank's
-    k-th ``init()`` has added, so the k-th adds are the counts ``(k - 1) N + 1 .. k N``."""
-    count = int(store.add(keys.static_inits(env.run_id, env.restart_count), 1))
-    return (count - 1) // max(1, env.world_size)
+def _session() -> int:
+    """Which cohort of this process this ``init()`` forms: 0, then 1 after it closed
+    its first and called ``init()`` again (a second training stage), so the new group's
+    keys are not the closed one's on a store that outlives it (the launcher's): a Gloo
+    group reading those found addresses nobody listens at. Counted in the process:
+    every rank of a job runs the same script, so its k-th ``init()`` is every rank's
+    k-th (a count on the store would not be, where a group forms lazily, as NCCL's)."""
+    return next(_INITS)
+
+
+_INITS = itertools.count()  # static cohorts this process has formed
 
 
 def join_elastic(store: Store, worker_id: str, config: RendezvousConfig, spec: GroupSpec,

@@ -149,12 +149,12 @@ class Agent:
             return self._run_elastic(job_store)
         restarts = 0
         while True:
-            if restarts and cfg.node_rank == 0:  # before any node's meeting for it
-                clear_worker_keys(job_store.get())
             if cfg.nnodes > 1:  # ranks follow every node's worker count, told at the meeting
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
                 nprocs = exchange_nprocs(job_store.get(), key, cfg, self._stopping)
                 self._layout = static_layout(nprocs, cfg.node_rank)
+            if restarts:  # every node's old workers are gone: they met (or there is one)
+                self._clear_for(restarts, job_store.get())
             outcome, results = self._attempt(job_store, restarts)
             store = job_store.get()
             self._warn_teardown_deaths(results)
@@ -176,6 +176,19 @@ class Agent:
             restarts += 1
             self._emit(f"potluck run: restarting the workers ({restarts} of "
                        f"{cfg.max_restarts} restarts)")
+
+    def _clear_for(self, attempt: int, store: TCPStore) -> None:
+        """Before a restarted attempt's workers start on any node: node 0 deletes the
+        store's keys that are not potluck's (``clear_worker_keys``) and says so; the
+        other nodes wait for that word."""
+        cleared = keys.agents(self.config.run_id, f"attempt{attempt}/cleared")
+        if self.config.node_rank == 0:
+            clear_worker_keys(store)
+            store.add(cleared, 1)
+        else:
+            wait_for_count(store, cleared, lambda: 1, self.config.join_timeout,
+                           self._stopping, fix="node 0's agent did not start the attempt: "
+                                               "see node 0's output")
 
     def _run_elastic(self, job_store: JobStore) -> int:
         """One attempt in which dead workers are restarted one by one. Nodes do not meet

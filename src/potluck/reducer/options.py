@@ -62,6 +62,9 @@ def check_device_ids(device_ids: Any, device: torch.device) -> None:
                           "(module.to(cohort.device))")
     given = [torch.device(device.type, d) if isinstance(d, int) and not isinstance(d, bool)
              else _device(d) for d in device_ids]
+    # a device named without an index is the current one, as torch DDP takes it
+    given = [torch.device(d.type, device.index) if d.index is None and d.type == device.type
+             else d for d in given]
     if len(given) != 1 or given[0] != device:
         raise ConfigError(f"device_ids={list(device_ids)!r}: the module is on {device}; "
                           "potluck runs one device per process, so pass "

@@ -126,6 +126,7 @@ class Reducer:
         self._chains = False  # ... and issues collectives from its future's callbacks
         self.require_sync = True  # set by every forward (prepare_for_forward)
         self._forwarded = False  # a forward began the pass (cleared when a pass ends)
+        self._had_grads = False  # a parameter's gradient reached this pass
         self._buffer_src = 0  # the rank whose buffers are broadcast after the pass
         self.failure: CommunicationError | None = None  # set when a step was abandoned
         self._failed_generation = -1  # ... in this generation of the handle
@@ -328,12 +329,14 @@ class Reducer:
             return
         if not self._forwarded:
             raise ReducerError(
-                f"parameter {self._names[index]!r} received a gradient in a backward pass "
-                "whose forward did not go through the wrapped model: potluck begins each "
-                "synchronized pass in DataParallel's forward (this rank's weight in the "
-                "average, the unused parameters), so it would average it with the last "
-                "pass's settings; call the wrapped model (prepare's model, or the "
-                "DataParallel), not model.module or the bare module, in training")
+                f"parameter {self._names[index]!r} received a gradient in a synchronized "
+                "backward pass with no forward of the wrapped model since the last one: "
+                "potluck begins each synchronized pass in DataParallel's forward (this "
+                "rank's weight in the average, the unused parameters), so it would average "
+                "it with the last pass's settings; call the wrapped model (prepare's model, "
+                "or the DataParallel), not model.module or the bare module, and run one "
+                "forward per synchronized backward")
+        self._had_grads = True
         if self._ready[index]:
             raise ReducerError(
                 f"parameter {self._names[index]!r} received its gradient twice in one "
@@ -422,7 +425,10 @@ class Reducer:
                 raise
             self._fail(exc)
         finally:
-            self._forwarded = False
+            # (a pass no parameter's gradient reached, e.g. torch.autograd.grad of the
+            # output for a gradient penalty, leaves the forward to the backward after it)
+            self._forwarded = self._forwarded and not self._had_grads
+            self._had_grads = False
             if self.failure is not None:
                 self._abandon()
             self._pass.settled_at = time.perf_counter()

@@ -128,7 +128,7 @@ class StoreRendezvous:
     def _await_admission(self, started: float) -> Record:
         cfg = self.config
         answered = ""
-        orphaned: float | None = None  # since when no member of the cohort was alive
+        beats: dict[str, tuple[float | None, float]] = {}  # (see _check_orphaned)
         looked = 0.0  # when the members' heartbeats were last read (once an interval)
         while True:
             admitted = admission.read_verdict(self._store, self.worker_id)
@@ -146,7 +146,7 @@ class StoreRendezvous:
                 )
             if time.monotonic() - looked >= cfg.heartbeat_interval:
                 looked = time.monotonic()
-                orphaned = self._check_orphaned(orphaned)
+                self._check_orphaned(beats)
             if time.monotonic() - started > cfg.join_timeout:
                 raise RendezvousError(
                     f"worker {self.worker_id!r} waited join_timeout={cfg.join_timeout:g} s "
@@ -156,12 +156,13 @@ class StoreRendezvous:
                 )
             time.sleep(cfg.poll_interval)
 
-    def _check_orphaned(self, since: float | None) -> float | None:
+    def _check_orphaned(self, seen: dict[str, tuple[float | None, float]]) -> None:
         """A joiner's wait: raise once no member of the newest generation (or the
-        founder, before generation 0 is out) has had a fresh heartbeat for another
-        ``heartbeat_timeout``: every member was lost at once, nobody will admit anyone,
-        and waiting out ``join_timeout`` would say nothing for minutes. Returns since
-        when the cohort has had no live member (None: it has one)."""
+        founder, before generation 0 is out) has heartbeated for ``2 heartbeat_timeout``
+        by this worker's own clock (``seen``: each member's last beat value and when this
+        worker saw it change; hosts' clocks need not agree): every member was lost or
+        left, nobody will admit anyone, and waiting out ``join_timeout`` would say
+        nothing for minutes."""
         if self._store.check([keys.CURRENT]):
             current = int(self._store.get(keys.CURRENT).decode())
             record = Record.decode(self._store.get(keys.generation(current)))
@@ -169,21 +170,22 @@ class StoreRendezvous:
         elif self._store.check([keys.FOUNDER]):
             members, what = (self._store.get(keys.FOUNDER).decode(),), "the founder"
         else:
-            return None  # nobody has started the cohort yet: the founder is still to come
-        if self._alive(members):
-            return None
-        now = time.monotonic()
-        if since is None:
-            return now
-        if now - since > self.config.heartbeat_timeout:
-            raise RendezvousError(
-                f"worker {self.worker_id!r} cannot be admitted: no member of the cohort is "
-                f"alive ({what}: {', '.join(members)}; none has had a fresh heartbeat for "
-                f"over {2 * self.config.heartbeat_timeout:g} s), so every worker was lost "
-                "at once (the node went down, all were killed). The cohort's state lived "
-                "in its members: start the job again (with prepare(..., checkpoint_dir=..., "
-                "resume=True) it resumes from the latest checkpoint written there)")
-        return since
+            return  # nobody has started the cohort yet: the founder is still to come
+        now, window = time.monotonic(), 2 * self.config.heartbeat_timeout
+        beats = read_beats(self._store, members)
+        for member in members:
+            last = seen.get(member)
+            if last is None or last[0] != beats.get(member):
+                seen[member] = (beats.get(member), now)
+        if any(now - seen[member][1] <= window for member in members):
+            return
+        raise RendezvousError(
+            f"worker {self.worker_id!r} cannot be admitted: no member of the cohort is "
+            f"alive ({what}: {', '.join(members)}; none has heartbeated for over "
+            f"{window:g} s), so every worker was lost or left at once (the node went down, "
+            "all were killed). The cohort's state lived in its members: start the job "
+            "again (with prepare(..., checkpoint_dir=..., resume=True) it resumes from the "
+            "latest checkpoint written there)")
 
     def pending_joiners(self) -> list[str]:
         """Workers in the join queue that were neither admitted nor refused, in order."""

@@ -31,8 +31,9 @@ def split_batch(batch: Any, micro_batches: int) -> list[tuple[Any, float]]:
         return []
     count = min(micro_batches, size)
     bounds = [size * k // count for k in range(count + 1)]
+    anchor = _anchor(batch)
     return [
-        (_slice(batch, start, stop), (stop - start) / size)
+        (_slice(batch, start, stop, anchor), (stop - start) / size)
         for start, stop in itertools.pairwise(bounds)
     ]
 
@@ -63,7 +64,7 @@ def accumulate(model: Any, batch: Any, micro_batches: int) -> Iterator[tuple[Any
 def batch_size(batch: Any) -> int:
     """The number of samples in ``batch`` (see ``_size``); a ``ConfigError`` where its
     parts disagree or nothing in it says."""
-    size = _size(batch)
+    size = _size(batch, _anchor(batch))
     if size is None:
         raise ConfigError(
             f"a batch to split must hold at least one tensor or list of samples, got "
@@ -71,35 +72,86 @@ def batch_size(batch: Any) -> int:
     return size
 
 
-def _size(batch: Any) -> int | None:
-    """Samples in ``batch``, or None for a value the split leaves whole (a number, a
-    string, None, a 0-d tensor). A tensor's are its first dimension. A dict's values and
-    a tuple's items are fields, which must agree. A list is a list of samples (one item
-    each) when its items are strings or numbers, tuples or dicts (a collate that keeps
-    the samples), or tensors of different lengths (variable-length sequences); else its
-    items are fields, as in torch's ``default_collate`` output for a batch of tuples."""
+def _anchor(batch: Any) -> int | None:
+    """The number of samples its unambiguous parts say (tensors, and tuples or lists of
+    strings or numbers), if they agree; what decides an ambiguous list (``_size``)."""
+    found: set[int] = set()
+
+    def walk(part: Any) -> None:
+        if isinstance(part, torch.Tensor):
+            if part.dim():
+                found.add(int(part.shape[0]))
+        elif isinstance(part, dict):
+            for value in part.values():
+                walk(value)
+        elif isinstance(part, (list, tuple)):
+            if part and (all(_plain(item) for item in part) or (
+                    isinstance(part, list) and all(isinstance(i, (tuple, dict))
+                                                   for i in part))):
+                found.add(len(part))  # one per sample
+            elif isinstance(part, tuple) or not _tensors(part):
+                for item in part:
+                    walk(item)
+
+    walk(batch)
+    return found.pop() if len(found) == 1 else None
+
+
+def _plain(item: Any) -> bool:
+    """A value the split keeps whole: a string, a number, None, a 0-d tensor."""
+    return not isinstance(item, (torch.Tensor, dict, list, tuple)) or (
+        isinstance(item, torch.Tensor) and item.dim() == 0)
+
+
+def _tensors(items: list[Any] | tuple[Any, ...]) -> bool:
+    return bool(items) and all(isinstance(i, torch.Tensor) and i.dim() for i in items)
+
+
+def _size(batch: Any, anchor: int | None) -> int | None:
+    """Samples in ``batch``, or None for a value the split leaves whole (``_plain``). A
+    tensor's are its first dimension; a dict's values are fields, which must agree. A
+    tuple or list of strings or numbers is one per sample. A list of tensors is fields
+    when they share the first dimension the batch's other parts have (``anchor``; torch's
+    ``default_collate`` of tuples), a list of samples when its length is that number
+    (sequences, one per sample), and refused when it is neither; with nothing else to
+    go by, fields if their first dimensions agree, samples if not. A list of tuples or
+    dicts is samples (a collate that keeps them); other tuples are fields."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, dict):
-        return _agreed(list(batch.items()))
-    if isinstance(batch, list) and _samples(batch):
-        return len(batch)
+        return _agreed(list(batch.items()), anchor)
     if isinstance(batch, (list, tuple)):
-        return _agreed(list(enumerate(batch)))
+        samples = _samples(batch, anchor)
+        if samples:
+            return len(batch)
+        return _agreed(list(enumerate(batch)), anchor)
     return None
 
 
-def _samples(items: list[Any]) -> bool:
-    """Whether the list ``items`` is a list of samples (see ``_size``)."""
-    if all(isinstance(item, torch.Tensor) and item.dim() for item in items):
-        return len({int(item.shape[0]) for item in items}) > 1
-    return all(isinstance(item, (tuple, dict)) for item in items) or all(
-        _size(item) is None for item in items)
+def _samples(items: list[Any] | tuple[Any, ...], anchor: int | None) -> bool:
+    """Whether ``items`` is a list of samples, not of fields (``_size``)."""
+    if items and all(_plain(item) for item in items):
+        return True
+    if isinstance(items, tuple) or not items:
+        return False
+    if _tensors(items):
+        firsts = {int(item.shape[0]) for item in items}
+        if anchor is None:
+            return len(firsts) > 1
+        if firsts == {anchor}:
+            return False
+        if len(items) == anchor:
+            return True
+        raise ConfigError(
+            f"a batch to split has a list of {len(items)} tensors whose first dimensions "
+            f"({sorted(firsts)}) are not its {anchor} samples, nor is the list one per "
+            "sample: split it yourself, or make the list one entry per sample")
+    return all(isinstance(item, (tuple, dict)) for item in items)
 
 
-def _agreed(fields: list[tuple[Any, Any]]) -> int | None:
+def _agreed(fields: list[tuple[Any, Any]], anchor: int | None) -> int | None:
     """The fields' common number of samples (None if none has one)."""
-    sizes = {name: size for name, size in ((name, _size(v)) for name, v in fields)
+    sizes = {name: size for name, size in ((name, _size(v, anchor)) for name, v in fields)
              if size is not None}
     if len(set(sizes.values())) > 1:
         raise ConfigError(
@@ -110,14 +162,14 @@ def _agreed(fields: list[tuple[Any, Any]]) -> int | None:
     return next(iter(sizes.values()), None)
 
 
-def _slice(batch: Any, start: int, stop: int) -> Any:
+def _slice(batch: Any, start: int, stop: int, anchor: int | None) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch[start:stop] if batch.dim() else batch
     if isinstance(batch, dict):
-        return {k: _slice(v, start, stop) for k, v in batch.items()}
-    if isinstance(batch, list) and _samples(batch):
-        return batch[start:stop]
+        return {k: _slice(v, start, stop, anchor) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        fields = [_slice(v, start, stop) for v in batch]
+        if _samples(batch, anchor):
+            return batch[start:stop]
+        fields = [_slice(v, start, stop, anchor) for v in batch]
         return type(batch)(*fields) if hasattr(batch, "_fields") else type(batch)(fields)
     return batch

@@ -99,7 +99,7 @@ def fit_backward(model: Replica, batch: Any, loss_of: Callable[[Any], torch.Tens
     model.start_accumulation()  # what the last step put on the wire is not this one's
     while True:
         chunks = split_batch(batch, memory.micro_batches(size))
-        largest = max(batch_size(chunk) for chunk, _ in chunks)
+        largest = max(round(weight * size) for _, weight in chunks)  # (the split's own)
         probe = not memory.known_to_fit(largest)
         # A new size: what the failed forwards would change besides the gradients
         # (BatchNorm statistics, the random streams) is put back before a retry.

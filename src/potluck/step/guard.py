@@ -80,6 +80,7 @@ class GuardedOptimizer:
             group if group is not None else default_group())
         self._agree = agree
         self._recoverable = recoverable
+        self._aliases: set[int] = set()  # ids of what stands for it in the loop (alias)
         self.steps = 0
         self.skipped = 0
         self.failed = 0
@@ -92,7 +93,8 @@ class GuardedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> StepResult:
-        if self.scaler is not None and not _unscaled(self.scaler, self.optimizer):
+        if self.scaler is not None and not _unscaled(self.scaler, self.optimizer,
+                                                     self._aliases | {id(self)}):
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._parameters() if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -102,6 +104,7 @@ class GuardedOptimizer:
         except PeerLostError as exc:  # a peer died between backward and step
             if not self._recoverable:
                 raise
+            self.forget_unscale()  # the redo's gradients are scaled afresh
             self.failed += 1
             log.warning("step not applied: the finiteness vote failed: %s", exc)
             return StepResult(committed=False, grad_norm=norm, failed=True)
@@ -124,6 +127,21 @@ class GuardedOptimizer:
         else:
             self.optimizer.step()
         return StepResult(committed=True, grad_norm=norm)
+
+    def forget_unscale(self) -> None:
+        """A step that is not applied (its collectives failed; it is redone): the
+        scaler's record that this step's gradients were unscaled goes, so the redo's
+        gradients, scaled afresh, are unscaled in their turn (and a loop that unscales
+        by hand may do so again)."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        if isinstance(states, dict):
+            states.pop(id(self.optimizer), None)
+
+    def alias(self, other: object) -> None:
+        """``other`` stands for this optimizer in the loop (the step transaction): a
+        scaler used on it is refused (``_unscaled``), one used on any other optimizer is
+        not (one scaler for several optimizers, torch's recipe)."""
+        self._aliases.add(id(other))
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
@@ -150,20 +168,23 @@ class GuardedOptimizer:
         return bool(flag.item() == 0.0)
 
 
-def _unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+def _unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
+              aliases: set[int]) -> bool:
     """Whether the loop already unscaled this step's gradients by ``scaler`` (torch's
     recipe: ``scaler.unscale_(opt.optimizer)``, then clip by hand): then ``step()`` does
     not unscale again, as ``GradScaler.step`` does not. A scaler that unscaled, or
-    stepped, any other object (``scaler.step(opt)``, ``scaler.unscale_(opt)`` on
-    ``prepare``'s optimizer) is refused: its gradients would be unscaled twice, and its
-    ``update()`` would find no step of its own. Reads the scaler's per-optimizer record
+    stepped, what stands for this optimizer (``aliases``: ``scaler.step(opt)``,
+    ``scaler.unscale_(opt)`` on ``prepare``'s optimizer) is refused: its gradients would
+    be unscaled twice, and its ``update()`` would find no step of its own. Another
+    optimizer's record is not this one's business (one scaler for several, torch's
+    recipe). Reads the scaler's per-optimizer record
     (torch's own bookkeeping; a scaler without one is taken as not yet unscaled)."""
     states = getattr(scaler, "_per_optimizer_states", None)
     if not isinstance(states, dict):
         return False
     ready = getattr(getattr(torch.amp.grad_scaler, "OptState", None), "READY", None)
     others = [key for key, state in states.items()
-              if key != id(optimizer) and state.get("stage") is not ready]
+              if key in aliases and state.get("stage") is not ready]
     if others:
         raise ConfigError(
             "the GradScaler given to prepare(scaler=...) was used on another object this "

@@ -71,6 +71,7 @@ class StepTransaction:
         batches the loader has handed out so far (``StepLoader.batches``), so that a
         second ``step()`` for one batch is refused instead of skipping the next one."""
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
+        optimizer.alias(self)  # the loop's optimizer: a GradScaler used on it is refused
         self._handed, self._handed_at_step = handed, 0
         self._pass_at_step = model.reducer.last_pass
         self._params = list(model.module.parameters())  # whose requires_grad is synced
@@ -193,6 +194,7 @@ class StepTransaction:
         if observer is not None:
             observer.step_started()
         if self.model.step_failed:  # a collective of backward failed: never apply it
+            self.guarded.forget_unscale()  # (a loop that unscaled by hand)
             result = StepResult(committed=False, grad_norm=float("nan"), failed=True)
         else:
             result = self.guarded.step()
