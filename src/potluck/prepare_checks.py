@@ -90,18 +90,18 @@ def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
 
 
 # torch DataLoader's options: prepare's loader has its own (or none)
+_IN_PROCESS = ("the loader reads a step's samples in this process (no worker processes "
+               "yet: see docs/data-parallel.md)")
 _LOADER_OPTIONS = {
     "collate_fn": "pass collate= (a function of a list of samples)",
     "batch_size": "pass global_batch= (samples per step, all workers together)",
     "shuffle": "the loader walks a seeded permutation of the data every epoch (seed=)",
     "sampler": "the data cursor picks each rank's samples",
     "batch_sampler": "the data cursor picks each rank's samples",
-    "num_workers": "the loader reads a step's samples in this process (no worker "
-                   "processes yet: see docs/data-parallel.md)",
+    **dict.fromkeys(("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+                     "worker_init_fn", "timeout_s", "generator", "multiprocessing_context",
+                     "in_order"), _IN_PROCESS),
 }
-for _name in ("pin_memory", "prefetch_factor", "persistent_workers", "worker_init_fn",
-              "timeout_s", "generator", "multiprocessing_context", "in_order"):
-    _LOADER_OPTIONS[_name] = _LOADER_OPTIONS["num_workers"]
 
 
 def check_setup(cohort: Any, checkpoint_dir: Any, resume: Any,

@@ -117,13 +117,14 @@ class StepLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.cursor.epoch
-        last, repeats, redone = None, 0, self._redone_so_far()
+        last, repeats = None, 0
+        redone = self._redone() if self._redone is not None else None
         while self.cursor.epoch == epoch and not self._epoch_done() and not self.stop():
             state = self.cursor.state
             repeats = repeats + 1 if state == last else 0
+            before, redone = redone, self._redone() if self._redone is not None else None
             # (a round's steps are counted by its sync strategy, which says more)
-            if (repeats and self._redone is not None and self._inner_of is None
-                    and self._redone_so_far() == redone):
+            if repeats and redone is not None and redone == before and self._inner_of is None:
                 raise CursorError(
                     f"the loader was asked for the next batch, but the step at sample "
                     f"{state.cursor} of epoch {state.epoch} it handed out last was neither "
@@ -133,7 +134,6 @@ class StepLoader:
                     "micro-batches, split the step's batch: for part, weight in "
                     "potluck.accumulate(model, batch, k): (loss(part) * weight).backward() "
                     "(docs/data-parallel.md)")
-            redone = self._redone_so_far()
             if repeats > self.max_repeats:
                 raise CursorError(
                     f"step at sample {state.cursor} of epoch {state.epoch} was handed out "
@@ -166,9 +166,6 @@ class StepLoader:
                 self._contribute(batch, len(indices), stop - start)
             self.batches += 1
             yield batch
-
-    def _redone_so_far(self) -> int:
-        return self._redone() if self._redone is not None else 0
 
     def part_of(self, rank: int) -> Any:
         """``rank``'s batch of the step last handed out (what it trained on: a spot

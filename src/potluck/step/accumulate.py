@@ -24,14 +24,13 @@ def split_batch(batch: Any, micro_batches: int) -> list[tuple[Any, float]]:
     with one number of samples: ``_size``) into ``micro_batches`` near-equal chunks of
     samples, each with its weight ``len(chunk) / len(batch)``. Empty chunks are
     dropped."""
-    size = batch_size(batch)
+    size, anchor = _counted(batch)
     if micro_batches < 1:
         raise ConfigError(f"micro_batches must be >= 1, got {micro_batches}")
     if size == 0:
         return []
     count = min(micro_batches, size)
     bounds = [size * k // count for k in range(count + 1)]
-    anchor = _anchor(batch)
     return [
         (_slice(batch, start, stop, anchor), (stop - start) / size)
         for start, stop in itertools.pairwise(bounds)
@@ -64,12 +63,18 @@ def accumulate(model: Any, batch: Any, micro_batches: int) -> Iterator[tuple[Any
 def batch_size(batch: Any) -> int:
     """The number of samples in ``batch`` (see ``_size``); a ``ConfigError`` where its
     parts disagree or nothing in it says."""
-    size = _size(batch, _anchor(batch))
+    return _counted(batch)[0]
+
+
+def _counted(batch: Any) -> tuple[int, int | None]:
+    """``batch``'s number of samples, and the anchor that decided its lists."""
+    anchor = _anchor(batch)
+    size = _size(batch, anchor)
     if size is None:
         raise ConfigError(
             f"a batch to split must hold at least one tensor or list of samples, got "
             f"{type(batch).__name__}; pass a tensor, or a tuple/list/dict of them")
-    return size
+    return size, anchor
 
 
 def _anchor(batch: Any) -> int | None:
@@ -85,11 +90,11 @@ def _anchor(batch: Any) -> int | None:
             for value in part.values():
                 walk(value)
         elif isinstance(part, (list, tuple)):
-            if part and (all(_plain(item) for item in part) or (
-                    isinstance(part, list) and all(isinstance(i, (tuple, dict))
-                                                   for i in part))):
+            if isinstance(part, list) and _tensors(part):
+                return  # ambiguous: what the anchor decides
+            if _samples(part, None):
                 found.add(len(part))  # one per sample
-            elif isinstance(part, tuple) or not _tensors(part):
+            else:
                 for item in part:
                     walk(item)
 

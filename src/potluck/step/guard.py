@@ -80,7 +80,7 @@ class GuardedOptimizer:
             group if group is not None else default_group())
         self._agree = agree
         self._recoverable = recoverable
-        self._aliases: set[int] = set()  # ids of what stands for it in the loop (alias)
+        self._aliases = {id(self)}  # ids of what stands for it in the loop (alias)
         self.steps = 0
         self.skipped = 0
         self.failed = 0
@@ -94,7 +94,7 @@ class GuardedOptimizer:
 
     def step(self) -> StepResult:
         if self.scaler is not None and not _unscaled(self.scaler, self.optimizer,
-                                                     self._aliases | {id(self)}):
+                                                     self._aliases):
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._parameters() if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -177,15 +177,14 @@ def _unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
     ``scaler.unscale_(opt)`` on ``prepare``'s optimizer) is refused: its gradients would
     be unscaled twice, and its ``update()`` would find no step of its own. Another
     optimizer's record is not this one's business (one scaler for several, torch's
-    recipe). Reads the scaler's per-optimizer record
-    (torch's own bookkeeping; a scaler without one is taken as not yet unscaled)."""
+    recipe). Reads the scaler's per-optimizer record (torch's own bookkeeping; a scaler
+    without one is taken as not yet unscaled)."""
     states = getattr(scaler, "_per_optimizer_states", None)
     if not isinstance(states, dict):
         return False
     ready = getattr(getattr(torch.amp.grad_scaler, "OptState", None), "READY", None)
-    others = [key for key, state in states.items()
-              if key in aliases and state.get("stage") is not ready]
-    if others:
+    if any(state.get("stage") is not ready
+           for key, state in states.items() if key in aliases):
         raise ConfigError(
             "the GradScaler given to prepare(scaler=...) was used on another object this "
             "step (scaler.step(opt) or scaler.unscale_(opt) on prepare's optimizer): "
