@@ -290,18 +290,19 @@ def _values(kind: str) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["float64", "float16", "bfloat16", "transposed", "0-d",
                                   "int32"])
 @pytest.mark.parametrize("key", [7, -5, -(1 << 63), (1 << 63) - 1])
-def test_the_keyed_digest_on_the_cpu_is_sha256_of_the_key_then_the_bytes(
+def test_the_keyed_digest_on_the_cpu_is_keyed_blake3_of_the_bytes(
         key: int, kind: str) -> None:
-    """Any key (negative ones too) is read as its 8 bytes, unsigned, big-endian; the
-    values as their bytes in (row-major) order, whatever their layout."""
-    import hashlib
+    """Any key (negative ones too) is read as its 8 bytes, unsigned, big-endian (four
+    times: BLAKE3's 32-byte key); the values as their bytes in (row-major) order,
+    whatever their layout."""
+    import blake3
 
     from potluck.trust.fingerprint import keyed_digest
 
     values = _values(kind)
     raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    h = hashlib.sha256((key % (1 << 64)).to_bytes(8, "big") + raw)
-    expected = int.from_bytes(h.digest()[:8], "big", signed=True)
+    h = blake3.blake3(raw, key=(key % (1 << 64)).to_bytes(8, "big") * 4)
+    expected = int.from_bytes(h.digest(8), "big", signed=True)
     flat = values.reshape(-1)
     assert keyed_digest([flat[:5], flat[5:]] if flat.numel() > 1 else [values], key) \
         == expected
@@ -365,14 +366,14 @@ def test_the_keyed_digest_on_cuda_is_the_dot_product_with_the_same_words() -> No
         words, _splitmix64(-5 % (1 << 64), len(words)))
 
 
-def test_the_copy_digest_is_the_first_64_bits_of_sha256_of_the_bytes() -> None:
-    import hashlib
+def test_the_copy_digest_is_the_first_64_bits_of_blake3_of_the_bytes() -> None:
+    import blake3
 
     from potluck.trust.audit import digest
 
     a = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
     b = torch.randn(7, dtype=torch.float64)
-    expected = hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).digest()[:8]
+    expected = blake3.blake3(a.numpy().tobytes() + b.numpy().tobytes()).digest(8)
     assert digest([a, b]) == int.from_bytes(expected, "big", signed=True)
     strided = a.t()  # not contiguous: hashed as its values in order
     assert digest([strided]) == digest([strided.contiguous()])
