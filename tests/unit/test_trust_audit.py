@@ -79,8 +79,11 @@ def carried_step(grads: torch.Tensor, tags: dict[int, tuple[int, int]] | None = 
     return kept(rows)
 
 
-def plan(grads: torch.Tensor, *, lie: float = 0.0, me: int = 0) -> AuditPlan:
-    return AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)}, me)
+KEY = 0x5EED
+
+
+def plan(grads: torch.Tensor, *, lie: float = 0.0, me: int = 0, key: int = KEY) -> AuditPlan:
+    return AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)}, me, key=key)
 
 
 def received(grads: torch.Tensor, *, lie: float = 0.0) -> list[int]:
@@ -144,10 +147,13 @@ def test_the_audited_owner_keeps_a_digest_of_each_copy_it_received_and_only_it()
     assert plan(grads).received == {} and plan(grads).received_digests(OWNERS) == [0, 0, 0]
     digests = received(grads)
     assert len(set(digests)) == 3 and 0 not in digests
-    assert digests[2] == digest([grads[2, AUDITED * PIECE:(AUDITED + 1) * PIECE]])
+    assert digests[2] == digest([grads[2, AUDITED * PIECE:(AUDITED + 1) * PIECE]], KEY)
     changed = grads[2, AUDITED * PIECE:(AUDITED + 1) * PIECE].clone()
     changed[0] = torch.nextafter(changed[0], torch.tensor(math.inf))  # one ulp
-    assert digest([changed]) != digests[2]
+    assert digest([changed], KEY) != digests[2]
+    # keyed by the step's key (drawn after the copies were sent): another key, other
+    # digests, so no pair of copies found before the key digests alike under it
+    assert plan(grads, me=AUDITED, key=KEY + 1).received_digests(OWNERS)[2] != digests[2]
 
 
 def test_each_rank_finds_an_outcome_honest_lying_changed_hidden_or_void() -> None:

@@ -59,15 +59,19 @@ class Audited:
 class AuditPlan:
     """Audit ``owner``'s slices of ``step``: per bucket, what the audit needs of it (not
     the whole step's buckets: two gradients' worth for a step more); as the audited
-    owner, ``received`` holds the digest of each sender's copies it aggregated."""
+    owner, ``received`` holds the digest of each sender's copies it aggregated.
+    ``key`` keys those digests and the carried copies' (``digest``): drawn from the
+    step's reports, after every copy was sent."""
 
     owner: int
     step: int
     buckets: dict[int, Audited]
+    key: int
     received: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, owner: int, step: int, kept: dict[int, Kept], me: int) -> AuditPlan:
+    def of(cls, owner: int, step: int, kept: dict[int, Kept], me: int, *,
+           key: int) -> AuditPlan:
         buckets = {index: Audited(k.copy_of(owner).clone(), k.aggregate_of(owner).clone(),
                                   k.weights, k.owners, k.piece)
                    # (clones, needed: the hook reuses its buffers on the CPU, and the next
@@ -78,20 +82,26 @@ class AuditPlan:
             senders = next(iter(kept.values())).senders
             received = {sender: digest([k.copies[k.senders.index(sender)]
                                         for _, k in sorted(kept.items())
-                                        if sender in k.senders])
+                                        if sender in k.senders], key)
                         for sender in senders}
-        return cls(owner, step, buckets, received)
+        return cls(owner, step, buckets, key, received)
 
     def received_digests(self, senders: Sequence[int]) -> list[int]:
         """Per sender, the digest of its copies this owner received (0: none kept)."""
         return [self.received.get(sender, 0) for sender in senders]
 
 
-def digest(pieces: Sequence[torch.Tensor]) -> int:
+def digest(pieces: Sequence[torch.Tensor], key: int | None = None) -> int:
     """The first 64 bits of a BLAKE3 digest of the pieces' bytes, in order (never 0,
-    which means "none"; ``fingerprint.hash64``): a sender cannot make up another copy
-    with the same one but by a search of about 2^32 tries (see docs/trust.md)."""
-    return hash64(pieces)
+    which means "none"; ``fingerprint.hash64``), keyed by ``key``. An audit's digests
+    are keyed by its step's key, which no sender knew when it sent its copy: unkeyed,
+    64 bits would let a sender search about 2^32 pairs of copies for two that digest
+    alike, send one and carry the other; keyed, it would have to find another copy
+    with the digest of the one it sent, about 2^64 tries. Keyed BLAKE3 on the host
+    on every device: a keyed sum on the accelerator (``keyed_digest``) is linear, and
+    a carrier, who knows the key by then, could solve for another copy with its
+    digest."""
+    return hash64(pieces, key)
 
 
 class Agreement(enum.Enum):
@@ -137,7 +147,8 @@ def carried_digests(plan: AuditPlan, carried: dict[int, Kept]) -> dict[int, int]
     """Per carrier, the digest of the copies it carried (in the plan's bucket order)."""
     ordered = [carried[index] for index in sorted(plan.buckets)]
     owners = ordered[0].owners
-    return {owner: digest([k.audit_copies()[k.owners.index(owner)] for k in ordered])
+    return {owner: digest([k.audit_copies()[k.owners.index(owner)] for k in ordered],
+                          plan.key)
             for owner in owners}
 
 

@@ -206,7 +206,8 @@ class TrustPart:
     def _pick(kept: list[Kept], steps: int) -> tuple[int, int, int]:
         """Three numbers from a hash of this step's reports, which every honest rank
         holds alike and no rank knew when it sent its copies or aggregates: what to
-        audit and spot-check, and the key of the handed-out aggregates' digests."""
+        audit and spot-check, and the key of the handed-out aggregates' digests (and of
+        the audit's digests of the copies)."""
         digest = hashlib.sha256(str(steps).encode())
         for k in kept:
             digest.update(k.reports().cpu().numpy().tobytes())
@@ -222,7 +223,7 @@ class TrustPart:
             return None
         owners = kept[0].owners
         return AuditPlan.of(owners[(pick // every) % len(owners)], steps,
-                            dict(self.ledger.buckets), self._cohort.rank)
+                            dict(self.ledger.buckets), self._cohort.rank, key=picks[2])
 
     def _spot_check(self, kept: list[Kept], picks: tuple[int, int, int]) -> SpotResult | None:
         """If the hash picked a target, recompute its gradient and compare this owner's

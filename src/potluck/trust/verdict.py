@@ -158,7 +158,7 @@ class Handed:
     ``key``, the digest key it drew from that step's reports (a rank that drew another
     was told other reports than the rest); per owner, the keyed digest of the aggregates
     and any carried audit copy (``fingerprint.keyed_digest``: cheap, and drawn after
-    they were sent) and a SHA-256 digest of the report words (the key is drawn from
+    they were sent) and a BLAKE3 digest of the report words (the key is drawn from
     them, so theirs must not depend on it)."""
 
     key: int
@@ -256,7 +256,7 @@ def handed_out(reports: Reports, trusted: Sequence[int],
     """Owners that handed some ranks other reports or aggregates than the rest in the
     last step: each rank reports, per owner, a digest of each (``Handed``). A rank whose
     digest of what an owner handed it is not the one most others report was handed
-    something else, or lies about it: a dispute. The reports' digests are SHA-256,
+    something else, or lies about it: a dispute. The reports' digests are BLAKE3,
     comparable between any ranks; the aggregates' are keyed by a hash of the step's
     reports, so they are compared only between ranks that drew the majority's key (a
     rank told other reports drew another, and its dispute is over those reports). Also
