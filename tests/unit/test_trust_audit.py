@@ -92,9 +92,15 @@ def received(grads: torch.Tensor, *, lie: float = 0.0) -> list[int]:
 
 
 def result(grads: torch.Tensor, carried: Kept, *, lie: float = 0.0,
-           digests: list[int] | None = None) -> AuditResult | None:
-    return outcome(plan(grads, lie=lie), {0: carried},
-                   received(grads) if digests is None else digests, CenteredClip())
+           digests: list[int] | None = None, mine: int = KEY,
+           reported: int = KEY) -> AuditResult | None:
+    """The audit as a rank that drew key ``mine`` finds it, the audited owner having
+    drawn and reported ``reported`` (its digests are keyed by it)."""
+    owner_plan = AuditPlan.of(AUDITED, STEP, {0: audited_step(grads, lie=lie)}, AUDITED,
+                              key=reported)
+    return outcome(plan(grads, lie=lie, key=mine), {0: carried},
+                   owner_plan.received_digests(OWNERS) if digests is None else digests,
+                   CenteredClip(), reported)
 
 
 def test_an_honest_owner_recomputes_to_its_aggregate() -> None:
@@ -176,6 +182,23 @@ def test_each_rank_finds_an_outcome_honest_lying_changed_hidden_or_void() -> Non
     assert mistagged is not None and mistagged.outcome is Outcome.MISTAGGED
     empty = kept([torch.cat([torch.zeros(PIECE), torch.zeros(REPORT)]) for _ in OWNERS])
     assert result(grads, empty) is None  # nothing came back: no result at all
+
+
+def test_the_carried_copies_are_hashed_under_the_audited_owners_key_not_the_auditors() -> None:
+    """An owner that told ranks different reports gave them different keys. An auditor
+    that drew another key than the audited owner's must still find an honest owner
+    right: hashed under its own key, every carried copy would differ from the owner's
+    digests, its own among them, and the honest owner would be found wrong."""
+    grads = gradients()
+    other = result(grads, carried_step(grads), mine=KEY + 1, reported=KEY)
+    assert other is not None and other.outcome is Outcome.AGREED
+    # the key matters: the owner's digests checked under another key than its own differ
+    wrong_key = outcome(plan(grads, key=KEY + 1), {0: carried_step(grads)}, received(grads),
+                        CenteredClip(), KEY + 1)
+    assert wrong_key is not None and wrong_key.outcome is Outcome.WRONG
+    # and a carrier's changed copy is still seen under the owner's key
+    changed = result(grads, carried_step(grads, changed={2: 3.0}), mine=KEY + 1)
+    assert changed == AuditResult(AUDITED, STEP, Outcome.DISPUTED, disputed=2)
 
 
 def _reports(results: dict[int, AuditResult | None], n: int = 4) -> Reports:
@@ -372,15 +395,20 @@ def test_the_keyed_digest_on_cuda_is_the_dot_product_with_the_same_words() -> No
         words, _splitmix64(-5 % (1 << 64), len(words)))
 
 
-def test_the_copy_digest_is_the_first_64_bits_of_blake3_of_the_bytes() -> None:
+@pytest.mark.parametrize("key", [None, 0x5EED, -3])
+def test_the_copy_digest_is_the_first_64_bits_of_blake3_of_the_bytes(key: int | None) -> None:
+    """Keyed (the audit's copies: the key's 8 bytes, unsigned, four times) or not (the
+    report words)."""
     import blake3
 
     from potluck.trust.audit import digest
 
     a = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
     b = torch.randn(7, dtype=torch.float64)
-    expected = blake3.blake3(a.numpy().tobytes() + b.numpy().tobytes()).digest(8)
-    assert digest([a, b]) == int.from_bytes(expected, "big", signed=True)
+    raw = a.numpy().tobytes() + b.numpy().tobytes()
+    expected = (blake3.blake3(raw) if key is None else
+                blake3.blake3(raw, key=(key % (1 << 64)).to_bytes(8, "big") * 4)).digest(8)
+    assert digest([a, b], key) == int.from_bytes(expected, "big", signed=True)
     strided = a.t()  # not contiguous: hashed as its values in order
     assert digest([strided]) == digest([strided.contiguous()])
 
@@ -440,7 +468,7 @@ def test_an_owner_that_told_one_rank_other_reports_is_disputed_with_it() -> None
     rank hashes for the audit's pick and the digests' key). Rank 0 then drew another
     key, so its digests of the aggregates are not compared with the others' (they would
     all differ: before, that made rank 0 dispute some honest owner); the reports'
-    SHA-256 digests name owner 3."""
+    BLAKE3 digests name owner 3."""
     alike = {r: {o: 100 + o for o in range(4)} for r in range(4)}
     told = {**alike, 0: {**alike[0], 3: 7}}
     other_key = {**alike, 0: {o: 50 + o for o in range(4)}}  # every digest differs

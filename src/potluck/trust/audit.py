@@ -143,12 +143,12 @@ def carried_in_full(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
     return bool(plan.buckets)
 
 
-def carried_digests(plan: AuditPlan, carried: dict[int, Kept]) -> dict[int, int]:
-    """Per carrier, the digest of the copies it carried (in the plan's bucket order)."""
+def carried_digests(plan: AuditPlan, carried: dict[int, Kept], key: int) -> dict[int, int]:
+    """Per carrier, the digest of the copies it carried (in the plan's bucket order),
+    keyed by ``key``: the audited owner's, as it reported it (``outcome``)."""
     ordered = [carried[index] for index in sorted(plan.buckets)]
     owners = ordered[0].owners
-    return {owner: digest([k.audit_copies()[k.owners.index(owner)] for k in ordered],
-                          plan.key)
+    return {owner: digest([k.audit_copies()[k.owners.index(owner)] for k in ordered], key)
             for owner in owners}
 
 
@@ -199,16 +199,22 @@ def beyond_rounding(given: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def outcome(plan: AuditPlan, carried: dict[int, Kept], received: Sequence[int],
-            aggregator: Aggregator) -> AuditResult | None:
+            aggregator: Aggregator, key: int) -> AuditResult | None:
     """This rank's audit of ``plan``: the copies ``carried`` in the step after it, and
     ``received`` (per rank: the digests the audited owner reported of the copies it
-    received; 0 for none). None when the copies did not come back in full."""
+    received; 0 for none), keyed by ``key``, the one the audited owner reported with
+    them. Not this rank's own ``plan.key``: an owner that told ranks different
+    reports gives them different keys, and the carried copies hashed under another
+    key than the audited owner's would all differ from its digests, its own among
+    them, so an honest audited owner would be found wrong. The owner's key was drawn
+    after every copy was sent whatever it says; one that reports another key only
+    spoils its own audit. None when the copies did not come back in full."""
     if not carried_in_full(plan, carried):
         return None
     agreement = audit_agreement(plan, carried)
     if agreement is not Agreement.AGREED:
         return AuditResult(plan.owner, plan.step, Outcome[agreement.name])
-    carriers = carried_digests(plan, carried)
+    carriers = carried_digests(plan, carried, key)
     claimed = {sender: received[sender] if sender < len(received) else 0
                for sender in carriers}
     if any(value == 0 for value in claimed.values()):

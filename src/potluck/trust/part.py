@@ -147,7 +147,7 @@ class TrustPart:
             every = self.config.fingerprint_every  # (this rank's schedule, not the reports')
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}
-            self.exchange.report_audit(self._audit(ledger.audit, reports.received))
+            self.exchange.report_audit(self._audit(ledger.audit, reports.received, reports.key))
             pick = self._pick(kept, steps)
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
@@ -187,14 +187,15 @@ class TrustPart:
 
     # ----------------------------------------------------------------- the work
 
-    def _audit(self, plan: AuditPlan | None,
-               received: Sequence[Sequence[int]]) -> AuditResult | None:
+    def _audit(self, plan: AuditPlan | None, received: Sequence[Sequence[int]],
+               keys: Sequence[int]) -> AuditResult | None:
         """This rank's audit of the copies this step carried (``audit.py``), reported
         in the next step: the verdict goes by the other owners' majority."""
         if plan is None:
             return None
         result = outcome(plan, self.ledger.buckets, received[plan.owner],
-                         self.config.aggregator)
+                         self.config.aggregator, keys[plan.owner] if plan.owner < len(keys)
+                         else 0)
         if result is not None and result.outcome is Outcome.VOID:
             log.warning("[rank %d] trust: the audit of step %d is void: the owners carried "
                         "copies for different audits, so the reports of that step differed "
@@ -223,7 +224,8 @@ class TrustPart:
             return None
         owners = kept[0].owners
         return AuditPlan.of(owners[(pick // every) % len(owners)], steps,
-                            dict(self.ledger.buckets), self._cohort.rank, key=picks[2])
+                            dict(self.ledger.buckets), self._cohort.rank,
+                            key=picks[2] or 1)  # (the key its Handed reports)
 
     def _spot_check(self, kept: list[Kept], picks: tuple[int, int, int]) -> SpotResult | None:
         """If the hash picked a target, recompute its gradient and compare this owner's
