@@ -59,14 +59,13 @@ class Audited:
 class AuditPlan:
     """Audit ``owner``'s slices of ``step``: per bucket, what the audit needs of it (not
     the whole step's buckets: two gradients' worth for a step more); as the audited
-    owner, ``received`` holds the digest of each sender's copies it aggregated.
-    ``key`` keys those digests and the carried copies' (``digest``): drawn from the
-    step's reports, after every copy was sent."""
+    owner, ``received`` holds the digest of each sender's copies it aggregated, keyed
+    by ``of``'s ``key`` (drawn from the step's reports, after every copy was sent; the
+    owner reports it, and auditors hash the carried copies under it: ``outcome``)."""
 
     owner: int
     step: int
     buckets: dict[int, Audited]
-    key: int
     received: dict[int, int] = field(default_factory=dict)
 
     @classmethod
@@ -84,7 +83,7 @@ class AuditPlan:
                                         for _, k in sorted(kept.items())
                                         if sender in k.senders], key)
                         for sender in senders}
-        return cls(owner, step, buckets, key, received)
+        return cls(owner, step, buckets, received)
 
     def received_digests(self, senders: Sequence[int]) -> list[int]:
         """Per sender, the digest of its copies this owner received (0: none kept)."""
@@ -203,7 +202,7 @@ def outcome(plan: AuditPlan, carried: dict[int, Kept], received: Sequence[int],
     """This rank's audit of ``plan``: the copies ``carried`` in the step after it, and
     ``received`` (per rank: the digests the audited owner reported of the copies it
     received; 0 for none), keyed by ``key``, the one the audited owner reported with
-    them. Not this rank's own ``plan.key``: an owner that told ranks different
+    them. Not the key this rank drew: an owner that told ranks different
     reports gives them different keys, and the carried copies hashed under another
     key than the audited owner's would all differ from its digests, its own among
     them, so an honest audited owner would be found wrong. The owner's key was drawn
