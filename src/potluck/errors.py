@@ -86,6 +86,10 @@ class CursorError(PotluckError):
     """The data iterator and the committed cursor disagree (a missed or extra commit)."""
 
 
+class LoaderWorkerError(PotluckError):
+    """A worker process of the step loader (``prepare(num_workers=K)``) died."""
+
+
 class CheckpointError(PotluckError):
     """A checkpoint is missing, truncated, corrupted, or could not be written."""
 

@@ -26,7 +26,7 @@ from potluck.balance import BalanceConfig, Balancer, ComputeClock
 from potluck.cohort import Cohort, init
 from potluck.data import DataCursor
 from potluck.data.memory import MemoryCap
-from potluck.data.step_loader import StepLoader
+from potluck.data.step_loader import StepLoader, check_workers
 from potluck.errors import ConfigError
 from potluck.metrics.observing import observer_for
 from potluck.prepare_checks import (
@@ -73,6 +73,8 @@ def prepare(
     metrics_dir: str | Path | None = None,
     trust: Trust | None = None,
     max_micro_batch: int | None = None,
+    num_workers: int = 0,
+    prefetch: int = 2,
     timeout: float = 60.0,
     **data_parallel: Any,
 ) -> tuple[DataParallel, StepTransaction, StepLoader]:
@@ -100,8 +102,11 @@ def prepare(
     quarantines workers caught sending bad ones (``docs/trust.md``).
     ``max_micro_batch`` is this rank's memory cap, samples per forward
     (``loader.micro_batches``; ``potluck.fit_backward`` lowers it when a micro-batch
-    runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same). Other
-    keywords go to ``DataParallel``.
+    runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same).
+    ``num_workers`` processes read the next ``prefetch`` steps' batches ahead (0: each
+    is read in this process when the loop asks for it); every batch is read under a
+    seed of its own, so training is the same whatever ``num_workers``. Other keywords
+    go to ``DataParallel``.
     """
     if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
         raise ConfigError(
@@ -124,6 +129,7 @@ def prepare(
                           "per step, all workers together), e.g. global_batch=64")
     check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir)
     check_setup(cohort, checkpoint_dir, resume, timeout, data_parallel)
+    check_workers(num_workers, prefetch)
     seed = whole_number("seed", seed, "seed=0")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "
@@ -175,7 +181,7 @@ def prepare(
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
                                resume=resume, metrics_dir=metrics_dir, memory=memory,
-                               data_parallel=data_parallel)
+                               reading=(num_workers, prefetch), data_parallel=data_parallel)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides
     # (under trust the slice owners weigh the copies by the split; the balancer still
     # reads this rank's samples from the contribution).
@@ -222,10 +228,11 @@ def prepare(
                                   checkpoint_dir=checkpoint_dir, resume=resume,
                                   observer=observer, handed=lambda: loader.batches)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
-                        collate=_on_device(collate, cohort.device), shares=policy.shares,
+                        collate=collate, shares=policy.shares,
                         stop=lambda: transaction.left,
                         contribution=contribution.set if contribution else None,
-                        weight=weight, memory=memory, redone=lambda: transaction.redone)
+                        weight=weight, memory=memory, redone=lambda: transaction.redone,
+                        workers=num_workers, prefetch=prefetch, place=_placer(cohort.device))
     return wrapped, transaction, loader
 
 
@@ -311,7 +318,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     parts: Sequence[StepPart], minimum: MinimumSize | None,
                     checkpoint_dir: str | Path | None, resume: bool,
                     metrics_dir: str | Path | None, memory: MemoryCap,
-                    data_parallel: dict[str, Any]
+                    reading: tuple[int, int], data_parallel: dict[str, Any]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
@@ -330,10 +337,11 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                                   resume=resume, observer=observer,
                                   handed=lambda: loader.batches)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
-                        collate=_on_device(collate, cohort.device), shares=strategy.shares,
+                        collate=collate, shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
                         segments=strategy.segments, memory=memory,
-                        redone=lambda: transaction.redone)
+                        redone=lambda: transaction.redone, workers=reading[0],
+                        prefetch=reading[1], place=_placer(cohort.device))
     return wrapped, transaction, loader
 
 
@@ -346,18 +354,11 @@ def _weighs_itself(data_parallel: dict[str, Any]) -> bool:
     return "comm_hook" in data_parallel and not sums_prescaled(data_parallel["comm_hook"])
 
 
-def _on_device(collate: Callable[[list[Any]], Any] | None,
-               device: torch.device) -> Callable[[list[Any]], Any] | None:
+def _placer(device: torch.device) -> Callable[[Any], Any] | None:
+    """What moves a batch, once read (in this process), to the cohort's device."""
     if device.type == "cpu":
-        return collate
-    from torch.utils.data import default_collate
-
-    inner = collate or default_collate
-
-    def moved(items: list[Any]) -> Any:
-        return _to(inner(items), device)
-
-    return moved
+        return None
+    return lambda batch: _to(batch, device)
 
 
 def _to(obj: Any, device: torch.device) -> Any:

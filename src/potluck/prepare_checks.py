@@ -90,17 +90,21 @@ def check_arguments(dataset: Any, collate: Any, clip_grad_norm: Any,
 
 
 # torch DataLoader's options: prepare's loader has its own (or none)
-_IN_PROCESS = ("the loader reads a step's samples in this process (no worker processes "
-               "yet: see docs/data-parallel.md)")
 _LOADER_OPTIONS = {
     "collate_fn": "pass collate= (a function of a list of samples)",
     "batch_size": "pass global_batch= (samples per step, all workers together)",
     "shuffle": "the loader walks a seeded permutation of the data every epoch (seed=)",
     "sampler": "the data cursor picks each rank's samples",
     "batch_sampler": "the data cursor picks each rank's samples",
-    **dict.fromkeys(("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
-                     "worker_init_fn", "timeout_s", "generator", "multiprocessing_context",
-                     "in_order"), _IN_PROCESS),
+    "prefetch_factor": "pass prefetch= (steps read ahead by the num_workers processes)",
+    "persistent_workers": "the worker processes (num_workers=) live as long as the loader",
+    "worker_init_fn": "each batch is read under a seed of its own (docs/data-parallel.md); "
+                      "open files or connections lazily in __getitem__",
+    "pin_memory": "a batch is moved to the cohort's device in the training process",
+    "multiprocessing_context": "the worker processes (num_workers=) use Python's default",
+    "generator": "the order comes from seed=",
+    "timeout_s": "a worker's batch is waited for as long as it takes",
+    "in_order": "batches come in the cursor's order",
 }
 
 

@@ -65,8 +65,12 @@ def test_an_optimizer_over_another_model_is_refused() -> None:
     ({"device_ids": [0]}, r"device_ids=\[0\] names an accelerator, but the module's "
                           "parameters are on the CPU"),
     ({"device_ids": "cuda"}, "device_ids='cuda' must be a list of one device"),
-    ({"collate_fn": list, "num_workers": 2}, r"DataLoader option\(s\) \['collate_fn', "
-                                             r"'num_workers'\].*collate_fn: pass collate="),
+    ({"collate_fn": list, "prefetch_factor": 2}, r"DataLoader option\(s\) \['collate_fn', "
+                                             r"'prefetch_factor'\].*collate_fn: pass collate=.*"
+                                             r"prefetch_factor: pass prefetch="),
+    ({"num_workers": -1}, r"num_workers=-1 must be an int >= 0"),
+    ({"num_workers": True}, r"num_workers=True must be an int >= 0"),
+    ({"num_workers": 2, "prefetch": 0}, r"prefetch=0 must be an int >= 1"),
 ])
 def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
                                                  message: str | None) -> None:

@@ -13,6 +13,12 @@ each split by the shares as they stand when the loader gets to it, so a strategy
 measure speeds in between), and this rank's part of each comes as
 ``inner_steps(part, segment)`` batches (positions in the epoch permutation), one per
 local optimizer step; the cursor commits once, after the round's last one.
+
+Each batch is read under a seed of its own (``fetch.py``), in this process or, with
+``workers=K``, ahead in K worker processes (``workers.py``): at each batch the loader
+names the batches it expects next (the next ``prefetch`` steps, or local steps of the
+segment, as the cursor, membership and shares stand), and any other batch it is asked
+for is read here at once. The batch handed out is always the one the cursor points at.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
+from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, batch_seed, read_batch
 from potluck.data.memory import MemoryCap
+from potluck.data.permutation import epoch_permutation
 from potluck.data.split import equal_shares, split_block, split_counts
 from potluck.data.state import CursorState
+from potluck.data.workers import WorkerPool
 from potluck.errors import ConfigError, CursorError
 
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
@@ -50,7 +60,9 @@ class StepLoader:
                  memory: MemoryCap | None = None,
                  inner_steps: InnerSteps | None = None,
                  segments: Segments | None = None,
-                 redone: Callable[[], int] | None = None) -> None:
+                 redone: Callable[[], int] | None = None,
+                 workers: int = 0, prefetch: int = 2,
+                 place: Callable[[Any], Any] | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
         cap (``loader.memory``; ``loader.micro_batches``: how many its part takes);
@@ -58,7 +70,10 @@ class StepLoader:
         the round is handed out (a sync strategy's; both or neither); ``redone``: how
         many steps the step transaction gave up and redoes, so far (``prepare``'s: the
         same step handed out again without one more is a loop bug, refused at once;
-        without it, after ``max_repeats`` hand-outs)."""
+        without it, after ``max_repeats`` hand-outs). ``workers``: processes reading the
+        next ``prefetch`` batches ahead (0: each is read here when asked for);
+        ``place(batch)``: in this process, after the read (e.g. to the device)."""
+        check_workers(workers, prefetch)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
             raise ConfigError(f"StepLoader got {given}= alone: a round needs both "
@@ -79,6 +94,11 @@ class StepLoader:
         self.collate = collate or default_collate
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
         self._redone = redone
+        self.workers, self.prefetch = workers, prefetch
+        self.fetcher: Fetcher = (WorkerPool(dataset, self.collate, workers) if workers
+                                 else InProcess(dataset, self.collate))
+        self._place = place or (lambda batch: batch)
+        self._later: tuple[tuple[int, int], torch.Tensor] | None = None  # another epoch's order
 
     @property
     def micro_batches(self) -> int:
@@ -160,7 +180,9 @@ class StepLoader:
             if self._inner_of is not None:
                 yield from self._round(state, rank, world_size, shares)
                 continue
-            batch = self.collate([self.dataset[i] for i in indices])
+            part = split_block(start, stop, shares)[rank]
+            batch = self._fetch(self._planned(state.epoch, part.start, part.stop),
+                                self._ahead(state, rank, world_size, shares))
             self._part = len(indices)
             if self.contribution is not None:
                 self._contribute(batch, len(indices), stop - start)
@@ -173,8 +195,13 @@ class StepLoader:
         if self._handed is None:
             raise CursorError("part_of(): no step was handed out yet")
         state, shares = self._handed
-        return self.collate([self.dataset[i] for i in
-                             self.cursor.rank_indices(rank, shares, state=state)])
+        part = split_block(*state.block, shares)[rank]
+        wanted = self._planned(state.epoch, part.start, part.stop)
+        return self._place(read_batch(self.dataset, self.collate, wanted.indices, wanted.seed))
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (they also stop with this process)."""
+        self.fetcher.close()
 
     def _round(self, state: CursorState, rank: int, world_size: int,
                shares: Sequence[float]) -> Iterator[Any]:
@@ -196,25 +223,59 @@ class StepLoader:
                     "on at least one sample of each part of a round; use a global batch "
                     "of at least the world size")
             steps = self._inner_of((part.start, part.stop), (start, stop))
-            offset = 0
-            for count in split_counts(len(indices), equal_shares(steps)):
+            counts = split_counts(len(indices), equal_shares(steps))
+            ends = [part.start + sum(counts[:j + 1]) for j in range(len(counts))]
+            batches = [self._planned(state.epoch, end - count, end)
+                       for end, count in zip(ends, counts, strict=True)]
+            for j, count in enumerate(counts):
                 self._part = count
                 self.batches += 1
-                yield self.collate([self.dataset[i] for i in indices[offset:offset + count]])
-                offset += count
+                ahead = batches[j + 1:j + 1 + self.prefetch] if self.workers else []
+                yield self._fetch(batches[j], ahead)
 
     def _shares_for(self, block: int, world_size: int) -> Sequence[float]:
-        """The policy's shares, or equal ones for a short last block of an epoch that
-        they would leave a rank without a sample (the same decision on every rank)."""
+        """The policy's shares, fitted to the block (``_fitted``)."""
         shares = self.shares(world_size)
         if len(shares) != world_size:
             raise ConfigError(
                 f"the share policy gave {len(shares)} shares ({list(shares)}) for a cohort of "
                 f"{world_size}: a share policy's shares(world_size) returns one weight per "
                 "rank of the current membership")
-        if block >= world_size and 0 in split_counts(block, shares):
-            return equal_shares(world_size)
-        return shares
+        return _fitted(shares, block, world_size)
+
+    def _fetch(self, wanted: Planned, ahead: list[Planned]) -> Any:
+        return self._place(self.fetcher.get(wanted, ahead))
+
+    def _planned(self, epoch: int, start: int, stop: int) -> Planned:
+        """The batch of positions ``[start, stop)`` of epoch ``epoch``."""
+        key = BatchKey(epoch, start, stop)
+        return Planned(key, self._order(epoch)[start:stop].tolist(),
+                       batch_seed(self.cursor.state.seed, key))
+
+    def _ahead(self, state: CursorState, rank: int, world_size: int,
+               shares: Sequence[float]) -> list[Planned]:
+        """This rank's batches of the ``prefetch`` steps after ``state``'s, should each
+        commit whole with the membership and shares as they are (none without
+        workers: nothing reads ahead)."""
+        planned: list[Planned] = []
+        for _ in range(self.prefetch if self.workers else 0):
+            state = state.advanced()
+            start, stop = state.block
+            part = split_block(start, stop, _fitted(shares, stop - start, world_size))[rank]
+            if part.stop > part.start:
+                planned.append(self._planned(state.epoch, part.start, part.stop))
+        return planned
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        """Epoch ``epoch``'s permutation: the cursor's for its own epoch, and one other
+        kept here (the next, read ahead into), so the cursor's is never evicted."""
+        if epoch == self.cursor.epoch:
+            return self.cursor.permutation(epoch)
+        state = self.cursor.state
+        if self._later is None or self._later[0] != (state.seed, epoch):
+            self._later = ((state.seed, epoch),
+                           epoch_permutation(state.dataset_len, state.seed, epoch))
+        return self._later[1]
 
     def _contribute(self, batch: Any, samples: int, block: int) -> None:
         assert self.contribution is not None
@@ -231,3 +292,22 @@ class StepLoader:
 
     def _epoch_done(self) -> bool:
         return not self.cursor.global_indices()
+
+
+def _fitted(shares: Sequence[float], block: int, world_size: int) -> Sequence[float]:
+    """``shares``, or equal ones for a short last block of an epoch that they would leave
+    a rank without a sample (the same decision on every rank)."""
+    if block >= world_size and 0 in split_counts(block, shares):
+        return equal_shares(world_size)
+    return shares
+
+
+def check_workers(workers: object, prefetch: object) -> None:
+    """``num_workers`` and ``prefetch`` as ``prepare`` and ``StepLoader`` take them."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"num_workers={workers!r} must be an int >= 0: worker processes "
+                          "that read the next steps' batches ahead (0: read each in the "
+                          "training process when the loop asks for it), e.g. num_workers=4")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ConfigError(f"prefetch={prefetch!r} must be an int >= 1: how many steps' "
+                          "batches the worker processes read ahead, e.g. prefetch=2")

@@ -1,0 +1,136 @@
+"""Reading batches ahead in worker processes (``prepare(num_workers=K)``).
+
+The step loader tells the pool, at each batch it hands out, which batches it expects
+next (``Planned``: the next ``prefetch`` steps of this rank, as the cursor, the
+membership and the shares stand). The pool's ``K`` processes read those while the
+training process trains; a batch that was not read ahead, because the step was redone,
+the membership changed or the shares moved, is read in the training process at once
+(``fetch.read_batch``), and planned batches nobody expects any more are dropped. A
+batch is named by its positions in the epoch, so what the loop gets is always the step
+it asks for: exactly once holds whatever the pool guessed.
+
+Each worker reads a batch under the batch's own seed (``fetch.seeded_read``), so a
+batch is the same whether a worker or the training process read it. Workers use one
+torch thread each, ignore Ctrl-C (the training process stops them) and die with the
+training process (``PR_SET_PDEATHSIG`` on Linux). A dataset's error in a worker reaches
+the loop as the same exception, with the worker's traceback and the samples it was
+reading; a worker that dies (killed, out of memory) stops the loop with
+``LoaderWorkerError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import torch
+
+from potluck.data.fetch import BatchKey, Collate, Planned, read_batch, seeded_read
+from potluck.errors import ConfigError, LoaderWorkerError
+
+_PR_SET_PDEATHSIG = 1
+_SOURCE: tuple[Any, Collate] | None = None  # in a worker: what it reads from
+
+
+class WorkerPool:
+    """``workers`` processes reading planned batches (started at the first plan)."""
+
+    def __init__(self, dataset: Any, collate: Collate, workers: int) -> None:
+        self._dataset, self._collate, self._workers = dataset, collate, workers
+        self._executor: ProcessPoolExecutor | None = None
+        self._pending: dict[BatchKey, Future[Any]] = {}
+        self.hits = 0  # batches handed out that a worker had read ahead
+        self.misses = 0  # and that were read here when asked for
+
+    def get(self, wanted: Planned, ahead: Sequence[Planned]) -> Any:
+        future = self._pending.pop(wanted.key, None)
+        self._plan(ahead)  # (first: the workers read on while this one is read or awaited)
+        if future is None or future.cancelled():
+            self.misses += 1
+            return read_batch(self._dataset, self._collate, wanted.indices, wanted.seed)
+        self.hits += 1
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            self.close()
+            raise LoaderWorkerError(
+                f"a loader worker process (num_workers={self._workers}) died while the "
+                f"pool read ahead (the batch of step samples {_shown(wanted.indices)} was "
+                "among those in flight): killed by a signal, most often the kernel's "
+                "out-of-memory killer, or the dataset crashed in native code. Lower "
+                "num_workers (each worker holds its batches in memory), or pass "
+                "num_workers=0 to read in the training process and see the dataset's "
+                "own error") from exc
+
+    def close(self) -> None:
+        """Stop the workers (what they were reading is dropped)."""
+        executor, self._executor = self._executor, None
+        self._pending.clear()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def _plan(self, ahead: Sequence[Planned]) -> None:
+        keys = {planned.key for planned in ahead}
+        for key in [k for k in self._pending if k not in keys]:
+            self._pending.pop(key).cancel()  # (one being read is read and dropped)
+        for planned in ahead:
+            if planned.key not in self._pending:
+                self._pending[planned.key] = self._pool().submit(
+                    _read, planned.indices, planned.seed)
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            try:
+                self._executor = ProcessPoolExecutor(
+                    self._workers, mp_context=multiprocessing.get_context(),
+                    initializer=_start, initargs=(self._dataset, self._collate, os.getpid()))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"num_workers={self._workers}: the loader's worker "
+                                  f"processes could not start ({exc})") from exc
+            weakref.finalize(self, _shutdown, self._executor)
+        return self._executor
+
+
+def _shutdown(executor: ProcessPoolExecutor) -> None:
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _start(dataset: Any, collate: Collate, parent: int) -> None:
+    """A worker's start: what it reads from, one torch thread, Ctrl-C left to the
+    training process, and death with it."""
+    global _SOURCE
+    _SOURCE = (dataset, collate)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the training process died before prctl took effect
+            os._exit(1)
+
+
+def _read(indices: list[int], seed: int) -> Any:
+    assert _SOURCE is not None, "a loader worker reads only after _start"
+    dataset, collate = _SOURCE
+    try:
+        return seeded_read(dataset, collate, indices, seed)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # (Python 3.11: shown under the traceback)
+            exc.add_note(f"(in potluck loader worker pid {os.getpid()}, reading dataset[i] "
+                         f"for i in {_shown(indices)})")
+        raise
+
+
+def _shown(indices: Sequence[int]) -> str:
+    head = ", ".join(str(i) for i in indices[:6])
+    return f"[{head}{', ...' if len(indices) > 6 else ''}] ({len(indices)} samples)"
