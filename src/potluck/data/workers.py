@@ -15,16 +15,21 @@ torch thread each, ignore Ctrl-C (the training process stops them) and die with 
 training process (``PR_SET_PDEATHSIG`` on Linux). A dataset's error in a worker reaches
 the loop as the same exception, with the worker's traceback and the samples it was
 reading; a worker that dies (killed, out of memory) stops the loop with
-``LoaderWorkerError``.
+``LoaderWorkerError``. Workers start by Python's default method (``fork`` on Linux
+before Python 3.14): under ``spawn`` or ``forkserver`` the dataset and ``collate`` must
+pickle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
 import signal
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -71,11 +76,13 @@ class WorkerPool:
                 "own error") from exc
 
     def close(self) -> None:
-        """Stop the workers (what they were reading is dropped)."""
+        """Stop the workers: batches planned and not yet read are dropped, the reads
+        under way are waited for (a worker stopped mid-read could leave its pipe to this
+        process half written), and the processes are joined."""
         executor, self._executor = self._executor, None
         self._pending.clear()
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=True, cancel_futures=True)
 
     def _plan(self, ahead: Sequence[Planned]) -> None:
         keys = {planned.key for planned in ahead}
@@ -103,20 +110,35 @@ def _shutdown(executor: ProcessPoolExecutor) -> None:
     executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _start(dataset: Any, collate: Collate, parent: int) -> None:
+def _start(dataset: Any, collate: Collate, trainer: int) -> None:
     """A worker's start: what it reads from, one torch thread, Ctrl-C left to the
-    training process, and death with it."""
+    training process (``trainer``), and death with it: at once where the worker's
+    parent is the training process (``PR_SET_PDEATHSIG`` on Linux, when Python forks
+    it), and otherwise (a fork server's or a spawned worker, or one whose trainer died
+    before the signal was set) within a second (``_watch``)."""
     global _SOURCE
     _SOURCE = (dataset, collate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the training process died before prctl took effect
-            os._exit(1)
+    threading.Thread(target=_watch, args=(trainer,), name="potluck-loader-watch",
+                     daemon=True).start()
+
+
+def _watch(trainer: int, every: float = 1.0) -> None:
+    """End this worker once the training process is gone. ``os._exit``, not an
+    exception: nothing in this process may run on (the pool's queues would block on
+    pipes whose other end died, and there is nobody left to read a batch)."""
+    while True:
+        time.sleep(every)
+        try:
+            os.kill(trainer, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # (another user's process took the pid: it is gone)
+            os._exit(0)
 
 
 def _read(indices: list[int], seed: int) -> Any:
