@@ -38,7 +38,8 @@ def _train(rank: int, world_size: int, port: int, workers: int, rounds: bool) ->
                                         source="torchrun"), timeout=30.0)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    extra: dict[str, Any] = {"sync": potluck.DiLoCo(inner_steps=3, adaptive=False)} if rounds else {}
+    rounds_of = potluck.DiLoCo(inner_steps=3, adaptive=False)
+    extra: dict[str, Any] = {"sync": rounds_of} if rounds else {}
     model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
                                          Noisy(), global_batch=8, cohort=cohort,
                                          num_workers=workers, **extra)
