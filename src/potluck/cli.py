@@ -33,6 +33,8 @@ _BENCHES = [
      "plain mean vs potluck trust, 4 workers with 1 attacker (6 attacks)"),
     ("wan", "potluck.bench.wan",
      "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
+    ("loader", "potluck.bench.loader",
+     "the loader's worker processes vs reading in the loop vs torch's DataLoader"),
 ]
 
 

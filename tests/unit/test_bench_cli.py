@@ -48,6 +48,9 @@ def test_a_json_path_that_is_a_directory_is_refused(
     (["wan", "--inner-steps", "0"], "--inner-steps 0 must be at least 1"),
     (["wan", "--bandwidth", "10xyz"], "--bandwidth '10xyz' must be a tc rate, e.g. 10mbit"),
     (["wan", "--bandwidth", "0mbit"], "--bandwidth '0mbit' is 0 bits a second"),
+    (["loader", "--workers", "0"], "--workers 0 must be at least 1; use e.g. --workers 2"),
+    (["loader", "--steps", "3"], "--steps 3 must be at least 4"),
+    (["loader", "--sample-ms", "0"], "--sample-ms 0 must be at least 0.01"),
 ])
 def test_bad_counts_exit_2_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
