@@ -94,7 +94,8 @@ def main(args: argparse.Namespace) -> int:
     steps = max(WARMUP + 5, args.steps // 2) if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds
     work = calibrate(args.sample_ms)
-    rows, results = [], {}
+    rows: list[list[Any]] = []
+    results: dict[str, dict[str, Any]] = {}
     for kind in KINDS:
         dataset = Costly(args.batch * (steps + 1) * 2, args.sample_ms, kind, work)
         rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
@@ -111,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
           f"{args.workers} worker(s), {steps} steps x {rounds} rounds (samples/s, medians)")
     print(table(["read", "in-process", "workers", "dataloader", "workers/in-process",
                  "workers/dataloader"], rows))
-    worst = {key: min(results[k][key] for k in KINDS)
+    worst = {key: min(float(results[k][key]) for k in KINDS)
              for key in ("workers_vs_in_process", "workers_vs_dataloader")}
     for key, value in worst.items():
         print(f"{key} {value:.3f} (the lower of io and cpu)")
@@ -143,7 +144,8 @@ def _round(contender: str, dataset: Costly, batch: int, steps: int, workers: int
         for step, (x, y) in enumerate(loader):
             if step == WARMUP:
                 started = time.perf_counter()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             opt.zero_grad()
             cursor.commit()
