@@ -18,8 +18,10 @@ from typing import Any
 import numpy
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from potluck.data import DataCursor
+from potluck.data.fetch import BatchKey, Draws, Planned, seeded_read
 from potluck.data.step_loader import StepLoader
 from potluck.data.workers import WorkerPool
 from potluck.errors import ConfigError, CursorError, LoaderWorkerError
@@ -89,6 +91,51 @@ def test_workers_read_the_batches_the_training_process_would() -> None:
     pool = loader.fetcher
     assert isinstance(pool, WorkerPool)
     assert pool.hits >= len(plain) - 2, (pool.hits, pool.misses)  # all but a first read
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_reads_alike_however_its_step_is_split(workers: int) -> None:
+    """One rank or three by uneven shares: each sample's random draws are its own, so
+    N ranks train as one process would on the same global batch."""
+    def by_index(batches: list[Any]) -> dict[int, tuple[Any, ...]]:
+        return {int(b[0][k]): (b[1][k].tolist(), float(b[2][k]), float(b[3][k]))
+                for b in batches for k in range(len(b[0]))}
+
+    alone = by_index(_epochs(_loader(0, lambda: (0, 1)), 1))
+    split: dict[int, tuple[Any, ...]] = {}
+    for rank in range(3):
+        loader = _loader(workers, lambda r=rank: (r, 3),  # type: ignore[misc]
+                         shares=lambda n: [1.0, 3.0, 2.0])
+        split.update(by_index(_epochs(loader, 1)))
+        loader.close()
+    assert sorted(alone) == sorted(split) == list(range(SIZE))
+    assert alone == split
+
+
+def test_only_the_generators_a_dataset_draws_from_are_seeded_per_sample() -> None:
+    """A dataset that draws nothing pays no seeding; one that draws is read again once
+    with its generators seeded, and reads alike from then on."""
+    planned = Planned(BatchKey(0, 0, 4), [3, 1, 4, 2], 7)
+    plain, draws = torch.utils.data.TensorDataset(torch.arange(10.0)), Draws()
+    seeded_read(plain, default_collate, planned, draws)
+    assert draws.seeded == set()
+
+    class OnlyPython(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> float:
+            return i + random.random()
+
+    draws = Draws()
+    first = seeded_read(OnlyPython(), default_collate, planned, draws)
+    assert draws.seeded == {"random"}
+    again = seeded_read(OnlyPython(), default_collate, planned, Draws())
+    assert torch.equal(first, again)
+    single = seeded_read(OnlyPython(), default_collate,
+                         Planned(BatchKey(0, 1, 2), [1], 7), Draws())
+    assert float(single[0]) == float(first[1])  # position 1 alike, alone or in the batch
 
 
 def test_reading_leaves_the_training_random_state_alone() -> None:

@@ -88,8 +88,7 @@ def main(args: argparse.Namespace) -> int:
     at_least("--batch", args.batch, 1, "32")
     at_least("--steps", args.steps, WARMUP + 1, "30")
     at_least("--rounds", args.rounds, 1, "4")
-    if not args.sample_ms > 0:
-        at_least("--sample-ms", args.sample_ms, 0.01, "0.5")
+    at_least("--sample-ms", args.sample_ms, 0.01, "0.5")
     torch.set_num_threads(1)
     steps = max(WARMUP + 5, args.steps // 2) if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds

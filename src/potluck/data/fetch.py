@@ -1,18 +1,29 @@
-"""Reading one batch: ``collate([dataset[i] for i in indices])`` under a seed of its own.
+"""Reading one batch: ``collate([dataset[i] for i in indices])``, each sample under a
+seed of its own.
 
 Every batch the step loader hands out is a run of positions ``[start, stop)`` in one
 epoch's permutation (a rank's part of a step, or one local step of a round's part), so
-a ``BatchKey(epoch, start, stop)`` names it, and a seed drawn from the loader's seed and
-the key (``batch_seed``) seeds the random state it is read under: torch's CPU
-generator, Python's ``random`` and NumPy's global one. A dataset that augments with
-them (random crops, masking) then reads the same batch the same way wherever it is
-read: in a worker process or in this one, prefetched or not, on a run resumed
-mid-epoch, or by another rank recomputing it for a spot check. Whatever the number of
-worker processes, training is the same. This process's own random state is put back
-after a read here (``read_batch``), so reading never moves the training's.
+a ``BatchKey(epoch, start, stop)`` names it. A sample's random draws (torch's CPU
+generator, Python's ``random``, NumPy's global generator: random crops, masking) are
+seeded from the loader's seed, the epoch and the sample's position (``sample_seed``),
+so a sample reads the same wherever and however it is read: in a worker process or in
+this one, prefetched or not, in a step split among 2 ranks or 8 or by other shares, on
+a run resumed mid-epoch or a step redone by the survivors of a failure, or by another
+rank recomputing it for a spot check. N ranks then still train as one process on the
+same global batch, and training does not depend on the number of worker processes.
+``collate`` runs under the batch's seed (``batch_seed``).
 
-A ``Fetcher`` reads batches by key: ``InProcess`` here, ``workers.WorkerPool`` in
-worker processes, ahead of the loop.
+Seeding costs about 15 us a sample for the three generators, so only the generators a
+dataset was seen to draw from are seeded per sample (``Draws``): a batch is read, and
+if a generator not seeded yet moved during the read, it is seeded from then on and the
+batch is read again (once per process and generator). A dataset that draws from none
+pays a comparison of states per batch. A generator of the dataset's own
+(``numpy.random.default_rng()`` made in ``__getitem__``) is not seen: seed it from the
+index.
+
+This process's own random state is put back after a read here (``read_batch``), so
+reading never moves the training's. A ``Fetcher`` reads batches by key: ``InProcess``
+here, ``workers.WorkerPool`` in worker processes, ahead of the loop.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 Collate = Callable[[list[Any]], Any]
+GENERATORS = ("torch", "random", "numpy")
 
 
 class BatchKey(NamedTuple):
@@ -37,39 +49,110 @@ class BatchKey(NamedTuple):
 
 
 class Planned(NamedTuple):
-    """A batch the loader hands out or expects to: its key, its dataset indices and the
-    seed it is read under (``batch_seed``)."""
+    """A batch the loader hands out or expects to: its key, its dataset indices (one per
+    position) and the loader's seed (the cursor's)."""
 
     key: BatchKey
     indices: list[int]
     seed: int
 
 
-def batch_seed(seed: int, key: BatchKey) -> int:
-    """A 63-bit seed from the loader's ``seed`` and the batch's key (the same on every
-    machine: no Python ``hash``, which is salted per process for strings)."""
-    text = f"{seed}:{key.epoch}:{key.start}:{key.stop}".encode()
+def _seed_of(*parts: int) -> int:
+    """A 63-bit seed from whole numbers (the same on every machine: no Python ``hash``)."""
+    text = ":".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
-def seeded_read(dataset: Any, collate: Collate, indices: Sequence[int], seed: int) -> Any:
-    """Seed the process's random state with ``seed`` and read the batch (a worker
-    process's whole job: its random state is its own)."""
-    torch.default_generator.manual_seed(seed)  # (the CPU's only: not an accelerator's)
-    random.seed(seed)
-    numpy = sys.modules.get("numpy")  # (seeded only where something imported it)
-    if numpy is not None:
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    return _seed_of(seed, epoch, position)
+
+
+def batch_seed(seed: int, key: BatchKey) -> int:
+    return _seed_of(seed, key.epoch, key.start, key.stop, 1)
+
+
+class Draws:
+    """Which generators reads in this process were seen to draw from (seeded per
+    sample from then on); one per process (``DRAWS``)."""
+
+    def __init__(self) -> None:
+        self.seeded: set[str] = set()
+
+    def states(self) -> dict[str, Any]:
+        """The state of each generator not seeded per sample yet (NumPy's: None when no
+        one imported it)."""
+        numpy = sys.modules.get("numpy")
+        states: dict[str, Any] = {}
+        if "torch" not in self.seeded:
+            states["torch"] = torch.default_generator.get_state()
+        if "random" not in self.seeded:
+            states["random"] = random.getstate()
+        if "numpy" not in self.seeded:
+            states["numpy"] = numpy.random.get_state() if numpy is not None else None
+        return states
+
+    def moved(self, before: dict[str, Any]) -> set[str]:
+        """The generators in ``before`` whose state changed since (NumPy imported in
+        between counts as moved: whether it drew cannot be told)."""
+        after = self.states()
+        moved = set()
+        for name, old in before.items():
+            new = after[name]
+            if name == "torch":
+                same = torch.equal(old, new)
+            elif name == "numpy":
+                same = (old is None and new is None) or (
+                    old is not None and new is not None and old[0] == new[0]
+                    and bool((old[1] == new[1]).all()) and old[2:] == new[2:])
+            else:
+                same = old == new
+            if not same:
+                moved.add(name)
+        return moved
+
+
+DRAWS = Draws()
+
+
+def seed_generators(names: set[str] | tuple[str, ...], seed: int) -> None:
+    if "torch" in names:
+        torch.default_generator.manual_seed(seed)  # (the CPU's only: not an accelerator's)
+    if "random" in names:
+        random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if "numpy" in names and numpy is not None:
         numpy.random.seed(seed % (1 << 32))
-    return collate([dataset[i] for i in indices])
 
 
-def read_batch(dataset: Any, collate: Collate, indices: Sequence[int], seed: int) -> Any:
+def seeded_read(dataset: Any, collate: Collate, planned: Planned,
+                draws: Draws = DRAWS) -> Any:
+    """Read the batch, each sample under its seed for every generator reads were seen
+    to draw from (read again once a generator is first seen to move), then collate
+    under the batch's seed. Moves this process's random state (a worker's own)."""
+    key = planned.key
+    while True:
+        before = draws.states()
+        samples = []
+        for offset, index in enumerate(planned.indices):
+            if draws.seeded:
+                seed_generators(draws.seeded, sample_seed(planned.seed, key.epoch,
+                                                          key.start + offset))
+            samples.append(dataset[index])
+        moved = draws.moved(before)
+        if not moved:
+            break
+        draws.seeded |= moved  # read again: those draws were not seeded
+    seed_generators(GENERATORS, batch_seed(planned.seed, key))
+    return collate(samples)
+
+
+def read_batch(dataset: Any, collate: Collate, planned: Planned) -> Any:
     """``seeded_read`` in this process, its random state put back afterwards."""
     numpy = sys.modules.get("numpy")
     kept_torch, kept_random = torch.default_generator.get_state(), random.getstate()
     kept_numpy = numpy.random.get_state() if numpy is not None else None
     try:
-        return seeded_read(dataset, collate, indices, seed)
+        return seeded_read(dataset, collate, planned)
     finally:
         torch.default_generator.set_state(kept_torch)
         random.setstate(kept_random)
@@ -94,7 +177,7 @@ class InProcess:
         self._dataset, self._collate = dataset, collate
 
     def get(self, wanted: Planned, ahead: Sequence[Planned]) -> Any:
-        return read_batch(self._dataset, self._collate, wanted.indices, wanted.seed)
+        return read_batch(self._dataset, self._collate, wanted)
 
     def close(self) -> None:
         return None

@@ -14,7 +14,7 @@ measure speeds in between), and this rank's part of each comes as
 ``inner_steps(part, segment)`` batches (positions in the epoch permutation), one per
 local optimizer step; the cursor commits once, after the round's last one.
 
-Each batch is read under a seed of its own (``fetch.py``), in this process or, with
+Each sample is read under a seed of its own (``fetch.py``), in this process or, with
 ``workers=K``, ahead in K worker processes (``workers.py``): at each batch the loader
 names the batches it expects next (the next ``prefetch`` steps, or local steps of the
 segment, as the cursor, membership and shares stand), and any other batch it is asked
@@ -23,6 +23,7 @@ for is read here at once. The batch handed out is always the one the cursor poin
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
-from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, batch_seed, read_batch
+from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch
 from potluck.data.memory import MemoryCap
 from potluck.data.permutation import epoch_permutation
 from potluck.data.split import equal_shares, split_block, split_counts
@@ -197,7 +198,7 @@ class StepLoader:
         state, shares = self._handed
         part = split_block(*state.block, shares)[rank]
         wanted = self._planned(state.epoch, part.start, part.stop)
-        return self._place(read_batch(self.dataset, self.collate, wanted.indices, wanted.seed))
+        return self._place(read_batch(self.dataset, self.collate, wanted))
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop with this process)."""
@@ -224,9 +225,9 @@ class StepLoader:
                     "of at least the world size")
             steps = self._inner_of((part.start, part.stop), (start, stop))
             counts = split_counts(len(indices), equal_shares(steps))
-            ends = [part.start + sum(counts[:j + 1]) for j in range(len(counts))]
-            batches = [self._planned(state.epoch, end - count, end)
-                       for end, count in zip(ends, counts, strict=True)]
+            firsts = itertools.accumulate(counts, initial=part.start)  # (one too many)
+            batches = [self._planned(state.epoch, first, first + count)
+                       for first, count in zip(firsts, counts, strict=False)]
             for j, count in enumerate(counts):
                 self._part = count
                 self.batches += 1
@@ -248,9 +249,8 @@ class StepLoader:
 
     def _planned(self, epoch: int, start: int, stop: int) -> Planned:
         """The batch of positions ``[start, stop)`` of epoch ``epoch``."""
-        key = BatchKey(epoch, start, stop)
-        return Planned(key, self._order(epoch)[start:stop].tolist(),
-                       batch_seed(self.cursor.state.seed, key))
+        return Planned(BatchKey(epoch, start, stop), self._order(epoch)[start:stop].tolist(),
+                       self.cursor.state.seed)
 
     def _ahead(self, state: CursorState, rank: int, world_size: int,
                shares: Sequence[float]) -> list[Planned]:

@@ -9,10 +9,11 @@ the membership changed or the shares moved, is read in the training process at o
 batch is named by its positions in the epoch, so what the loop gets is always the step
 it asks for: exactly once holds whatever the pool guessed.
 
-Each worker reads a batch under the batch's own seed (``fetch.seeded_read``), so a
-batch is the same whether a worker or the training process read it. Workers use one
-torch thread each, ignore Ctrl-C (the training process stops them) and die with the
-training process (``PR_SET_PDEATHSIG`` on Linux). A dataset's error in a worker reaches
+Each worker reads each sample under the sample's own seed (``fetch.seeded_read``), so
+a batch is the same whether a worker or the training process read it. Workers use one
+torch thread each, ignore Ctrl-C (the training process stops them) and end within a
+second of the training process (``_watch``). ``close()`` and the interpreter's exit
+wait for the reads under way (at most ``prefetch`` batches). A dataset's error in a worker reaches
 the loop as the same exception, with the worker's traceback and the samples it was
 reading; a worker that dies (killed, out of memory) stops the loop with
 ``LoaderWorkerError``. Workers start by Python's default method (``fork`` on Linux
@@ -22,12 +23,10 @@ pickle.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -41,7 +40,6 @@ import torch
 from potluck.data.fetch import BatchKey, Collate, Planned, read_batch, seeded_read
 from potluck.errors import ConfigError, LoaderWorkerError
 
-_PR_SET_PDEATHSIG = 1
 _SOURCE: tuple[Any, Collate] | None = None  # in a worker: what it reads from
 
 
@@ -51,29 +49,31 @@ class WorkerPool:
     def __init__(self, dataset: Any, collate: Collate, workers: int) -> None:
         self._dataset, self._collate, self._workers = dataset, collate, workers
         self._executor: ProcessPoolExecutor | None = None
-        self._pending: dict[BatchKey, Future[Any]] = {}
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        # (by key and seed: a cursor loaded with another seed reads other samples)
+        self._pending: dict[tuple[BatchKey, int], Future[Any]] = {}
         self.hits = 0  # batches handed out that a worker had read ahead
         self.misses = 0  # and that were read here when asked for
 
     def get(self, wanted: Planned, ahead: Sequence[Planned]) -> Any:
-        future = self._pending.pop(wanted.key, None)
-        self._plan(ahead)  # (first: the workers read on while this one is read or awaited)
-        if future is None or future.cancelled():
-            self.misses += 1
-            return read_batch(self._dataset, self._collate, wanted.indices, wanted.seed)
-        self.hits += 1
+        future = self._pending.pop((wanted.key, wanted.seed), None)
         try:
+            self._plan(ahead)  # (first: the workers read on while this one is read or awaited)
+            if future is None:
+                self.misses += 1
+                return read_batch(self._dataset, self._collate, wanted)
+            self.hits += 1
             return future.result()
         except BrokenProcessPool as exc:
             self.close()
             raise LoaderWorkerError(
-                f"a loader worker process (num_workers={self._workers}) died while the "
-                f"pool read ahead (the batch of step samples {_shown(wanted.indices)} was "
-                "among those in flight): killed by a signal, most often the kernel's "
-                "out-of-memory killer, or the dataset crashed in native code. Lower "
-                "num_workers (each worker holds its batches in memory), or pass "
-                "num_workers=0 to read in the training process and see the dataset's "
-                "own error") from exc
+                f"a loader worker process (num_workers={self._workers}) died, or what it "
+                f"read could not be brought back ({exc}{_cause(exc)}), while the pool read "
+                f"ahead (the batch of samples {_shown(wanted.indices)} was asked for): "
+                "killed by a signal, most often the kernel's out-of-memory killer, or the "
+                "dataset crashed in native code. Lower num_workers (each worker holds its "
+                "batches in memory), or pass num_workers=0 to read in the training process "
+                "and see the dataset's own error") from exc
 
     def close(self) -> None:
         """Stop the workers: batches planned and not yet read are dropped, the reads
@@ -81,29 +81,47 @@ class WorkerPool:
         process half written), and the processes are joined."""
         executor, self._executor = self._executor, None
         self._pending.clear()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
 
     def _plan(self, ahead: Sequence[Planned]) -> None:
-        keys = {planned.key for planned in ahead}
+        keys = {(planned.key, planned.seed) for planned in ahead}
         for key in [k for k in self._pending if k not in keys]:
             self._pending.pop(key).cancel()  # (one being read is read and dropped)
         for planned in ahead:
-            if planned.key not in self._pending:
-                self._pending[planned.key] = self._pool().submit(
-                    _read, planned.indices, planned.seed)
+            if (planned.key, planned.seed) not in self._pending:
+                self._pending[(planned.key, planned.seed)] = self._submit(planned)
 
-    def _pool(self) -> ProcessPoolExecutor:
+    def _submit(self, planned: Planned) -> Future[Any]:
+        """``planned``'s read, queued for a worker (the first submit starts them: under
+        ``spawn`` or ``forkserver`` the dataset and collate are pickled then)."""
         if self._executor is None:
-            try:
-                self._executor = ProcessPoolExecutor(
-                    self._workers, mp_context=multiprocessing.get_context(),
-                    initializer=_start, initargs=(self._dataset, self._collate, os.getpid()))
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"num_workers={self._workers}: the loader's worker "
-                                  f"processes could not start ({exc})") from exc
-            weakref.finalize(self, _shutdown, self._executor)
-        return self._executor
+            self._executor = ProcessPoolExecutor(
+                self._workers, mp_context=multiprocessing.get_context(),
+                initializer=_start, initargs=(self._dataset, self._collate, os.getpid()))
+            self._finalizer = weakref.finalize(self, _shutdown, self._executor)
+        try:
+            return self._executor.submit(_read, planned)
+        except BrokenProcessPool:
+            raise
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
+            self.close()
+            raise ConfigError(
+                f"num_workers={self._workers}: the loader's worker processes could not "
+                f"start ({type(exc).__name__}: {exc}). Under Python's "
+                f"{multiprocessing.get_start_method()!r} start method the dataset and "
+                "collate= must pickle (no lambdas or local classes); or pass "
+                "num_workers=0") from exc
+
+
+def _cause(exc: BaseException) -> str:
+    """The remote traceback a broken pool carries, when it has one (a result that would
+    not unpickle here), as its last line."""
+    cause = str(exc.__cause__ or "").strip().splitlines()
+    return f"; {cause[-1].strip()}" if cause else ""
 
 
 def _shutdown(executor: ProcessPoolExecutor) -> None:
@@ -112,44 +130,48 @@ def _shutdown(executor: ProcessPoolExecutor) -> None:
 
 def _start(dataset: Any, collate: Collate, trainer: int) -> None:
     """A worker's start: what it reads from, one torch thread, Ctrl-C left to the
-    training process (``trainer``), and death with it: at once where the worker's
-    parent is the training process (``PR_SET_PDEATHSIG`` on Linux, when Python forks
-    it), and otherwise (a fork server's or a spawned worker, or one whose trainer died
-    before the signal was set) within a second (``_watch``)."""
+    training process (``trainer``), and death with it within a second (``_watch``: not
+    ``PR_SET_PDEATHSIG``, which fires when the thread that started the worker ends, and
+    under a fork server names the server)."""
     global _SOURCE
     _SOURCE = (dataset, collate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     threading.Thread(target=_watch, args=(trainer,), name="potluck-loader-watch",
                      daemon=True).start()
 
 
 def _watch(trainer: int, every: float = 1.0) -> None:
-    """End this worker once the training process is gone. ``os._exit``, not an
-    exception: nothing in this process may run on (the pool's queues would block on
-    pipes whose other end died, and there is nobody left to read a batch)."""
-    while True:
+    """End this worker once the training process is gone (or a zombie nobody reaped
+    yet). ``os._exit``, not an exception: nothing in this process may run on (the
+    pool's queues would block on pipes whose other end died, and there is nobody left
+    to read a batch)."""
+    while _alive(trainer):
         time.sleep(every)
-        try:
-            os.kill(trainer, 0)
-        except ProcessLookupError:
-            os._exit(0)
-        except PermissionError:  # (another user's process took the pid: it is gone)
-            os._exit(0)
+    os._exit(0)
 
 
-def _read(indices: list[int], seed: int) -> Any:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # (another user's: the pid was reused)
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:  # (no /proc: not Linux)
+        return True
+
+
+def _read(planned: Planned) -> Any:
     assert _SOURCE is not None, "a loader worker reads only after _start"
     dataset, collate = _SOURCE
     try:
-        return seeded_read(dataset, collate, indices, seed)
+        return seeded_read(dataset, collate, planned)
     except Exception as exc:
         if hasattr(exc, "add_note"):  # (Python 3.11: shown under the traceback)
             exc.add_note(f"(in potluck loader worker pid {os.getpid()}, reading dataset[i] "
-                         f"for i in {_shown(indices)})")
+                         f"for i in {_shown(planned.indices)})")
         raise
 
 
