@@ -104,9 +104,9 @@ def prepare(
     (``loader.micro_batches``; ``potluck.fit_backward`` lowers it when a micro-batch
     runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same).
     ``num_workers`` processes read the next ``prefetch`` steps' batches ahead (0: each
-    is read in this process when the loop asks for it); every batch is read under a
-    seed of its own, so training is the same whatever ``num_workers``. Other keywords
-    go to ``DataParallel``.
+    is read in this process when the loop asks for it); every sample is read under a
+    seed of its own, so its random draws do not depend on who reads it or how the step
+    is split (``docs/data-parallel.md``). Other keywords go to ``DataParallel``.
     """
     if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
         raise ConfigError(

@@ -98,7 +98,7 @@ _LOADER_OPTIONS = {
     "batch_sampler": "the data cursor picks each rank's samples",
     "prefetch_factor": "pass prefetch= (steps read ahead by the num_workers processes)",
     "persistent_workers": "the worker processes (num_workers=) live as long as the loader",
-    "worker_init_fn": "each batch is read under a seed of its own (docs/data-parallel.md); "
+    "worker_init_fn": "each sample is read under a seed of its own (docs/data-parallel.md); "
                       "open files or connections lazily in __getitem__",
     "pin_memory": "a batch is moved to the cohort's device in the training process",
     "multiprocessing_context": "the worker processes (num_workers=) use Python's default",

@@ -17,9 +17,12 @@ Seeding costs about 15 us a sample for the three generators, so only the generat
 dataset was seen to draw from are seeded per sample (``Draws``): a batch is read, and
 if a generator not seeded yet moved during the read, it is seeded from then on and the
 batch is read again (once per process and generator). A dataset that draws from none
-pays a comparison of states per batch. A generator of the dataset's own
-(``numpy.random.default_rng()`` made in ``__getitem__``) is not seen: seed it from the
-index.
+pays a comparison of states per batch. This holds for a ``__getitem__`` whose result
+depends on the index and its draws alone: a generator of the dataset's own
+(``numpy.random.default_rng()`` made in ``__getitem__``: seed it from the index), a
+draw cached on the dataset at its first read, or a draw that puts the global state
+back (``torch.random.fork_rng``) is not seen. ``collate`` draws under the batch's seed,
+which depends on the split (mixup in ``collate`` is the split's).
 
 This process's own random state is put back after a read here (``read_batch``), so
 reading never moves the training's. A ``Fetcher`` reads batches by key: ``InProcess``
@@ -30,10 +33,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+import numpy
 import torch
 
 Collate = Callable[[list[Any]], Any]
@@ -79,31 +82,26 @@ class Draws:
         self.seeded: set[str] = set()
 
     def states(self) -> dict[str, Any]:
-        """The state of each generator not seeded per sample yet (NumPy's: None when no
-        one imported it)."""
-        numpy = sys.modules.get("numpy")
+        """The state of each generator not seeded per sample yet."""
         states: dict[str, Any] = {}
         if "torch" not in self.seeded:
             states["torch"] = torch.default_generator.get_state()
         if "random" not in self.seeded:
             states["random"] = random.getstate()
         if "numpy" not in self.seeded:
-            states["numpy"] = numpy.random.get_state() if numpy is not None else None
+            states["numpy"] = numpy.random.get_state()
         return states
 
     def moved(self, before: dict[str, Any]) -> set[str]:
-        """The generators in ``before`` whose state changed since (NumPy imported in
-        between counts as moved: whether it drew cannot be told)."""
+        """The generators in ``before`` whose state changed since."""
         after = self.states()
         moved = set()
         for name, old in before.items():
             new = after[name]
             if name == "torch":
                 same = torch.equal(old, new)
-            elif name == "numpy":
-                same = (old is None and new is None) or (
-                    old is not None and new is not None and old[0] == new[0]
-                    and bool((old[1] == new[1]).all()) and old[2:] == new[2:])
+            elif name == "numpy":  # ('MT19937', keys, pos, has_gauss, cached_gaussian)
+                same = old[0] == new[0] and bool((old[1] == new[1]).all()) and old[2:] == new[2:]
             else:
                 same = old == new
             if not same:
@@ -119,8 +117,7 @@ def seed_generators(names: set[str] | tuple[str, ...], seed: int) -> None:
         torch.default_generator.manual_seed(seed)  # (the CPU's only: not an accelerator's)
     if "random" in names:
         random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if "numpy" in names and numpy is not None:
+    if "numpy" in names:
         numpy.random.seed(seed % (1 << 32))
 
 
@@ -148,16 +145,13 @@ def seeded_read(dataset: Any, collate: Collate, planned: Planned,
 
 def read_batch(dataset: Any, collate: Collate, planned: Planned) -> Any:
     """``seeded_read`` in this process, its random state put back afterwards."""
-    numpy = sys.modules.get("numpy")
-    kept_torch, kept_random = torch.default_generator.get_state(), random.getstate()
-    kept_numpy = numpy.random.get_state() if numpy is not None else None
+    kept = torch.default_generator.get_state(), random.getstate(), numpy.random.get_state()
     try:
         return seeded_read(dataset, collate, planned)
     finally:
-        torch.default_generator.set_state(kept_torch)
-        random.setstate(kept_random)
-        if numpy is not None and kept_numpy is not None:
-            numpy.random.set_state(kept_numpy)
+        torch.default_generator.set_state(kept[0])
+        random.setstate(kept[1])
+        numpy.random.set_state(kept[2])
 
 
 class Fetcher(Protocol):

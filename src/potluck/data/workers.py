@@ -10,7 +10,8 @@ batch is named by its positions in the epoch, so what the loop gets is always th
 it asks for: exactly once holds whatever the pool guessed.
 
 Each worker reads each sample under the sample's own seed (``fetch.seeded_read``), so
-a batch is the same whether a worker or the training process read it. Workers use one
+a batch is the same whether a worker or the training process read it (up to an
+augmentation whose result depends on torch's thread count: workers use one thread). Workers use one
 torch thread each, ignore Ctrl-C (the training process stops them) and end within a
 second of the training process (``_watch``). ``close()`` and the interpreter's exit
 wait for the reads under way (at most ``prefetch`` batches). A dataset's error in a worker reaches
@@ -105,9 +106,12 @@ class WorkerPool:
             self._finalizer = weakref.finalize(self, _shutdown, self._executor)
         try:
             return self._executor.submit(_read, planned)
-        except BrokenProcessPool:
-            raise
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
+        except OSError as exc:  # (fork failed: out of processes or memory)
+            self.close()
+            raise ConfigError(f"num_workers={self._workers}: the loader's worker processes "
+                              f"could not start ({exc}); lower num_workers, or pass "
+                              "num_workers=0") from exc
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
             self.close()
             raise ConfigError(
                 f"num_workers={self._workers}: the loader's worker processes could not "
@@ -137,30 +141,38 @@ def _start(dataset: Any, collate: Collate, trainer: int) -> None:
     _SOURCE = (dataset, collate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    threading.Thread(target=_watch, args=(trainer,), name="potluck-loader-watch",
-                     daemon=True).start()
+    threading.Thread(target=_watch, args=(trainer, _stat(trainer)),
+                     name="potluck-loader-watch", daemon=True).start()
 
 
-def _watch(trainer: int, every: float = 1.0) -> None:
+def _watch(trainer: int, born: list[str] | None, every: float = 1.0) -> None:
     """End this worker once the training process is gone (or a zombie nobody reaped
-    yet). ``os._exit``, not an exception: nothing in this process may run on (the
-    pool's queues would block on pipes whose other end died, and there is nobody left
-    to read a batch)."""
-    while _alive(trainer):
+    yet, or its pid taken by a process started later). ``os._exit``, not an exception:
+    nothing in this process may run on (the pool's queues would block on pipes whose
+    other end died, and there is nobody left to read a batch)."""
+    while _alive(trainer, born):
         time.sleep(every)
     os._exit(0)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, born: list[str] | None) -> bool:
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):  # (another user's: the pid was reused)
         return False
+    now = _stat(pid)
+    if born is None or now is None:  # (no /proc: not Linux)
+        return True
+    return now[0] != "Z" and now[19] == born[19]  # (state; start time, in clock ticks)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the process's name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:  # (no /proc: not Linux)
-        return True
+            return stat.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
 
 
 def _read(planned: Planned) -> Any:
