@@ -34,7 +34,7 @@ from potluck.data.cursor import DataCursor
 from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch
 from potluck.data.memory import MemoryCap
 from potluck.data.permutation import epoch_permutation
-from potluck.data.split import equal_shares, split_block, split_counts
+from potluck.data.split import check_rank, equal_shares, split_block, split_counts
 from potluck.data.state import CursorState
 from potluck.data.workers import WorkerPool
 from potluck.errors import ConfigError, CursorError
@@ -169,8 +169,9 @@ class StepLoader:
             shares = self._shares_for(stop - start, world_size)
             self.split = split_counts(stop - start, shares)
             self._handed = (state, shares)
-            indices = self.cursor.rank_indices(rank, shares)
-            if not indices:
+            check_rank(rank, world_size)
+            part = split_block(start, stop, shares)[rank]
+            if part.stop <= part.start:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in the step at sample "
                     f"{state.cursor} (a block of {len(self.cursor.global_indices())}); every "
@@ -181,12 +182,11 @@ class StepLoader:
             if self._inner_of is not None:
                 yield from self._round(state, rank, world_size, shares)
                 continue
-            part = split_block(start, stop, shares)[rank]
             batch = self._fetch(self._planned(state.epoch, part.start, part.stop),
                                 self._ahead(state, rank, world_size, shares))
-            self._part = len(indices)
+            self._part = len(part)
             if self.contribution is not None:
-                self._contribute(batch, len(indices), stop - start)
+                self._contribute(batch, len(part), stop - start)
             self.batches += 1
             yield batch
 
@@ -210,21 +210,19 @@ class StepLoader:
         (contiguous within a segment, equal within one sample). A later segment's shares
         are asked for when the loader gets to it: after the earlier ones' local steps."""
         assert self._inner_of is not None and self._segments_of is not None
-        order = self.cursor.permutation(state.epoch)
         for k, (start, stop) in enumerate(self._segments_of(state.block)):
             if k:
                 shares = self._shares_for(stop - start, world_size)
             self.split, self.segment = split_counts(stop - start, shares), k
             part = split_block(start, stop, shares)[rank]
-            indices = order[part.start:part.stop].tolist()
-            if not indices:
+            if part.stop <= part.start:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in positions [{start}, "
                     f"{stop}) of the round at sample {state.cursor}: every rank must train "
                     "on at least one sample of each part of a round; use a global batch "
                     "of at least the world size")
             steps = self._inner_of((part.start, part.stop), (start, stop))
-            counts = split_counts(len(indices), equal_shares(steps))
+            counts = split_counts(len(part), equal_shares(steps))
             firsts = itertools.accumulate(counts, initial=part.start)  # (one too many)
             batches = [self._planned(state.epoch, first, first + count)
                        for first, count in zip(firsts, counts, strict=False)]

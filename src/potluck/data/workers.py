@@ -11,10 +11,10 @@ it asks for: exactly once holds whatever the pool guessed.
 
 Each worker reads each sample under the sample's own seed (``fetch.seeded_read``), so
 a batch is the same whether a worker or the training process read it (up to an
-augmentation whose result depends on torch's thread count: workers use one thread). Workers use one
-torch thread each, ignore Ctrl-C (the training process stops them) and end within a
-second of the training process (``_watch``). ``close()`` and the interpreter's exit
-wait for the reads under way (at most ``prefetch`` batches). A dataset's error in a worker reaches
+augmentation whose result depends on torch's thread count: workers use one thread).
+Workers ignore Ctrl-C (the training process stops them) and end within a second of the
+training process (``_watch``); ``close()`` and the interpreter's exit wait for the
+reads under way (at most ``prefetch`` batches). A dataset's error in a worker reaches
 the loop as the same exception, with the worker's traceback and the samples it was
 reading; a worker that dies (killed, out of memory) stops the loop with
 ``LoaderWorkerError``. Workers start by Python's default method (``fork`` on Linux
