@@ -243,7 +243,9 @@ def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
          "more than the job can ever have"),
         (("--min-workers-timeout", "0", "--elastic", "t.py"), "positive number of seconds"),
         (("--master-port", "99999", "t.py"), "not a TCP port"),
-        (("--rdzv-endpoint", "nohost", "t.py"), "HOST:PORT"),
+        (("--rdzv-endpoint", "host:port", "t.py"), "HOST:PORT"),
+        (("--rdzv-endpoint", "[fd00::1:29500", "t.py"), "HOST:PORT"),
+        (("--rdzv-endpoint", "[fd00::1]29500", "t.py"), "HOST:PORT"),
         (("--nproc-per-node", "-1", "t.py"), "--nproc-per-node -1 must be at least 1"),
         (("--rdzv-backend", "etcd", "t.py"), "--rdzv-backend 'etcd'.*use --rdzv-backend c10d"),
         (("--monitor-interval", "0", "t.py"), "--monitor-interval 0 must be a positive"),
@@ -427,6 +429,18 @@ def test_a_token_in_the_environment_does_not_refuse_a_fixed_job(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POTLUCK_TOKEN", "exported-for-another-job")
     assert cli.config_from_args(_parse("t.py")).elastic is False
+
+
+@pytest.mark.parametrize("endpoint,addr,port", [
+    ("10.0.0.1", "10.0.0.1", 29400),  # no port: torchrun's default for the endpoint
+    ("node-3.cluster.local:29501", "node-3.cluster.local", 29501),
+    ("[fd00::1]:29502", "fd00::1", 29502),
+    ("[fd00::1]", "fd00::1", 29400),
+    ("fd00::1", "fd00::1", 29400),
+])
+def test_the_endpoint_takes_torchruns_forms(endpoint: str, addr: str, port: int) -> None:
+    config = cli.config_from_args(_parse("--rdzv-endpoint", endpoint, "t.py"))
+    assert (config.master_addr, config.master_port) == (addr, port)
 
 
 def test_the_endpoint_and_master_flags_must_agree() -> None:

@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="node 0's address as every node sees it (default 127.0.0.1)")
     flag("master-port", type=int, default=None, metavar="PORT",
          help="the store's port on node 0 (default: a free port on one node, 29500 on many)")
-    flag("rdzv-endpoint", default=None, metavar="ADDR:PORT",
-         help="torchrun's spelling of --master-addr and --master-port together")
+    flag("rdzv-endpoint", default=None, metavar="HOST[:PORT]",
+         help="torchrun's spelling of --master-addr and --master-port together (no port: "
+              "29400, as torchrun; IPv6 in brackets: [fd00::1]:29500)")
     flag("max-restarts", type=int, default=0, metavar="K",
          help="restart this node's workers up to K times after a failure (default 0)")
     flag("run-id", default="potluck", metavar="ID",
@@ -177,15 +178,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 def store_address(master_addr: str | None, master_port: int | None,
                   rdzv_endpoint: str | None) -> tuple[str, int | None]:
     """Node 0's store address from ``--master-addr``/``--master-port`` or torchrun's
-    ``--rdzv-endpoint HOST:PORT``: both may be given only when they agree."""
+    ``--rdzv-endpoint HOST[:PORT]``: both may be given only when they agree."""
     addr, port = master_addr, master_port
     if rdzv_endpoint:
-        host, _, port_text = rdzv_endpoint.rpartition(":")
-        if not host or not port_text.isdigit():
-            raise ConfigError(
-                f"--rdzv-endpoint {rdzv_endpoint!r} must look like HOST:PORT, "
-                "e.g. 10.0.0.1:29500"
-            )
+        host, port_text = split_endpoint(rdzv_endpoint)
         if master_port is not None and master_port != int(port_text):
             raise ConfigError(
                 f"--rdzv-endpoint {rdzv_endpoint} and --master-port {master_port} name two "
@@ -200,6 +196,29 @@ def store_address(master_addr: str | None, master_port: int | None,
     addr = "127.0.0.1" if addr is None else addr
     check_host("--rdzv-endpoint" if rdzv_endpoint else "--master-addr", addr)
     return addr, port
+
+
+RDZV_DEFAULT_PORT = 29400  # torchrun's, for an --rdzv-endpoint without a port
+
+
+def split_endpoint(endpoint: str) -> tuple[str, str]:
+    """``HOST``, ``HOST:PORT``, ``[IPV6]`` or ``[IPV6]:PORT`` (torchrun's forms; no port:
+    torchrun's 29400) as host and port text."""
+    text, closed = endpoint.strip(), True
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        closed = bool(bracket)
+        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else "x")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:  # a bare IPv6 address (no port can follow it unbracketed) or a host
+        host, port_text = text, ""
+    port_text = port_text or str(RDZV_DEFAULT_PORT)
+    if not host or not closed or not port_text.isdigit():
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r} must look like HOST:PORT or HOST (port "
+            f"{RDZV_DEFAULT_PORT}, as torchrun), e.g. 10.0.0.1:29500 or [fd00::1]:29500")
+    return host, port_text
 
 
 def check_host(flag: str, addr: str) -> None:
