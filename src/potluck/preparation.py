@@ -159,17 +159,16 @@ def prepare(
                           "steps follow each worker's speed by themselves; drop --balance")
     config = _balance_config(cohort.env.balance if balance is None else balance, shares,
                              weight, data_parallel)
+    # (not max_micro_batch: each rank's own memory cap)
+    same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
+    agreed = signature(len(dataset), global_batch, seed, drop_last, {
+        "sync": sync, "balance": same, "trust": trust, "shares": shares, "weight": weight,
+        "clip_grad_norm": clip_grad_norm, "minimum": minimum,
+        "DataParallel options": {k: v for k, v in data_parallel.items() if k not in PER_RANK}})
     if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
-        # alike below. (A joiner takes the live state's cursor, which refuses another
-        # dataset length or global batch and goes on in the saved seed's order.)
-        # (not max_micro_batch: each rank's own memory cap)
-        same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
-        settings = {"sync": sync, "balance": same, "trust": trust, "shares": shares,
-                    "weight": weight, "clip_grad_norm": clip_grad_norm, "minimum": minimum,
-                    "DataParallel options": {k: v for k, v in data_parallel.items()
-                                             if k not in PER_RANK}}
-        agree_everywhere(cohort.group, signature(len(dataset), global_batch, seed, drop_last,
-                                                 settings), cohort.device)
+        # alike below. (A joiner compares its settings with the live state's, which the
+        # founders agreed on here: ``LiveState.receive``.)
+        agree_everywhere(cohort.group, agreed, cohort.device)
     check_split(len(dataset), global_batch, cohort.world_size, drop_last,
                 sync.inner_steps if sync is not None else 1)
     if sync is not None and sync.split is not None:  # now, not from the loader a round in
@@ -181,7 +180,8 @@ def prepare(
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
                                resume=resume, metrics_dir=metrics_dir, memory=memory,
-                               reading=(num_workers, prefetch), data_parallel=data_parallel)
+                               reading=(num_workers, prefetch), data_parallel=data_parallel,
+                               agreed=agreed)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides
     # (under trust the slice owners weigh the copies by the split; the balancer still
     # reads this rank's samples from the contribution).
@@ -226,7 +226,8 @@ def prepare(
                                   parts=(policy, *parts, *([guard] if guard else [])),
                                   minimum=minimum,
                                   checkpoint_dir=checkpoint_dir, resume=resume,
-                                  observer=observer, handed=lambda: loader.batches)
+                                  observer=observer, handed=lambda: loader.batches,
+                                  settings=agreed)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=collate, shares=policy.shares,
                         stop=lambda: transaction.left,
@@ -318,7 +319,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     parts: Sequence[StepPart], minimum: MinimumSize | None,
                     checkpoint_dir: str | Path | None, resume: bool,
                     metrics_dir: str | Path | None, memory: MemoryCap,
-                    reading: tuple[int, int], data_parallel: dict[str, Any]
+                    reading: tuple[int, int], data_parallel: dict[str, Any],
+                    agreed: dict[str, int | str]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
@@ -335,7 +337,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
     transaction = StepTransaction(guarded, wrapped, cohort, cursor, parts=(strategy, *parts),
                                   minimum=minimum, checkpoint_dir=checkpoint_dir,
                                   resume=resume, observer=observer,
-                                  handed=lambda: loader.batches)
+                                  handed=lambda: loader.batches, settings=agreed)
     loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                         collate=collate, shares=strategy.shares,
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,

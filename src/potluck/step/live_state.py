@@ -10,6 +10,7 @@ member sends it to the others; a checkpoint stores it, and resume reads it back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,9 +47,13 @@ class LiveState:
     """Gathers and applies the live state; sends, receives and realigns it."""
 
     def __init__(self, model: DataParallel, optimizer: GuardedOptimizer, cursor: DataCursor,
-                 progress: Progress, parts: tuple[StepPart, ...]) -> None:
+                 progress: Progress, parts: tuple[StepPart, ...],
+                 settings: Mapping[str, int | str] | None = None) -> None:
+        """``settings``: what ``prepare`` was called with that every member must share
+        (``prepare_checks.signature``); a joiner's are compared with the cohort's."""
         self._model, self._optimizer, self._cursor = model, optimizer, cursor
         self._progress, self._parts = progress, parts
+        self._settings = dict(settings) if settings is not None else None
 
     def capture(self) -> dict[str, Any]:
         """The live state, every tensor on the CPU (a receiver on another GPU, or with
@@ -59,6 +64,8 @@ class LiveState:
             "cursor": self._cursor.state_dict(), "steps": self._progress.steps,
             "bucket_order": self._model.reducer.bucket_order(),
             "parts": {part.name: part.state_dict() for part in self._parts}})
+        if self._settings is not None:
+            state["settings"] = dict(self._settings)
         return state
 
     def apply(self, state: dict[str, Any], source: str = "the cohort's live state") -> None:
@@ -104,9 +111,37 @@ class LiveState:
                 "this worker: start it again to rejoin (and build the model and optimizer "
                 "before joining, so joining is quick)"
             ) from exc
+        try:
+            self._compare_settings(state.get("settings"), cohort.rank)
+        except ConfigError:
+            cohort.leave()  # the members form the next generation without it at once
+            raise
         self.apply(state)
         log.warning("[rank %d] joined at step %d with the cohort's live state", cohort.rank,
                     self._progress.steps)
+
+    def _compare_settings(self, theirs: Mapping[str, int | str] | None, rank: int) -> None:
+        """A joiner's ``prepare`` settings must be the cohort's: with another sync, trust,
+        balance or DataParallel option it would run other collectives than the members
+        (a hang or garbage), with another clip or weighting it would train otherwise. The
+        seed may differ (the live state's data order is kept: ``apply`` says so). Raised
+        after the live state arrived, so the members are not kept waiting for it, and
+        the joiner announces that it leaves: they go on without it."""
+        mine = self._settings
+        if theirs is None or mine is None:
+            return  # (a sender from before settings travelled: nothing to compare)
+        differ = [name for name in sorted(set(mine) | set(theirs))
+                  if name != "seed" and mine.get(name) != theirs.get(name)]
+        if not differ:
+            return
+        table = "; ".join(f"{name}: the cohort's {theirs.get(name)!s}, this worker's "
+                          f"{mine.get(name)!s}" for name in differ)
+        raise ConfigError(
+            f"[rank {rank}] this joiner called prepare() with other settings than the "
+            f"cohort it joined ({table}); every worker must pass the same dataset, "
+            "global_batch, drop_last, sync, balance, trust, clip_grad_norm and DataParallel "
+            "options, or it would not sync alike with the others. Start it with the same "
+            "script and arguments as the running workers (the cohort goes on without it)")
 
     def realign(self, cohort: Cohort) -> bool:
         """Members of a new generation may be one step apart: a peer that died after

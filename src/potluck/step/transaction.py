@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,13 +63,16 @@ class StepTransaction:
                  minimum: MinimumSize | None = None, admit_every: int = 1,
                  checkpoint_dir: str | Path | None = None, resume: bool = False,
                  observer: StepObserver | None = None,
-                 handed: Callable[[], int] | None = None) -> None:
+                 handed: Callable[[], int] | None = None,
+                 settings: Mapping[str, int | str] | None = None) -> None:
         """``minimum`` defaults to the launcher's (``potluck run --min-workers``);
         ``resume`` starts the founders from the newest checkpoint in ``checkpoint_dir``
         (written when the cohort stopped below its minimum), if there is one;
         ``observer`` times each step (``potluck.metrics.observer``); ``handed``: the
         batches the loader has handed out so far (``StepLoader.batches``), so that a
-        second ``step()`` for one batch is refused instead of skipping the next one."""
+        second ``step()`` for one batch is refused instead of skipping the next one;
+        ``settings``: what the founders agreed on in ``prepare`` (``signature``), which a
+        joiner's own must equal (``LiveState.receive``)."""
         self.guarded, self.model, self.cohort, self.cursor = optimizer, model, cohort, cursor
         optimizer.alias(self)  # the loop's optimizer: a GradScaler used on it is refused
         self._handed, self._handed_at_step = handed, 0
@@ -87,7 +90,8 @@ class StepTransaction:
             self._gatekeepers = tuple(p for p in parts if isinstance(p, Gatekeeper))
             self.progress = Progress()
             self._hold_at_boundary = False
-            self.live_state = LiveState(model, optimizer, cursor, self.progress, parts)
+            self.live_state = LiveState(model, optimizer, cursor, self.progress, parts,
+                                        settings)
             minimum = minimum or MinimumSize(cohort.env.min_workers, cohort.env.min_workers_timeout)
             if not cohort.elastic and minimum.workers > cohort.world_size:
                 raise ConfigError(

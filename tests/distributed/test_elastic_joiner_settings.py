@@ -1,0 +1,88 @@
+"""A joiner whose ``prepare`` settings differ from the cohort's is refused by name.
+
+The founders agree on their settings in ``prepare`` (one all-gather); a joiner takes no
+part in that, so it compares its own with the ones the live state carries. One with
+another ``clip_grad_norm`` (or trust, sync, balance, DataParallel option) raises a
+``ConfigError`` naming the setting, both values and the fix, and leaves; the founders
+go on without it and still train every sample once, as one process would.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck.harness.ranks import free_port, run_ranks
+from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once
+
+JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
+REFUSED_KEY = "test/joiner_refused"
+
+
+def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
+    from potluck import prepare
+    from potluck.cohort import GroupSpec, join_elastic
+    from potluck.errors import ConfigError
+    from potluck.rendezvous import RendezvousConfig
+
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
+                                       timeout=timedelta(seconds=30))
+    if rank == 2:
+        store.wait([TRAINING_KEY], timedelta(seconds=90))  # the founders train: it joins late
+    config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
+                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
+    net = mlp()
+    cohort = join_elastic(store, f"worker-{rank}", config,
+                          GroupSpec("gloo", JOB.collective_timeout, "127.0.0.1"))
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    try:
+        model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
+                                     global_batch=JOB.global_batch, seed=JOB.data_seed,
+                                     clip_grad_norm=5.0 if rank == 2 else None)
+    except ConfigError as exc:
+        store.set(REFUSED_KEY, "1")
+        cohort.close()
+        return {"refused": str(exc), "late": cohort.joined_late}
+    cursor = opt.cursor
+    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+        while cursor.epoch < JOB.epochs:
+            for index, x, y in loader:
+                if rank == 0 and opt.steps == 1:
+                    store.set(TRAINING_KEY, "1")
+                if opt.steps == 3:  # the joiner is refused mid-run however slow the machine
+                    store.wait([REFUSED_KEY], timedelta(seconds=60))
+                epoch = cursor.epoch
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                if opt.step().committed:
+                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
+                    ledger.flush()
+    opt.finish()
+    return {"params": params(model.module), "world_size": cohort.world_size,
+            "refused": None, "late": cohort.joined_late}
+
+
+@pytest.mark.timeout(120)
+def test_a_joiner_with_other_settings_is_refused_and_the_cohort_goes_on(
+        tmp_path: Path) -> None:
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=30))
+    results = run_ranks(_worker, 3, port, str(tmp_path), init_group=False, timeout=100)
+    refused = results[2]["refused"]
+    assert results[2]["late"] and refused is not None
+    assert "clip_grad_norm: the cohort's None, this worker's 5" in refused, refused
+    assert "same script and arguments" in refused
+    expected = single_process(JOB)
+    for result in results[:2]:
+        assert result["refused"] is None and result["world_size"] == 2
+        for name, value in expected.items():
+            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert_exactly_once(tmp_path, JOB)
+    del store
