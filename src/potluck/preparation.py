@@ -75,6 +75,7 @@ def prepare(
     max_micro_batch: int | None = None,
     num_workers: int = 0,
     prefetch: int = 2,
+    read_timeout: float | None = None,
     timeout: float = 60.0,
     **data_parallel: Any,
 ) -> tuple[DataParallel, StepTransaction, StepLoader]:
@@ -104,7 +105,8 @@ def prepare(
     (``loader.micro_batches``; ``potluck.fit_backward`` lowers it when a micro-batch
     runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same).
     ``num_workers`` processes read the next ``prefetch`` steps' batches ahead (0: each
-    is read in this process when the loop asks for it); every sample is read under a
+    is read in this process when the loop asks for it), each waited for at most
+    ``read_timeout`` seconds (None: as long as it takes); every sample is read under a
     seed of its own, so its random draws do not depend on who reads it or how the step
     is split (``docs/data-parallel.md``). Other keywords go to ``DataParallel``.
     """
@@ -129,7 +131,7 @@ def prepare(
                           "per step, all workers together), e.g. global_batch=64")
     check_arguments(dataset, collate, clip_grad_norm, shares, minimum, metrics_dir)
     check_setup(cohort, checkpoint_dir, resume, timeout, data_parallel)
-    check_workers(num_workers, prefetch)
+    check_workers(num_workers, prefetch, read_timeout)
     seed = whole_number("seed", seed, "seed=0")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "
@@ -180,8 +182,8 @@ def prepare(
                                clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                minimum=minimum, checkpoint_dir=checkpoint_dir,
                                resume=resume, metrics_dir=metrics_dir, memory=memory,
-                               reading=(num_workers, prefetch), data_parallel=data_parallel,
-                               agreed=agreed)
+                               reading=(num_workers, prefetch, read_timeout),
+                               data_parallel=data_parallel, agreed=agreed)
     # Each rank's gradient weighs its part of the step, unless the user's own hook decides
     # (under trust the slice owners weigh the copies by the split; the balancer still
     # reads this rank's samples from the contribution).
@@ -233,7 +235,8 @@ def prepare(
                         stop=lambda: transaction.left,
                         contribution=contribution.set if contribution else None,
                         weight=weight, memory=memory, redone=lambda: transaction.redone,
-                        workers=num_workers, prefetch=prefetch, place=_placer(cohort.device))
+                        workers=num_workers, prefetch=prefetch,
+                        read_timeout=read_timeout, place=_placer(cohort.device))
     return wrapped, transaction, loader
 
 
@@ -319,7 +322,7 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     parts: Sequence[StepPart], minimum: MinimumSize | None,
                     checkpoint_dir: str | Path | None, resume: bool,
                     metrics_dir: str | Path | None, memory: MemoryCap,
-                    reading: tuple[int, int], data_parallel: dict[str, Any],
+                    reading: tuple[int, int, float | None], data_parallel: dict[str, Any],
                     agreed: dict[str, int | str]
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
@@ -343,7 +346,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                         stop=lambda: transaction.left, inner_steps=strategy.inner_steps,
                         segments=strategy.segments, memory=memory,
                         redone=lambda: transaction.redone, workers=reading[0],
-                        prefetch=reading[1], place=_placer(cohort.device))
+                        prefetch=reading[1], read_timeout=reading[2],
+                        place=_placer(cohort.device))
     return wrapped, transaction, loader
 
 

@@ -103,7 +103,8 @@ _LOADER_OPTIONS = {
     "pin_memory": "a batch is moved to the cohort's device in the training process",
     "multiprocessing_context": "the worker processes (num_workers=) use Python's default",
     "generator": "the order comes from seed=",
-    "timeout_s": "a worker's batch is waited for as long as it takes",
+    "timeout_s": "pass read_timeout= (seconds a worker's batch is waited for; prepare's "
+                 "timeout= is the collectives')",
     "in_order": "batches come in the cursor's order",
 }
 

@@ -52,13 +52,26 @@ class Failing(Augmenting):
         return super().__getitem__(i)
 
 
+class Hanging(Augmenting):
+    """``__getitem__(bad)`` never returns in a worker process."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.parent = bad, os.getpid()
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad and os.getpid() != self.parent:
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
 def _loader(workers: int, membership: Callable[[], tuple[int, int]], *,
             dataset: Any = None, shares: Callable[[int], list[float]] | None = None,
-            redone: Callable[[], int] | None = None) -> StepLoader:
+            redone: Callable[[], int] | None = None,
+            read_timeout: float | None = None) -> StepLoader:
     cursor = DataCursor(SIZE, BATCH, seed=7)
     kwargs: dict[str, Any] = {"shares": shares} if shares is not None else {}
     return StepLoader(dataset or Augmenting(), cursor, membership, workers=workers,
-                      prefetch=2, redone=redone, **kwargs)
+                      prefetch=2, redone=redone, read_timeout=read_timeout, **kwargs)
 
 
 def _epochs(loader: StepLoader, epochs: int) -> list[Any]:
@@ -216,12 +229,75 @@ def test_a_killed_worker_stops_the_loop_with_what_to_do() -> None:
     loader.close()
 
 
+def _hung_batch() -> int:
+    """A sample of the third batch: read ahead by a worker while the first is handed out."""
+    return int(DataCursor(SIZE, BATCH, seed=7).permutation(0)[2 * BATCH])
+
+
+@pytest.mark.timeout(60)
+def test_a_read_that_hangs_does_not_hold_up_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    import potluck.data.workers as workers
+
+    monkeypatch.setattr(workers, "CLOSE_GRACE", 0.5)
+    before = set(_children())
+    loader = _loader(2, lambda: (0, 1), dataset=Hanging(_hung_batch()))
+    next(iter(loader))  # the workers now read the next two batches: one never ends
+    started = [pid for pid in _children() if pid not in before]
+    time.sleep(0.3)
+    began = time.monotonic()
+    loader.close()
+    assert time.monotonic() - began < 15, "close() waited on the hung read"
+    assert _gone(started, 20), f"workers {started} still running after close()"
+
+
+@pytest.mark.timeout(60)
+def test_a_read_past_read_timeout_stops_the_loop_with_what_to_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import potluck.data.workers as workers
+
+    monkeypatch.setattr(workers, "CLOSE_GRACE", 0.5)
+    bad = _hung_batch()
+    loader = _loader(2, lambda: (0, 1), dataset=Hanging(bad), read_timeout=1.0)
+    with pytest.raises(LoaderWorkerError, match=r"did not read the batch of samples \[.*"
+                       r"within read_timeout=1 s.*Raise read_timeout") as caught:
+        _epochs(loader, 1)
+    assert str(bad) in str(caught.value)
+    loader.close()
+
+
+_HUNG_AT_EXIT = """
+import sys, time
+sys.path[:0] = [{root!r}, {src!r}]
+from tests.unit.test_loader_workers import Hanging, _hung_batch, _loader
+loader = _loader(2, lambda: (0, 1), dataset=Hanging(_hung_batch()))
+next(iter(loader))
+time.sleep(0.3)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_read_that_hangs_does_not_hold_up_the_exit() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = _HUNG_AT_EXIT.format(root=root, src=os.path.join(root, "src"))
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=45)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
+    assert time.monotonic() - began < 40
+    assert "terminated (a dataset __getitem__ that hangs)" in done.stderr, done.stderr
+
+
 def test_bad_worker_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="num_workers=-1 must be an int >= 0"):
         _loader(-1, lambda: (0, 1))
     with pytest.raises(ConfigError, match="prefetch=0 must be an int >= 1"):
         StepLoader(Augmenting(), DataCursor(SIZE, BATCH), lambda: (0, 1), workers=1,
                    prefetch=0)
+    with pytest.raises(ConfigError, match="read_timeout=0 must be a positive number"):
+        _loader(1, lambda: (0, 1), read_timeout=0)
+    with pytest.raises(ConfigError, match="read_timeout=5 with num_workers=0"):
+        _loader(0, lambda: (0, 1), read_timeout=5)
     with pytest.raises(CursorError, match="no step was handed out"):
         _loader(0, lambda: (0, 1)).part_of(0)
 

@@ -71,6 +71,8 @@ def test_an_optimizer_over_another_model_is_refused() -> None:
     ({"num_workers": -1}, r"num_workers=-1 must be an int >= 0"),
     ({"num_workers": True}, r"num_workers=True must be an int >= 0"),
     ({"num_workers": 2, "prefetch": 0}, r"prefetch=0 must be an int >= 1"),
+    ({"num_workers": 2, "read_timeout": "1m"}, r"read_timeout='1m' must be a positive number"),
+    ({"read_timeout": 30}, r"read_timeout=30 with num_workers=0: a read in the training"),
 ])
 def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
                                                  message: str | None) -> None:

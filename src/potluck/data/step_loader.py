@@ -24,6 +24,7 @@ for is read here at once. The batch handed out is always the one the cursor poin
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ class StepLoader:
                  inner_steps: InnerSteps | None = None,
                  segments: Segments | None = None,
                  redone: Callable[[], int] | None = None,
-                 workers: int = 0, prefetch: int = 2,
+                 workers: int = 0, prefetch: int = 2, read_timeout: float | None = None,
                  place: Callable[[Any], Any] | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
@@ -72,9 +73,10 @@ class StepLoader:
         many steps the step transaction gave up and redoes, so far (``prepare``'s: the
         same step handed out again without one more is a loop bug, refused at once;
         without it, after ``max_repeats`` hand-outs). ``workers``: processes reading the
-        next ``prefetch`` batches ahead (0: each is read here when asked for);
-        ``place(batch)``: in this process, after the read (e.g. to the device)."""
-        check_workers(workers, prefetch)
+        next ``prefetch`` batches ahead (0: each is read here when asked for), a batch
+        a worker reads waited for ``read_timeout`` seconds at most (None: as long as it
+        takes); ``place(batch)``: in this process, after the read (e.g. to the device)."""
+        check_workers(workers, prefetch, read_timeout)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
             raise ConfigError(f"StepLoader got {given}= alone: a round needs both "
@@ -96,8 +98,8 @@ class StepLoader:
         self.max_repeats = max_repeats  # the same step yielded this often: a loop bug
         self._redone = redone
         self.workers, self.prefetch = workers, prefetch
-        self.fetcher: Fetcher = (WorkerPool(dataset, self.collate, workers) if workers
-                                 else InProcess(dataset, self.collate))
+        self.fetcher: Fetcher = (WorkerPool(dataset, self.collate, workers, read_timeout)
+                                 if workers else InProcess(dataset, self.collate))
         self._place = place or (lambda batch: batch)
         self._later: tuple[tuple[int, int], torch.Tensor] | None = None  # another epoch's order
 
@@ -300,8 +302,9 @@ def _fitted(shares: Sequence[float], block: int, world_size: int) -> Sequence[fl
     return shares
 
 
-def check_workers(workers: object, prefetch: object) -> None:
-    """``num_workers`` and ``prefetch`` as ``prepare`` and ``StepLoader`` take them."""
+def check_workers(workers: object, prefetch: object, read_timeout: object = None) -> None:
+    """``num_workers``, ``prefetch`` and ``read_timeout`` as ``prepare`` and
+    ``StepLoader`` take them."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ConfigError(f"num_workers={workers!r} must be an int >= 0: worker processes "
                           "that read the next steps' batches ahead (0: read each in the "
@@ -309,3 +312,15 @@ def check_workers(workers: object, prefetch: object) -> None:
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise ConfigError(f"prefetch={prefetch!r} must be an int >= 1: how many steps' "
                           "batches the worker processes read ahead, e.g. prefetch=2")
+    if read_timeout is None:
+        return
+    if (isinstance(read_timeout, bool) or not isinstance(read_timeout, numbers.Real)
+            or not float(read_timeout) > 0):
+        raise ConfigError(f"read_timeout={read_timeout!r} must be a positive number of "
+                          "seconds a worker's batch is waited for, or None (as long as it "
+                          "takes), e.g. read_timeout=120")
+    if not workers:
+        raise ConfigError(f"read_timeout={read_timeout!r} with num_workers=0: a read in the "
+                          "training process cannot be cut short; pass num_workers >= 1 "
+                          "(the batch is then read in a worker and waited for that long) "
+                          "or drop read_timeout")

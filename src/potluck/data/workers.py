@@ -13,8 +13,12 @@ Each worker reads each sample under the sample's own seed (``fetch.seeded_read``
 a batch is the same whether a worker or the training process read it (up to an
 augmentation whose result depends on torch's thread count: workers use one thread).
 Workers ignore Ctrl-C (the training process stops them) and end within a second of the
-training process (``_watch``); ``close()`` and the interpreter's exit wait for the
-reads under way (at most ``prefetch`` batches). A dataset's error in a worker reaches
+training process (``_watch``). ``close()``, and the interpreter's exit if nobody called
+it, give the reads under way ``CLOSE_GRACE`` seconds (a worker stopped while it sends a
+batch could leave the pool's result pipe half written, and the pool's thread blocked on
+it), then terminate the workers still reading: a ``__getitem__`` that never returns
+does not hold up the exit. ``read_timeout`` bounds the wait for a batch a worker reads
+(``LoaderWorkerError``; None: as long as it takes). A dataset's error in a worker reaches
 the loop as the same exception, with the worker's traceback and the samples it was
 reading; a worker that dies (killed, out of memory) stops the loop with
 ``LoaderWorkerError``. Workers start by Python's default method (``fork`` on Linux
@@ -24,6 +28,7 @@ pickle.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import pickle
@@ -32,7 +37,8 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import TimeoutError as ReadTimeout  # (3.10: not the builtin)
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -42,15 +48,21 @@ from potluck.data.fetch import BatchKey, Collate, Planned, read_batch, seeded_re
 from potluck.errors import ConfigError, LoaderWorkerError
 
 _SOURCE: tuple[Any, Collate] | None = None  # in a worker: what it reads from
+CLOSE_GRACE = 5.0  # seconds the reads under way get at close() before their workers end
+
+log = logging.getLogger(__name__)
 
 
 class WorkerPool:
     """``workers`` processes reading planned batches (started at the first plan)."""
 
-    def __init__(self, dataset: Any, collate: Collate, workers: int) -> None:
+    def __init__(self, dataset: Any, collate: Collate, workers: int,
+                 read_timeout: float | None = None) -> None:
         self._dataset, self._collate, self._workers = dataset, collate, workers
+        self._read_timeout = read_timeout
         self._executor: ProcessPoolExecutor | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._reading: set[Future[Any]] = set()  # submitted, not done (dropped ones too)
         # (by key and seed: a cursor loaded with another seed reads other samples)
         self._pending: dict[tuple[BatchKey, int], Future[Any]] = {}
         self.hits = 0  # batches handed out that a worker had read ahead
@@ -64,7 +76,16 @@ class WorkerPool:
                 self.misses += 1
                 return read_batch(self._dataset, self._collate, wanted)
             self.hits += 1
-            return future.result()
+            return future.result(timeout=self._read_timeout)
+        except ReadTimeout as exc:
+            self.close()
+            raise LoaderWorkerError(
+                f"a loader worker did not read the batch of samples {_shown(wanted.indices)} "
+                f"within read_timeout={self._read_timeout:g} s: a dataset __getitem__ that "
+                "hangs (a network file system, a lock held by a thread that did not fork "
+                "along) or is that slow. The workers were stopped. Raise read_timeout (None "
+                "waits as long as it takes), or pass num_workers=0 to read in the training "
+                "process and see where it waits") from exc
         except BrokenProcessPool as exc:
             self.close()
             raise LoaderWorkerError(
@@ -78,15 +99,15 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the workers: batches planned and not yet read are dropped, the reads
-        under way are waited for (a worker stopped mid-read could leave its pipe to this
-        process half written), and the processes are joined."""
+        under way get ``CLOSE_GRACE`` seconds, and workers still reading then are
+        terminated (``_stop``)."""
         executor, self._executor = self._executor, None
         self._pending.clear()
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
         if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            _stop(executor, self._reading)
 
     def _plan(self, ahead: Sequence[Planned]) -> None:
         keys = {(planned.key, planned.seed) for planned in ahead}
@@ -103,9 +124,10 @@ class WorkerPool:
             self._executor = ProcessPoolExecutor(
                 self._workers, mp_context=multiprocessing.get_context(),
                 initializer=_start, initargs=(self._dataset, self._collate, os.getpid()))
-            self._finalizer = weakref.finalize(self, _shutdown, self._executor)
+            self._finalizer = weakref.finalize(self, _stop, self._executor, self._reading)
+            _LIVE.add(self)
         try:
-            return self._executor.submit(_read, planned)
+            future = self._executor.submit(_read, planned)
         except OSError as exc:  # (fork failed: out of processes or memory)
             self.close()
             raise ConfigError(f"num_workers={self._workers}: the loader's worker processes "
@@ -119,6 +141,51 @@ class WorkerPool:
                 f"{multiprocessing.get_start_method()!r} start method the dataset and "
                 "collate= must pickle (no lambdas or local classes); or pass "
                 "num_workers=0") from exc
+        self._reading.add(future)
+        future.add_done_callback(self._reading.discard)
+        return future
+
+
+def _stop(executor: ProcessPoolExecutor, reading: set[Future[Any]]) -> None:
+    """Shut ``executor`` down: queued reads cancelled, the ones under way given
+    ``CLOSE_GRACE`` seconds, the workers then terminated if any is still running (a
+    read that long is stuck in the dataset, not sending its batch), and the pool shut
+    down and joined (its thread ends once its workers have). The processes are read from
+    a private attribute of ``ProcessPoolExecutor``, with a default: without it a stuck
+    read would be waited for, as ``shutdown`` does."""
+    for future in list(reading):
+        future.cancel()  # (only a queued read: one a worker has taken runs on)
+    _, stuck = wait(list(reading), timeout=CLOSE_GRACE)
+    if stuck:
+        log.warning("%d loader read(s) still under way %g s after the loader closed: their "
+                    "worker processes are terminated (a dataset __getitem__ that hangs)",
+                    len(stuck), CLOSE_GRACE)
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            if process.is_alive():
+                process.terminate()
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+_LIVE: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _close_live() -> None:
+    """At the interpreter's exit, before ``concurrent.futures`` joins its pools (which
+    would wait for a read that never ends): close the pools nobody closed."""
+    for pool in list(_LIVE):
+        pool.close()
+
+
+# A forked worker inherits this hook (multiprocessing runs it at a worker's exit too)
+# and a copy of the set, whose pools are its parent's: it starts with none.
+os.register_at_fork(after_in_child=_LIVE.clear)
+
+
+# Run before concurrent.futures' own exit hook, which joins every pool's thread (the
+# threading module calls these hooks newest first, ahead of atexit's).
+_at_exit = getattr(threading, "_register_atexit", None)
+if _at_exit is not None:
+    _at_exit(_close_live)
 
 
 def _cause(exc: BaseException) -> str:
@@ -126,10 +193,6 @@ def _cause(exc: BaseException) -> str:
     not unpickle here), as its last line."""
     cause = str(exc.__cause__ or "").strip().splitlines()
     return f"; {cause[-1].strip()}" if cause else ""
-
-
-def _shutdown(executor: ProcessPoolExecutor) -> None:
-    executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _start(dataset: Any, collate: Collate, trainer: int) -> None:
