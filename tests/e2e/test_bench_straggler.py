@@ -36,6 +36,9 @@ def test_tiny_run_reports_the_four_figures_and_leaves_nothing_behind(tmp_path: P
     assert report["check"]["shares_moved"]
     assert 0.3 < report["balanced_vs_ddp"] < 5.0
     assert 0.1 < report["fraction_of_ideal"] < 2.0
+    ceiling = report["sync_ceiling"]  # None: the solos' window held no whole step
+    assert ceiling is None or 0.3 < ceiling < 1.5
+    assert "the best a synchronous step could do on the solos' own" in stdout
     steps = report["rebalance_steps"]  # None: not within 10% of the ideal in 8 steps
     assert steps is None or 0 <= steps <= report["config"]["phase_steps"]
     assert len(report["quota_change"]["changes"]) == 2

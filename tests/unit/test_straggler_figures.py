@@ -133,6 +133,14 @@ def test_summarize_rounds_takes_the_ratios_within_each_round() -> None:
     assert top["solo_samples_per_s"] == [100.0, 50.0]
     alone = summarize_rounds(rounds, ("balanced",), workers=2)
     assert math.isnan(alone["balanced_vs_ddp"]) and alone["balanced_vs_ddp_rounds"] == []
+    assert math.isnan(top["sync_ceiling"])  # rounds without a ceiling: none to report
+    for round_, ceiling in zip(rounds, (0.96, 0.95, 0.98), strict=True):
+        round_["solo"]["sync_ceiling"] = {"fraction": ceiling}
+    top = summarize_rounds(rounds, ("ddp", "balanced"), workers=2)
+    assert top["sync_ceiling"] == pytest.approx(0.96)
+    assert top["sync_ceiling_rounds"] == [0.96, 0.95, 0.98]
+    # the balanced run's fraction of the ceiling, within each round: 1.0, 1.0316, 1.0204
+    assert top["fraction_of_ceiling"] == pytest.approx(1.0 / 0.98)
 
 
 @pytest.mark.timeout(10)

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from potluck import env as potluck_env
 from potluck.bench import straggler_figures as fig
+from potluck.bench import sync_ceiling
 from potluck.bench.common import interleaved, write_json
 from potluck.bench.straggler_job import Command, QuotaSchedule, run_dir, write_command
 from potluck.bench.straggler_report import report_json, report_lines
@@ -333,10 +334,23 @@ def solo_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,
     records, _ = pool.run("solo", steps=1_000_000, batch=config.global_batch, watch=watch)
     starts = [max(fig.after_warmup(steps, config.warmup) for steps in records.values()),
               *(at for at, _ in schedule.applied)]
-    rates = fig.phase_rates([records[r] for r in range(config.workers)],
-                            config.global_batch // config.workers, starts, skip=_SKIP)
-    return [{"quota": q, "samples_per_s": r, "ideal": math.fsum(r)}
-            for q, r in zip(fractions, rates, strict=True)]
+    ranked = [records[r] for r in range(config.workers)]
+    rates = fig.phase_rates(ranked, config.global_batch // config.workers, starts, skip=_SKIP)
+    ceilings = _ceilings(config, ranked, starts)
+    return [{"quota": q, "samples_per_s": r, "ideal": math.fsum(r), "sync_ceiling": c}
+            for q, r, c in zip(fractions, rates, ceilings, strict=True)]
+
+
+def _ceilings(config: StragglerConfig, ranked: list[list[dict[str, Any]]],
+              starts: list[float]) -> list[dict[str, Any]]:
+    """Per phase of a solo run: the best synchronous step on the solos' own timelines
+    (``sync_ceiling``): how much of the ideal the machine's step-to-step noise leaves."""
+    lines = [sync_ceiling.Timeline(fig.spans(steps), config.global_batch // config.workers)
+             for steps in ranked]
+    ends = [*starts[1:], min(line.end for line in lines)]
+    return [sync_ceiling.ceiling(lines, config.slow, config.global_batch, start, end)
+            if end > start else {"rate": math.nan, "split": [], "fraction": math.nan}
+            for start, end in zip(starts, ends, strict=True)]
 
 
 def contender_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,

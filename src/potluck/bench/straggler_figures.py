@@ -124,7 +124,8 @@ def median(values: Iterable[float]) -> float:
 def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[str],
                      workers: int) -> dict[str, Any]:
     """Medians over the rounds: each contender's samples/s, the solos and their sum (the
-    ideal), and the ratios, each taken within its round (the machine's speed drifts)."""
+    ideal), and the ratios, each taken within its round (the machine's speed drifts);
+    the synchronous ceiling of each round's solos and the balanced run's fraction of it."""
     def each(name: str) -> list[float]:
         return [float(r[name]["samples_per_s"]) for r in rounds]
 
@@ -142,8 +143,14 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[s
                  if "balanced" in contenders else [])
     versus = ([ratio(b, d) for b, d in zip(each("balanced"), each("ddp"), strict=True)]
               if {"balanced", "ddp"} <= set(contenders) else [])
+    # the best a synchronous step could do on the solos' own timelines (sync_ceiling.py)
+    ceilings = [float(r["solo"].get("sync_ceiling", {}).get("fraction", math.nan))
+                for r in rounds]
     out.update(fraction_of_ideal=median(fractions), fraction_of_ideal_rounds=fractions,
-               balanced_vs_ddp=median(versus), balanced_vs_ddp_rounds=versus)
+               balanced_vs_ddp=median(versus), balanced_vs_ddp_rounds=versus,
+               sync_ceiling=median(ceilings), sync_ceiling_rounds=ceilings,
+               fraction_of_ceiling=median(ratio(f, c) for f, c in zip(fractions, ceilings,
+                                                                      strict=False)))
     return out
 
 

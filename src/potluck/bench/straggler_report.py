@@ -56,6 +56,10 @@ def report_lines(config: StragglerConfig, results: dict[str, Any],
         f"{_fmt(top['ideal_vs_ddp'])}: the sum alone over {config.workers} x the slowest)",
         f"balanced, fraction of ideal: {_fmt(top['fraction_of_ideal'])} (rounds "
         f"{_span(top['fraction_of_ideal_rounds'])}; goal >= 0.95)",
+        f"  the best a synchronous step could do on the solos' own step-to-step speeds "
+        f"(no communication, best fixed split in hindsight): {_fmt(top['sync_ceiling'])} "
+        f"of the ideal (rounds {_span(top['sync_ceiling_rounds'])}); balanced reached "
+        f"{_fmt(top['fraction_of_ceiling'])} of it",
         f"quota {high} -> {low} -> {high} mid-run, steps below {1 - fig.TOLERANCE:.0%} of "
         f"the new ideal before {fig.HOLD} in a row above it: "
         f"{_pair(change['rebalance_steps_each'])} (rebalance_steps: the larger; goal <= 5); "
