@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from potluck.bench.sync_ceiling import Timeline, ceiling, replay
+from potluck.balance import BalanceConfig
+from potluck.bench.sync_ceiling import (
+    BalancerModel,
+    Timeline,
+    ceiling,
+    ideal,
+    replay,
+    replay_policy,
+)
 
 
 def steady(speed: float, samples: int, steps: int, begin: float = 0.0) -> Timeline:
@@ -79,3 +87,24 @@ def test_a_window_shorter_than_one_step_has_no_rate() -> None:
     line = steady(100.0, 10, 5)
     assert math.isnan(replay([line, line], [10, 10], 0.0, 0.05))
     assert math.isnan(ceiling([line, line], slow=1, total=20, start=0.0, end=0.05)["fraction"])
+
+
+def test_the_balancer_model_plans_from_the_speeds_of_the_step_before_last() -> None:
+    """As the balancer: the first step is not measured, a step's speeds are read after
+    the next one, so the fourth step is the first on measured shares."""
+    model = BalancerModel(2, 1024, BalanceConfig())
+    for _ in range(3):
+        assert list(model.split()) == [512, 512]
+        model.measured([512, 512], [512 / 3000, 512 / 1000])
+    assert list(model.split()) == [768, 256]
+
+
+def test_the_planner_replayed_on_steady_workers_reaches_the_ideal_after_its_warmup() -> None:
+    fast, slow = steady(3000.0, 512, 60), steady(1000.0, 512, 60)
+    warm = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0, 10.0,
+                         warmup=5)
+    assert warm / ideal([fast, slow], 0.0, 10.0) == pytest.approx(1.0, rel=1e-3)
+    # counted from the first step, the three on equal shares cost what they cost
+    cold = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0, 10.0,
+                         warmup=0)
+    assert 0.8 < cold / ideal([fast, slow], 0.0, 10.0) < 0.97

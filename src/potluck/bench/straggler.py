@@ -39,9 +39,14 @@ from typing import IO, Any
 
 from potluck import env as potluck_env
 from potluck.bench import straggler_figures as fig
-from potluck.bench import sync_ceiling
 from potluck.bench.common import interleaved, write_json
-from potluck.bench.straggler_job import Command, QuotaSchedule, run_dir, write_command
+from potluck.bench.straggler_job import (
+    Command,
+    QuotaSchedule,
+    balance_config,
+    run_dir,
+    write_command,
+)
 from potluck.bench.straggler_report import report_json, report_lines
 from potluck.errors import ConfigError, PotluckError
 from potluck.harness.cpu_quota import CpuQuota, unavailable
@@ -343,14 +348,27 @@ def solo_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,
 
 def _ceilings(config: StragglerConfig, ranked: list[list[dict[str, Any]]],
               starts: list[float]) -> list[dict[str, Any]]:
-    """Per phase of a solo run: the best synchronous step on the solos' own timelines
-    (``sync_ceiling``): how much of the ideal the machine's step-to-step noise leaves."""
-    lines = [sync_ceiling.Timeline(fig.spans(steps), config.global_batch // config.workers)
+    """Per phase of a solo run, on the solos' own timelines (``sync_ceiling``): the best
+    synchronous step (how much of the ideal the machine's step-to-step noise leaves)
+    and potluck's planner replayed (``planner``: what the planner leaves of it)."""
+    # (imported here: it imports torch, which the bench must not wait for at its start)
+    from potluck.bench import sync_ceiling as sync
+
+    lines = [sync.Timeline(fig.spans(steps), config.global_batch // config.workers)
              for steps in ranked]
+    balance = balance_config(config.smoothing, config.min_gain)
     ends = [*starts[1:], min(line.end for line in lines)]
-    return [sync_ceiling.ceiling(lines, config.slow, config.global_batch, start, end)
-            if end > start else {"rate": math.nan, "split": [], "fraction": math.nan}
-            for start, end in zip(starts, ends, strict=True)]
+    out: list[dict[str, Any]] = []
+    for start, end in zip(starts, ends, strict=True):
+        if not end > max(start, *(line.begin for line in lines)):
+            out.append({"rate": math.nan, "split": [], "fraction": math.nan,
+                        "planner": math.nan})
+            continue
+        model = sync.BalancerModel(config.workers, config.global_batch, balance)
+        replayed = sync.replay_policy(lines, model, start, end, warmup=config.warmup)
+        out.append({**sync.ceiling(lines, config.slow, config.global_batch, start, end),
+                    "planner": replayed / sync.ideal(lines, start, end)})
+    return out
 
 
 def contender_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,

@@ -144,11 +144,15 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[s
     versus = ([ratio(b, d) for b, d in zip(each("balanced"), each("ddp"), strict=True)]
               if {"balanced", "ddp"} <= set(contenders) else [])
     # the best a synchronous step could do on the solos' own timelines (sync_ceiling.py)
+    # and potluck's planner replayed on them
     ceilings = [float(r["solo"].get("sync_ceiling", {}).get("fraction", math.nan))
+                for r in rounds]
+    replayed = [float(r["solo"].get("sync_ceiling", {}).get("planner", math.nan))
                 for r in rounds]
     out.update(fraction_of_ideal=median(fractions), fraction_of_ideal_rounds=fractions,
                balanced_vs_ddp=median(versus), balanced_vs_ddp_rounds=versus,
                sync_ceiling=median(ceilings), sync_ceiling_rounds=ceilings,
+               planner_replay=median(replayed), planner_replay_rounds=replayed,
                fraction_of_ceiling=median(ratio(f, c) for f, c in zip(fractions, ceilings,
                                                                       strict=False)))
     return out

@@ -255,12 +255,16 @@ def _balance(command: Command) -> bool | BalanceConfig:
     """``prepare(balance=...)`` for the command: its BalanceConfig fields, or defaults."""
     if command.contender != "balanced":
         return False
+    return balance_config(command.smoothing, command.min_gain)
+
+
+def balance_config(smoothing: float | None, min_gain: float | None) -> BalanceConfig:
+    """The balanced runs' ``BalanceConfig``: the fields given, potluck's defaults else."""
     from potluck.balance import BalanceConfig
 
     default = BalanceConfig()
-    return BalanceConfig(
-        smoothing=default.smoothing if command.smoothing is None else command.smoothing,
-        min_gain=default.min_gain if command.min_gain is None else command.min_gain)
+    return BalanceConfig(smoothing=default.smoothing if smoothing is None else smoothing,
+                         min_gain=default.min_gain if min_gain is None else min_gain)
 
 
 class _StepTimer:

@@ -60,6 +60,9 @@ def report_lines(config: StragglerConfig, results: dict[str, Any],
         f"(no communication, best fixed split in hindsight): {_fmt(top['sync_ceiling'])} "
         f"of the ideal (rounds {_span(top['sync_ceiling_rounds'])}); balanced reached "
         f"{_fmt(top['fraction_of_ceiling'])} of it",
+        f"  potluck's planner replayed on the same speeds (its speed meters and plan_shares, "
+        f"the balancer's lag, no communication): {_fmt(top['planner_replay'])} of the "
+        f"ideal (rounds {_span(top['planner_replay_rounds'])})",
         f"quota {high} -> {low} -> {high} mid-run, steps below {1 - fig.TOLERANCE:.0%} of "
         f"the new ideal before {fig.HOLD} in a row above it: "
         f"{_pair(change['rebalance_steps_each'])} (rebalance_steps: the larger; goal <= 5); "

@@ -14,6 +14,10 @@ early idles, as it would waiting in the all-reduce). Communication costs nothing
 and the split is the best fixed one in hindsight, so the result is an upper bound for
 any synchronous job on that stretch of the machine's time: what is left between it and
 the ideal is the machine's noise, not the planner or the wire.
+
+``replay_policy`` replays a share policy on the same timelines instead of the best
+fixed split: ``BalancerModel`` is potluck's balancer (its speed meters and planner, with
+its lag), so the replay tells the planner's own loss apart from the wire's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Protocol
+
+from potluck.balance.balancer import BalanceConfig
+from potluck.balance.planner import Plan, plan_shares
+from potluck.balance.speed import SpeedMeter
 
 Span = tuple[float, float]  # (begin, end) of one step, wall-clock seconds
 
@@ -89,6 +98,82 @@ def replay(timelines: Sequence[Timeline], split: Sequence[int], start: float,
     return steps * sum(split) / (now - start) if steps else math.nan
 
 
+class SplitPolicy(Protocol):
+    """A share policy as a replay sees it: the split of the next step, and after each
+    step what each rank took and how long its part took it."""
+
+    def split(self) -> Sequence[int]: ...
+
+    def measured(self, parts: Sequence[int], seconds: Sequence[float]) -> None: ...
+
+
+class BalancerModel:
+    """potluck's balancer on a replay: each rank's ``SpeedMeter`` and the pure
+    ``plan_shares``, with the ``Balancer``'s timing: the speeds measured in a step are
+    gathered after it and read after the next, so they shape the step after that."""
+
+    def __init__(self, ranks: int, total: int, config: BalanceConfig) -> None:
+        self._meters = [SpeedMeter(config.smoothing) for _ in range(ranks)]
+        self._total, self._min_gain = total, config.min_gain
+        self._gathered: list[list[float | None]] = []
+        self._plan: Plan | None = None
+
+    def split(self) -> Sequence[int]:
+        if self._plan is not None:
+            return self._plan.counts
+        return _proportional([1.0] * len(self._meters), self._total)
+
+    def measured(self, parts: Sequence[int], seconds: Sequence[float]) -> None:
+        for meter, part, taken in zip(self._meters, parts, seconds, strict=True):
+            meter.add(part, taken)
+        self._gathered.append([meter.speed for meter in self._meters])
+        if len(self._gathered) >= 2:
+            speeds = self._gathered[-2]  # the gather issued after the step before
+            if all(speed is not None for speed in speeds):
+                self._plan = plan_shares(speeds, self._total, current=self._plan,
+                                         min_gain=self._min_gain)
+
+
+def window(timelines: Sequence[Timeline], start: float, end: float) -> tuple[float, float]:
+    """``[start, end]`` cut to where every timeline runs (outside one, its worker's
+    speed is not known); an empty window is refused."""
+    start = max(start, *(line.begin for line in timelines))
+    end = min(end, *(line.end for line in timelines))
+    if not end > start:
+        raise ValueError(f"the window [{start}, {end}] is empty (or outside a timeline)")
+    return start, end
+
+
+def ideal(timelines: Sequence[Timeline], start: float, end: float) -> float:
+    """The sum of every timeline's samples/s over the window."""
+    start, end = window(timelines, start, end)
+    return math.fsum(line.rate(start, end) for line in timelines)
+
+
+def replay_policy(timelines: Sequence[Timeline], policy: SplitPolicy, start: float,
+                  end: float, *, warmup: int) -> float:
+    """Samples per second of synchronous steps split as ``policy`` says, step by step,
+    the first starting at ``start``, over the steps after the first ``warmup`` that end
+    by ``end`` (the bench leaves as many out of a job's run). NaN if none is left."""
+    start, end = window(timelines, start, end)
+    now, steps, since, counted = start, 0, math.nan, 0
+    while True:
+        split = list(policy.split())
+        finishes = [line.when(line.done_by(now) + part)
+                    for line, part in zip(timelines, split, strict=True)]
+        if max(finishes) > end:
+            break
+        policy.measured(split, [finish - now for finish in finishes])
+        now, steps = max(finishes), steps + 1
+        if steps == warmup:
+            since = now
+        elif steps > warmup:
+            counted += sum(split)
+    if warmup == 0:
+        since = start
+    return counted / (now - since) if counted else math.nan
+
+
 def ceiling(timelines: Sequence[Timeline], slow: int, total: int, start: float,
             end: float) -> dict[str, float | list[int]]:
     """The best fixed split's synchronous samples/s over ``[start, end]`` (``rate``), the
@@ -99,13 +184,8 @@ def ceiling(timelines: Sequence[Timeline], slow: int, total: int, start: float,
     if not 0 <= slow < len(timelines) or total < len(timelines):
         raise ValueError(f"slow rank {slow} of {len(timelines)} and {total} samples a step: "
                          "the slow rank must be one of them and every rank needs a sample")
-    # (within every timeline: outside one, its worker's speed is not known)
-    start = max(start, *(line.begin for line in timelines))
-    end = min(end, *(line.end for line in timelines))
-    if not end > start:
-        raise ValueError(f"the window [{start}, {end}] is empty (or outside a timeline)")
+    start, end = window(timelines, start, end)
     speeds = [line.rate(start, end) for line in timelines]
-    ideal = math.fsum(speeds)
     best: tuple[float, list[int]] = (math.nan, [])
     others = [r for r in range(len(timelines)) if r != slow]
     for part in range(1, total - len(others) + 1):
@@ -120,8 +200,10 @@ def ceiling(timelines: Sequence[Timeline], slow: int, total: int, start: float,
         if not math.isnan(rate) and not rate <= best[0]:
             best = (rate, split)
     rate, split = best
+    total_ideal = math.fsum(speeds)
     return {"rate": rate, "split": split,
-            "fraction": rate / ideal if ideal > 0 and not math.isnan(rate) else math.nan}
+            "fraction": rate / total_ideal if total_ideal > 0 and not math.isnan(rate)
+            else math.nan}
 
 
 def _proportional(weights: Sequence[float], total: int) -> list[int]:
