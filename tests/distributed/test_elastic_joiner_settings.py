@@ -19,7 +19,11 @@ import torch
 
 from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
-from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once
+from tests.distributed.test_elastic import (
+    TRAINING_KEY,
+    assert_exactly_once,
+    join_after_founders,
+)
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 REFUSED_KEY = "test/joiner_refused"
@@ -27,19 +31,10 @@ REFUSED_KEY = "test/joiner_refused"
 
 def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
     from potluck import prepare
-    from potluck.cohort import GroupSpec, join_elastic
     from potluck.errors import ConfigError
-    from potluck.rendezvous import RendezvousConfig
 
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
-                                       timeout=timedelta(seconds=30))
-    if rank == 2:
-        store.wait([TRAINING_KEY], timedelta(seconds=90))  # the founders train: it joins late
-    config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
     net = mlp()
-    cohort = join_elastic(store, f"worker-{rank}", config,
-                          GroupSpec("gloo", JOB.collective_timeout, "127.0.0.1"))
+    store, cohort = join_after_founders(rank, port, JOB)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     try:
         model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,

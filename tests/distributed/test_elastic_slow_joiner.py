@@ -27,7 +27,11 @@ from potluck.harness.elastic_job import (
     wait_for_joiner,
 )
 from potluck.harness.ranks import free_port, run_ranks
-from tests.distributed.test_elastic import TRAINING_KEY, assert_exactly_once
+from tests.distributed.test_elastic import (
+    TRAINING_KEY,
+    assert_exactly_once,
+    join_after_founders,
+)
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 SETUP_S = 4.0  # the joiner's setup after joining: well past the collective timeout
@@ -35,18 +39,9 @@ SETUP_S = 4.0  # the joiner's setup after joining: well past the collective time
 
 def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
     from potluck import prepare
-    from potluck.cohort import GroupSpec, join_elastic
-    from potluck.rendezvous import RendezvousConfig
 
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
-                                       timeout=timedelta(seconds=30))
-    if rank == 2:
-        store.wait([TRAINING_KEY], timedelta(seconds=90))  # the founders train: it joins late
-    config = RendezvousConfig(token=JOB.token, expected=JOB.expected, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
     net = mlp()
-    cohort = join_elastic(store, f"worker-{rank}", config,
-                          GroupSpec("gloo", JOB.collective_timeout, "127.0.0.1"))
+    store, cohort = join_after_founders(rank, port, JOB)
     if cohort.joined_late:
         time.sleep(SETUP_S)  # slow setup while the members wait to send the state
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
