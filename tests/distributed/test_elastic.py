@@ -16,7 +16,7 @@ import signal
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -31,6 +31,9 @@ from potluck.harness.elastic_job import (
     wait_for_joiner,
 )
 from potluck.harness.ranks import free_port, run_ranks
+
+if TYPE_CHECKING:
+    from potluck.cohort import Cohort
 
 EPOCHS, KILL_AT = 2, 3
 COLLECTIVE_TIMEOUT = 4.0  # a frozen peer is given up on after this long
@@ -105,7 +108,8 @@ def test_a_lone_survivor_trains_on_alone(tmp_path: Path) -> None:
 TRAINING_KEY = "test/founders-train"  # rank 0 committed a step: the cohort is founded
 
 
-def join_after_founders(rank: int, port: int, job: ElasticJob) -> tuple[Any, Any]:
+def join_after_founders(rank: int, port: int,
+                        job: ElasticJob) -> tuple[torch.distributed.TCPStore, Cohort]:
     """(store, cohort) of a worker of ``job`` on loopback: rank 2 joins once the founders
     train (``TRAINING_KEY``); heartbeats fast enough for ``job``'s short collective
     timeout."""

@@ -134,16 +134,17 @@ def test_summarize_rounds_takes_the_ratios_within_each_round() -> None:
     alone = summarize_rounds(rounds, ("balanced",), workers=2)
     assert math.isnan(alone["balanced_vs_ddp"]) and alone["balanced_vs_ddp_rounds"] == []
     assert math.isnan(top["sync_ceiling"])  # rounds without a ceiling: none to report
-    for round_, ceiling, planner in zip(rounds, (0.96, 0.95, 0.98), (0.9, 0.97, 0.95),
-                                        strict=True):
-        round_["solo"]["sync_ceiling"] = {"fraction": ceiling, "planner": planner}
+    for round_, ceiling, planner, best in zip(rounds, (0.96, 0.95, 0.98), (0.9, 0.97, 0.95),
+                                              (150.0, 290.0, 147.0), strict=True):
+        round_["solo"]["sync_ceiling"] = {"fraction": ceiling, "planner": planner,
+                                          "rate": best}
     top = summarize_rounds(rounds, ("ddp", "balanced"), workers=2)
     assert top["sync_ceiling"] == pytest.approx(0.96)
     assert top["planner_replay"] == pytest.approx(0.95)
     assert top["planner_replay_rounds"] == [0.9, 0.97, 0.95]
     assert top["sync_ceiling_rounds"] == [0.96, 0.95, 0.98]
-    # the balanced run's fraction of the ceiling, within each round: 1.0, 1.0316, 1.0204
-    assert top["fraction_of_ceiling"] == pytest.approx(1.0 / 0.98)
+    # the balanced run's samples/s over the ceiling's, within each round: 0.96, 1.014, 1.02
+    assert top["fraction_of_ceiling"] == pytest.approx(294.0 / 290.0)
 
 
 @pytest.mark.timeout(10)

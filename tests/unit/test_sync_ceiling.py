@@ -12,7 +12,7 @@ from potluck.bench.sync_ceiling import (
     BalancerModel,
     Timeline,
     ceiling,
-    ideal,
+    fraction,
     replay,
     replay_policy,
 )
@@ -43,7 +43,14 @@ def test_steady_workers_split_by_speed_reach_the_ideal() -> None:
     assert result["split"] == [768, 256]
     assert result["fraction"] == pytest.approx(1.0, rel=1e-3)
     # an even split makes the fast one wait: half of the slow one's time per step
-    assert replay([fast, slow], [512, 512], 1.0, 5.0) == pytest.approx(2000.0, rel=1e-3)
+    assert replay([fast, slow], [512, 512], 1.0, 5.0).rate == pytest.approx(2000.0, rel=1e-3)
+
+
+def test_three_workers_split_the_rest_by_their_speeds() -> None:
+    lines = [steady(3000.0, 400, 40), steady(2000.0, 400, 40), steady(1000.0, 400, 40)]
+    result = ceiling(lines, slow=2, total=1200, start=0.0, end=6.0)
+    assert result["split"] == [600, 400, 200]
+    assert result["fraction"] == pytest.approx(1.0, rel=1e-6)
 
 
 def alternating(lengths: list[float], samples: int = 100) -> Timeline:
@@ -72,20 +79,29 @@ def test_bad_input_is_refused_with_what_was_wrong() -> None:
         Timeline([], 4)
     with pytest.raises(ValueError, match="at least 1"):
         Timeline([(0.0, 1.0)], 0)
-    with pytest.raises(ValueError, match="time order"):
+    with pytest.raises(ValueError, match=r"span 1 ends at 1\.0 before it begins at 2\.0"):
         Timeline([(0.0, 2.0), (2.0, 1.0)], 4)
     line = steady(100.0, 10, 5)
     with pytest.raises(ValueError, match="split of 1 parts for 2"):
         replay([line, line], [5], 0.0, 0.5)
+    with pytest.raises(ValueError, match=r"split \[0, 5\]: every rank needs"):
+        replay([line, line], [0, 5], 0.0, 0.5)  # (a step of nothing would never end)
     with pytest.raises(ValueError, match="slow rank 2 of 2"):
         ceiling([line, line], slow=2, total=10, start=0.0, end=0.5)
+    with pytest.raises(ValueError, match="at least two timelines"):
+        ceiling([line], slow=0, total=10, start=0.0, end=0.5)
     with pytest.raises(ValueError, match="is empty"):
         ceiling([line, line], slow=1, total=10, start=0.5, end=0.5)
+    with pytest.raises(ValueError, match="warmup=-1"):
+        replay_policy([line, line], BalancerModel(2, 20, BalanceConfig()), 0.0, 0.5,
+                      warmup=-1)
+    with pytest.raises(ValueError, match="every rank needs at least one sample"):
+        BalancerModel(2, 1, BalanceConfig())
 
 
 def test_a_window_shorter_than_one_step_has_no_rate() -> None:
     line = steady(100.0, 10, 5)
-    assert math.isnan(replay([line, line], [10, 10], 0.0, 0.05))
+    assert math.isnan(replay([line, line], [10, 10], 0.0, 0.05).rate)
     assert math.isnan(ceiling([line, line], slow=1, total=20, start=0.0, end=0.05)["fraction"])
 
 
@@ -99,12 +115,24 @@ def test_the_balancer_model_plans_from_the_speeds_of_the_step_before_last() -> N
     assert list(model.split()) == [768, 256]
 
 
-def test_the_planner_replayed_on_steady_workers_reaches_the_ideal_after_its_warmup() -> None:
+def test_the_balancer_model_keeps_equal_shares_when_moving_is_not_worth_it() -> None:
+    """Its first plan already weighs the gain against the equal plan before it (the
+    balancer plans equal shares from the first, unmeasured gather)."""
+    model = BalancerModel(2, 1024, BalanceConfig(min_gain=0.03))
+    for _ in range(6):
+        model.measured([512, 512], [512 / 1000, 512 / 1020])
+    assert list(model.split()) == [512, 512]
+
+
+@pytest.mark.parametrize(("warmup", "expected"),
+                         [(0, 12 / 13), (1, 35 / 37), (2, 34 / 35), (5, 1.0)])
+def test_the_planner_replayed_on_steady_workers_counts_after_its_warmup(
+        warmup: int, expected: float) -> None:
+    """Steps 1-3 on equal shares take 0.512 s (the slow worker's 512 samples), the 33
+    after on [768, 256] 0.256 s, the ideal being 4,000 samples/s: counted from the end
+    of step ``warmup``."""
     fast, slow = steady(3000.0, 512, 60), steady(1000.0, 512, 60)
-    warm = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0, 10.0,
-                         warmup=5)
-    assert warm / ideal([fast, slow], 0.0, 10.0) == pytest.approx(1.0, rel=1e-3)
-    # counted from the first step, the three on equal shares cost what they cost
-    cold = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0, 10.0,
-                         warmup=0)
-    assert 0.8 < cold / ideal([fast, slow], 0.0, 10.0) < 0.97
+    replayed = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0,
+                             10.0, warmup=warmup)
+    assert replayed.samples == (36 - warmup) * 1024
+    assert fraction([fast, slow], replayed) == pytest.approx(expected, rel=1e-9)

@@ -348,9 +348,10 @@ def solo_run(config: StragglerConfig, pool: Pool, quota: CpuQuota,
 
 def _ceilings(config: StragglerConfig, ranked: list[list[dict[str, Any]]],
               starts: list[float]) -> list[dict[str, Any]]:
-    """Per phase of a solo run, on the solos' own timelines (``sync_ceiling``): the best
-    synchronous step (how much of the ideal the machine's step-to-step noise leaves)
-    and potluck's planner replayed (``planner``: what the planner leaves of it)."""
+    """Per phase of a solo run, on the solos' own timelines (``sync_ceiling``): potluck's
+    planner replayed (``planner``: counted after the bench's warm-up, as a job's run),
+    and the best fixed split's synchronous rate over the same stretch (``rate``,
+    ``fraction``): how much of the ideal the machine's step-to-step noise leaves."""
     # (imported here: it imports torch, which the bench must not wait for at its start)
     from potluck.bench import sync_ceiling as sync
 
@@ -360,14 +361,16 @@ def _ceilings(config: StragglerConfig, ranked: list[list[dict[str, Any]]],
     ends = [*starts[1:], min(line.end for line in lines)]
     out: list[dict[str, Any]] = []
     for start, end in zip(starts, ends, strict=True):
-        if not end > max(start, *(line.begin for line in lines)):
+        try:
+            model = sync.BalancerModel(config.workers, config.global_batch, balance)
+            planned = sync.replay_policy(lines, model, start, end, warmup=config.warmup)
+            since = planned.start if planned.samples else start  # (too short: the whole)
+            best = sync.ceiling(lines, config.slow, config.global_batch, since, end)
+        except ValueError:  # a phase outside a timeline: nothing to replay
             out.append({"rate": math.nan, "split": [], "fraction": math.nan,
                         "planner": math.nan})
             continue
-        model = sync.BalancerModel(config.workers, config.global_batch, balance)
-        replayed = sync.replay_policy(lines, model, start, end, warmup=config.warmup)
-        out.append({**sync.ceiling(lines, config.slow, config.global_batch, start, end),
-                    "planner": replayed / sync.ideal(lines, start, end)})
+        out.append({**best, "planner": sync.fraction(lines, planned)})
     return out
 
 

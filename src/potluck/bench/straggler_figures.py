@@ -145,16 +145,17 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[s
               if {"balanced", "ddp"} <= set(contenders) else [])
     # the best a synchronous step could do on the solos' own timelines (sync_ceiling.py)
     # and potluck's planner replayed on them
-    ceilings = [float(r["solo"].get("sync_ceiling", {}).get("fraction", math.nan))
-                for r in rounds]
-    replayed = [float(r["solo"].get("sync_ceiling", {}).get("planner", math.nan))
-                for r in rounds]
+    bests = [r["solo"].get("sync_ceiling", {}) for r in rounds]
+    ceilings = [float(best.get("fraction", math.nan)) for best in bests]
+    replayed = [float(best.get("planner", math.nan)) for best in bests]
+    best_rates = [float(best.get("rate", math.nan)) for best in bests]
     out.update(fraction_of_ideal=median(fractions), fraction_of_ideal_rounds=fractions,
                balanced_vs_ddp=median(versus), balanced_vs_ddp_rounds=versus,
                sync_ceiling=median(ceilings), sync_ceiling_rounds=ceilings,
                planner_replay=median(replayed), planner_replay_rounds=replayed,
-               fraction_of_ceiling=median(ratio(f, c) for f, c in zip(fractions, ceilings,
-                                                                      strict=False)))
+               fraction_of_ceiling=median(
+                   ratio(b, c) for b, c in zip(each("balanced") if fractions else [],
+                                               best_rates, strict=False)))
     return out
 
 

@@ -1,23 +1,27 @@
-"""The best a synchronous step could do on the workers' own noisy speeds (pure).
+"""The best fixed split's synchronous rate on the workers' own noisy speeds (pure).
 
 ``fraction_of_ideal`` divides a job's throughput by the sum of each worker's throughput
-alone. No synchronous step reaches that sum on a machine whose speed moves from step to
-step, however well it splits: a step lasts as long as its slowest rank *in that step*,
-and a split chosen before the step cannot know which rank the machine will slow down.
+alone. A synchronous step does not reach that sum on a machine whose speed moves from
+step to step, however well it splits: a step lasts as long as its slowest rank *in
+that step*, and a split chosen before the step cannot know which rank the machine will
+slow down.
 
-``ceiling`` measures that bound on the solo runs themselves. Each worker's solo run is
+``ceiling`` estimates that loss on the solo runs themselves. Each worker's solo run is
 a *timeline*: its steps' spans, each doing the same number of samples at the speed the
-worker had then. Synchronous steps are replayed on the timelines: every rank starts a
-step at the same moment, works through its part at the speed its own timeline had at
-that time, and the next step starts when the last rank is done (a rank that finished
-early idles, as it would waiting in the all-reduce). Communication costs nothing here
-and the split is the best fixed one in hindsight, so the result is an upper bound for
-any synchronous job on that stretch of the machine's time: what is left between it and
-the ideal is the machine's noise, not the planner or the wire.
+worker had then (time taken as proportional to samples, so a step's fixed costs are
+spread over its samples). Synchronous steps are replayed on the timelines: every rank
+starts a step at the same moment, works through its part at the speed its own timeline
+had at that time, and the next step starts when the last rank is done (a rank that
+finished early idles, as it would waiting in the all-reduce). Communication costs
+nothing and the split is the best fixed one in hindsight (searched over the slow
+rank's part, the others sharing the rest by their speeds: for more than two workers a
+one-parameter family). It is an estimate, not a bound: it is taken on the solo run's
+stretch of the machine's time, not the job's, and a split that adapts can beat the
+best fixed one when the speeds drift within the window.
 
-``replay_policy`` replays a share policy on the same timelines instead of the best
-fixed split: ``BalancerModel`` is potluck's balancer (its speed meters and planner, with
-its lag), so the replay tells the planner's own loss apart from the wire's.
+``replay_policy`` replays a share policy on the same timelines instead:
+``BalancerModel`` is potluck's balancer (its speed meters and planner, with its lag),
+so the planner's own loss can be told apart from the wire's.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from potluck.balance.balancer import BalanceConfig
 from potluck.balance.planner import Plan, plan_shares
 from potluck.balance.speed import SpeedMeter
-
-Span = tuple[float, float]  # (begin, end) of one step, wall-clock seconds
+from potluck.bench.straggler_figures import Span
+from potluck.data.split import equal_shares, split_counts
 
 
 class Timeline:
@@ -45,8 +50,10 @@ class Timeline:
         if samples < 1:
             raise ValueError(f"samples per step must be at least 1, not {samples}")
         self._times = [spans[0][0], *(end for _, end in spans)]
-        if any(later < earlier for earlier, later in itertools.pairwise(self._times)):
-            raise ValueError("the spans must be in time order")
+        for index, (earlier, later) in enumerate(itertools.pairwise(self._times)):
+            if later < earlier:
+                raise ValueError(f"span {index} ends at {later} before it begins at "
+                                 f"{earlier}: the spans must be contiguous, in time order")
         self._samples = samples
 
     @property
@@ -81,13 +88,28 @@ class Timeline:
         return (self.done_by(end) - self.done_by(start)) / (end - start)
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """``samples`` done by the replayed steps counted, from ``start`` to ``end``."""
+
+    samples: int
+    start: float
+    end: float
+
+    @property
+    def rate(self) -> float:
+        """Samples per second; NaN when no step was counted."""
+        return self.samples / (self.end - self.start) if self.end > self.start else math.nan
+
+
 def replay(timelines: Sequence[Timeline], split: Sequence[int], start: float,
-           end: float) -> float:
-    """Samples per second of synchronous steps split by ``split`` (one count per
-    timeline), the first starting at ``start``, over the steps that end by ``end``.
-    NaN if not one step fits."""
+           end: float) -> Replayed:
+    """Synchronous steps split by ``split`` (one count per timeline, each at least 1),
+    the first starting at ``start``: the steps that end by ``end``."""
     if len(split) != len(timelines):
         raise ValueError(f"a split of {len(split)} parts for {len(timelines)} timelines")
+    if min(split) < 1:
+        raise ValueError(f"split {list(split)}: every rank needs at least one sample a step")
     now, steps = start, 0
     while True:
         finish = max(line.when(line.done_by(now) + part)
@@ -95,7 +117,7 @@ def replay(timelines: Sequence[Timeline], split: Sequence[int], start: float,
         if finish > end:
             break
         now, steps = finish, steps + 1
-    return steps * sum(split) / (now - start) if steps else math.nan
+    return Replayed(steps * sum(split), start, now)
 
 
 class SplitPolicy(Protocol):
@@ -110,9 +132,15 @@ class SplitPolicy(Protocol):
 class BalancerModel:
     """potluck's balancer on a replay: each rank's ``SpeedMeter`` and the pure
     ``plan_shares``, with the ``Balancer``'s timing: the speeds measured in a step are
-    gathered after it and read after the next, so they shape the step after that."""
+    gathered after it and read after the next, so they shape the step after that (the
+    first gather, before any speed is measured, plans equal shares, as there). A model,
+    not the balancer: its meters are fed a part's whole time on the timeline (load and
+    optimizer step included, not the ``ComputeClock``'s), and it has no memory caps."""
 
     def __init__(self, ranks: int, total: int, config: BalanceConfig) -> None:
+        if ranks < 1 or total < ranks:
+            raise ValueError(f"{ranks} rank(s) and {total} samples a step: every rank "
+                             "needs at least one sample")
         self._meters = [SpeedMeter(config.smoothing) for _ in range(ranks)]
         self._total, self._min_gain = total, config.min_gain
         self._gathered: list[list[float | None]] = []
@@ -121,17 +149,15 @@ class BalancerModel:
     def split(self) -> Sequence[int]:
         if self._plan is not None:
             return self._plan.counts
-        return _proportional([1.0] * len(self._meters), self._total)
+        return split_counts(self._total, equal_shares(len(self._meters)))
 
     def measured(self, parts: Sequence[int], seconds: Sequence[float]) -> None:
         for meter, part, taken in zip(self._meters, parts, seconds, strict=True):
             meter.add(part, taken)
         self._gathered.append([meter.speed for meter in self._meters])
-        if len(self._gathered) >= 2:
-            speeds = self._gathered[-2]  # the gather issued after the step before
-            if all(speed is not None for speed in speeds):
-                self._plan = plan_shares(speeds, self._total, current=self._plan,
-                                         min_gain=self._min_gain)
+        if len(self._gathered) >= 2:  # the gather issued after the step before
+            self._plan = plan_shares(self._gathered[-2], self._total, current=self._plan,
+                                     min_gain=self._min_gain)
 
 
 def window(timelines: Sequence[Timeline], start: float, end: float) -> tuple[float, float]:
@@ -150,13 +176,23 @@ def ideal(timelines: Sequence[Timeline], start: float, end: float) -> float:
     return math.fsum(line.rate(start, end) for line in timelines)
 
 
+def fraction(timelines: Sequence[Timeline], replayed: Replayed) -> float:
+    """A replay's rate over the ideal of the same stretch of time; NaN if empty."""
+    if not replayed.end > replayed.start:
+        return math.nan
+    return replayed.rate / ideal(timelines, replayed.start, replayed.end)
+
+
 def replay_policy(timelines: Sequence[Timeline], policy: SplitPolicy, start: float,
-                  end: float, *, warmup: int) -> float:
-    """Samples per second of synchronous steps split as ``policy`` says, step by step,
-    the first starting at ``start``, over the steps after the first ``warmup`` that end
-    by ``end`` (the bench leaves as many out of a job's run). NaN if none is left."""
+                  end: float, *, warmup: int) -> Replayed:
+    """Synchronous steps split as ``policy`` says, step by step, the first starting at
+    ``start``: the steps that end by ``end`` after the first ``warmup`` (counted from
+    the end of step ``warmup``, as the bench measures a job's run)."""
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup}: give the number of first steps to leave out, "
+                         ">= 0")
     start, end = window(timelines, start, end)
-    now, steps, since, counted = start, 0, math.nan, 0
+    now, steps, since, counted = start, 0, start, 0
     while True:
         split = list(policy.split())
         finishes = [line.when(line.done_by(now) + part)
@@ -169,50 +205,35 @@ def replay_policy(timelines: Sequence[Timeline], policy: SplitPolicy, start: flo
             since = now
         elif steps > warmup:
             counted += sum(split)
-    if warmup == 0:
-        since = start
-    return counted / (now - since) if counted else math.nan
+    return Replayed(counted, since, now if counted else since)
 
 
 def ceiling(timelines: Sequence[Timeline], slow: int, total: int, start: float,
             end: float) -> dict[str, float | list[int]]:
-    """The best fixed split's synchronous samples/s over ``[start, end]`` (``rate``), the
-    split, and its fraction of the ideal there (``fraction``: over the sum of every
-    timeline's own samples/s). The window is cut to where every timeline runs. Searched
-    over the ``slow`` rank's part; the others share the rest by their speeds over the
-    window (largest remainder)."""
-    if not 0 <= slow < len(timelines) or total < len(timelines):
+    """The best fixed split's synchronous samples/s over ``[start, end]`` (``rate``),
+    the split, and its fraction of the ideal of the same stretch (``fraction``). The
+    window is cut to where every timeline runs. Searched over the ``slow`` rank's part;
+    the others share the rest by their speeds over the window."""
+    if len(timelines) < 2 or not 0 <= slow < len(timelines) or total < len(timelines):
         raise ValueError(f"slow rank {slow} of {len(timelines)} and {total} samples a step: "
-                         "the slow rank must be one of them and every rank needs a sample")
+                         "give at least two timelines, the slow rank one of them, and at "
+                         "least one sample a rank")
     start, end = window(timelines, start, end)
     speeds = [line.rate(start, end) for line in timelines]
-    best: tuple[float, list[int]] = (math.nan, [])
     others = [r for r in range(len(timelines)) if r != slow]
+    rest = [speeds[r] for r in others]
+    best: tuple[float, float, list[int]] = (math.nan, math.nan, [])
     for part in range(1, total - len(others) + 1):
         split = [0] * len(timelines)
         split[slow] = part
-        for rank, count in zip(others, _proportional([speeds[r] for r in others],
-                                                      total - part), strict=True):
+        counts = split_counts(total - part, rest if any(rest) else equal_shares(len(rest)))
+        for rank, count in zip(others, counts, strict=True):
             split[rank] = count
         if min(split) < 1:
             continue
-        rate = replay(timelines, split, start, end)
-        if not math.isnan(rate) and not rate <= best[0]:
-            best = (rate, split)
-    rate, split = best
-    total_ideal = math.fsum(speeds)
-    return {"rate": rate, "split": split,
-            "fraction": rate / total_ideal if total_ideal > 0 and not math.isnan(rate)
-            else math.nan}
-
-
-def _proportional(weights: Sequence[float], total: int) -> list[int]:
-    """``total`` split by ``weights``, largest remainder (equal when no weight)."""
-    weight = math.fsum(weights)
-    exact = ([total * w / weight for w in weights] if weight > 0
-             else [total / len(weights)] * len(weights))
-    counts = [math.floor(x) for x in exact]
-    order = sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])
-    for i in order[:total - sum(counts)]:
-        counts[i] += 1
-    return counts
+        replayed = replay(timelines, split, start, end)
+        share = fraction(timelines, replayed)
+        if not math.isnan(share) and not share <= best[1]:
+            best = (replayed.rate, share, split)
+    rate, share, split = best
+    return {"rate": rate, "split": split, "fraction": share}
