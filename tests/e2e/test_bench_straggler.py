@@ -38,8 +38,8 @@ def test_tiny_run_reports_the_four_figures_and_leaves_nothing_behind(tmp_path: P
     assert 0.1 < report["fraction_of_ideal"] < 2.0
     ceiling = report["sync_ceiling"]  # None: the solos' window held no whole step
     assert ceiling is None or 0.3 < ceiling < 1.5
-    assert "the best a synchronous step could do on the solos' own" in stdout
-    assert "potluck's planner replayed on the same speeds" in stdout
+    assert "synchronous steps replayed on the solos' own step-to-step speeds" in stdout
+    assert "potluck's planner" in stdout
     assert "planner_replay" in report
     steps = report["rebalance_steps"]  # None: not within 10% of the ideal in 8 steps
     assert steps is None or 0 <= steps <= report["config"]["phase_steps"]

@@ -56,13 +56,12 @@ def report_lines(config: StragglerConfig, results: dict[str, Any],
         f"{_fmt(top['ideal_vs_ddp'])}: the sum alone over {config.workers} x the slowest)",
         f"balanced, fraction of ideal: {_fmt(top['fraction_of_ideal'])} (rounds "
         f"{_span(top['fraction_of_ideal_rounds'])}; goal >= 0.95)",
-        f"  the best a synchronous step could do on the solos' own step-to-step speeds "
-        f"(no communication, best fixed split in hindsight): {_fmt(top['sync_ceiling'])} "
-        f"of the ideal (rounds {_span(top['sync_ceiling_rounds'])}); balanced reached "
-        f"{_fmt(top['fraction_of_ceiling'])} of it",
-        f"  potluck's planner replayed on the same speeds (its speed meters and plan_shares, "
-        f"the balancer's lag, no communication): {_fmt(top['planner_replay'])} of the "
-        f"ideal (rounds {_span(top['planner_replay_rounds'])})",
+        f"  synchronous steps replayed on the solos' own step-to-step speeds, no "
+        f"communication (an estimate of what the machine's noise alone costs): the best "
+        f"fixed split {_fmt(top['sync_ceiling'])} of the ideal (rounds "
+        f"{_span(top['sync_ceiling_rounds'])}), potluck's planner "
+        f"{_fmt(top['planner_replay'])} (rounds {_span(top['planner_replay_rounds'])}); "
+        f"balanced reached {_fmt(top['fraction_of_ceiling'])} of the best split's samples/s",
         f"quota {high} -> {low} -> {high} mid-run, steps below {1 - fig.TOLERANCE:.0%} of "
         f"the new ideal before {fig.HOLD} in a row above it: "
         f"{_pair(change['rebalance_steps_each'])} (rebalance_steps: the larger; goal <= 5); "
