@@ -125,7 +125,7 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[s
                      workers: int) -> dict[str, Any]:
     """Medians over the rounds: each contender's samples/s, the solos and their sum (the
     ideal), and the ratios, each taken within its round (the machine's speed drifts);
-    the synchronous ceiling of each round's solos and the balanced run's fraction of it."""
+    the replays on each round's solos and the balanced run over the best split's rate."""
     def each(name: str) -> list[float]:
         return [float(r[name]["samples_per_s"]) for r in rounds]
 
@@ -143,8 +143,8 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[s
                  if "balanced" in contenders else [])
     versus = ([ratio(b, d) for b, d in zip(each("balanced"), each("ddp"), strict=True)]
               if {"balanced", "ddp"} <= set(contenders) else [])
-    # the best a synchronous step could do on the solos' own timelines (sync_ceiling.py)
-    # and potluck's planner replayed on them
+    # synchronous steps replayed on the solos' own timelines (sync_ceiling.py): the best
+    # fixed split's rate and fraction of the ideal, and potluck's planner's fraction
     bests = [r["solo"].get("sync_ceiling", {}) for r in rounds]
     ceilings = [float(best.get("fraction", math.nan)) for best in bests]
     replayed = [float(best.get("planner", math.nan)) for best in bests]
