@@ -309,3 +309,36 @@ def test_the_hooks_buffers_are_kept_per_bucket_and_name_on_the_cpu() -> None:
     kept = take("mine", 12)
     scratch.clear()  # a new generation
     assert take("mine", 12).data_ptr() != kept.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.uint8, torch.int8, torch.int16, torch.int64])
+def test_the_fingerprint_read_in_place_is_the_word_sums_fingerprint(dtype: torch.dtype) -> None:
+    """On the CPU the fingerprint sums the bits with numpy, in place; it must be the
+    value the general way (``word_sums`` in torch, as on an accelerator) gives."""
+    from potluck.trust.fingerprint import _MASK, _WORD, word_sums
+    gen = torch.Generator().manual_seed(7)
+    tensors = [(100 * torch.randn(n, generator=gen)).to(dtype) for n in (1, 7, 1000, 65537)]
+    folded = 0
+    for pair in torch.stack([word_sums(t) for t in tensors]).tolist():
+        for value in pair:
+            folded = (folded * 1_000_003 + (value & _WORD)) & _MASK
+    assert fingerprint(tensors) == folded
+    strided = [t[::2] for t in tensors]  # not contiguous: the general way
+    assert fingerprint(strided) == fingerprint([t.contiguous() for t in strided])
+
+
+def test_an_owners_distances_and_finite_flags_are_those_of_the_aggregate() -> None:
+    from potluck.trust.aggregate import aggregate_measured, distances, finite_rows
+    weights = torch.tensor([1.0, 2.0, 1.0, 1.0])
+    clean = _honest(m=2000)
+    attacked = clean.clone()
+    attacked[3] = -10 * attacked[3]
+    broken = clean.clone()
+    broken[2, 7] = float("inf")
+    for copies in (clean, attacked, broken):
+        for aggregator in (CenteredClip(), TrimmedMean(trim=1)):
+            value, d2, finite = aggregate_measured(aggregator, copies, weights)
+            assert torch.equal(value, aggregator.aggregate(copies, weights))
+            assert finite == finite_rows(copies).tolist()
+            assert torch.allclose(torch.tensor(d2), distances(copies, value), rtol=1e-6)

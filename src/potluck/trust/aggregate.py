@@ -26,6 +26,7 @@ closely, and bound what one far-off copy can do when they do not.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +43,31 @@ class Aggregator(Protocol):
     def name(self) -> str: ...
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Measuring(Protocol):
+    """An aggregator that can also hand back each copy's squared distance to its
+    aggregate, when computing the aggregate gave them for free (None otherwise)."""
+
+    def measured(self, copies: torch.Tensor,
+                 weights: torch.Tensor) -> tuple[torch.Tensor, list[float] | None]: ...
+
+
+def aggregate_measured(aggregator: Aggregator, copies: torch.Tensor,
+                       weights: torch.Tensor) -> tuple[torch.Tensor, list[float], list[bool]]:
+    """What an owner reports of its slice: the aggregate, each copy's squared distance
+    to it (``distances``) and whether each copy is all finite (``finite_rows``; asked
+    only when a distance is not finite, since a non-finite value makes it so)."""
+    if isinstance(aggregator, Measuring):
+        value, d2 = aggregator.measured(copies, weights)
+    else:
+        value, d2 = aggregator.aggregate(copies, weights), None
+    if d2 is None:
+        d2 = distances(copies, value).tolist()
+    finite = ([True] * len(d2) if all(math.isfinite(d) for d in d2)
+              else finite_rows(copies).tolist())
+    return value, d2, finite
 
 
 @dataclass(frozen=True)
@@ -65,20 +91,36 @@ class CenteredClip:
                 "e.g. 2.0, or None to clip only")
 
     def aggregate(self, copies: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.measured(copies, weights)[0]
+
+    def measured(self, copies: torch.Tensor,
+                 weights: torch.Tensor) -> tuple[torch.Tensor, list[float] | None]:
+        """The aggregate, and each copy's squared distance to it when they came for free
+        (``distances``' values: the clean case, where the weighted mean is the result and
+        its distances were what decided that; None otherwise). The decisions on the
+        ``n`` per-copy numbers (the clip radius, who is left out, whether anyone is
+        clipped) are made in Python on their values: a few tensor operations of a few
+        values each cost more than the passes over the copies for a small slice."""
         x, w = _kept(copies, weights)
-        if x.shape[0] == 1:
-            return x[0].clone()
+        n = x.shape[0]
+        if n == 1:
+            return x[0].clone(), None
         center = lower_median(x)  # the lower middle value: an honest one
-        spread = (x - center).norm(dim=1)
-        apart = spread[spread > 0]  # copies at the median (e.g. zeros of unused
-        if apart.numel() == 0:  # parameters) must not shrink the radius to nothing
-            return center  # every copy is equal
-        tau = self.tau_scale * float(apart.median())
+        spread = (x - center).norm(dim=1).tolist()
+        apart = sorted(s for s in spread if s > 0)  # copies at the median (e.g. zeros of
+        if not apart:  # unused parameters) must not shrink the radius to nothing
+            return center, None  # every copy is equal
+        tau = self.tau_scale * apart[(len(apart) - 1) // 2]  # (torch.median's: the lower)
+        whole = n == copies.shape[0]  # no copy was dropped by _kept
         if self.reject_at is not None:
-            x, w = self._without_gross(x, w, spread)
+            near = self._near(spread, w.tolist())
+            if near is not None:
+                x, w, whole = x[near], w[near] / w[near].sum(), False
         mean = w @ x
-        if bool(((x - mean).norm(dim=1) <= tau).all()):
-            return mean  # nobody is clipped at the weighted mean: it is the fixed point
+        offsets = (x - mean).norm(dim=1)
+        within = _at_most(tau, x.dtype)
+        if max(offsets.tolist()) <= within:  # nobody is clipped at the weighted mean: it
+            return mean, (offsets.square().tolist() if whole else None)  # is the fixed point
         for _ in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)
@@ -87,21 +129,30 @@ class CenteredClip:
             center = center + (w * scale) @ offsets
             if not bool(clipped.any()):
                 break  # nobody was clipped: that move landed on the weighted mean
-        return center
+        return center, None
 
-    def _without_gross(self, x: torch.Tensor, w: torch.Tensor,
-                       spread: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _near(self, spread: list[float], w: list[float]) -> torch.Tensor | None:
         """The rows whose weight-scaled distance from the start is within ``reject_at``
-        clip radii (of the scaled distances), unless half of the rows or of the weight
-        (``w`` sums to 1) or more would go."""
+        clip radii (of the scaled distances), as a mask; None (keep every row) when all
+        are, or half of the rows or of the weight (``w`` sums to 1) or more would go."""
         assert self.reject_at is not None
-        scaled = spread * (w / w.median()).sqrt()
-        apart = scaled[scaled > 0]
-        near = scaled <= self.reject_at * self.tau_scale * float(apart.median())
-        kept = int(near.sum())
-        if kept == x.shape[0] or 2 * kept <= x.shape[0] or float(w[~near].sum()) >= 0.5:
-            return x, w
-        return x[near], w[near] / w[near].sum()
+        middle = sorted(w)[(len(w) - 1) // 2]
+        scaled = [s * math.sqrt(v / middle) for s, v in zip(spread, w, strict=True)]
+        apart = sorted(s for s in scaled if s > 0)
+        limit = self.reject_at * self.tau_scale * apart[(len(apart) - 1) // 2]
+        near = [s <= limit for s in scaled]
+        kept = sum(near)
+        if (kept == len(near) or 2 * kept <= len(near)
+                or sum(v for v, ok in zip(w, near, strict=True) if not ok) >= 0.5):
+            return None
+        return torch.tensor(near)
+
+
+def _at_most(limit: float, dtype: torch.dtype) -> float:
+    """``limit`` rounded to ``dtype`` as a comparison of a ``dtype`` tensor with it
+    rounds it, so ``value <= _at_most(limit, dtype)`` in Python decides as
+    ``tensor <= limit`` does in torch."""
+    return float(torch.tensor(limit, dtype=torch.float64).to(dtype))
 
 
 @dataclass(frozen=True)
@@ -132,15 +183,25 @@ def _kept(copies: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, to
     if copies.dim() != 2 or weights.shape != (copies.shape[0],):
         raise ConfigError(f"aggregate() takes copies [n, m] and weights [n], got "
                           f"{tuple(copies.shape)} and {tuple(weights.shape)}")
+    if min(weights.tolist(), default=0.0) > 0 and all_finite(copies):
+        w = weights.to(copies.dtype)  # (the clean case: no masked copy of every row)
+        return copies, w / w.sum()
     keep = (weights > 0) & finite_rows(copies)
     count = int(keep.sum())
     if count == 0:  # nothing usable: the step is non-finite, and skipped
         return torch.full_like(copies[:1], float("nan")), torch.ones(
             1, dtype=copies.dtype, device=copies.device)
     w = weights[keep].to(copies.dtype)
-    if count == copies.shape[0]:  # (the clean case: no masked copy of every row)
-        return copies, w / w.sum()
     return copies[keep], w / w.sum()
+
+
+def all_finite(copies: torch.Tensor) -> bool:
+    """Whether every value is finite, in one pass: a finite sum of a row means every
+    value in it is (a NaN or an infinity makes the sum one); a non-finite sum may be an
+    overflow of finite values, so that case asks ``finite_rows``."""
+    if bool(torch.isfinite(copies.sum(dim=1)).all()):
+        return True
+    return bool(finite_rows(copies).all())
 
 
 def finite_rows(copies: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ import torch
 from potluck.collectives import wait_for
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
-from potluck.trust.aggregate import Aggregator, distances, finite_rows
+from potluck.trust.aggregate import Aggregator, aggregate_measured
 from potluck.trust.replay import ReplayWatch
 from potluck.trust.verdict import AuditResult, Handed, SpotResult
 
@@ -217,13 +217,13 @@ class RobustExchange:
         if owner:
             rows = received.view(len(senders), piece + word)
             copies = rows[:, :piece].float()
-            value = self.aggregator.aggregate(copies, weights)
+            value, d2, finite = aggregate_measured(self.aggregator, copies, weights)
             prints = wire.to_words(rows[:, piece:]).tolist()
             audit = self.ledger.audit
             digests = (audit.received_digests(senders) if audit is not None and audit.owner == me
                        else None)
             words = wire.encode_report(
-                piece, finite_rows(copies).tolist(), distances(copies, value).tolist(),
+                piece, finite, d2,
                 prints, self._said.spot, self._said.audit, digests, self._said.handed,
                 senders, self._replays.check(bucket.index, senders, rows[:, :piece], weights))
             outgoing = buffer("outgoing", n * stride)
