@@ -342,3 +342,19 @@ def test_an_owners_distances_and_finite_flags_are_those_of_the_aggregate() -> No
             assert torch.equal(value, aggregator.aggregate(copies, weights))
             assert finite == finite_rows(copies).tolist()
             assert torch.allclose(torch.tensor(d2), distances(copies, value), rtol=1e-6)
+
+
+def test_the_mean_is_clean_when_no_copy_is_far_from_it_by_the_reported_distances() -> None:
+    from potluck.trust.aggregate import mean_is_clean
+    assert mean_is_clean([1.0, 1.1, 0.9, 1.0], [0.25] * 4, 2.0)
+    assert mean_is_clean([0.0, 0.0, 0.0], [0.5, 0.25, 0.25], 2.0)  # every copy equal
+    assert not mean_is_clean([1.0, 1.0, 1.0, 2.5], [0.25] * 4, 2.0)
+    # a copy of a small part is noisier, honestly: scaled by sqrt(weight / median weight)
+    assert mean_is_clean([1.0, 1.0, 1.0, 4.0], [0.3, 0.3, 0.3, 0.1 / 9], 2.0)
+    assert not mean_is_clean([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.5, 0.5], 2.0)  # no weight
+    weights = torch.tensor([1.0, 2.0, 3.0, 2.0])
+    copies = _honest(m=4096)
+    w = weights / weights.sum()
+    assert torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)  # bit for bit
+    copies[3] = -10 * copies[3]
+    assert not torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)

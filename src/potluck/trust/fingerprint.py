@@ -83,7 +83,7 @@ def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
     """A contiguous CPU tensor's bytes as a numpy array, read in place (no copy, one or
     two calls); None for any other tensor (the caller takes the slow, general way)."""
     if (tensor.device.type != "cpu" or not tensor.is_contiguous()
-            or (tensor.numel() == 1 and tensor.stride(-1) != 1)):  # (see bit_words)
+            or (tensor.dim() and tensor.numel() == 1 and tensor.stride(-1) != 1)):  # (bit_words)
         return None
     if tensor.requires_grad:
         tensor = tensor.detach()

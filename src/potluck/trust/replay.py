@@ -34,12 +34,12 @@ class ReplayWatch:
         """Whether each sender's copy (row of ``rows``, ``[senders, values]``) repeats one
         of its last copies of this bucket; then remembers them."""
         sums = _sums(rows)
-        zero = _zero_rows(rows)
         flagged = []
-        for sender, total, weight, empty in zip(senders, sums, weights.tolist(), zero,
-                                                strict=True):
+        for row, (sender, total, weight) in enumerate(zip(senders, sums, weights.tolist(),
+                                                          strict=True)):
             seen = self._seen.setdefault((bucket, sender), deque(maxlen=self.memory))
-            flagged.append(bool(not empty and weight > 0 and total in seen))
+            repeat = weight > 0 and total in seen  # (all zeros? asked of a repeat only)
+            flagged.append(bool(repeat and not _zero_rows(rows[row:row + 1])[0]))
             seen.append(total)
         return flagged
 
