@@ -358,3 +358,19 @@ def test_the_mean_is_clean_when_no_copy_is_far_from_it_by_the_reported_distances
     assert torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)  # bit for bit
     copies[3] = -10 * copies[3]
     assert not torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)
+
+
+def test_the_kept_fingerprint_views_follow_in_place_updates_and_new_storage() -> None:
+    from potluck.trust.fingerprint import Fingerprints
+    net = torch.nn.Linear(8, 3)
+    prints = Fingerprints()
+    params = [p.data for p in net.parameters()]
+    assert prints(params) == fingerprint(params)
+    with torch.no_grad():
+        net.weight.add_(1.0)  # in place: the kept views see it
+    params = [p.data for p in net.parameters()]
+    assert prints(params) == fingerprint(params)
+    net.weight.data = net.weight.data.double()  # new storage and dtype: views made again
+    params = [p.data for p in net.parameters()]
+    assert prints(params) == fingerprint(params)
+    assert prints(params[:1]) == fingerprint(params[:1]) and prints([]) == 0

@@ -76,13 +76,20 @@ class Kept:
     weights: torch.Tensor
     copies: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
+    stride: int = field(init=False)
+    _rows: torch.Tensor = field(init=False, repr=False)
 
-    @property
-    def stride(self) -> int:
-        return self.received.numel() // max(1, len(self.owners))
+    def __post_init__(self) -> None:
+        self.stride = self.received.numel() // max(1, len(self.owners))
+        self._rows = self.received.view(len(self.owners), self.stride)  # (read every step)
 
     def rows(self) -> torch.Tensor:
-        return self.received.view(len(self.owners), self.stride)
+        return self._rows
+
+    def row_of(self, owner: int) -> torch.Tensor:
+        """Everything ``owner`` handed this rank: its aggregate, report and any audit
+        copy and tag it carried."""
+        return self._rows[self.owners.index(owner)]
 
     def aggregate_of(self, owner: int) -> torch.Tensor:
         return self.rows()[self.owners.index(owner), :self.piece]
@@ -95,12 +102,6 @@ class Kept:
     def report_of(self, owner: int) -> torch.Tensor:
         """``owner``'s report words, as values."""
         return self.rows()[self.owners.index(owner), self.piece:self.piece + self.report]
-
-    def handed_of(self, owner: int) -> list[torch.Tensor]:
-        """What ``owner`` handed this rank besides its report: its aggregate and any
-        audit copy and tag it carried."""
-        row = self.rows()[self.owners.index(owner)]
-        return [row[:self.piece], row[self.piece + self.report:]]
 
     def reports(self) -> torch.Tensor:
         """``[owners, report words]``."""

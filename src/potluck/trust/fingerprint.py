@@ -24,16 +24,54 @@ _WORD = (1 << 32) - 1  # a 32-bit sum as a non-negative number
 def fingerprint(tensors: Sequence[torch.Tensor]) -> int:
     if not tensors:
         return 0
+    halves = _host_halves(tensors)
+    if halves is not None:  # read in place with numpy: the same sums, a few calls a
+        return _fold(_sums(halves))  # tensor, not ten
+    return _fold(torch.stack([word_sums(t) for t in tensors]).view(-1).tolist())
+
+
+class Fingerprints:
+    """``fingerprint`` of a replica's parameters step after step: the numpy views of
+    their bits are made once and kept while the tensors' storage, dtype and size stay
+    (an optimizer updates them in place), so a step's fingerprint is two sums a
+    tensor."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[int, torch.dtype, int], ...] | None = None
+        self._halves: list[np.ndarray] | None = None
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> int:
+        key = tuple((t.data_ptr(), t.dtype, t.numel()) for t in tensors)
+        if key != self._key:
+            self._key, self._halves = key, _host_halves(tensors)
+        if self._halves is None or not tensors:
+            return fingerprint(tensors)
+        return _fold(_sums(self._halves))
+
+
+def _host_halves(tensors: Sequence[torch.Tensor]) -> list[np.ndarray] | None:
+    """Each tensor's ``bit_words`` in two halves, as numpy views of its bytes; None
+    unless every tensor is a contiguous CPU tensor (``host_bytes``)."""
+    halves: list[np.ndarray] = []
+    for tensor in tensors:
+        data = host_bytes(tensor)
+        if data is None:
+            return None
+        words = data.view(_NUMPY_INT[tensor.element_size()])
+        half = words.size // 2
+        halves += [words[:half], words[half:]]
+    return halves
+
+
+def _sums(halves: Sequence[np.ndarray]) -> list[int]:
+    """Each half's wrapping 32-bit sum, widened as torch widens it (``word_sums``)."""
+    return [int(h.sum(dtype=np.int32)) for h in halves]
+
+
+def _fold(values: Sequence[int]) -> int:
     folded = 0
-    host = [b for b in (host_bytes(t) for t in tensors) if b is not None]
-    if len(host) == len(tensors):  # read in place with numpy: the same sums, a few
-        pairs = [_host_word_sums(b, t.element_size())  # calls a tensor, not ten
-                 for b, t in zip(host, tensors, strict=True)]
-    else:
-        pairs = torch.stack([word_sums(t) for t in tensors]).tolist()
-    for pair in pairs:
-        for value in pair:
-            folded = (folded * 1_000_003 + (value & _WORD)) & _MASK
+    for value in values:
+        folded = (folded * 1_000_003 + (value & _WORD)) & _MASK
     return folded
 
 
@@ -94,14 +132,6 @@ def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
 
 _NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
                  torch.int16, torch.int32, torch.int64, torch.bool}
-
-
-def _host_word_sums(data: np.ndarray, size: int) -> tuple[int, int]:
-    """``word_sums`` of a tensor whose bytes are ``data`` (``host_bytes``), values of
-    ``size`` bytes: the same two wrapping sums, widened as torch widens them."""
-    words = data.view(_NUMPY_INT[size])
-    half = words.size // 2
-    return (int(words[:half].sum(dtype=np.int32)), int(words[half:].sum(dtype=np.int32)))
 
 
 def chunked_dot_digest(tensors: Sequence[torch.Tensor], key: int,

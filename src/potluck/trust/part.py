@@ -38,7 +38,7 @@ from potluck.trust import wire
 from potluck.trust.audit import AuditPlan, digest, outcome
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
-from potluck.trust.fingerprint import fingerprint, keyed_digest
+from potluck.trust.fingerprint import Fingerprints, keyed_digest
 from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
 from potluck.trust.verdict import (
     AuditResult,
@@ -50,7 +50,7 @@ from potluck.trust.verdict import (
     SpotResult,
     Strikes,
     diverged,
-    handed_another,
+    handed_out,
     judge,
     majority_fingerprint,
     unreproducible,
@@ -84,6 +84,7 @@ class TrustPart:
         self._last_pass: object = None  # the synced pass the last commit judged
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._snapshot: dict[str, torch.Tensor] | None = None  # the step's parameters
+        self._prints = Fingerprints()
         self.ledger = Ledger()
         self.strikes = Strikes(config.rules)
         self.events: list[dict[str, Any]] = []  # quarantines and repairs, with evidence
@@ -140,10 +141,10 @@ class TrustPart:
             reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
             self._refuse_spot_loss(reports, kept[0].owners, steps)
             members = cohort.membership.members
-            excused = ({members.index(m) for m in self._excused if m in members}
-                       | handed_another(reports, trusted))
+            handed = handed_out(reports, trusted, [r for r in trusted if reports.owns[r] > 0])
+            excused = {members.index(m) for m in self._excused if m in members} | handed[1]
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
-                          self.config.rules, excused)
+                          self.config.rules, excused, handed)
             every = self.config.fingerprint_every  # (this rank's schedule, not the reports')
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}
@@ -151,7 +152,7 @@ class TrustPart:
             pick = self._pick(kept, steps)
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
-                {owner: keyed_digest([t for k in kept for t in k.handed_of(owner)], pick[2])
+                {owner: keyed_digest([k.row_of(owner) for k in kept], pick[2])
                  for owner in kept[0].owners},
                 {owner: digest([k.report_of(owner) for k in kept]) for owner in kept[0].owners}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
@@ -301,7 +302,7 @@ class TrustPart:
             return 0
         # Parameters only: in backward each rank's buffers (BatchNorm statistics) still
         # hold its own forward's values; rank 0's are broadcast after the pass.
-        return fingerprint([p.data for p in self._module.parameters()])
+        return self._prints([p.data for p in self._module.parameters()])
 
     def _repair(self, reports: Reports, trusted: list[int], steps: int) -> None:
         """Every diverged replica, also one that is not struck for it (an owner handed

@@ -156,9 +156,11 @@ class AuditResult:
 class Handed:
     """What a rank was handed by each owner in a step, as digests, for its next report:
     ``key``, the digest key it drew from that step's reports (a rank that drew another
-    was told other reports than the rest); per owner, the keyed digest of the aggregates
-    and any carried audit copy (``fingerprint.keyed_digest``: cheap, and drawn after
-    they were sent) and a BLAKE3 digest of the report words (the key is drawn from
+    was told other reports than the rest); per owner, the keyed digest of its whole
+    row, the aggregates, report and any carried audit copy (``fingerprint.keyed_digest``:
+    cheap, and drawn after they were sent; the report in it changes nothing, since
+    these digests are compared only between ranks that drew the same key, so were told
+    the same reports) and a BLAKE3 digest of the report words (the key is drawn from
     them, so theirs must not depend on it)."""
 
     key: int
@@ -184,13 +186,16 @@ class Reports:
 
 
 def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
-          rules: Rules, excused: Collection[int] = ()) -> list[Finding]:
+          rules: Rules, excused: Collection[int] = (),
+          handed: tuple[list[Finding], set[int]] | None = None) -> list[Finding]:
     """Each piece of evidence in one step (``Finding``); ``trusted`` are
     the ranks whose copies and reports count (the others were quarantined already);
     ``excused``: ranks handed other aggregates since the fingerprints were last
-    compared (``handed_another``), not struck for a diverged replica."""
+    compared (``handed_out``'s second part), not struck for a diverged replica;
+    ``handed``: ``handed_out``'s result for these reports, when the caller has it."""
     owners = [r for r in trusted if reports.owns[r] > 0]
-    found, another = handed_out(reports, trusted, owners)
+    found, another = handed_out(reports, trusted, owners) if handed is None else handed
+    found = list(found)
     found += [
         Finding(i, DIVERGED, f"parameters' fingerprint {reports.fingerprint[i]:#x} differs from "
                       "the majority's") for i in diverged(reports.fingerprint, trusted)
@@ -324,12 +329,6 @@ def settle_disputes(found: Sequence[Finding], out: Collection[int]) -> list[Find
         taken |= {first.rank, second.rank}
         kept += [first, second]
     return [f for f in found if f.kind != DISPUTED] + kept
-
-
-def handed_another(reports: Reports, trusted: Sequence[int]) -> set[int]:
-    """Ranks that, by this step's reports, were handed other aggregates than the rest
-    (or were among a split with no majority) in the last step."""
-    return handed_out(reports, trusted, [r for r in trusted if reports.owns[r] > 0])[1]
 
 
 def audited(reports: Reports, trusted: Sequence[int],
