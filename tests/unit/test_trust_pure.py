@@ -312,7 +312,8 @@ def test_the_hooks_buffers_are_kept_per_bucket_and_name_on_the_cpu() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                                   torch.uint8, torch.int8, torch.int16, torch.int64])
+                                   torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64, torch.bool])
 def test_the_fingerprint_read_in_place_is_the_word_sums_fingerprint(dtype: torch.dtype) -> None:
     """On the CPU the fingerprint sums the bits with numpy, in place; it must be the
     value the general way (``word_sums`` in torch, as on an accelerator) gives."""
@@ -326,38 +327,33 @@ def test_the_fingerprint_read_in_place_is_the_word_sums_fingerprint(dtype: torch
     assert fingerprint(tensors) == folded
     strided = [t[::2] for t in tensors]  # not contiguous: the general way
     assert fingerprint(strided) == fingerprint([t.contiguous() for t in strided])
+    scalar = torch.tensor(3.0).to(dtype)  # 0-d
+    assert fingerprint([scalar]) == fingerprint([scalar.reshape(1)])
+    from potluck.trust.fingerprint import hash64
+    one = tensors[2][::2][:1]  # one value of a strided view: "contiguous", stride 2
+    assert hash64([one], 5) == hash64([torch.tensor([one.item()], dtype=dtype)], 5)
+    assert hash64(strided, 5) == hash64([t.contiguous() for t in strided], 5)
 
 
 def test_an_owners_distances_and_finite_flags_are_those_of_the_aggregate() -> None:
+    """What an owner reports of each copy is what ``distances`` and ``finite_rows`` say
+    of it, bit for bit, however the aggregate was reached: clean, with a copy left out,
+    with a copy of no weight, with non-finite or overflowing copies, or none usable."""
     from potluck.trust.aggregate import aggregate_measured, distances, finite_rows
-    weights = torch.tensor([1.0, 2.0, 1.0, 1.0])
     clean = _honest(m=2000)
-    attacked = clean.clone()
+    attacked, broken, huge, nothing = clean.clone(), clean.clone(), clean.clone(), clean.clone()
     attacked[3] = -10 * attacked[3]
-    broken = clean.clone()
     broken[2, 7] = float("inf")
-    for copies in (clean, attacked, broken):
-        for aggregator in (CenteredClip(), TrimmedMean(trim=1)):
-            value, d2, finite = aggregate_measured(aggregator, copies, weights)
-            assert torch.equal(value, aggregator.aggregate(copies, weights))
-            assert finite == finite_rows(copies).tolist()
-            assert torch.allclose(torch.tensor(d2), distances(copies, value), rtol=1e-6)
-
-
-def test_the_mean_is_clean_when_no_copy_is_far_from_it_by_the_reported_distances() -> None:
-    from potluck.trust.aggregate import mean_is_clean
-    assert mean_is_clean([1.0, 1.1, 0.9, 1.0], [0.25] * 4, 2.0)
-    assert mean_is_clean([0.0, 0.0, 0.0], [0.5, 0.25, 0.25], 2.0)  # every copy equal
-    assert not mean_is_clean([1.0, 1.0, 1.0, 2.5], [0.25] * 4, 2.0)
-    # a copy of a small part is noisier, honestly: scaled by sqrt(weight / median weight)
-    assert mean_is_clean([1.0, 1.0, 1.0, 4.0], [0.3, 0.3, 0.3, 0.1 / 9], 2.0)
-    assert not mean_is_clean([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.5, 0.5], 2.0)  # no weight
-    weights = torch.tensor([1.0, 2.0, 3.0, 2.0])
-    copies = _honest(m=4096)
-    w = weights / weights.sum()
-    assert torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)  # bit for bit
-    copies[3] = -10 * copies[3]
-    assert not torch.equal(CenteredClip().aggregate(copies, weights), w @ copies)
+    huge[1] = 1e20  # finite, but its distance overflows
+    nothing[:, 0] = float("nan")
+    for weights in (torch.tensor([1.0, 2.0, 1.0, 1.0]), torch.tensor([1.0, 0.0, 1.0, 1.0])):
+        for copies in (clean, attacked, broken, huge, nothing):
+            for aggregator in (CenteredClip(), CenteredClip(reject_at=None), TrimmedMean(1)):
+                value, d2, finite = aggregate_measured(aggregator, copies, weights)
+                exact = {"rtol": 0.0, "atol": 0.0, "equal_nan": True}
+                torch.testing.assert_close(value, aggregator.aggregate(copies, weights), **exact)
+                assert finite == finite_rows(copies).tolist()
+                torch.testing.assert_close(torch.tensor(d2), distances(copies, value), **exact)
 
 
 def test_the_kept_fingerprint_views_follow_in_place_updates_and_new_storage() -> None:
@@ -374,3 +370,39 @@ def test_the_kept_fingerprint_views_follow_in_place_updates_and_new_storage() ->
     params = [p.data for p in net.parameters()]
     assert prints(params) == fingerprint(params)
     assert prints(params[:1]) == fingerprint(params[:1]) and prints([]) == 0
+    weight = net.weight.data
+    assert prints([weight.t()]) == fingerprint([weight.t()])  # same storage, other layout
+    assert prints([weight]) == fingerprint([weight])
+
+
+def test_a_copy_three_honest_noises_off_is_never_averaged_in_whole() -> None:
+    """A copy gets its full weight only near the honest ones: 3 honest copies and 1
+    moved along a random direction (4 equal weights), the largest distance still
+    averaged whole is about 2.7 times an honest copy's noise (the clip radius). Beyond
+    3 it is clipped or left out."""
+    gen = torch.Generator().manual_seed(0)
+    center = torch.randn(20000, generator=gen)
+    noise = torch.randn(3, 20000, generator=gen)
+    direction = torch.nn.functional.normalize(torch.randn(20000, generator=gen), dim=0)
+    spread = float(noise.norm(dim=1).mean())
+    for off, whole in [(2.5, True), (3.0, False), (5.0, False), (50.0, False)]:
+        copies = torch.cat([center + noise, (center + off * spread * direction)[None]])
+        got = CenteredClip().aggregate(copies, torch.ones(4))
+        assert torch.allclose(got, copies.mean(0), atol=1e-6) is whole, off
+
+
+@pytest.mark.parametrize(("honest", "attackers"), [(2, 1), (3, 2), (4, 2), (3, 1)])
+@pytest.mark.parametrize("scale", [-10.0, 1e3, 1e20])
+def test_a_colluding_minority_far_off_moves_the_aggregate_little(honest: int, attackers: int,
+                                                                 scale: float) -> None:
+    """Attackers short of half, all at one far point (a sign flip times 10, a huge
+    copy, one whose distance overflows): the aggregate stays within the honest spread,
+    whatever their share of the weight (1 of 3, 2 of 5 are a third or more)."""
+    gen = torch.Generator().manual_seed(honest * 10 + attackers)
+    center = torch.ones(4000)
+    copies = center + 0.1 * torch.randn(honest + attackers, 4000, generator=gen)
+    copies[honest:] = scale * center
+    got = CenteredClip().aggregate(copies, torch.ones(honest + attackers))
+    honest_mean = copies[:honest].mean(0)
+    spread = float((copies[:honest] - honest_mean).norm(dim=1).max())
+    assert float((got - honest_mean).norm()) < spread

@@ -9,11 +9,8 @@ closely, and bound what one far-off copy can do when they do not.
   median, then ``iterations`` times move the center by the weighted mean of the copies'
   offsets, each offset clipped to length ``tau``. ``tau`` is ``tau_scale`` times the
   median distance of the copies from the start, so it follows the gradients' own
-  spread. First, though, the weighted mean: when no copy's (weight-scaled) distance
-  from it is over ``tau_scale`` times the median copy's (``mean_is_clean``), it is the
-  result (the usual step: a pass for the mean, one for the distances, no median).
-  Else, when no copy is farther than ``tau`` from the weighted mean, that mean is
-  the fixed point and the result; a far copy is clipped,
+  spread. When no copy is farther than ``tau`` from the weighted mean, that mean is
+  the fixed point and the result (the clean case: one pass); a far copy is clipped,
   so it pulls with at most its weight times ``tau``. A copy farther from the start than
   ``reject_at`` clip radii gets no say at all in this slice: a gross attacker's
   gradient (a sign flip, noise) would otherwise pull with its full ``tau`` until it is
@@ -30,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -100,34 +96,32 @@ class CenteredClip:
     def measured(self, copies: torch.Tensor,
                  weights: torch.Tensor) -> tuple[torch.Tensor, list[float] | None]:
         """The aggregate, and each copy's squared distance to it when they came for free
-        (``distances``' values: when the weighted mean is the result, its distances were
-        what decided that; None otherwise). The decisions on the ``n`` per-copy numbers
-        (whether the mean is clean, the clip radius, who is left out, whether anyone is
+        (``distances``' values: the clean case, where the weighted mean is the result and
+        its distances were what decided that; None otherwise). The decisions on the
+        ``n`` per-copy numbers (the clip radius, who is left out, whether anyone is
         clipped) are made in Python on their values: a few tensor operations of a few
         values each cost more than the passes over the copies for a small slice."""
         x, w = _kept(copies, weights)
         n = x.shape[0]
         if n == 1:
             return x[0].clone(), None
-        whole = n == copies.shape[0]  # no copy was dropped by _kept
-        mean = w @ x
-        offsets = (x - mean).norm(dim=1).tolist()
-        if mean_is_clean(offsets, w.tolist(), self.tau_scale):  # the usual step: a pass
-            return mean, ([r * r for r in offsets] if whole else None)  # for the mean and
-        center = lower_median(x)  # one for its distances  (the lower middle value: an
-        spread = (x - center).norm(dim=1).tolist()  # honest one)
+        center = lower_median(x)  # the lower middle value: an honest one
+        spread = (x - center).norm(dim=1).tolist()
         apart = sorted(s for s in spread if s > 0)  # copies at the median (e.g. zeros of
         if not apart:  # unused parameters) must not shrink the radius to nothing
             return center, None  # every copy is equal
         tau = self.tau_scale * apart[(len(apart) - 1) // 2]  # (torch.median's: the lower)
+        whole = n == copies.shape[0]  # no copy was dropped by _kept
         if self.reject_at is not None:
             near = self._near(spread, w.tolist())
             if near is not None:
                 x, w, whole = x[near], w[near] / w[near].sum(), False
-                mean = w @ x
-                offsets = (x - mean).norm(dim=1).tolist()
-        if max(offsets) <= _at_most(tau, x.dtype):  # nobody is clipped at the weighted
-            return mean, ([r * r for r in offsets] if whole else None)  # mean: the fixed
+        mean = w @ x
+        offsets = (x - mean).norm(dim=1)
+        if max(offsets.tolist()) <= _at_most(tau, x.dtype):  # nobody is clipped at the
+            # weighted mean: it is the fixed point (a NaN or an overflow to inf is never
+            # within the radius)
+            return mean, (offsets.square().tolist() if whole else None)
         for _ in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)
@@ -153,26 +147,6 @@ class CenteredClip:
                 or sum(v for v, ok in zip(w, near, strict=True) if not ok) >= 0.5):
             return None
         return torch.tensor(near)
-
-
-def mean_is_clean(offsets: Sequence[float], weights: Sequence[float], tau_scale: float) -> bool:
-    """Whether the weighted mean is the aggregate without further ado: no copy's distance
-    from it (``offsets``), scaled by the square root of its weight over the median
-    weight (a smaller part of the step is a noisier gradient), is over ``tau_scale``
-    times the median of those scaled distances (the nonzero ones; every copy equal:
-    clean). Honest copies of a high-dimensional gradient lie at about the same distance
-    from their mean, so this is the usual step; a copy far off fails it, and
-    ``CenteredClip`` goes on from the coordinate-wise median. It reads nothing but
-    each copy's distance to the result and its weight, which the owner reports, so
-    anyone can tell from the reports whether a slice's aggregate had to be the mean."""
-    middle = sorted(weights)[(len(weights) - 1) // 2]
-    if not middle > 0:
-        return False
-    scaled = [r * math.sqrt(v / middle) for r, v in zip(offsets, weights, strict=True)]
-    apart = sorted(r for r in scaled if r > 0)
-    if not apart:
-        return True
-    return max(scaled) <= tau_scale * apart[(len(apart) - 1) // 2]
 
 
 def _at_most(limit: float, dtype: torch.dtype) -> float:

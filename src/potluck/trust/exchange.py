@@ -306,7 +306,8 @@ class Scratch:
 @dataclass(frozen=True)
 class _Said:
     """What an owner's reports in a step say of the step before: its spot check, its
-    audit of the carried copies, and the digest of each owner's aggregates."""
+    audit of the carried copies, and the digests of what each owner handed it (its
+    whole row, and its report words)."""
 
     spot: SpotResult | None = None
     audit: AuditResult | None = None

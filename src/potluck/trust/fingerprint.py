@@ -32,16 +32,16 @@ def fingerprint(tensors: Sequence[torch.Tensor]) -> int:
 
 class Fingerprints:
     """``fingerprint`` of a replica's parameters step after step: the numpy views of
-    their bits are made once and kept while the tensors' storage, dtype and size stay
-    (an optimizer updates them in place), so a step's fingerprint is two sums a
-    tensor."""
+    their bits are made once and kept while the tensors' storage, dtype, shape and
+    strides stay (an optimizer updates them in place), so a step's fingerprint is two
+    sums a tensor."""
 
     def __init__(self) -> None:
-        self._key: tuple[tuple[int, torch.dtype, int], ...] | None = None
+        self._key: tuple[tuple[int, torch.dtype, torch.Size, tuple[int, ...]], ...] | None = None
         self._halves: list[np.ndarray] | None = None
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> int:
-        key = tuple((t.data_ptr(), t.dtype, t.numel()) for t in tensors)
+        key = tuple((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors)
         if key != self._key:
             self._key, self._halves = key, _host_halves(tensors)
         if self._halves is None or not tensors:
@@ -108,8 +108,8 @@ def hash64(pieces: Sequence[torch.Tensor], key: int | None = None) -> int:
         key=(key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big") * 4)
     for piece in pieces:
         data = host_bytes(piece)
-        if data is None:
-            data = piece.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
+        if data is None:  # (bit_words: contiguous, and the same bytes in the same order)
+            data = bit_words(piece).view(torch.uint8).cpu().numpy()
         h.update(data.data)
     return int.from_bytes(h.digest(8), "big", signed=True) or 1
 

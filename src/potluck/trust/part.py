@@ -302,7 +302,7 @@ class TrustPart:
             return 0
         # Parameters only: in backward each rank's buffers (BatchNorm statistics) still
         # hold its own forward's values; rank 0's are broadcast after the pass.
-        return self._prints([p.data for p in self._module.parameters()])
+        return self._prints(list(self._module.parameters()))  # (no .data: a tensor each)
 
     def _repair(self, reports: Reports, trusted: list[int], steps: int) -> None:
         """Every diverged replica, also one that is not struck for it (an owner handed
