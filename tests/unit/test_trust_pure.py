@@ -99,6 +99,14 @@ def test_zero_weight_copies_do_not_count() -> None:
     copies[1] = 1e6
     got = CenteredClip().aggregate(copies, torch.tensor([1.0, 0.0, 1.0, 1.0]))
     assert torch.allclose(got, copies[[0, 2, 3]].mean(0), atol=1e-6)
+    for bad in (1, 0):  # a NaN weight is not > 0: its copy does not count either
+        weights = torch.ones(4)
+        weights[bad] = float("nan")
+        copies = _honest()
+        copies[bad] = 1e6
+        got = CenteredClip().aggregate(copies, weights)
+        kept = [i for i in range(4) if i != bad]
+        assert torch.allclose(got, copies[kept].mean(0), atol=1e-6)
 
 
 def test_bad_settings_are_refused() -> None:

@@ -184,8 +184,9 @@ def _kept(copies: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, to
     if copies.dim() != 2 or weights.shape != (copies.shape[0],):
         raise ConfigError(f"aggregate() takes copies [n, m] and weights [n], got "
                           f"{tuple(copies.shape)} and {tuple(weights.shape)}")
-    if min(weights.tolist(), default=0.0) > 0 and all_finite(copies):
-        w = weights.to(copies.dtype)  # (the clean case: no masked copy of every row)
+    if copies.shape[0] and all(v > 0 for v in weights.tolist()) and all_finite(copies):
+        w = weights.to(copies.dtype)  # (the clean case: no masked copy of every row; a
+        # NaN weight is not > 0, so it takes the masked way and its row is left out)
         return copies, w / w.sum()
     keep = (weights > 0) & finite_rows(copies)
     count = int(keep.sum())
