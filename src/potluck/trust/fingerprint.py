@@ -183,11 +183,10 @@ def word_sums(tensor: torch.Tensor, dim: int | None = None) -> torch.Tensor:
         half = words.numel() // 2
         return torch.stack([words[:half].sum(dtype=torch.int32),
                             words[half:].sum(dtype=torch.int32)])
-    else:  # rows read in place (a strided view, e.g. copies beside their headers)
-        values = tensor.detach()
-        if values.stride(-1) != 1:
-            values = values.contiguous()
-        rows = values.view(_AS_INT[values.element_size()])
+    values = tensor.detach()  # rows read in place (a strided view, e.g. copies beside
+    if values.stride(-1) != 1:  # their headers)
+        values = values.contiguous()
+    rows = values.view(_AS_INT[values.element_size()])
     half = rows.shape[1] // 2
     return torch.stack([rows[:, :half].sum(1, dtype=torch.int32),
                         rows[:, half:].sum(1, dtype=torch.int32)], dim=1)
