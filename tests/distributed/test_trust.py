@@ -151,8 +151,11 @@ def _changed_carrier(exchange: Any) -> None:
 class _Tamper:
     """The attacker's group, as its modified code uses it: from the ``after``-th bucket
     on, what it hands rank 0 (its second all-to-all of each bucket) is off by 0.5 in its
-    first value (an aggregate) or, ``last``, in its last (a report word, when nothing is
-    audited); every other rank gets the honest one."""
+    first value (an aggregate) or, ``last``, in the last value of its report (when
+    nothing is audited, the row ends in the report and the bitmap of the bench model's
+    6 parameters, ``BITMAP`` values); every other rank gets the honest one."""
+
+    BITMAP = 2  # one word of float32 values: wire.words_for(6) * wire.per_word(float32)
 
     def __init__(self, group: Any, calls: list[int], after: int, last: bool) -> None:
         self.group, self.calls, self.after, self.last = group, calls, after, last
@@ -167,7 +170,8 @@ class _Tamper:
                       in_splits: list[int]) -> Any:
         self.calls[0] += 1
         if self.calls[0] % 2 == 0 and self.calls[0] // 2 > self.after and in_splits[0]:
-            inp[in_splits[0] - 1 if self.last else 0] += 0.5  # rank 0's part comes first
+            at = in_splits[0] - 1 - self.BITMAP if self.last else 0  # (rank 0's part
+            inp[at] += 0.5  # comes first)
         return self.group.alltoall_base(out, inp, out_splits, in_splits)
 
 
@@ -340,16 +344,62 @@ def trust_part(opt: Any) -> Any:
 
 @pytest.mark.timeout(120)
 def test_a_clean_trust_step_runs_its_two_all_to_alls_and_no_vote() -> None:
-    """Everything trust needs rides on the exchange's two all-to-alls per bucket. The
-    only other collective is the reducer's unused-parameter bitmap (a sum); there is no
-    finiteness vote (one rank would decide a MAX vote: an attacker voting "not finite"
-    would stall every step)."""
+    """Everything trust needs rides on the exchange's two all-to-alls per bucket, the
+    reducer's unused-parameter bitmap too (no all-reduce of its own: a collective
+    costs a round of messages however small); there is no finiteness vote (one rank
+    would decide a MAX vote: an attacker voting "not finite" would stall every step)."""
     results = run_ranks(_collectives, 4, free_port(), init_group=False, timeout=100)
     for counts in results:
         steps, buckets = counts.pop("steps"), counts.pop("buckets")
         assert steps == 10 and buckets >= 1
-        assert counts == {"alltoall_base": 2 * buckets * (steps - 2),
-                          "allreduce": steps - 2}, counts
+        assert counts == {"alltoall_base": 2 * buckets * (steps - 2)}, counts
+
+
+def _branchy(rank: int, world_size: int, port: int, trust: bool) -> list[dict[str, Any]]:
+    """Steps of a model whose ranks use different branches (``test_data_parallel``'s
+    schedule: all left, rank 0 right and the others left, all right; ``never`` never),
+    with trust's exchange (the weighted mean as its aggregator) or the plain mean."""
+    import potluck
+    from potluck.bench.byzantine_job import join
+    from tests.distributed import models as M
+
+    cohort = join(rank, world_size, port)
+    net = M.branchy()
+    x, y = M.batch(0, size=4 * 12 * world_size)
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+        torch.utils.data.TensorDataset(x, y), global_batch=4 * world_size, cohort=cohort,
+        trust=potluck.Trust(aggregator=potluck.trust.TrimmedMean(trim=0)) if trust else None,
+        bucket_cap_mb=0.0005)  # (a bucket or two per layer: the bitmap rides in the last)
+    seen = []
+    for xb, yb in loader:
+        step = opt.steps
+        branch = ("left" if step % 3 == 0 else "right" if step % 3 == 2
+                  else "right" if rank == 0 else "left")
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(wrapped(xb, branch), yb).backward()
+        seen.append(M.grads(net))
+        opt.step()
+    opt.finish()
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_trust_keeps_the_unused_parameters_as_the_plain_mean_does() -> None:
+    """The bitmap rides on the exchange: a parameter no rank used keeps no gradient
+    (None), one any rank used gets the average, as under the plain mean."""
+    plain = run_ranks(_branchy, 4, free_port(), False, init_group=False, timeout=100)
+    trusted = run_ranks(_branchy, 4, free_port(), True, init_group=False, timeout=100)
+    for ours, theirs in zip(trusted, plain, strict=True):
+        assert len(ours) == len(theirs) == 12
+        for got, want in zip(ours, theirs, strict=True):
+            assert {k for k, v in got.items() if v is None} == {
+                k for k, v in want.items() if v is None}
+            for name, value in want.items():
+                if value is not None:
+                    torch.testing.assert_close(got[name], value)
+        assert ours[0]["right.weight"] is None and ours[0]["never.weight"] is None
+        assert ours[1]["right.weight"] is not None  # rank 0 alone used it
 
 
 class _Mixed(torch.nn.Module):

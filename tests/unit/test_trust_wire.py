@@ -55,3 +55,19 @@ def test_an_owners_spot_check_rides_in_its_report() -> None:
                         for o in owners])
     spots = wire.decode_reports([(owners, senders, rows)], 3).spot
     assert spots == [SpotResult(2, 0.25, True), None, None]
+
+
+def test_the_bitmap_words_are_or_ed_byte_by_byte() -> None:
+    """``either`` merges bitmap words (one byte per parameter, 0 or 1): a byte is
+    nonzero where any row's is, so an owner's OR over its senders and a rank's over the
+    owners keep every parameter any of them produced."""
+    assert wire.words_for(0) == 0 and wire.words_for(1) == 1
+    assert wire.words_for(8) == 1 and wire.words_for(9) == 2
+    rows = []
+    for used in ([0, 2], [2, 9], []):
+        marks = torch.zeros(16, dtype=torch.uint8)
+        marks[used] = 1
+        rows.append(marks.view(torch.int64).tolist())
+    merged = torch.tensor(wire.either(rows), dtype=torch.int64).view(torch.uint8)
+    assert merged.nonzero().flatten().tolist() == [0, 2, 9]
+    assert wire.either([]) == []

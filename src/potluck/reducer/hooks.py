@@ -22,12 +22,19 @@ from potluck.group import GroupHandle
 
 @dataclass(frozen=True)
 class Bucket:
-    """One flat gradient buffer; the gradients of ``parameters`` are views into it."""
+    """One flat gradient buffer; the gradients of ``parameters`` are views into it.
+
+    ``produced``: only for a hook that ``carries_bitmap``, and only on the last bucket
+    launched in a pass: one byte per parameter of the model (in the reducer's order), 1
+    where this rank produced a gradient in the pass, 0 elsewhere. It is in and out: by
+    the time the hook's future completes it must hold the agreed bytes, nonzero where
+    any rank whose gradient counts produced one, the same on every rank."""
 
     index: int
     buffer: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
     group: GroupHandle
+    produced: torch.Tensor | None = None
 
     @property
     def world_size(self) -> int:
@@ -50,6 +57,24 @@ class SummingHook(Protocol):
     prescaled: bool
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[Any]: ...
+
+
+@runtime_checkable
+class BitmapCarrier(Protocol):
+    """A hook that agrees the unused-parameter bitmap on its own collectives
+    (``Bucket.produced``), so the reducer issues no all-reduce of its own for it. A
+    collective costs a round of messages however small it is, and where ranks share
+    cores a round is a wait for every rank to be scheduled (``potluck.trust``'s exchange
+    carries the bitmap on its two all-to-alls)."""
+
+    carries_bitmap: bool
+
+    def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[Any]: ...
+
+
+def carries_bitmap(hook: Any) -> bool:
+    """``hook`` agrees the unused-parameter bitmap itself (``BitmapCarrier``)."""
+    return isinstance(hook, BitmapCarrier) and hook.carries_bitmap is True
 
 
 def sums_prescaled(hook: Any) -> bool:

@@ -11,8 +11,10 @@ Contract, per synchronized backward pass:
   launches any bucket still waiting (parameters this rank did not use contribute their
   current gradient, zero if none), waits for every bucket, and only then does
   ``backward()`` return, so gradients are final (averaged) for clipping and stepping.
-* One small all-reduce of a "produced a gradient" bitmap tells every rank which
-  parameters no rank used: those keep ``.grad`` as it was (None stays None).
+* A "produced a gradient" bitmap tells every rank which parameters no rank used: those
+  keep ``.grad`` as it was (None stays None). It rides in the last bucket's all-reduce
+  under the default mean, in the hook's own collectives for a hook that carries it
+  (``hooks.BitmapCarrier``), and in one small all-reduce of its own otherwise.
 * After the first synchronized pass, buckets are rebuilt once in the order gradients
   actually became ready on rank 0 (broadcast, so every rank agrees).
 * A hook written for torch DDP gets a ``GradBucketView`` (``torch_hooks``); one that
@@ -55,6 +57,7 @@ from potluck.reducer.hooks import (
     Bucket,
     CommHook,
     allreduce_mean,
+    carries_bitmap,
     sums_prescaled,
     weighted_mean,
 )
@@ -140,6 +143,7 @@ class Reducer:
         self._bucket_of: list[int] = []  # parameter index -> bucket index
         self._views: list[torch.Tensor] = []  # parameter index -> its view in the bucket
         self._tail: torch.Tensor | None = None  # bitmap slots after the last bucket's grads
+        self._carried: torch.Tensor | None = None  # the bitmap a carrying hook agrees
         self._build(list(reversed(range(len(self._params)))))
         self._reset_window()
         self._handles = [
@@ -163,7 +167,8 @@ class Reducer:
         self._hook, self._hook_state = hook, state
         self._prescaled = sums_prescaled(hook)
         self._torch_style, self._chains = is_torch_hook(hook), chains_collectives(hook)
-        if self._fuse_bitmap != fused_before:
+        if self._fuse_bitmap != fused_before or carries_bitmap(hook) != (
+                self._carried is not None):
             self._build([i for members in self._members for i in members])
         self._reset_pass()
 
@@ -203,6 +208,8 @@ class Reducer:
         views: list[torch.Tensor | None] = [None] * n
         buckets = []
         self._tail = None
+        carried = carries_bitmap(self._hook) and not self._fuse_bitmap and n > 0
+        self._carried = torch.zeros(n, dtype=torch.uint8) if carried else None
         for b, members in enumerate(assignment):
             first = self._params[members[0]]
             total = sum(self._params[i].numel() for i in members)
@@ -219,8 +226,10 @@ class Reducer:
                     view.copy_(param.grad)
                     param.grad = view
                 bucket_of[i], views[i] = b, view
+            last = b == len(assignment) - 1
             buckets.append(Bucket(b, buffer, tuple(self._params[i] for i in members),
-                                  self._group or GroupHandle(None)))
+                                  self._group or GroupHandle(None),
+                                  self._carried if last else None))
         self._bucket_of = bucket_of
         self._views = [v for v in views if v is not None]
         self._buckets = buckets
@@ -378,8 +387,8 @@ class Reducer:
 
     def _launch(self, b: int, stand_in: Bucket | None = None) -> None:
         """Reduce bucket ``b``, or ``stand_in`` for it (zeros, see ``shadow_pass``)."""
-        if stand_in is None and self._tail is not None and b == len(self._buckets) - 1:
-            self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
+        if b == len(self._buckets) - 1:
+            self._stage_bitmap(stand_in is not None)
         bucket = self._buckets[b] if stand_in is None else stand_in
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
@@ -414,6 +423,17 @@ class Reducer:
             self._fail(error)
         finally:
             self._pass.blocked += time.perf_counter() - began
+
+    def _stage_bitmap(self, shadow: bool) -> None:
+        """The pass's bitmap into the slots the last bucket carries it in, if any (a
+        shadow pass produced nothing: its stand-in bucket's tail is zeros already)."""
+        if self._tail is not None and not shadow:
+            self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
+        elif self._carried is not None:
+            if shadow:
+                self._carried.zero_()
+            else:
+                self._carried.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
 
     def _finalize(self) -> None:
         """End of a synchronized backward: every bucket reduced before backward returns."""
@@ -486,7 +506,7 @@ class Reducer:
                 weight = torch.tensor([mine], dtype=torch.float64,
                                       device=self._buckets[0].buffer.device)
                 weight_work = group.allreduce([weight])
-            if self._tail is None and self._params:
+            if self._tail is None and self._carried is None and self._params:
                 produced = torch.frombuffer(bytearray(produced_map), dtype=torch.uint8).to(
                     device=self._buckets[0].buffer.device, dtype=torch.int32
                 )
@@ -507,7 +527,8 @@ class Reducer:
         if produced_work is not None:
             self._wait(produced_work, "unused-parameter bitmap")
         else:
-            produced = self._tail if self._tail is not None else torch.ones(0)
+            produced = (self._tail if self._tail is not None else self._carried
+                        if self._carried is not None else torch.ones(0))
         if any(self._was_none):
             for i in (produced == 0).nonzero().flatten().tolist():
                 if self._was_none[i]:

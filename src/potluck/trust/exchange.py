@@ -14,14 +14,19 @@ clean step has no other collective of trust's (the reducer's unused-parameter bi
 is the step's only other one, and there is no finiteness vote):
 
 - each copy carries its sender's fingerprint (of the parameters the gradient was
-  computed on, taken at the step's first bucket);
+  computed on, taken at the step's first bucket), and in the pass's last bucket the
+  sender's unused-parameter bitmap (``reducer.hooks.BitmapCarrier``: which parameters
+  it produced a gradient for);
 - each aggregate carries its owner's report (``wire.encode_report``): per sender,
   whether its copies were finite and whether one was a replay (``replay.py``), their
   squared distance to the aggregate, the
   fingerprint received and the digests of the aggregates and reports it handed this
   owner in the last step (``report_handed``, with their key); the owner's spot check
   and audit result of the last step (``report_spot``, ``report_audit``); as the
-  audited owner, the digests of the copies it received;
+  audited owner, the digests of the copies it received; then, in the last bucket, the
+  bitmap: the bytes' OR over its senders' (every rank then takes the OR over the
+  owners', so an owner can add a parameter, a zero gradient where it would have been
+  None, but not drop one an honest rank used);
 - the **audit** (``audit.py``): after a step, ``TrustPart`` may pick one owner (from a
   hash of the reports, so after the fact) and ``plan_audit`` it; in the next step
   every rank's copy of that owner's slices rides along with its aggregate, tagged
@@ -62,10 +67,11 @@ def assigned(split: Sequence[int] | None, ranks: Iterable[int]) -> list[int]:
 class Kept:
     """One bucket of the step as this rank saw it. ``mine`` is its copy, padded to
     ``piece * len(owners)`` (owner k's slice at ``k * piece``); ``received`` holds, per
-    owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values)
-    and the audit copy it sent with its tag (the rest: ``piece`` values and one word, or
-    nothing). As an owner, ``copies`` are the senders' copies of its slice
-    (``[senders, piece]``; empty otherwise)."""
+    owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values),
+    its bitmap (``bits`` values; none but in the pass's last bucket) and the audit copy
+    it sent with its tag (the rest: ``piece`` values and one word, or nothing). As an
+    owner, ``copies`` are the senders' copies of its slice (``[senders, piece]``; empty
+    otherwise)."""
 
     mine: torch.Tensor
     received: torch.Tensor
@@ -76,6 +82,7 @@ class Kept:
     weights: torch.Tensor
     copies: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
+    bits: int = 0
     stride: int = field(init=False)
     _rows: torch.Tensor = field(init=False, repr=False)
 
@@ -110,12 +117,12 @@ class Kept:
 
     def audit_copies(self) -> torch.Tensor:
         """``[owners, values]``: each owner's copy of the audited slice."""
-        block = self.rows()[:, self.piece + self.report:]
+        block = self.rows()[:, self.piece + self.report + self.bits:]
         return block[:, :max(0, block.shape[1] - wire.per_word(block.dtype))]
 
     def audit_tags(self) -> list[int]:
         """Each owner's tag on its audit copy (``wire.audit_tag``); empty: none carried."""
-        block = self.rows()[:, self.piece + self.report:]
+        block = self.rows()[:, self.piece + self.report + self.bits:]
         if block.shape[1] == 0:
             return []
         word = wire.per_word(block.dtype)
@@ -139,6 +146,7 @@ class RobustExchange:
     is called at each step's first bucket (0: not compared this step)."""
 
     prescaled = False  # each rank's plain gradient: the owner weighs the copies
+    carries_bitmap = True  # the unused-parameter bitmap rides on the two all-to-alls
 
     def __init__(self, aggregator: Aggregator, ledger: Ledger,
                  samples: Callable[[], Sequence[int] | None],
@@ -197,29 +205,38 @@ class RobustExchange:
         mine[:flat.numel()] = flat
         mine[flat.numel():] = 0
         owner, sending = me in owners, me in senders
-        # 1. each owner gets every sender's copy of its slice, and the sender's fingerprint
+        produced = bucket.produced
+        marks = 0 if produced is None else wire.words_for(produced.numel())
+        lane = piece + (1 + marks) * word
+        # 1. each owner gets every sender's copy of its slice, the sender's fingerprint
+        # and (the last bucket) its bitmap
         if sending:
-            header = wire.to_values(torch.tensor([self._print], dtype=torch.int64), dtype)
-            send = buffer("send", len(owners) * (piece + word))
-            lanes = send.view(len(owners), piece + word)  # one per owner
+            header = torch.zeros(1 + marks, dtype=torch.int64)
+            header[0] = self._print
+            if produced is not None:
+                header.view(torch.uint8)[wire.WORD:wire.WORD + produced.numel()] = produced
+            send = buffer("send", len(owners) * lane)
+            lanes = send.view(len(owners), lane)  # one per owner
             lanes[:, :piece] = mine.view(len(owners), piece)
-            lanes[:, piece:] = header.to(flat.device)
+            lanes[:, piece:] = wire.to_values(header, dtype).to(flat.device)
         else:
             send = torch.empty(0, dtype=dtype, device=flat.device)
-        to_each = [piece + word if sending and r in owners else 0 for r in range(n)]
-        from_each = [piece + word if owner and r in senders else 0 for r in range(n)]
+        to_each = [lane if sending and r in owners else 0 for r in range(n)]
+        from_each = [lane if owner and r in senders else 0 for r in range(n)]
         received = buffer("received", sum(from_each))
         work = group.alltoall_base(received, send, from_each, to_each)  # type: ignore[attr-defined]
         wait_for(work, group, "robust aggregation (scatter)")
-        # 2. every rank gets every owner's aggregate, its report and any audit copy
+        # 2. every rank gets every owner's aggregate, its report, its bitmap and any
+        # audit copy
         audited = self._audited(bucket.index, owners, flat)
-        report = wire.report_words(len(senders)) * word
-        stride = piece + report + audited.numel()
+        report, bits = wire.report_words(len(senders)) * word, marks * word
+        stride = piece + report + bits + audited.numel()
         if owner:
-            rows = received.view(len(senders), piece + word)
+            rows = received.view(len(senders), lane)
             copies = rows[:, :piece].float()
             value, d2, finite = aggregate_measured(self.aggregator, copies, weights)
-            prints = wire.to_words(rows[:, piece:]).tolist()
+            headers = wire.to_words(rows[:, piece:]).view(len(senders), 1 + marks).tolist()
+            prints = [h[0] for h in headers]
             audit = self.ledger.audit
             digests = (audit.received_digests(senders) if audit is not None and audit.owner == me
                        else None)
@@ -231,17 +248,22 @@ class RobustExchange:
             handed = outgoing.view(n, stride)  # the same row for every rank
             handed[0, :piece] = value
             handed[0, piece:piece + report] = wire.to_values(words, dtype).to(flat.device)
-            handed[0, piece + report:] = audited
+            if marks:
+                handed[0, piece + report:piece + report + bits] = wire.to_values(
+                    torch.tensor(wire.either(h[1:] for h in headers), dtype=torch.int64),
+                    dtype).to(flat.device)
+            handed[0, piece + report + bits:] = audited
             handed[1:] = handed[0]
         else:
-            rows = received.view(0, piece + word)
+            rows = received.view(0, lane)
             outgoing = torch.empty(0, dtype=dtype, device=flat.device)
         result = buffer("result", stride * len(owners))
         work = group.alltoall_base(  # type: ignore[attr-defined]
             result, outgoing, [stride if r in owners else 0 for r in range(n)],
             [stride if owner else 0] * n)
         self.ledger.buckets[bucket.index] = Kept(mine, result, piece, report, owners, senders,
-                                                 weights, rows[:, :piece], bucket.parameters)
+                                                 weights, rows[:, :piece], bucket.parameters,
+                                                 bits)
         numel = flat.numel()
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
@@ -255,6 +277,11 @@ class RobustExchange:
                 end = min(numel, start + piece)
                 if start < end:
                     into[start:end] = aggregates[i, :end - start]
+            if produced is not None:  # the owners' bitmaps, OR-ed: the pass's
+                marked = wire.to_words(aggregates[:, piece + report:piece + report + bits])
+                agreed = torch.tensor(wire.either(marked.view(len(owners), marks).tolist()),
+                                      dtype=torch.int64)
+                produced.copy_(agreed.view(torch.uint8)[:produced.numel()])
             return into.view_as(bucket.buffer)
 
         return work.get_future().then(done)  # type: ignore[no-any-return]

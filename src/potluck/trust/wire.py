@@ -20,7 +20,7 @@ moves bytes, so every bit arrives as sent.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -46,6 +46,20 @@ def to_words(values: torch.Tensor) -> torch.Tensor:
     """The inverse of ``to_values``: a run of values back to int64 words (copied: a
     run inside a bucket need not start on a word boundary)."""
     return values.reshape(-1).clone().view(torch.int64)
+
+
+def words_for(count: int) -> int:
+    """Words that hold ``count`` bytes (a bitmap of one byte per parameter)."""
+    return -(-count // WORD)
+
+
+def either(rows: Iterable[Sequence[int]]) -> list[int]:
+    """The words' OR position by position over ``rows`` (of bitmap words: a byte is
+    nonzero where any row's is); ``[]`` for no rows."""
+    merged: list[int] = []
+    for row in rows:
+        merged = list(row) if not merged else [a | b for a, b in zip(merged, row, strict=True)]
+    return merged
 
 
 def float_word(value: float) -> int:
