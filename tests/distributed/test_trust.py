@@ -152,13 +152,13 @@ class _Tamper:
     """The attacker's group, as its modified code uses it: from the ``after``-th bucket
     on, what it hands rank 0 (its second all-to-all of each bucket) is off by 0.5 in its
     first value (an aggregate) or, ``last``, in the last value of its report (when
-    nothing is audited, the row ends in the report and the bitmap of the bench model's
-    6 parameters, ``BITMAP`` values); every other rank gets the honest one."""
+    nothing is audited, the row ends in the report and the ``bitmap`` values the
+    bucket carries); every other rank gets the honest one."""
 
-    BITMAP = 2  # one word of float32 values: wire.words_for(6) * wire.per_word(float32)
-
-    def __init__(self, group: Any, calls: list[int], after: int, last: bool) -> None:
+    def __init__(self, group: Any, calls: list[int], after: int, last: bool,
+                 bitmap: int) -> None:
         self.group, self.calls, self.after, self.last = group, calls, after, last
+        self.bitmap = bitmap
 
     def size(self) -> int:
         return int(self.group.size())
@@ -170,7 +170,7 @@ class _Tamper:
                       in_splits: list[int]) -> Any:
         self.calls[0] += 1
         if self.calls[0] % 2 == 0 and self.calls[0] // 2 > self.after and in_splits[0]:
-            at = in_splits[0] - 1 - self.BITMAP if self.last else 0  # (rank 0's part
+            at = in_splits[0] - 1 - self.bitmap if self.last else 0  # (rank 0's part
             inp[at] += 0.5  # comes first)
         return self.group.alltoall_base(out, inp, out_splits, in_splits)
 
@@ -178,14 +178,18 @@ class _Tamper:
 def _handing_another(exchange: Any, last: bool) -> None:
     import dataclasses
 
+    from potluck.trust import wire
     from potluck.trust.exchange import RobustExchange
 
     calls = [0]
 
     class Tampering(RobustExchange):
         def __call__(self, state: Any, bucket: Any) -> Any:
+            bitmap = (0 if bucket.produced is None else wire.words_for(
+                bucket.produced.numel()) * wire.per_word(bucket.buffer.dtype))
             return super().__call__(state, dataclasses.replace(
-                bucket, group=_Tamper(bucket.group, calls, after=5, last=last)))
+                bucket, group=_Tamper(bucket.group, calls, after=5, last=last,
+                                      bitmap=bitmap)))
 
     exchange.__class__ = Tampering
 

@@ -72,6 +72,22 @@ def test_a_hook_that_cannot_be_one_is_refused_at_registration() -> None:
         check_hook(lambda bucket: bucket)
 
 
+class _TorchStyleCarrier:
+    """A hook for torch's GradBucket that claims to carry the bitmap: it has no
+    ``Bucket.produced`` to carry it in."""
+
+    carries_bitmap = True
+
+    def __call__(self, state: Any, bucket: dist.GradBucket) -> Any:
+        return default_hooks.allreduce_hook(state, bucket)
+
+
+def test_a_torch_style_hook_cannot_carry_the_bitmap() -> None:
+    model = DataParallel(_net())
+    with pytest.raises(ConfigError, match=r"carries the unused-parameter bitmap.*GradBucket"):
+        model.register_comm_hook(None, _TorchStyleCarrier())
+
+
 def test_torch_ddp_attributes_say_what_holds_here() -> None:
     model = DataParallel(_net(), bucket_cap_mb=10, find_unused_parameters=False)
     assert model.find_unused_parameters is True  # always handled, whatever was passed

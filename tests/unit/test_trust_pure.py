@@ -414,3 +414,23 @@ def test_a_colluding_minority_far_off_moves_the_aggregate_little(honest: int, at
     honest_mean = copies[:honest].mean(0)
     spread = float((copies[:honest] - honest_mean).norm(dim=1).max())
     assert float((got - honest_mean).norm()) < spread
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_python_roundings_are_torchs(dtype: torch.dtype) -> None:
+    """The clean case decides and squares in Python: ``_at_most`` rounds a radius as a
+    comparison with a ``dtype`` tensor does, and ``_squares`` squares as ``dtype`` does,
+    also past the dtype's range (inf) and below it (zero or subnormal)."""
+    from potluck.trust.aggregate import _at_most, _squares
+
+    gen = torch.Generator().manual_seed(5)
+    big = torch.finfo(dtype).max
+    values = torch.cat([torch.randn(2000, generator=gen, dtype=torch.float64) * scale
+                        for scale in (1e-30, 1e-3, 1.0, 1e3, 1e19, 1e150)]).to(dtype)
+    values = torch.cat([values, torch.tensor([0.0, -0.0, big, -big], dtype=dtype)])
+    listed = values.tolist()
+    assert _squares(listed, dtype) == values.square().tolist()
+    limits = torch.randn(2000, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
+        -40, 40, (2000,), generator=gen)
+    for limit in [*limits.tolist(), 1e300, -1e300, 0.0]:
+        assert _at_most(limit, dtype) == float(torch.tensor(limit, dtype=torch.float64).to(dtype))

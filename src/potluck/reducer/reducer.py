@@ -143,7 +143,7 @@ class Reducer:
         self._bucket_of: list[int] = []  # parameter index -> bucket index
         self._views: list[torch.Tensor] = []  # parameter index -> its view in the bucket
         self._tail: torch.Tensor | None = None  # bitmap slots after the last bucket's grads
-        self._carried: torch.Tensor | None = None  # the bitmap a carrying hook agrees
+        self._carried: torch.Tensor | None = None  # the pass's bitmap a hook carries
         self._build(list(reversed(range(len(self._params)))))
         self._reset_window()
         self._handles = [
@@ -163,12 +163,16 @@ class Reducer:
 
     def register_comm_hook(self, state: Any, hook: AnyHook) -> None:
         check_hook(hook)
+        if carries_bitmap(hook) and is_torch_hook(hook):
+            raise ConfigError(
+                f"{hook_name(hook)} carries the unused-parameter bitmap (carries_bitmap = "
+                "True) but takes a torch GradBucket, which has no Bucket.produced to "
+                "carry it in: take a potluck.reducer.Bucket, or drop carries_bitmap")
         fused_before = self._fuse_bitmap
         self._hook, self._hook_state = hook, state
         self._prescaled = sums_prescaled(hook)
         self._torch_style, self._chains = is_torch_hook(hook), chains_collectives(hook)
-        if self._fuse_bitmap != fused_before or carries_bitmap(hook) != (
-                self._carried is not None):
+        if self._fuse_bitmap != fused_before:
             self._build([i for members in self._members for i in members])
         self._reset_pass()
 
@@ -208,8 +212,6 @@ class Reducer:
         views: list[torch.Tensor | None] = [None] * n
         buckets = []
         self._tail = None
-        carried = carries_bitmap(self._hook) and not self._fuse_bitmap and n > 0
-        self._carried = torch.zeros(n, dtype=torch.uint8) if carried else None
         for b, members in enumerate(assignment):
             first = self._params[members[0]]
             total = sum(self._params[i].numel() for i in members)
@@ -226,10 +228,8 @@ class Reducer:
                     view.copy_(param.grad)
                     param.grad = view
                 bucket_of[i], views[i] = b, view
-            last = b == len(assignment) - 1
             buckets.append(Bucket(b, buffer, tuple(self._params[i] for i in members),
-                                  self._group or GroupHandle(None),
-                                  self._carried if last else None))
+                                  self._group or GroupHandle(None)))
         self._bucket_of = bucket_of
         self._views = [v for v in views if v is not None]
         self._buckets = buckets
@@ -387,9 +387,9 @@ class Reducer:
 
     def _launch(self, b: int, stand_in: Bucket | None = None) -> None:
         """Reduce bucket ``b``, or ``stand_in`` for it (zeros, see ``shadow_pass``)."""
-        if b == len(self._buckets) - 1:
-            self._stage_bitmap(stand_in is not None)
         bucket = self._buckets[b] if stand_in is None else stand_in
+        if b == len(self._buckets) - 1:
+            bucket = self._stage_bitmap(bucket, stand_in is not None)
         self._next_launch = b + 1
         if self.failure is not None:  # the group is broken: issue nothing more on it
             return
@@ -424,16 +424,19 @@ class Reducer:
         finally:
             self._pass.blocked += time.perf_counter() - began
 
-    def _stage_bitmap(self, shadow: bool) -> None:
-        """The pass's bitmap into the slots the last bucket carries it in, if any (a
-        shadow pass produced nothing: its stand-in bucket's tail is zeros already)."""
+    def _stage_bitmap(self, bucket: Bucket, shadow: bool) -> Bucket:
+        """The last bucket, with the pass's bitmap where it rides: in the tail of its
+        buffer (a shadow pass produced nothing: its stand-in's tail is zeros already),
+        or for a hook that carries it, in ``Bucket.produced``: a new tensor each pass,
+        so that a late callback of an abandoned pass cannot write into the next one's."""
         if self._tail is not None and not shadow:
             self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
-        elif self._carried is not None:
-            if shadow:
-                self._carried.zero_()
-            else:
-                self._carried.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
+        self._carried = None
+        if not carries_bitmap(self._hook) or self._fuse_bitmap or not self._params:
+            return bucket
+        produced = bytearray(len(self._params)) if shadow else bytearray(self._produced)
+        self._carried = torch.frombuffer(produced, dtype=torch.uint8)
+        return dataclasses.replace(bucket, produced=self._carried)
 
     def _finalize(self) -> None:
         """End of a synchronized backward: every bucket reduced before backward returns."""
@@ -506,7 +509,7 @@ class Reducer:
                 weight = torch.tensor([mine], dtype=torch.float64,
                                       device=self._buckets[0].buffer.device)
                 weight_work = group.allreduce([weight])
-            if self._tail is None and self._carried is None and self._params:
+            if self._tail is None and not self._carries and self._params:
                 produced = torch.frombuffer(bytearray(produced_map), dtype=torch.uint8).to(
                     device=self._buckets[0].buffer.device, dtype=torch.int32
                 )
@@ -527,8 +530,7 @@ class Reducer:
         if produced_work is not None:
             self._wait(produced_work, "unused-parameter bitmap")
         else:
-            produced = (self._tail if self._tail is not None else self._carried
-                        if self._carried is not None else torch.ones(0))
+            produced = self._agreed_bitmap()
         if any(self._was_none):
             for i in (produced == 0).nonzero().flatten().tolist():
                 if self._was_none[i]:
@@ -537,6 +539,20 @@ class Reducer:
             buffers.wait()  # settles on the handle: a lost peer is PeerLostError
         if not self._rebuilt:
             self._rebuild_from_ready_order()
+
+    @property
+    def _carries(self) -> bool:
+        """The hook agrees the bitmap on its own collectives (``hooks.BitmapCarrier``)."""
+        return carries_bitmap(self._hook) and not self._fuse_bitmap
+
+    def _agreed_bitmap(self) -> torch.Tensor:
+        """The bitmap every rank holds after the pass, where no all-reduce of its own
+        summed it: the last bucket's tail, or what the carrying hook wrote back."""
+        if self._tail is not None:
+            return self._tail
+        if self._carried is not None:
+            return self._carried
+        return torch.ones(0)
 
     def shadow_pass(self, buffer_src: int) -> None:
         """Mirror one synchronized backward with zero gradients, leaving ``.grad`` alone.

@@ -28,8 +28,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from potluck.errors import ConfigError
@@ -117,11 +118,11 @@ class CenteredClip:
             if near is not None:
                 x, w, whole = x[near], w[near] / w[near].sum(), False
         mean = w @ x
-        offsets = (x - mean).norm(dim=1)
-        if max(offsets.tolist()) <= _at_most(tau, x.dtype):  # nobody is clipped at the
-            # weighted mean: it is the fixed point (a NaN or an overflow to inf is never
-            # within the radius)
-            return mean, (offsets.square().tolist() if whole else None)
+        offsets = (x - mean).norm(dim=1).tolist()
+        if max(offsets) <= _at_most(tau, x.dtype):  # nobody is clipped at the weighted
+            # mean: it is the fixed point (a NaN or an overflow to inf is never within
+            # the radius)
+            return mean, (_squares(offsets, x.dtype) if whole else None)
         for _ in range(self.iterations):
             offsets = x - center
             norms = offsets.norm(dim=1)
@@ -152,8 +153,29 @@ class CenteredClip:
 def _at_most(limit: float, dtype: torch.dtype) -> float:
     """``limit`` rounded to ``dtype`` as a comparison of a ``dtype`` tensor with it
     rounds it, so ``value <= _at_most(limit, dtype)`` in Python decides as
-    ``tensor <= limit`` does in torch."""
+    ``tensor <= limit`` does in torch (numpy rounds to nearest, ties to even, as torch
+    does; bfloat16, which numpy lacks, goes through torch)."""
+    rounding = _NUMPY_FLOAT.get(dtype)
+    if rounding is not None:
+        with np.errstate(over="ignore"):  # (past the dtype's range: inf, as in torch)
+            return float(rounding(limit))
     return float(torch.tensor(limit, dtype=torch.float64).to(dtype))
+
+
+def _squares(values: list[float], dtype: torch.dtype) -> list[float]:
+    """``torch.tensor(values, dtype=dtype).square().tolist()``, in Python: a value of
+    ``dtype`` squared exactly in float64 and rounded once to ``dtype`` is what the
+    ``dtype`` product rounds to, for float16 and float32 (their products fit float64's
+    mantissa); float64 squares in float64 itself, and bfloat16 goes through torch."""
+    rounding = _NUMPY_FLOAT.get(dtype)
+    if rounding is None:
+        return torch.tensor(values, dtype=dtype).square().tolist()
+    with np.errstate(over="ignore"):  # (past the dtype's range: inf, as in torch)
+        return [float(rounding(v * v)) for v in values]
+
+
+_NUMPY_FLOAT: dict[torch.dtype, type[np.floating[Any]]] = {
+    torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 @dataclass(frozen=True)

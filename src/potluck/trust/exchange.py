@@ -9,9 +9,9 @@ For each gradient bucket every trusted rank owns one slice (as in a reduce-scatt
 3. a second all-to-all hands every rank every owner's aggregate (an all-gather).
 
 Per rank that is ``2 (N - 1) / N`` of the bucket, the bytes of a ring all-reduce. What
-trust needs to judge the step rides on the same two all-to-alls (``wire.py``), so a
-clean step has no other collective of trust's (the reducer's unused-parameter bitmap
-is the step's only other one, and there is no finiteness vote):
+trust needs to judge the step rides on the same two all-to-alls (``wire.py``), and
+so does the reducer's unused-parameter bitmap: a clean step has no other collective
+(and there is no finiteness vote):
 
 - each copy carries its sender's fingerprint (of the parameters the gradient was
   computed on, taken at the step's first bucket), and in the pass's last bucket the
@@ -26,7 +26,8 @@ is the step's only other one, and there is no finiteness vote):
   audited owner, the digests of the copies it received; then, in the last bucket, the
   bitmap: the bytes' OR over its senders' (every rank then takes the OR over the
   owners', so an owner can add a parameter, a zero gradient where it would have been
-  None, but not drop one an honest rank used);
+  None, but not drop one an honest rank used; a quarantined member's bytes do not
+  count: a parameter only it used has no gradient on the trusted ranks);
 - the **audit** (``audit.py``): after a step, ``TrustPart`` may pick one owner (from a
   hash of the reports, so after the fact) and ``plan_audit`` it; in the next step
   every rank's copy of that owner's slices rides along with its aggregate, tagged
@@ -94,8 +95,8 @@ class Kept:
         return self._rows
 
     def row_of(self, owner: int) -> torch.Tensor:
-        """Everything ``owner`` handed this rank: its aggregate, report and any audit
-        copy and tag it carried."""
+        """Everything ``owner`` handed this rank: its aggregate, report, any bitmap,
+        and any audit copy and tag it carried."""
         return self._rows[self.owners.index(owner)]
 
     def aggregate_of(self, owner: int) -> torch.Tensor:
@@ -160,6 +161,7 @@ class RobustExchange:
         self._replays = ReplayWatch()  # (as an owner: each sender's last copies' sums)
         self._print = 0
         self._scratch = Scratch()
+        self._weighed: tuple[tuple[tuple[int, ...], torch.device], torch.Tensor] | None = None
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
         """Carry every rank's copy of ``plan.owner``'s slices in the next step (and, as
@@ -197,8 +199,7 @@ class RobustExchange:
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
         senders = owners  # the copies that count come from the trusted ranks
-        weights = torch.tensor(assigned(self._samples(), senders), dtype=torch.float32,
-                               device=flat.device)
+        weights = self._weights(assigned(self._samples(), senders), flat.device)
         piece = max(1, math.ceil(flat.numel() / len(owners)))
         buffer = self._scratch.taker(bucket.index, dtype, flat.device)
         mine = buffer("mine", piece * len(owners))
@@ -211,14 +212,11 @@ class RobustExchange:
         # 1. each owner gets every sender's copy of its slice, the sender's fingerprint
         # and (the last bucket) its bitmap
         if sending:
-            header = torch.zeros(1 + marks, dtype=torch.int64)
-            header[0] = self._print
-            if produced is not None:
-                header.view(torch.uint8)[wire.WORD:wire.WORD + produced.numel()] = produced
             send = buffer("send", len(owners) * lane)
             lanes = send.view(len(owners), lane)  # one per owner
             lanes[:, :piece] = mine.view(len(owners), piece)
-            lanes[:, piece:] = wire.to_values(header, dtype).to(flat.device)
+            lanes[:, piece:] = wire.to_values(_header(self._print, produced, marks),
+                                              dtype).to(flat.device)
         else:
             send = torch.empty(0, dtype=dtype, device=flat.device)
         to_each = [lane if sending and r in owners else 0 for r in range(n)]
@@ -250,8 +248,7 @@ class RobustExchange:
             handed[0, piece:piece + report] = wire.to_values(words, dtype).to(flat.device)
             if marks:
                 handed[0, piece + report:piece + report + bits] = wire.to_values(
-                    torch.tensor(wire.either(h[1:] for h in headers), dtype=torch.int64),
-                    dtype).to(flat.device)
+                    _merged(h[1:] for h in headers), dtype).to(flat.device)
             handed[0, piece + report + bits:] = audited
             handed[1:] = handed[0]
         else:
@@ -279,12 +276,19 @@ class RobustExchange:
                     into[start:end] = aggregates[i, :end - start]
             if produced is not None:  # the owners' bitmaps, OR-ed: the pass's
                 marked = wire.to_words(aggregates[:, piece + report:piece + report + bits])
-                agreed = torch.tensor(wire.either(marked.view(len(owners), marks).tolist()),
-                                      dtype=torch.int64)
+                agreed = _merged(marked.view(len(owners), marks).tolist())
                 produced.copy_(agreed.view(torch.uint8)[:produced.numel()])
             return into.view_as(bucket.buffer)
 
         return work.get_future().then(done)  # type: ignore[no-any-return]
+
+    def _weights(self, parts: list[int], device: torch.device) -> torch.Tensor:
+        """The senders' weights as a tensor, made again only when they change (never
+        written to: the kept buckets and audit plans share it)."""
+        key = (tuple(parts), device)
+        if self._weighed is None or self._weighed[0] != key:
+            self._weighed = key, torch.tensor(parts, dtype=torch.float32, device=device)
+        return self._weighed[1]
 
     def _audited(self, index: int, owners: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """This rank's copy of the audited owner's slice in bucket ``index`` of the
@@ -296,6 +300,21 @@ class RobustExchange:
             return like.new_empty(0)  # (the first pass's rebuild may change a bucket's dtype)
         tag = torch.tensor([wire.audit_tag(plan.owner, plan.step)], dtype=torch.int64)
         return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
+
+
+def _header(fingerprint: int, produced: torch.Tensor | None, marks: int) -> torch.Tensor:
+    """A sender's words after its slice: its fingerprint, then ``marks`` words of its
+    unused-parameter bitmap (``Bucket.produced``) when the bucket carries it."""
+    header = torch.zeros(1 + marks, dtype=torch.int64)
+    header[0] = fingerprint
+    if produced is not None:
+        header.view(torch.uint8)[wire.WORD:wire.WORD + produced.numel()] = produced
+    return header
+
+
+def _merged(rows: Iterable[Sequence[int]]) -> torch.Tensor:
+    """Bitmap words OR-ed position by position (``wire.either``), as int64 words."""
+    return torch.tensor(wire.either(rows), dtype=torch.int64)
 
 
 class Scratch:

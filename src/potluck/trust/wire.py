@@ -6,12 +6,15 @@ they travel as 64-bit *words* appended to the gradient slices, their bytes reint
 in the bucket's dtype (a word is 2 float32 values, 4 bf16 ones): an all-to-all only
 moves bytes, so every bit arrives as sent.
 
-- A sender's message to each owner: its slice, then one word, its fingerprint.
+- A sender's message to each owner: its slice, then one word, its fingerprint, then
+  in the pass's last bucket its unused-parameter bitmap (one byte per parameter, in
+  ``words_for`` words).
 - An owner's message to each rank: its aggregate, then its report, ``report_words``
   words (``encode_report``: what it saw of each sender, its spot check and its audit
   of the last step, and as an audited owner the digests of the copies it received),
-  then any audit copy (``audit.py``) and its tag, one word (``audit_tag``: which
-  owner's slice of which step it is).
+  then in the last bucket the OR of its senders' bitmaps (``either``), then any audit
+  copy (``audit.py``) and its tag, one word (``audit_tag``: which owner's slice of
+  which step it is).
 
 ``decode_reports`` turns the reports every rank received into the ``Reports`` that
 ``verdict.judge`` reads.
@@ -19,6 +22,7 @@ moves bytes, so every bit arrives as sent.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -29,6 +33,7 @@ from potluck.trust.verdict import AuditResult, Handed, Outcome, Reports, SpotRes
 WORD = 8  # bytes
 
 
+@functools.lru_cache(maxsize=16)
 def per_word(dtype: torch.dtype) -> int:
     """Values of ``dtype`` in one word."""
     size = torch.empty(0, dtype=dtype).element_size()
