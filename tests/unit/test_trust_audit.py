@@ -570,3 +570,25 @@ def test_an_aggregate_equal_to_the_auditors_is_agreed_whatever_its_special_value
                            torch.tensor([2.0, 1.0])) > TOLERANCE
     assert beyond_rounding(torch.tensor([2.0, 1.0]).to(dtype),
                            torch.tensor([math.nan, 1.0])) > TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_reports_digest_is_the_same_from_its_words_or_its_values(dtype: torch.dtype) -> None:
+    """``TrustPart`` digests each owner's report from the words it decoded
+    (``Kept.reports()``): the same bytes, so the same digest, as the values in the row
+    (``Kept.report_of``), in every bucket dtype, with a bitmap riding after it."""
+    word = wire.per_word(dtype)
+    report, bits = wire.report_words(len(OWNERS)) * word, word
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.cat([torch.randn(PIECE, generator=gen).to(dtype),
+                       wire.to_values(torch.randint(-2**62, 2**62, (report // word + 1,),
+                                                    generator=gen), dtype)])
+            for _ in OWNERS]
+    k = Kept(mine=torch.zeros(PIECE * len(OWNERS), dtype=dtype), received=torch.cat(rows),
+             piece=PIECE, report=report, owners=OWNERS, senders=OWNERS,
+             weights=torch.ones(3), copies=torch.empty(0, PIECE), parameters=(), bits=bits)
+    words = k.reports()
+    for i, owner in enumerate(OWNERS):
+        assert digest([words[i]]) == digest([k.report_of(owner)])
+        assert digest([words[i]], key=5) == digest([k.report_of(owner)], key=5)
+    assert len({digest([words[i]]) for i in range(len(OWNERS))}) == len(OWNERS)

@@ -138,7 +138,9 @@ class TrustPart:
         kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
         found: list[Finding] = []
         try:
-            reports = decode_reports([(k.owners, k.senders, k.reports()) for k in kept], n)
+            words = [k.reports().cpu() for k in kept]  # (each owner's report, per bucket)
+            reports = decode_reports([(k.owners, k.senders, w)
+                                      for k, w in zip(kept, words, strict=True)], n)
             self._refuse_spot_loss(reports, kept[0].owners, steps)
             members = cohort.membership.members
             handed = handed_out(reports, trusted, [r for r in trusted if reports.owns[r] > 0])
@@ -149,12 +151,14 @@ class TrustPart:
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received, reports.key))
-            pick = self._pick(kept, steps)
+            pick = self._pick(words, steps)
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
                 {owner: keyed_digest([k.row_of(owner) for k in kept], pick[2])
                  for owner in kept[0].owners},
-                {owner: digest([k.report_of(owner) for k in kept]) for owner in kept[0].owners}))
+                {owner: digest([w[k.owners.index(owner)]  # (the bytes of report_of)
+                                for k, w in zip(kept, words, strict=True)])
+                 for owner in kept[0].owners}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
             self._repair(reports, trusted, steps)
@@ -205,14 +209,15 @@ class TrustPart:
         return result
 
     @staticmethod
-    def _pick(kept: list[Kept], steps: int) -> tuple[int, int, int]:
-        """Three numbers from a hash of this step's reports, which every honest rank
-        holds alike and no rank knew when it sent its copies or aggregates: what to
-        audit and spot-check, and the key of the handed-out aggregates' digests (and of
-        the audit's digests of the copies)."""
+    def _pick(words: list[torch.Tensor], steps: int) -> tuple[int, int, int]:
+        """Three numbers from a hash of this step's reports (``words``: each bucket's
+        ``Kept.reports()`` on the host), which every honest rank holds alike and no rank
+        knew when it sent its copies or aggregates: what to audit and spot-check, and
+        the key of the handed-out aggregates' digests (and of the audit's digests of the
+        copies)."""
         digest = hashlib.sha256(str(steps).encode())
-        for k in kept:
-            digest.update(k.reports().cpu().numpy().tobytes())
+        for block in words:
+            digest.update(block.numpy().tobytes())
         raw = digest.digest()
         return (int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
                 int.from_bytes(raw[16:24], "big", signed=True))  # (rides as a word)
