@@ -87,8 +87,15 @@ def test_data_parallel_on_cohort_group_equals_one_process() -> None:
 
 
 def _gloo_threads() -> list[str]:
-    """Names of this process's native Gloo threads (work loops and the transport loop)."""
-    names = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+    """Names of this process's native Gloo threads (work loops and the transport loop).
+    A thread that exits between the listing and the read of its name is gone: skipped
+    (a thread still exiting, its task still listed, has its name read and counts)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except FileNotFoundError:  # (it exited since the listing)
+            continue
     return sorted(name for name in names if "gloo" in name)
 
 
@@ -131,8 +138,13 @@ def test_close_joins_the_group_threads_though_data_parallel_holds_the_group() ->
 _FORGETS_CLOSE = textwrap.dedent("""
     import atexit, pathlib
     def gloo_threads():
-        tasks = pathlib.Path("/proc/self/task").iterdir()
-        return sorted(n for n in ((t / "comm").read_text().strip() for t in tasks) if "gloo" in n)
+        names = []
+        for task in pathlib.Path("/proc/self/task").iterdir():
+            try:
+                names.append((task / "comm").read_text().strip())
+            except FileNotFoundError:  # it exited since the listing: gone
+                continue
+        return sorted(n for n in names if "gloo" in n)
     # Registered before potluck is imported, so it runs after potluck's own exit hook.
     atexit.register(lambda: print("at exit:", gloo_threads(), flush=True))
     import torch, potluck
