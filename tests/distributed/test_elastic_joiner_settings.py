@@ -10,6 +10,7 @@ go on without it and still train every sample once, as one process would.
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
             for index, x, y in loader:
                 if rank == 0 and opt.steps == 1:
                     store.set(TRAINING_KEY, "1")
-                if opt.steps == 3:  # the joiner is refused mid-run however slow the machine
+                if opt.steps == 3:  # the joiner is refused mid-run however slow the machine:
+                    _await_queued(cohort, store)  # queued, the next boundary admits it
+                if opt.steps == 4:
                     store.wait([REFUSED_KEY], timedelta(seconds=60))
                 epoch = cursor.epoch
                 opt.zero_grad()
@@ -61,6 +64,17 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     opt.finish()
     return {"params": params(model.module), "world_size": cohort.world_size,
             "refused": None, "late": cohort.joined_late}
+
+
+def _await_queued(cohort: Any, store: torch.distributed.TCPStore) -> None:
+    """Wait until the joiner waits to be admitted (or was admitted and refused). Only a
+    step boundary admits: waiting for the refusal before the joiner was queued would
+    hold every boundary back, and a joiner that started slowly would wait its
+    join_timeout, never admitted (seen once on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while not (cohort.pending_joiners() or store.check([REFUSED_KEY])):
+        assert time.monotonic() < deadline, "the joiner never asked to join"
+        time.sleep(0.01)
 
 
 @pytest.mark.timeout(120)
