@@ -143,7 +143,8 @@ class Reducer:
         self._bucket_of: list[int] = []  # parameter index -> bucket index
         self._views: list[torch.Tensor] = []  # parameter index -> its view in the bucket
         self._tail: torch.Tensor | None = None  # bitmap slots after the last bucket's grads
-        self._carried: torch.Tensor | None = None  # the pass's bitmap a hook carries
+        self._carries = False  # the hook agrees the bitmap itself (hooks.BitmapCarrier)
+        self._carried: torch.Tensor | None = None  # ... this pass's, which it wrote back
         self._build(list(reversed(range(len(self._params)))))
         self._reset_window()
         self._handles = [
@@ -172,6 +173,7 @@ class Reducer:
         self._hook, self._hook_state = hook, state
         self._prescaled = sums_prescaled(hook)
         self._torch_style, self._chains = is_torch_hook(hook), chains_collectives(hook)
+        self._carries = carries_bitmap(hook) and not self._fuse_bitmap
         if self._fuse_bitmap != fused_before:
             self._build([i for members in self._members for i in members])
         self._reset_pass()
@@ -432,7 +434,7 @@ class Reducer:
         if self._tail is not None and not shadow:
             self._tail.copy_(torch.frombuffer(self._produced, dtype=torch.uint8))
         self._carried = None
-        if not carries_bitmap(self._hook) or self._fuse_bitmap or not self._params:
+        if not self._carries or not self._params:
             return bucket
         produced = bytearray(len(self._params)) if shadow else bytearray(self._produced)
         self._carried = torch.frombuffer(produced, dtype=torch.uint8)
@@ -539,11 +541,6 @@ class Reducer:
             buffers.wait()  # settles on the handle: a lost peer is PeerLostError
         if not self._rebuilt:
             self._rebuild_from_ready_order()
-
-    @property
-    def _carries(self) -> bool:
-        """The hook agrees the bitmap on its own collectives (``hooks.BitmapCarrier``)."""
-        return carries_bitmap(self._hook) and not self._fuse_bitmap
 
     def _agreed_bitmap(self) -> torch.Tensor:
         """The bitmap every rank holds after the pass, where no all-reduce of its own
