@@ -94,6 +94,37 @@ def test_non_finite_copies_are_left_out_and_none_usable_is_nan() -> None:
                                                  weights)).all()
 
 
+@pytest.mark.parametrize("case", ["nan", "inf_one", "inf_three", "neg_inf_two", "inf_all",
+                                  "nan_and_inf"])
+def test_non_finite_copies_anywhere_aggregate_as_the_finite_ones_alone(case: str) -> None:
+    # CenteredClip takes every row as finite until a distance from the start says
+    # otherwise (``_started``): whatever the non-finite values' places, the result and
+    # the distances are those of the finite rows alone, bit for bit.
+    copies = _honest(n=6)
+    if case == "nan":
+        copies[2, 3] = float("nan")
+    elif case == "inf_one":
+        copies[4, 0] = float("inf")
+    elif case == "inf_three":  # the median there is +inf: the finite rows' distances say so
+        copies[[1, 2, 3], 7] = float("inf")
+    elif case == "neg_inf_two":
+        copies[[0, 5], 1] = float("-inf")
+    elif case == "inf_all":  # inf - inf: NaN in every row's distance
+        copies[:, 2] = float("inf")
+        copies[1, 3] = float("nan")
+    else:
+        copies[0, 0], copies[3, 6] = float("nan"), float("-inf")
+    weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])
+    finite = torch.isfinite(copies).all(dim=1)
+    for aggregator in (CenteredClip(), CenteredClip(reject_at=None)):
+        got, _ = aggregator.measured(copies, weights)
+        if not finite.any():
+            assert torch.isnan(got).all()
+            continue
+        want, _ = aggregator.measured(copies[finite].clone(), weights[finite])
+        assert torch.equal(got, want)
+
+
 def test_zero_weight_copies_do_not_count() -> None:
     copies = _honest()
     copies[1] = 1e6

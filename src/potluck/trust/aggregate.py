@@ -102,12 +102,10 @@ class CenteredClip:
         ``n`` per-copy numbers (the clip radius, who is left out, whether anyone is
         clipped) are made in Python on their values: a few tensor operations of a few
         values each cost more than the passes over the copies for a small slice."""
-        x, w = _kept(copies, weights)
+        x, w, center, spread = _started(copies, weights)
         n = x.shape[0]
         if n == 1:
             return x[0].clone(), None
-        center = lower_median(x)  # the lower middle value: an honest one
-        spread = (x - center).norm(dim=1).tolist()
         apart = sorted(s for s in spread if s > 0)  # copies at the median (e.g. zeros of
         if not apart:  # unused parameters) must not shrink the radius to nothing
             return center, None  # every copy is equal
@@ -148,6 +146,30 @@ class CenteredClip:
                 or sum(v for v, ok in zip(w, near, strict=True) if not ok) >= 0.5):
             return None
         return torch.tensor(near)
+
+
+def _started(copies: torch.Tensor, weights: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
+    """The rows that count and their weights (``_kept``), their lower median (the
+    start: an honest value) and each row's distance from it. Every row is taken as
+    finite first, with no pass to ask: a non-finite value in row i at coordinate k makes
+    some distance non-finite (if the median there is finite, row i's; if it is not,
+    that of any row finite there, or, with none, row i's: NaN or inf minus inf), so
+    finite distances prove every row finite, and otherwise ``_kept`` sorts the rows
+    out and the start is taken again (a distance that overflowed takes that way too).
+    The result is the same either way."""
+    if copies.dim() == 2 and copies.shape[0] > 1 and weights.shape == (copies.shape[0],) \
+            and all(v > 0 for v in weights.tolist()):
+        center = lower_median(copies)
+        spread = (copies - center).norm(dim=1).tolist()
+        if all(math.isfinite(s) for s in spread):
+            w = weights.to(copies.dtype)
+            return copies, w / w.sum(), center, spread
+    x, w = _kept(copies, weights)
+    if x.shape[0] == 1:
+        return x, w, x[0], [0.0]
+    center = lower_median(x)
+    return x, w, center, (x - center).norm(dim=1).tolist()
 
 
 def _at_most(limit: float, dtype: torch.dtype) -> float:
