@@ -23,6 +23,7 @@ from potluck.cohort import Cohort
 from potluck.collectives import allgather_object, allgather_tensor
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle
+from potluck.protocol import FIX, running
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import SharePolicy
 
@@ -200,6 +201,9 @@ def agree_everywhere(group: GroupHandle, values: dict[str, int | str],
     table = "; ".join(f"{names[k]}: " + ", ".join(f"rank {r} {row[k]}"
                                                   for r, row in enumerate(rows))
                       for k in differ)
+    if names.index("potluck") in differ:
+        raise ConfigError(f"the workers run different potluck ({table}): they would not "
+                          f"run the same collectives (a hang or garbage); {FIX}")
     raise ConfigError(
         f"the workers called prepare() with different {', '.join(names[k] for k in differ)} "
         f"({table}); every worker must pass the same dataset, global_batch, seed, "
@@ -243,8 +247,9 @@ def describe(value: Any) -> str:
 
 def signature(dataset_len: int, global_batch: int, seed: int, drop_last: bool,
               settings: dict[str, Any]) -> dict[str, int | str]:
-    """What every rank must agree on: the data's size and order, so that it is split
-    exactly once, and ``settings`` (sync, balance, trust, DataParallel's options), so
-    that every rank syncs alike."""
-    return {"len(dataset)": dataset_len, "global_batch": global_batch, "seed": seed,
-            "drop_last": int(drop_last), **{k: describe(v) for k, v in settings.items()}}
+    """What every rank must agree on: potluck itself (``protocol.running``: version and
+    wire), the data's size and order, so that it is split exactly once, and ``settings``
+    (sync, balance, trust, DataParallel's options), so that every rank syncs alike."""
+    return {"potluck": running(), "len(dataset)": dataset_len, "global_batch": global_batch,
+            "seed": seed, "drop_last": int(drop_last),
+            **{k: describe(v) for k, v in settings.items()}}

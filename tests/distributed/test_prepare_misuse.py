@@ -73,6 +73,31 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
     return "no error"
 
 
+def _different_wire(rank: int, world_size: int, port: int) -> str:
+    import potluck.protocol
+    from potluck.errors import ConfigError
+
+    if rank == 1:  # as a worker with another potluck installed would be
+        potluck.protocol.WIRE += 98
+    try:
+        _setup(rank, world_size, port, [0, 0])
+    except ConfigError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_ranks_running_another_potluck_are_refused_on_every_rank() -> None:
+    """Another wire would run other collectives (a hang, or bytes read wrongly)."""
+    from potluck import __version__
+    from potluck.protocol import WIRE
+
+    for message in run_ranks(_different_wire, 2, free_port(), init_group=False, timeout=50):
+        assert (f"the workers run different potluck (potluck: rank 0 {__version__} (wire "
+                f"{WIRE}), rank 1 {__version__} (wire {WIRE + 98}))") in message, message
+        assert "install the same potluck on every worker" in message, message
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("which", "shown"), [
     ("sync", "sync: rank 0 DiLoCo(inner_steps=2, outer_lr=0.7, outer_momentum=0.9, "

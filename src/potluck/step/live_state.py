@@ -23,6 +23,7 @@ from potluck.cohort import Cohort
 from potluck.collectives import allgather_tensor, broadcast_object
 from potluck.data import DataCursor
 from potluck.errors import ConfigError, RendezvousError
+from potluck.protocol import FIX
 from potluck.reducer import DataParallel
 from potluck.step.guard import GuardedOptimizer
 from potluck.step.parts import StepPart
@@ -112,36 +113,13 @@ class LiveState:
                 "before joining, so joining is quick)"
             ) from exc
         try:
-            self._compare_settings(state.get("settings"), cohort.rank)
+            compare_settings(self._settings, state.get("settings"), cohort.rank)
         except ConfigError:
             cohort.leave()  # the members form the next generation without it at once
             raise
         self.apply(state)
         log.warning("[rank %d] joined at step %d with the cohort's live state", cohort.rank,
                     self._progress.steps)
-
-    def _compare_settings(self, theirs: Mapping[str, int | str] | None, rank: int) -> None:
-        """A joiner's ``prepare`` settings must be the cohort's: with another sync, trust,
-        balance or DataParallel option it would run other collectives than the members
-        (a hang or garbage), with another clip or weighting it would train otherwise. The
-        seed may differ (the live state's data order is kept: ``apply`` says so). Raised
-        after the live state arrived, so the members are not kept waiting for it, and
-        the joiner announces that it leaves: they go on without it."""
-        mine = self._settings
-        if theirs is None or mine is None:
-            return  # (a sender from before settings travelled: nothing to compare)
-        differ = [name for name in sorted(set(mine) | set(theirs))
-                  if name != "seed" and mine.get(name) != theirs.get(name)]
-        if not differ:
-            return
-        table = "; ".join(f"{name}: the cohort's {theirs.get(name)!s}, this worker's "
-                          f"{mine.get(name)!s}" for name in differ)
-        raise ConfigError(
-            f"[rank {rank}] this joiner called prepare() with other settings than the "
-            f"cohort it joined ({table}); every worker must pass the same dataset, "
-            "global_batch, drop_last, sync, balance, trust, clip_grad_norm and DataParallel "
-            "options, or it would not sync alike with the others. Start it with the same "
-            "script and arguments as the running workers (the cohort goes on without it)")
 
     def realign(self, cohort: Cohort) -> bool:
         """Members of a new generation may be one step apart: a peer that died after
@@ -227,3 +205,32 @@ def _on_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_on_cpu(v) for v in obj)
     return obj
+
+
+def compare_settings(mine: Mapping[str, int | str] | None,
+                     theirs: Mapping[str, int | str] | None, rank: int) -> None:
+    """A joiner's ``prepare`` settings (``mine``) must be the cohort's (``theirs``), its
+    potluck among them (``protocol.running``): with another sync, trust,
+    balance or DataParallel option it would run other collectives than the members
+    (a hang or garbage), with another clip or weighting it would train otherwise. The
+    seed may differ (the live state's data order is kept: ``apply`` says so). Raised
+    after the live state arrived, so the members are not kept waiting for it, and
+    the joiner announces that it leaves: they go on without it."""
+    if theirs is None or mine is None:
+        return  # (a sender from before settings travelled: nothing to compare)
+    differ = [name for name in sorted(set(mine) | set(theirs))
+              if name != "seed" and mine.get(name) != theirs.get(name)]
+    if not differ:
+        return
+    table = "; ".join(f"{name}: the cohort's {theirs.get(name)!s}, this worker's "
+                      f"{mine.get(name)!s}" for name in differ)
+    if "potluck" in differ:
+        raise ConfigError(f"[rank {rank}] this joiner runs another potluck than the "
+                          f"cohort it joined ({table}); {FIX} (the cohort goes on "
+                          "without it)")
+    raise ConfigError(
+        f"[rank {rank}] this joiner called prepare() with other settings than the "
+        f"cohort it joined ({table}); every worker must pass the same dataset, "
+        "global_batch, drop_last, sync, balance, trust, clip_grad_norm and DataParallel "
+        "options, or it would not sync alike with the others. Start it with the same "
+        "script and arguments as the running workers (the cohort goes on without it)")

@@ -1,0 +1,24 @@
+"""What the ranks of one cohort must run alike to talk: potluck's version and its wire.
+
+``WIRE`` numbers the layout of the messages potluck's collectives exchange (how many
+per step, in what order, what each carries). Ranks with another wire would wait on
+collectives the others never run, or read each other's bytes wrongly: a hang or
+garbage. So ``prepare`` agrees on ``running()`` with every other setting, and a
+joiner compares it with the cohort's: a mismatch is a ``ConfigError`` that names both.
+Bump ``WIRE`` with every change to what a collective sends (``docs/design.md``).
+"""
+
+from __future__ import annotations
+
+WIRE = 1  # 1: the unused-parameter bitmap rides in trust's exchange (2026-11)
+
+
+def running() -> str:
+    """This process's potluck, as the cohort compares it: version and wire."""
+    from potluck import __version__
+
+    return f"{__version__} (wire {WIRE})"
+
+
+FIX = ("install the same potluck on every worker (`potluck --version` says which; "
+       "`pip install` the same version or commit everywhere)")
