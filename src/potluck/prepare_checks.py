@@ -179,33 +179,30 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
 
 def agree_everywhere(group: GroupHandle, values: dict[str, int | str],
                      device: torch.device) -> None:
-    """Every rank passed the same ``values`` (one all-gather; a text travels as a hash,
-    and only when ranks differ are the texts gathered to show them): ranks with another
+    """Every rank passed the same ``values`` (one all-gather of two words: the hash of
+    the values and of their names; only when ranks differ are the values themselves
+    gathered to show them): ranks with another
     seed, global batch or dataset length would each walk their own order of the data,
     and some samples would be trained twice and others never, with no error anywhere;
     ranks with other settings (``signature``'s texts) would sync differently, which
-    ends in a hang, a crash or replicas drifting apart."""
-    names = list(values)
-    mine = torch.tensor([_as_word(values[name]) for name in names], dtype=torch.int64,
-                        device=device)  # (NCCL takes only its device's tensors)
-    rows = [row.tolist() for row in allgather_tensor(mine, group)]
-    differ = [k for k in range(len(names)) if len({row[k] for row in rows}) > 1]
-    if not differ:
+    ends in a hang, a crash or replicas drifting apart. The first gather has the same
+    size in every version of potluck, so a rank of another version, whose names may
+    differ, is shown too (its potluck named first), not left waiting."""
+    mine = torch.tensor([_as_word(repr(sorted(values.items()))), _as_word(repr(list(values)))],
+                        dtype=torch.int64, device=device)  # (NCCL: its device's tensors)
+    if len({tuple(row.tolist()) for row in allgather_tensor(mine, group)}) == 1:
         return
-    texts = [k for k in differ if isinstance(values[names[k]], str)]
-    if texts:  # every rank sees the same rows, so every rank gathers here
-        shown = allgather_object([values[names[k]] for k in texts], group, device)
-        for r, row in enumerate(rows):
-            for at, k in enumerate(texts):
-                row[k] = shown[r][at]
-    table = "; ".join(f"{names[k]}: " + ", ".join(f"rank {r} {row[k]}"
-                                                  for r, row in enumerate(rows))
-                      for k in differ)
-    if names.index("potluck") in differ:
+    rows: list[dict[str, int | str]] = allgather_object(values, group, device)
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    differ = [name for name in names if len({repr(row.get(name)) for row in rows}) > 1]
+    table = "; ".join(f"{name}: " + ", ".join(f"rank {r} {row.get(name)}"
+                                              for r, row in enumerate(rows))
+                      for name in differ)
+    if "potluck" in differ:
         raise ConfigError(f"the workers run different potluck ({table}): they would not "
                           f"run the same collectives (a hang or garbage); {FIX}")
     raise ConfigError(
-        f"the workers called prepare() with different {', '.join(names[k] for k in differ)} "
+        f"the workers called prepare() with different {', '.join(differ)} "
         f"({table}); every worker must pass the same dataset, global_batch, seed, "
         "drop_last, sync, balance, trust and DataParallel options, or the data would not "
         "be split exactly once among them and the workers would not sync alike")

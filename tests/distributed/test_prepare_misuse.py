@@ -73,12 +73,17 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
     return "no error"
 
 
-def _different_wire(rank: int, world_size: int, port: int) -> str:
+def _different_wire(rank: int, world_size: int, port: int, newer: bool) -> str:
+    import potluck.prepare_checks
     import potluck.protocol
     from potluck.errors import ConfigError
 
-    if rank == 1:  # as a worker with another potluck installed would be
+    if rank == 1 and not newer:  # as a worker with another potluck installed would be
         potluck.protocol.WIRE += 98
+    if rank == 1 and newer:  # a version that agrees on one setting more
+        signature = potluck.prepare_checks.signature
+        potluck.prepare_checks.signature = lambda *args: {  # type: ignore[assignment]
+            **signature(*args), "potluck": "9.9 (wire 99)", "new setting": 1}
     try:
         _setup(rank, world_size, port, [0, 0])
     except ConfigError as exc:
@@ -87,15 +92,20 @@ def _different_wire(rank: int, world_size: int, port: int) -> str:
 
 
 @pytest.mark.timeout(60)
-def test_ranks_running_another_potluck_are_refused_on_every_rank() -> None:
-    """Another wire would run other collectives (a hang, or bytes read wrongly)."""
+@pytest.mark.parametrize("newer", [False, True])
+def test_ranks_running_another_potluck_are_refused_on_every_rank(newer: bool) -> None:
+    """Another wire would run other collectives (a hang, or bytes read wrongly); a
+    version that agrees on other settings is shown too, not left waiting."""
     from potluck import __version__
     from potluck.protocol import WIRE
 
-    for message in run_ranks(_different_wire, 2, free_port(), init_group=False, timeout=50):
+    for message in run_ranks(_different_wire, 2, free_port(), newer, init_group=False,
+                             timeout=50):
+        theirs = "9.9 (wire 99)" if newer else f"{__version__} (wire {WIRE + 98})"
         assert (f"the workers run different potluck (potluck: rank 0 {__version__} (wire "
-                f"{WIRE}), rank 1 {__version__} (wire {WIRE + 98}))") in message, message
+                f"{WIRE}), rank 1 {theirs}") in message, message
         assert "install the same potluck on every worker" in message, message
+        assert ("new setting: rank 0 None, rank 1 1" in message) == newer, message
 
 
 @pytest.mark.timeout(60)
