@@ -50,7 +50,7 @@ def gradients() -> torch.Tensor:
 
 def kept(received_rows: list[torch.Tensor], copies: torch.Tensor | None = None) -> Kept:
     received = torch.cat(received_rows)
-    return Kept(mine=torch.zeros(PIECE * len(OWNERS)), received=received, piece=PIECE,
+    return Kept(mine=torch.zeros(len(OWNERS), PIECE), received=received, piece=PIECE,
                 report=REPORT, owners=OWNERS, senders=OWNERS, weights=torch.ones(3),
                 copies=torch.empty(0, PIECE) if copies is None else copies, parameters=())
 
@@ -584,7 +584,7 @@ def test_a_reports_digest_is_the_same_from_its_words_or_its_values(dtype: torch.
                        wire.to_values(torch.randint(-2**62, 2**62, (report // word + 1,),
                                                     generator=gen), dtype)])
             for _ in OWNERS]
-    k = Kept(mine=torch.zeros(PIECE * len(OWNERS), dtype=dtype), received=torch.cat(rows),
+    k = Kept(mine=torch.zeros(len(OWNERS), PIECE, dtype=dtype), received=torch.cat(rows),
              piece=PIECE, report=report, owners=OWNERS, senders=OWNERS,
              weights=torch.ones(3), copies=torch.empty(0, PIECE), parameters=(), bits=bits)
     words = k.reports()

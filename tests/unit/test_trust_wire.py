@@ -71,3 +71,16 @@ def test_the_bitmap_words_are_or_ed_byte_by_byte() -> None:
     merged = torch.tensor(wire.either(rows), dtype=torch.int64).view(torch.uint8)
     assert merged.nonzero().flatten().tolist() == [0, 2, 9]
     assert wire.either([]) == []
+
+
+@pytest.mark.parametrize(("numel", "owners"), [(12, 4), (13, 4), (2, 4), (1, 1), (7, 3)])
+def test_a_copy_laid_out_in_the_lanes_is_the_padded_gradient(numel: int, owners: int) -> None:
+    from potluck.trust.exchange import _laid_out
+
+    flat = torch.arange(1, numel + 1, dtype=torch.float32)
+    piece = -(-numel // owners)
+    lanes = torch.full((owners, piece + 2), -1.0)  # a lane is the slice, then header words
+    rows = _laid_out(flat, lanes[:, :piece])
+    padded = torch.cat([flat, torch.zeros(piece * owners - numel)])
+    assert torch.equal(rows, padded.view(owners, piece))
+    assert (lanes[:, piece:] == -1).all()  # the header words are left alone

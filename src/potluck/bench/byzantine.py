@@ -7,8 +7,9 @@ final held-out loss of an honest replica over the same seed's clean run (plain m
 attacker), median over the seeds (and the worst seed); the steps from the attack's
 start to the attacker's quarantine, the most over the seeds; quarantines over clean runs
 with trust (false ones), and the step time with trust over without on a clean run
-(interleaved rounds, medians), with and without spot checks, without audits either,
-and without spot checks on a model of 1.1M parameters (the default one has 84k), and
+(interleaved rounds: the median over them of each run's mean per step), with and
+without spot checks, without audits either, and without spot checks on a model of
+1.1M parameters (the default one has 84k), and
 the floor: the same step in raw torch with one all-reduce, and with trust's two
 all-to-alls (``byzantine_floor``). One
 seed made the figures for the attacks that only a spot check catches a lottery: its
@@ -146,8 +147,16 @@ def _steps_to_quarantine(run: dict[str, Any]) -> int | None:
     return caught[0]["step"] - run["start"] + 1 if caught else None
 
 
+def _mean_step(times: list[float]) -> float:
+    """A run's time per step past its first 5 (the buckets are rebuilt after the first
+    pass): the mean, not the median, so that the steps with a spot check or an audit,
+    one in K, count for what they cost."""
+    return sum(times[5:]) / len(times[5:])
+
+
 def _overhead(rounds: int, steps: int) -> dict[str, float]:
-    """Step times on a clean run: plain mean, trust with spot checks, trust without;
+    """Step times on a clean run (each round's mean per step, ``_mean_step``; the
+    median over the rounds): plain mean, trust with spot checks, trust without;
     and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
     parameters: trust's work grows with the gradient, the step's compute with the
     samples too); and the floor: the same step in raw torch, its gradient synchronized
@@ -158,14 +167,15 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
     for contender in interleaved(contenders, rounds):
         if contender.startswith("floor_"):
             spec = {"mode": contender.removeprefix("floor_"), "steps": steps}
-            times[contender] += run_ranks(run_floor, WORKERS, spec, timeout=300)[0]["times"][5:]
+            times[contender].append(_mean_step(
+                run_ranks(run_floor, WORKERS, spec, timeout=300)[0]["times"]))
             continue
         extra: dict[str, Any] = {"hidden": WIDE} if contender.startswith("wide_") else {}
         if contender == "no_audit":
             extra["audit_every"] = 0
         run = _run("none", contender not in ("plain", "wide_plain"), 0, steps, wrap=False,
                    spot=SPOT_EVERY if contender == "trust" else 0, **extra)
-        times[contender] += run["times"][5:]  # past the first steps (bucket rebuild)
+        times[contender].append(_mean_step(run["times"]))
     plain, trust, no_spot, no_audit, wide_plain, wide_trust, floor_ar, floor_a2a = (
         median(times[k]) for k in contenders)
     return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,

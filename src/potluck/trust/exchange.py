@@ -66,8 +66,9 @@ def assigned(split: Sequence[int] | None, ranks: Iterable[int]) -> list[int]:
 
 @dataclass
 class Kept:
-    """One bucket of the step as this rank saw it. ``mine`` is its copy, padded to
-    ``piece * len(owners)`` (owner k's slice at ``k * piece``); ``received`` holds, per
+    """One bucket of the step as this rank saw it. ``mine`` is its copy, ``[owners,
+    piece]`` (owner k's slice in row k, zeros past the bucket's end; rows of the send
+    buffer, so maybe strided); ``received`` holds, per
     owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values),
     its bitmap (``bits`` values; none but in the pass's last bucket) and the audit copy
     it sent with its tag (the rest: ``piece`` values and one word, or nothing). As an
@@ -104,8 +105,7 @@ class Kept:
 
     def copy_of(self, owner: int) -> torch.Tensor:
         """This rank's copy of ``owner``'s slice."""
-        at = self.owners.index(owner) * self.piece
-        return self.mine[at:at + self.piece]
+        return self.mine[self.owners.index(owner)]
 
     def report_of(self, owner: int) -> torch.Tensor:
         """``owner``'s report words, as values."""
@@ -202,23 +202,22 @@ class RobustExchange:
         weights = self._weights(assigned(self._samples(), senders), flat.device)
         piece = max(1, math.ceil(flat.numel() / len(owners)))
         buffer = self._scratch.taker(bucket.index, dtype, flat.device)
-        mine = buffer("mine", piece * len(owners))
-        mine[:flat.numel()] = flat
-        mine[flat.numel():] = 0
         owner, sending = me in owners, me in senders
         produced = bucket.produced
         marks = 0 if produced is None else wire.words_for(produced.numel())
         lane = piece + (1 + marks) * word
         # 1. each owner gets every sender's copy of its slice, the sender's fingerprint
-        # and (the last bucket) its bitmap
+        # and (the last bucket) its bitmap: this rank's copy is laid out in its lanes
+        # to the owners, one per owner (the only copy of the gradient made here)
         if sending:
             send = buffer("send", len(owners) * lane)
-            lanes = send.view(len(owners), lane)  # one per owner
-            lanes[:, :piece] = mine.view(len(owners), piece)
+            lanes = send.view(len(owners), lane)
+            mine = _laid_out(flat, lanes[:, :piece])
             lanes[:, piece:] = wire.to_values(_header(self._print, produced, marks),
                                               dtype).to(flat.device)
         else:
             send = torch.empty(0, dtype=dtype, device=flat.device)
+            mine = _laid_out(flat, buffer("mine", piece * len(owners)).view(len(owners), piece))
         to_each = [lane if sending and r in owners else 0 for r in range(n)]
         from_each = [lane if owner and r in senders else 0 for r in range(n)]
         received = buffer("received", sum(from_each))
@@ -300,6 +299,19 @@ class RobustExchange:
             return like.new_empty(0)  # (the first pass's rebuild may change a bucket's dtype)
         tag = torch.tensor([wire.audit_tag(plan.owner, plan.step)], dtype=torch.int64)
         return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
+
+
+def _laid_out(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``flat`` written into ``rows`` (``[owners, piece]``, maybe strided), owner k's
+    slice in row k, zeros past its end; returns ``rows``."""
+    piece = rows.shape[1]
+    whole, rest = divmod(flat.numel(), piece)
+    rows[:whole] = flat[:whole * piece].view(whole, piece)
+    if whole < rows.shape[0]:
+        rows[whole, :rest] = flat[whole * piece:]
+        rows[whole, rest:] = 0
+        rows[whole + 1:] = 0
+    return rows
 
 
 def _header(fingerprint: int, produced: torch.Tensor | None, marks: int) -> torch.Tensor:

@@ -273,7 +273,7 @@ class TrustPart:
         for k in kept:
             if me in k.senders:
                 flat = self._flat(grads, k).to(k.mine.dtype)
-                parts.append(slice_error(flat, k.mine[:flat.numel()], 0))
+                parts.append(slice_error(flat, k.mine.reshape(-1)[:flat.numel()], 0))
         return relative(parts)
 
     def _flat(self, grads: dict[str, torch.Tensor], kept: Kept) -> torch.Tensor:
