@@ -18,6 +18,7 @@ from potluck.trust.audit import (
     audit_difference,
     digest,
     outcome,
+    voting,
 )
 from potluck.trust.exchange import Kept
 from potluck.trust.verdict import (
@@ -31,6 +32,7 @@ from potluck.trust.verdict import (
     Outcome,
     Reports,
     Strikes,
+    audited,
     judge,
     settle_disputes,
 )
@@ -592,3 +594,17 @@ def test_a_reports_digest_is_the_same_from_its_words_or_its_values(dtype: torch.
         assert digest([words[i]]) == digest([k.report_of(owner)])
         assert digest([words[i]], key=5) == digest([k.report_of(owner)], key=5)
     assert len({digest([words[i]]) for i in range(len(OWNERS))}) == len(OWNERS)
+
+
+def test_only_the_other_owners_audit() -> None:
+    # The verdict counts the other owners' results (verdict.audited): the audited owner
+    # and a rank owning no slice (a quarantined member of a fixed cohort) skip the work.
+    assert voting(1, 0, (0, 1, 2)) and voting(1, 2, (0, 1, 2))
+    assert not voting(1, 1, (0, 1, 2))
+    assert not voting(1, 3, (0, 1, 2))
+    wrong = AuditResult(1, 5, Outcome.WRONG, 1.0)
+    for own in (None, AuditResult(1, 5, Outcome.AGREED)):  # its word would not count
+        reports = Reports(finite=[[1.0] * 3] * 3, distance=[[0.0] * 3] * 3, owns=[1.0] * 3,
+                          fingerprint=[1] * 3, audit=[wrong, own, wrong])
+        found = audited(reports, [0, 1, 2], [0, 1, 2])
+        assert [(f.kind, f.rank) for f in found] == [(WRONG_AGGREGATE, 1)]

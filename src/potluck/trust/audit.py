@@ -90,6 +90,12 @@ class AuditPlan:
         return [self.received.get(sender, 0) for sender in senders]
 
 
+def voting(audited: int, me: int, owners: Sequence[int]) -> bool:
+    """Whether rank ``me``'s audit result counts in the verdict on owner ``audited``
+    (``verdict.audited``): it must own a slice, and not be the audited owner itself."""
+    return me != audited and me in owners
+
+
 def digest(pieces: Sequence[torch.Tensor], key: int | None = None) -> int:
     """The first 64 bits of a BLAKE3 digest of the pieces' bytes, in order (never 0,
     which means "none"; ``fingerprint.hash64``), keyed by ``key``. An audit's digests

@@ -35,7 +35,7 @@ from potluck.collectives import broadcast_coalesced
 from potluck.errors import ConfigError, PeerLostError
 from potluck.metrics.notes import note
 from potluck.trust import wire
-from potluck.trust.audit import AuditPlan, digest, outcome
+from potluck.trust.audit import AuditPlan, digest, outcome, voting
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import Fingerprints, keyed_digest
@@ -195,8 +195,12 @@ class TrustPart:
     def _audit(self, plan: AuditPlan | None, received: Sequence[Sequence[int]],
                keys: Sequence[int]) -> AuditResult | None:
         """This rank's audit of the copies this step carried (``audit.py``), reported
-        in the next step: the verdict goes by the other owners' majority."""
-        if plan is None:
+        in the next step: the verdict goes by the other owners' majority, so the audited
+        owner and a rank that owns no slice (``verdict.audited`` counts neither) skip
+        the recomputation."""
+        if plan is None or not voting(plan.owner, self._cohort.rank,
+                                      next(iter(plan.buckets.values())).owners
+                                      if plan.buckets else ()):
             return None
         result = outcome(plan, self.ledger.buckets, received[plan.owner],
                          self.config.aggregator, keys[plan.owner] if plan.owner < len(keys)
