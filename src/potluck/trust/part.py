@@ -152,13 +152,15 @@ class TrustPart:
             self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received, reports.key))
             pick = self._pick(words, steps)
+            others = [o for o in kept[0].owners if o != cohort.rank]  # (what this rank
+            # handed itself is compared with nothing: verdict.handed_out)
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
                 {owner: keyed_digest([k.row_of(owner) for k in kept], pick[2])
-                 for owner in kept[0].owners},
+                 for owner in others},
                 {owner: digest([w[k.owners.index(owner)]  # (the bytes of report_of)
                                 for k, w in zip(kept, words, strict=True)])
-                 for owner in kept[0].owners}))
+                 for owner in others}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
             self._repair(reports, trusted, steps)
