@@ -35,6 +35,26 @@ def test_the_recomputed_gradient_is_the_loops_and_touches_nothing() -> None:
         assert torch.allclose(got[name], p.grad, rtol=1e-6, atol=1e-7), name
 
 
+def test_only_the_wanted_gradients_are_computed_and_equal_the_whole_ones() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    batch = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
+    state = snapshot(net)
+    whole = recompute_gradient(net, state, _loss, batch)
+    for wanted in ({"2.weight"}, {"0.bias", "4.weight"}, {"4.bias"}):
+        got = recompute_gradient(net, state, _loss, batch, wanted=wanted)
+        assert set(got) == set(whole)
+        for name, grad in got.items():
+            assert torch.equal(grad, whole[name] if name in wanted
+                               else torch.zeros_like(whole[name])), (wanted, name)
+    seq = nn.Sequential(nn.Linear(4, 2))
+    seq.register_parameter("spare", nn.Parameter(torch.ones(3)))  # the loss never reaches it
+    for wanted in ({"spare"}, set()):
+        got = recompute_gradient(seq, snapshot(seq), lambda m, b: m(b).sum(), torch.randn(3, 4),
+                                 wanted=wanted)
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in got.values()), wanted
+
+
 def test_an_unused_parameter_gets_a_zero_gradient() -> None:
     seq = nn.Sequential(nn.Linear(4, 2))
     seq.register_parameter("spare", nn.Parameter(torch.ones(3)))

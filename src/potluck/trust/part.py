@@ -249,7 +249,8 @@ class TrustPart:
         target = owners[(pick // spot.every) % len(owners)]
         if me not in owners or me == target:
             return None
-        grads = recompute_gradient(self._module, self._snapshot, spot.loss, self._part_of(target))
+        grads = recompute_gradient(self._module, self._snapshot, spot.loss, self._part_of(target),
+                                   wanted=self._in_slices(kept, me))
         parts = []
         for k in kept:
             if target not in k.senders or me not in k.owners:
@@ -281,6 +282,21 @@ class TrustPart:
                 flat = self._flat(grads, k).to(k.mine.dtype)
                 parts.append(slice_error(flat, k.mine.reshape(-1)[:flat.numel()], 0))
         return relative(parts)
+
+    def _in_slices(self, kept: list[Kept], me: int) -> set[str]:
+        """The names of the parameters with a value in one of ``me``'s slices (a spot
+        check compares only those)."""
+        names: set[str] = set()
+        for k in kept:
+            if me not in k.owners:
+                continue
+            start = k.owners.index(me) * k.piece
+            at = 0
+            for p in k.parameters:
+                if at < start + k.piece and at + p.numel() > start:
+                    names.add(self._names[id(p)])
+                at += p.numel()
+        return names
 
     def _flat(self, grads: dict[str, torch.Tensor], kept: Kept) -> torch.Tensor:
         """A recomputed gradient (by parameter name) laid out as bucket ``kept`` is."""

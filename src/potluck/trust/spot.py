@@ -20,7 +20,7 @@ dropout, or a fixed seed inside it).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,11 +66,18 @@ def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
-              batch: Any) -> dict[str, torch.Tensor]:
+                       batch: Any, wanted: Collection[str] | None = None
+                       ) -> dict[str, torch.Tensor]:
     """The gradient of ``loss`` at ``state`` on ``batch``, by parameter name (zeros for
-    a parameter the loss does not reach)."""
+    a parameter the loss does not reach). ``wanted``: only these parameters' gradients
+    are computed (the others are zeros): an owner compares only its own slices, and
+    backward then skips the other layers' weight gradients, and stops at the first
+    layer it needs."""
     names = [name for name, _ in module.named_parameters()]
-    leaves = {name: state[name].clone().requires_grad_(True) for name in names}
+    asked = names if wanted is None else [name for name in names if name in wanted]
+    leaves = {name: state[name].clone().requires_grad_(True) for name in asked}
+    if not leaves:
+        return {name: torch.zeros_like(state[name]) for name in names}
     values = {**{k: v.clone() for k, v in state.items() if k not in leaves}, **leaves}
 
     def model(*args: Any, **kwargs: Any) -> Any:
@@ -83,9 +90,11 @@ def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: 
             raise ConfigError(f"SpotCheck's loss(model, batch) returned {type(value).__name__}"
                               f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}"
                               "; it must return the scalar loss the loop calls backward() on")
-        grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
-    return {n: torch.zeros_like(leaves[n]) if g is None else g.detach()
-            for n, g in zip(names, grads, strict=True)}
+        grads = (dict(zip(asked, torch.autograd.grad(value, [leaves[n] for n in asked],
+                                                     allow_unused=True), strict=True))
+                 if value.requires_grad else {})  # (none of them reached)
+    return {n: torch.zeros_like(state[n]) if grads.get(n) is None else grads[n].detach()
+            for n in names}
 
 
 def slice_error(flat: torch.Tensor, copy: torch.Tensor, start: int) -> tuple[float, float]:
