@@ -179,17 +179,19 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
 
 def agree_everywhere(group: GroupHandle, values: dict[str, int | str],
                      device: torch.device) -> None:
-    """Every rank passed the same ``values`` (one all-gather of two words: the hash of
-    the values and of their names; only when ranks differ are the values themselves
-    gathered to show them): ranks with another
+    """Every rank passed the same ``values`` (one all-gather of one word: the hash of
+    the names and values; only when ranks differ are the values themselves gathered to
+    show them): ranks with another
     seed, global batch or dataset length would each walk their own order of the data,
     and some samples would be trained twice and others never, with no error anywhere;
     ranks with other settings (``signature``'s texts) would sync differently, which
-    ends in a hang, a crash or replicas drifting apart. The first gather has the same
-    size in every version of potluck, so a rank of another version, whose names may
-    differ, is shown too (its potluck named first), not left waiting."""
-    mine = torch.tensor([_as_word(repr(sorted(values.items()))), _as_word(repr(list(values)))],
-                        dtype=torch.int64, device=device)  # (NCCL: its device's tensors)
+    ends in a hang, a crash or replicas drifting apart. These two gathers (one word,
+    then ``allgather_object``) must stay as they are in every later version, whatever
+    ``protocol.WIRE`` says: then a rank of another version, whose settings may have
+    other names, is named with its potluck, not left waiting on a gather of another
+    size (a version from before them, which gathered a word per setting, is not)."""
+    mine = torch.tensor([_as_word(repr(sorted(values.items())))], dtype=torch.int64,
+                        device=device)  # (NCCL takes only its device's tensors)
     if len({tuple(row.tolist()) for row in allgather_tensor(mine, group)}) == 1:
         return
     rows: list[dict[str, int | str]] = allgather_object(values, group, device)

@@ -5,7 +5,10 @@ per step, in what order, what each carries). Ranks with another wire would wait 
 collectives the others never run, or read each other's bytes wrongly: a hang or
 garbage. So ``prepare`` agrees on ``running()`` with every other setting, and a
 joiner compares it with the cohort's: a mismatch is a ``ConfigError`` that names both.
-Bump ``WIRE`` with every change to what a collective sends (``docs/design.md``).
+Bump ``WIRE`` with every change to what a collective sends (``docs/design.md``). The
+agreement's own two gathers (``prepare_checks.agree_everywhere``) never change, so
+that any later version is named, not left waiting; versions from before them (which
+gathered a word per setting) are not.
 """
 
 from __future__ import annotations

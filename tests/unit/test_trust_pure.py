@@ -98,8 +98,8 @@ def test_non_finite_copies_are_left_out_and_none_usable_is_nan() -> None:
                                   "nan_and_inf"])
 def test_non_finite_copies_anywhere_aggregate_as_the_finite_ones_alone(case: str) -> None:
     # CenteredClip takes every row as finite until a distance from the start says
-    # otherwise (``_started``): whatever the non-finite values' places, the result and
-    # the distances are those of the finite rows alone, bit for bit.
+    # otherwise (``_started``): whatever the non-finite values' places, the result is
+    # that of the finite rows alone, bit for bit.
     copies = _honest(n=6)
     if case == "nan":
         copies[2, 3] = float("nan")
@@ -117,7 +117,8 @@ def test_non_finite_copies_anywhere_aggregate_as_the_finite_ones_alone(case: str
     weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])
     finite = torch.isfinite(copies).all(dim=1)
     for aggregator in (CenteredClip(), CenteredClip(reject_at=None)):
-        got, _ = aggregator.measured(copies, weights)
+        got, measured = aggregator.measured(copies, weights)
+        assert measured is None  # a row was left out: its distances are not for free
         if not finite.any():
             assert torch.isnan(got).all()
             continue

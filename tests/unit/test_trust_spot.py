@@ -11,7 +11,13 @@ from torch import nn
 
 from potluck.errors import ConfigError
 from potluck.trust import Rules, SpotCheck
-from potluck.trust.spot import recompute_gradient, relative, slice_error, snapshot
+from potluck.trust.spot import (
+    in_slices,
+    recompute_gradient,
+    relative,
+    slice_error,
+    snapshot,
+)
 from potluck.trust.verdict import WRONG_GRADIENT, Reports, SpotResult, judge, spot_checked
 
 
@@ -53,6 +59,39 @@ def test_only_the_wanted_gradients_are_computed_and_equal_the_whole_ones() -> No
         got = recompute_gradient(seq, snapshot(seq), lambda m, b: m(b).sum(), torch.randn(3, 4),
                                  wanted=wanted)
         assert all(torch.equal(g, torch.zeros_like(g)) for g in got.values()), wanted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_owners_slices_of_the_partial_gradient_are_the_whole_ones(seed: int) -> None:
+    # Buckets of parameters in any order, slices that cut parameters, more owners than
+    # a bucket has values: each owner's slices of the gradients computed for its own
+    # parameters (in_slices) are the whole gradient's, bit for bit.
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3), nn.Tanh(), nn.Linear(3, 1))
+    batch = torch.randn(9, 5, generator=gen)
+    loss = lambda m, b: m(b).pow(2).mean()  # noqa: E731
+    state = snapshot(net)
+    whole = recompute_gradient(net, state, loss, batch)
+    named = dict(net.named_parameters())
+    order = [list(named)[i] for i in torch.randperm(len(named), generator=gen).tolist()]
+    cut = sorted(torch.randperm(len(order) - 1, generator=gen)[:2].add(1).tolist())
+    groups = [order[:cut[0]], order[cut[0]:cut[1]], order[cut[1]:]]
+    owners = tuple(range(int(torch.randint(1, 7, (1,), generator=gen))))
+    buckets = []
+    for group in groups:
+        numel = sum(named[n].numel() for n in group)
+        buckets.append((owners, -(-numel // len(owners)), [named[n] for n in group]))
+    by_id = {id(p): n for n, p in named.items()}
+    for me in owners:
+        wanted = {by_id[id(p)] for p in in_slices(buckets, me)}
+        got = recompute_gradient(net, state, loss, batch, wanted=wanted)
+        for _, piece, params in buckets:
+            flat_got = torch.cat([got[by_id[id(p)]].reshape(-1) for p in params])
+            flat_whole = torch.cat([whole[by_id[id(p)]].reshape(-1) for p in params])
+            mine = slice(me * piece, (me + 1) * piece)
+            assert torch.equal(flat_got[mine], flat_whole[mine]), (seed, me, params)
+    assert in_slices(buckets, len(owners)) == []  # not an owner: no slice
 
 
 def test_an_unused_parameter_gets_a_zero_gradient() -> None:

@@ -151,16 +151,24 @@ def _mean_step(times: list[float]) -> float:
     """A run's time per step past its first 5 (the buckets are rebuilt after the first
     pass): the mean, not the median, so that the steps with a spot check or an audit,
     one in K, count for what they cost."""
-    return sum(times[5:]) / len(times[5:])
+    tail = times[5:] or times
+    return sum(tail) / len(tail)
+
+
+def _over(contender: list[float], base: list[float]) -> float:
+    """The median over rounds of the contender's step over the base's in the same
+    round (the rounds interleave them), minus 1."""
+    return median([c / b for c, b in zip(contender, base, strict=True)]) - 1
 
 
 def _overhead(rounds: int, steps: int) -> dict[str, float]:
     """Step times on a clean run (each round's mean per step, ``_mean_step``; the
-    median over the rounds): plain mean, trust with spot checks, trust without;
-    and plain against trust without spot checks on a model ``WIDE`` wide (1.1M
-    parameters: trust's work grows with the gradient, the step's compute with the
-    samples too); and the floor: the same step in raw torch, its gradient synchronized
-    by one all-reduce or by trust's two all-to-alls (``byzantine_floor``)."""
+    median over the rounds, and of the rounds' ratios for the overheads, ``_over``):
+    plain mean, trust with spot checks, trust without; and plain against trust without
+    spot checks on a model ``WIDE`` wide (1.1M parameters: trust's work grows with the
+    gradient, the step's compute with the samples too); and the floor: the same step
+    in raw torch, its gradient synchronized by one all-reduce or by trust's two
+    all-to-alls (``byzantine_floor``)."""
     contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust",
                   "floor_allreduce", "floor_alltoall")
     times: dict[str, list[float]] = {k: [] for k in contenders}
@@ -180,8 +188,9 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
         median(times[k]) for k in contenders)
     return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
             "no_audit_ms": no_audit * 1e3,
-            "overhead": trust / plain - 1, "overhead_no_spot": no_spot / plain - 1,
-            "overhead_no_audit": no_audit / plain - 1,
+            "overhead": _over(times["trust"], times["plain"]),
+            "overhead_no_spot": _over(times["no_spot"], times["plain"]),
+            "overhead_no_audit": _over(times["no_audit"], times["plain"]),
             "wide_plain_ms": wide_plain * 1e3, "wide_trust_ms": wide_trust * 1e3,
-            "overhead_wide": wide_trust / wide_plain - 1,
+            "overhead_wide": _over(times["wide_trust"], times["wide_plain"]),
             "floor_allreduce_ms": floor_ar * 1e3, "floor_alltoall_ms": floor_a2a * 1e3}

@@ -332,7 +332,7 @@ def _merged(rows: Iterable[Sequence[int]]) -> torch.Tensor:
 class Scratch:
     """The hook's buffers, one set per bucket, kept from step to step on the CPU. A step
     reads what it wrote in them until the next step's same bucket (the ledger is reset
-    at the first bucket), so one set suffices. Allocated afresh every step (six
+    at the first bucket), so one set suffices. Allocated afresh every step (then six
     buffers, six to eight gradients' worth with an audit copy riding along), glibc gave
     them back to the system after each step and faulted them in again page by page:
     about 4,500 page faults a rank and step for a 1.1M-parameter model. A buffer is

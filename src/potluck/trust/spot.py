@@ -72,7 +72,8 @@ def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: 
     a parameter the loss does not reach). ``wanted``: only these parameters' gradients
     are computed (the others are zeros): an owner compares only its own slices, and
     backward then skips the other layers' weight gradients, and stops at the first
-    layer it needs."""
+    layer it needs. All zeros when the loss reaches none of them (and, with none
+    wanted, the loss is not called at all)."""
     names = [name for name, _ in module.named_parameters()]
     asked = names if wanted is None else [name for name in names if name in wanted]
     leaves = {name: state[name].clone().requires_grad_(True) for name in asked}
@@ -95,6 +96,24 @@ def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: 
                  if value.requires_grad else {})  # (none of them reached)
     return {n: torch.zeros_like(state[n]) if grads.get(n) is None else grads[n].detach()
             for n in names}
+
+
+def in_slices(buckets: Sequence[tuple[Sequence[int], int, Sequence[torch.Tensor]]],
+              me: int) -> list[torch.Tensor]:
+    """The parameters with a value in one of owner ``me``'s slices: per bucket
+    ``(owners, piece, parameters)``, the parameters laid out one after another in the
+    bucket's order, owner k's slice ``[k * piece, (k + 1) * piece)``."""
+    found: list[torch.Tensor] = []
+    for owners, piece, parameters in buckets:
+        if me not in owners:
+            continue
+        start = owners.index(me) * piece
+        at = 0
+        for p in parameters:
+            if at < start + piece and at + p.numel() > start:
+                found.append(p)
+            at += p.numel()
+    return found
 
 
 def slice_error(flat: torch.Tensor, copy: torch.Tensor, start: int) -> tuple[float, float]:
