@@ -33,14 +33,19 @@ def _setup(rank: int, world_size: int, port: int, seed_of: list[int]) -> Any:
                            cohort=_cohort(rank, world_size, port))
 
 
-def _different_seeds(rank: int, world_size: int, port: int) -> str:
+def _refusal(rank: int, world_size: int, port: int, seed_of: list[int]) -> str:
+    """``_setup``'s ConfigError as text ("no error" when there was none)."""
     from potluck.errors import ConfigError
 
     try:
-        _setup(rank, world_size, port, [0, 1])
+        _setup(rank, world_size, port, seed_of)
     except ConfigError as exc:
         return str(exc)
     return "no error"
+
+
+def _different_seeds(rank: int, world_size: int, port: int) -> str:
+    return _refusal(rank, world_size, port, [0, 1])
 
 
 @pytest.mark.timeout(60)
@@ -76,7 +81,6 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
 def _different_wire(rank: int, world_size: int, port: int, newer: bool) -> str:
     import potluck.prepare_checks
     import potluck.protocol
-    from potluck.errors import ConfigError
 
     if rank == 1 and not newer:  # as a worker with another potluck installed would be
         potluck.protocol.WIRE += 98
@@ -84,11 +88,7 @@ def _different_wire(rank: int, world_size: int, port: int, newer: bool) -> str:
         signature = potluck.prepare_checks.signature
         potluck.prepare_checks.signature = lambda *args: {  # type: ignore[assignment]
             **signature(*args), "potluck": "9.9 (wire 99)", "new setting": 1}
-    try:
-        _setup(rank, world_size, port, [0, 0])
-    except ConfigError as exc:
-        return str(exc)
-    return "no error"
+    return _refusal(rank, world_size, port, [0, 0])
 
 
 @pytest.mark.timeout(60)

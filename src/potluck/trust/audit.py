@@ -85,6 +85,11 @@ class AuditPlan:
                         for sender in senders}
         return cls(owner, step, buckets, received)
 
+    @property
+    def owners(self) -> tuple[int, ...]:
+        """The slice owners of the planned step (none when it kept no bucket)."""
+        return next(iter(self.buckets.values())).owners if self.buckets else ()
+
     def received_digests(self, senders: Sequence[int]) -> list[int]:
         """Per sender, the digest of its copies this owner received (0: none kept)."""
         return [self.received.get(sender, 0) for sender in senders]

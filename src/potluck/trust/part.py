@@ -158,8 +158,8 @@ class TrustPart:
             self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received, reports.key))
             pick = self._pick(words, steps)
-            others = [o for o in kept[0].owners if o != cohort.rank]  # (what this rank
-            # handed itself is compared with nothing: verdict.handed_out)
+            # (what this rank handed itself is compared with nothing: verdict.handed_out)
+            others = [o for o in kept[0].owners if o != cohort.rank]
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
                 pick[2] or 1,
                 {owner: keyed_digest([k.row_of(owner) for k in kept], pick[2])
@@ -206,9 +206,7 @@ class TrustPart:
         in the next step: the verdict goes by the other owners' majority, so the audited
         owner and a rank that owns no slice (``verdict.audited`` counts neither) skip
         the recomputation."""
-        if plan is None or not voting(plan.owner, self._cohort.rank,
-                                      next(iter(plan.buckets.values())).owners
-                                      if plan.buckets else ()):
+        if plan is None or not voting(plan.owner, self._cohort.rank, plan.owners):
             return None
         result = outcome(plan, self.ledger.buckets, received[plan.owner],
                          self.config.aggregator, keys[plan.owner] if plan.owner < len(keys)
