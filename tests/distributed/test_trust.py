@@ -359,6 +359,78 @@ def test_a_clean_trust_step_runs_its_two_all_to_alls_and_no_vote() -> None:
         assert counts == {"alltoall_base": 2 * buckets * (steps - 2)}, counts
 
 
+class _Calls:
+    """The trust hook, registered again behind this (as the bench's attacks are), to know
+    which bucket's call the exchange's work runs in."""
+
+    prescaled = False
+    carries_bitmap = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.call = inner, -1
+
+    def __call__(self, state: Any, bucket: Any) -> Any:
+        self.call = bucket.index
+        return self.inner(state, bucket)
+
+
+def _overlapped(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """Which call of the hook scatters and which gathers each bucket of step 4, on a
+    model of several buckets, and the replica's fingerprint."""
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
+    from potluck.trust.fingerprint import fingerprint
+
+    cohort = join(rank, world_size, port)
+    train, _ = data(6)
+    net = model(0)
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05), train, global_batch=GLOBAL_BATCH,
+        cohort=cohort, trust=potluck.Trust(), bucket_cap_mb=0.001, first_bucket_cap_mb=0.001)
+    exchange = trust_part(opt).exchange
+    calls = _Calls(exchange)
+    wrapped.register_comm_hook(None, calls)
+    log: list[tuple[int, str, int]] = []
+    def logging(name: str) -> Any:
+        real = getattr(exchange, name)
+
+        def logged(arg: Any) -> Any:
+            if opt.steps == 4:
+                log.append((calls.call, name, (arg.bucket if name == "_gathered" else arg).index))
+            return real(arg)
+        return logged
+
+    for name in ("_scatter", "_gathered"):
+        setattr(exchange, name, logging(name))
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+        opt.step()
+    out = {"log": log, "buckets": 1 + max(b for _, name, b in log if name == "_scatter"),
+           "fingerprint": fingerprint([p.data for p in net.parameters()]),
+           "events": trust_part(opt).events}
+    opt.finish()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_buckets_aggregation_waits_for_the_next_buckets_call() -> None:
+    """Backward goes on while a bucket's copies travel: the call for bucket b launches
+    its scatter and returns; the call for bucket b + 1 waits for it, aggregates and
+    launches its gather, then scatters its own; the last bucket's call finishes both."""
+    results = run_ranks(_overlapped, 4, free_port(), init_group=False, timeout=100)
+    for r in results:
+        last = r["buckets"] - 1
+        assert last >= 2, r["buckets"]
+        expected = [(0, "_scatter", 0)]
+        for b in range(1, last + 1):
+            expected += [(b, "_gathered", b - 1), (b, "_scatter", b)]
+        expected.append((last, "_gathered", last))
+        assert r["log"] == expected
+        assert r["events"] == []
+    assert len({r["fingerprint"] for r in results}) == 1
+
+
 def _branchy(rank: int, world_size: int, port: int, trust: bool) -> list[dict[str, Any]]:
     """Steps of a model whose ranks use different branches (``test_data_parallel``'s
     schedule: all left, rank 0 right and the others left, all right; ``never`` never),

@@ -30,9 +30,13 @@ def test_the_recomputed_gradient_is_the_loops_and_touches_nothing() -> None:
     net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
     batch = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
     state = snapshot(net)
+    kept = {name: t.clone() for name, t in state.items()}
     stats = net[1].running_mean.clone()
     rng = torch.get_rng_state()
     got = recompute_gradient(net, state, _loss, batch)
+    got_again = recompute_gradient(net, state, _loss, batch, wanted={"0.weight"})
+    assert torch.equal(got_again["0.weight"], got["0.weight"])
+    assert all(torch.equal(state[n], kept[n]) for n in kept)  # nor the snapshot (buffers)
     assert torch.equal(net[1].running_mean, stats)  # BatchNorm's statistics untouched
     assert torch.equal(torch.get_rng_state(), rng)  # the training's random stream too
     assert all(p.grad is None for p in net.parameters())
@@ -92,6 +96,23 @@ def test_an_owners_slices_of_the_partial_gradient_are_the_whole_ones(seed: int) 
             mine = slice(me * piece, (me + 1) * piece)
             assert torch.equal(flat_got[mine], flat_whole[mine]), (seed, me, params)
     assert in_slices(buckets, len(owners)) == []  # not an owner: no slice
+
+
+def test_a_snapshot_is_copied_into_the_last_one_when_the_model_is_alike() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    first = snapshot(net)
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    net(torch.randn(5, 4))  # (moves the BatchNorm statistics)
+    second = snapshot(net, first)
+    assert second is first  # copied into, not allocated again
+    for name, t in [*net.named_parameters(), *net.named_buffers()]:
+        assert torch.equal(second[name], t) and second[name].data_ptr() != t.data_ptr(), name
+    other = nn.Sequential(nn.Linear(4, 2))  # other shapes (a resized model): new copies
+    third = snapshot(other, first)
+    assert third is not first and set(third) == {"0.weight", "0.bias"}
+    assert torch.equal(third["0.weight"], other[0].weight)
 
 
 def test_an_unused_parameter_gets_a_zero_gradient() -> None:

@@ -28,13 +28,19 @@ class Bucket:
     launched in a pass: one byte per parameter of the model (in the reducer's order), 1
     where this rank produced a gradient in the pass, 0 elsewhere. It is in and out: by
     the time the hook's future completes it must hold the agreed bytes, nonzero where
-    any rank whose gradient counts produced one, the same on every rank."""
+    any rank whose gradient counts produced one, the same on every rank.
+
+    ``count``: the buckets of a pass. The reducer launches them in index order, each
+    once, and every one in a pass that does not fail: a hook may leave work of bucket
+    ``index`` to its call for the next one, and must finish everything in its call for
+    bucket ``count - 1``."""
 
     index: int
     buffer: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
     group: GroupHandle
     produced: torch.Tensor | None = None
+    count: int = 1
 
     @property
     def world_size(self) -> int:

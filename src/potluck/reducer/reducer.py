@@ -231,7 +231,7 @@ class Reducer:
                     param.grad = view
                 bucket_of[i], views[i] = b, view
             buckets.append(Bucket(b, buffer, tuple(self._params[i] for i in members),
-                                  self._group or GroupHandle(None)))
+                                  self._group or GroupHandle(None), count=len(assignment)))
         self._bucket_of = bucket_of
         self._views = [v for v in views if v is not None]
         self._buckets = buckets

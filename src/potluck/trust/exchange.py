@@ -8,6 +8,12 @@ For each gradient bucket every trusted rank owns one slice (as in a reduce-scatt
    from the step's split (``samples()``: the share planner's, never the ranks' word);
 3. a second all-to-all hands every rank every owner's aggregate (an all-gather).
 
+Backward is not held up by a bucket's round trip: the hook's call for a bucket launches
+step 1 and returns, and steps 2 and 3 run in its call for the next bucket, once that
+bucket's gradients are computed (the last bucket's in its own call). So the copies
+travel while backward goes on, as a plain all-reduce does, and every rank issues the
+collectives in one order: a bucket's second all-to-all before the next one's first.
+
 Per rank that is ``2 (N - 1) / N`` of the bucket, the bytes of a ring all-reduce. What
 trust needs to judge the step rides on the same two all-to-alls (``wire.py``), and
 so does the reducer's unused-parameter bitmap: a clean step has no other collective
@@ -162,6 +168,7 @@ class RobustExchange:
         self._print = 0
         self._scratch = Scratch()
         self._weighed: tuple[tuple[tuple[int, ...], torch.device], torch.Tensor] | None = None
+        self._scattered: _Scattered | None = None  # a bucket awaiting its aggregation
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
         """Carry every rank's copy of ``plan.owner``'s slices in the next step (and, as
@@ -186,52 +193,85 @@ class RobustExchange:
         """Nothing planned or found so far rides in the next step: a new generation
         renumbered the ranks, or a step had no synced backward to judge."""
         self._plan, self._next = None, _Said()
+        self._drop_scattered("the exchange was reset (a new generation, or no synced pass)")
         self._replays.forget()
         self._scratch.clear()
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
-        group, n, me = bucket.group, bucket.world_size, bucket.rank
+        """Launches ``bucket``'s first all-to-all. The rest of a bucket (waiting for its
+        copies, the aggregation, the second all-to-all) runs in the call for the next
+        bucket, so backward computes that one's gradients meanwhile; the pass's last
+        bucket finishes in its own call. Every rank issues the collectives in one order:
+        each bucket's second all-to-all before the next bucket's first."""
         if bucket.index == 0:
-            self.ledger.reset(n, self._plan)
+            self._drop_scattered("a new pass began before its aggregation")
+            self.ledger.reset(bucket.world_size, self._plan)
             self._plan, self._print = None, self._fingerprint()
             self._said, self._next = self._next, _Said()
+        else:
+            scattered, self._scattered = self._scattered, None
+            if scattered is not None:
+                try:
+                    _settle(self._gathered(scattered), scattered.result)
+                except BaseException as exc:  # (its future must not wait forever)
+                    scattered.result.set_exception(exc)  # type: ignore[arg-type]
+                    raise
+        scattered = self._scatter(bucket)
+        if bucket.index < bucket.count - 1:
+            self._scattered = scattered
+            return scattered.result
+        return self._gathered(scattered)
+
+    def _scatter(self, bucket: Bucket) -> _Scattered:
+        """1. Each owner gets every sender's copy of its slice, the sender's fingerprint
+        and (the last bucket) its bitmap: this rank's copy is laid out in its lanes to
+        the owners, one per owner (the only copy of the gradient made here)."""
+        group, n, me = bucket.group, bucket.world_size, bucket.rank
         flat = bucket.buffer.view(-1)
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
         owners = tuple(sorted(self._trusted(n)))
         senders = owners  # the copies that count come from the trusted ranks
         weights = self._weights(assigned(self._samples(), senders), flat.device)
         piece = max(1, math.ceil(flat.numel() / len(owners)))
-        buffer = self._scratch.taker(bucket.index, dtype, flat.device)
+        take = self._scratch.taker(bucket.index, dtype, flat.device)
         owner, sending = me in owners, me in senders
         produced = bucket.produced
         marks = 0 if produced is None else wire.words_for(produced.numel())
         lane = piece + (1 + marks) * word
-        # 1. each owner gets every sender's copy of its slice, the sender's fingerprint
-        # and (the last bucket) its bitmap: this rank's copy is laid out in its lanes
-        # to the owners, one per owner (the only copy of the gradient made here)
         if sending:
-            send = buffer("send", len(owners) * lane)
+            send = take("send", len(owners) * lane)
             lanes = send.view(len(owners), lane)
             mine = _laid_out(flat, lanes[:, :piece])
             lanes[:, piece:] = wire.to_values(_header(self._print, produced, marks),
                                               dtype).to(flat.device)
         else:
             send = torch.empty(0, dtype=dtype, device=flat.device)
-            mine = _laid_out(flat, buffer("mine", piece * len(owners)).view(len(owners), piece))
+            mine = _laid_out(flat, take("mine", piece * len(owners)).view(len(owners), piece))
         to_each = [lane if sending and r in owners else 0 for r in range(n)]
         from_each = [lane if owner and r in senders else 0 for r in range(n)]
-        received = buffer("received", sum(from_each))
+        received = take("received", sum(from_each))
         work = group.alltoall_base(received, send, from_each, to_each)  # type: ignore[attr-defined]
-        wait_for(work, group, "robust aggregation (scatter)")
-        # 2. every rank gets every owner's aggregate, its report, its bitmap and any
-        # audit copy
+        return _Scattered(bucket, work, send, received, mine, owners, senders, weights,
+                          piece, lane, marks, take, torch.futures.Future())
+
+    def _gathered(self, scattered: _Scattered) -> torch.futures.Future[torch.Tensor]:
+        """2. Once the copies are in: every rank gets every owner's aggregate, its
+        report, its bitmap and any audit copy (the second all-to-all, launched here);
+        the bucket's reduced gradient when it is done."""
+        s = scattered
+        bucket, owners, senders, piece, buffer = s.bucket, s.owners, s.senders, s.piece, s.take
+        group, n, me = bucket.group, bucket.world_size, bucket.rank
+        flat = bucket.buffer.view(-1)
+        dtype, word = flat.dtype, wire.per_word(flat.dtype)
+        owner, produced, marks = me in owners, bucket.produced, s.marks
+        wait_for(s.work, group, "robust aggregation (scatter)")
         audited = self._audited(bucket.index, owners, flat)
         report, bits = wire.report_words(len(senders)) * word, marks * word
         stride = piece + report + bits + audited.numel()
         if owner:
-            rows = received.view(len(senders), lane)
+            rows = s.received.view(len(senders), s.lane)
             copies = rows[:, :piece].float()
-            value, d2, finite = aggregate_measured(self.aggregator, copies, weights)
+            value, d2, finite = aggregate_measured(self.aggregator, copies, s.weights)
             headers = wire.to_words(rows[:, piece:]).view(len(senders), 1 + marks).tolist()
             prints = [h[0] for h in headers]
             audit = self.ledger.audit
@@ -240,7 +280,8 @@ class RobustExchange:
             words = wire.encode_report(
                 piece, finite, d2,
                 prints, self._said.spot, self._said.audit, digests, self._said.handed,
-                senders, self._replays.check(bucket.index, senders, rows[:, :piece], weights))
+                senders, self._replays.check(bucket.index, senders, rows[:, :piece],
+                                             s.weights))
             outgoing = buffer("outgoing", n * stride)
             handed = outgoing.view(n, stride)  # the same row for every rank
             handed[0, :piece] = value
@@ -251,15 +292,15 @@ class RobustExchange:
             handed[0, piece + report + bits:] = audited
             handed[1:] = handed[0]
         else:
-            rows = received.view(0, lane)
+            rows = s.received.view(0, s.lane)
             outgoing = torch.empty(0, dtype=dtype, device=flat.device)
         result = buffer("result", stride * len(owners))
         work = group.alltoall_base(  # type: ignore[attr-defined]
             result, outgoing, [stride if r in owners else 0 for r in range(n)],
             [stride if owner else 0] * n)
-        self.ledger.buckets[bucket.index] = Kept(mine, result, piece, report, owners, senders,
-                                                 weights, rows[:, :piece], bucket.parameters,
-                                                 bits)
+        self.ledger.buckets[bucket.index] = Kept(s.mine, result, piece, report, owners,
+                                                 senders, s.weights, rows[:, :piece],
+                                                 bucket.parameters, bits)
         numel = flat.numel()
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
@@ -280,6 +321,13 @@ class RobustExchange:
             return into.view_as(bucket.buffer)
 
         return work.get_future().then(done)  # type: ignore[no-any-return]
+
+    def _drop_scattered(self, why: str) -> None:
+        """A bucket whose aggregation never came (its pass failed before the next
+        bucket): its future fails, and nothing of it is carried on."""
+        scattered, self._scattered = self._scattered, None
+        if scattered is not None and not scattered.result.done():
+            scattered.result.set_exception(RuntimeError(f"trust's exchange: {why}"))  # type: ignore[arg-type]
 
     def _weights(self, parts: list[int], device: torch.device) -> torch.Tensor:
         """The senders' weights as a tensor, made again only when they change (never
@@ -370,3 +418,37 @@ class _Said:
     spot: SpotResult | None = None
     audit: AuditResult | None = None
     handed: Handed | None = None
+
+
+@dataclass(frozen=True)
+class _Scattered:
+    """A bucket whose copies are on their way to the owners (its first all-to-all,
+    ``work``, launched from ``send`` into ``received``), with what its aggregation needs;
+    ``result`` is the future the reducer was handed for it."""
+
+    bucket: Bucket
+    work: Any
+    send: torch.Tensor
+    received: torch.Tensor
+    mine: torch.Tensor
+    owners: tuple[int, ...]
+    senders: tuple[int, ...]
+    weights: torch.Tensor
+    piece: int
+    lane: int
+    marks: int
+    take: Callable[[str, int], torch.Tensor]
+    result: torch.futures.Future[torch.Tensor]
+
+
+def _settle(source: torch.futures.Future[torch.Tensor],
+            target: torch.futures.Future[torch.Tensor]) -> None:
+    """``target`` completes as ``source`` does, with its value or its failure."""
+    def forward(fut: torch.futures.Future[torch.Tensor]) -> None:
+        try:
+            value = fut.value()
+        except BaseException as exc:  # (the collective's failure, for the reducer)
+            target.set_exception(exc)  # type: ignore[arg-type]
+        else:
+            target.set_result(value)
+    source.add_done_callback(forward)

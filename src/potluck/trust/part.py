@@ -329,7 +329,7 @@ class TrustPart:
         """At the step's first bucket (before the update): the replica's fingerprint
         (0: not compared this step), and the parameters spot checks recompute with."""
         if self.config.spot_check is not None:
-            self._snapshot = snapshot(self._module)
+            self._snapshot = snapshot(self._module, self._snapshot)
         every = self.config.fingerprint_every
         if not every or (self._steps + 1) % every:
             return 0

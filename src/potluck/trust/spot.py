@@ -58,11 +58,23 @@ class SpotCheck:
                               "stays under, e.g. 1e-3")
 
 
-def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters and buffers, detached copies, by name."""
-    state = {name: p.detach().clone() for name, p in module.named_parameters()}
-    state.update({name: b.detach().clone() for name, b in module.named_buffers()})
-    return state
+def snapshot(module: nn.Module, into: dict[str, torch.Tensor] | None = None
+             ) -> dict[str, torch.Tensor]:
+    """The parameters and buffers, detached copies, by name: copied into ``into`` (the
+    last step's snapshot, one copy for all of them) when it has the same tensors' names,
+    shapes, dtypes and devices, else new ones."""
+    live = {name: p.detach() for name, p in module.named_parameters()}
+    live.update({name: b.detach() for name, b in module.named_buffers()})
+    if into is None or not _alike(into, live):
+        return {name: t.clone() for name, t in live.items()}
+    torch._foreach_copy_(list(into.values()), [live[name] for name in into])
+    return into
+
+
+def _alike(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> bool:
+    return old.keys() == new.keys() and all(
+        (t.shape, t.dtype, t.device) == (new[n].shape, new[n].dtype, new[n].device)
+        for n, t in old.items())
 
 
 def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
@@ -76,10 +88,14 @@ def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: 
     wanted, the loss is not called at all)."""
     names = [name for name, _ in module.named_parameters()]
     asked = names if wanted is None else [name for name in names if name in wanted]
-    leaves = {name: state[name].clone().requires_grad_(True) for name in asked}
+    # (``state``'s own tensors, not copies: autograd does not write a leaf, nor a
+    # forward a parameter; buffers are copied, as BatchNorm updates its statistics)
+    leaves = {name: state[name].detach().requires_grad_(True) for name in asked}
     if not leaves:
         return {name: torch.zeros_like(state[name]) for name in names}
-    values = {**{k: v.clone() for k, v in state.items() if k not in leaves}, **leaves}
+    params = set(names)
+    values = {**{k: v if k in params else v.clone() for k, v in state.items()
+                 if k not in leaves}, **leaves}
 
     def model(*args: Any, **kwargs: Any) -> Any:
         return torch.func.functional_call(module, values, args, kwargs)
