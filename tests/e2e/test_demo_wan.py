@@ -6,6 +6,7 @@ errors (checked in-process)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from potluck.harness.netns import unavailable
 def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
     demo = subprocess.Popen([sys.executable, "-m", "potluck", "demo", "--wan", "--quick"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         out, err = demo.communicate(timeout=140)
     finally:
@@ -36,6 +37,8 @@ def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                 check=True).stdout
     assert "pl-demo" not in namespaces
+    logs = re.search(r"the workers' logs are in (\S+)", out)
+    assert logs and Path(logs[1]).parent == tmp_path, out  # (kept for the user, here not /tmp)
 
 
 def test_bad_wan_flags_are_clear_errors() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -83,12 +84,15 @@ def test_failing_rank_is_reported_and_everything_stops() -> None:
 
 
 @contextlib.contextmanager
-def _sleeping_job() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
-    """A 2-worker job that sleeps forever, with its worker pids; killed on the way out."""
+def _sleeping_job(tmp: Path) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A 2-worker job that sleeps forever, with its worker pids; killed on the way out.
+    Its temporary files go under ``tmp`` (a launcher killed outright cannot remove its
+    own)."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2",
          str(SCRIPTS / "sleep_forever.py")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     try:
         assert launcher.stdout is not None
@@ -103,8 +107,8 @@ def _sleeping_job() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_stops_every_worker() -> None:
-    with _sleeping_job() as (launcher, pids):
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    with _sleeping_job(tmp_path) as (launcher, pids):
         launcher.send_signal(signal.SIGINT)
         code = launcher.wait(timeout=20)
     assert code == 130
@@ -123,8 +127,8 @@ def test_max_restarts_restarts_the_workers() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_killed_launcher_leaves_no_worker() -> None:
-    with _sleeping_job() as (launcher, pids):
+def test_killed_launcher_leaves_no_worker(tmp_path: Path) -> None:
+    with _sleeping_job(tmp_path) as (launcher, pids):
         launcher.kill()  # no chance to clean up: the kernel must take the workers along
         launcher.wait(timeout=10)
         deadline = time.monotonic() + 10

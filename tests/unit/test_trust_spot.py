@@ -98,6 +98,21 @@ def test_an_owners_slices_of_the_partial_gradient_are_the_whole_ones(seed: int) 
     assert in_slices(buckets, len(owners)) == []  # not an owner: no slice
 
 
+def test_a_forward_that_writes_its_weights_leaves_the_snapshot_as_it_was() -> None:
+    # Embedding(max_norm=...) renormalizes the rows it looks up, in place, in forward
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 4, max_norm=0.5), nn.Flatten(), nn.Linear(8, 3))
+    with torch.no_grad():
+        net[0].weight.mul_(10.0)  # (rows far over the norm)
+    batch = (torch.tensor([[1, 2], [3, 1]]), torch.tensor([0, 2]))
+    state = snapshot(net)
+    kept = {name: t.clone() for name, t in state.items()}
+    first = recompute_gradient(net, state, _loss, batch, wanted={"2.weight"})
+    again = recompute_gradient(net, state, _loss, batch)
+    assert all(torch.equal(state[n], kept[n]) for n in kept)
+    assert torch.equal(first["2.weight"], again["2.weight"])
+
+
 def test_a_snapshot_is_copied_into_the_last_one_when_the_model_is_alike() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))

@@ -4,6 +4,7 @@ reports and the fingerprints every rank decodes alike (pure)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -84,3 +85,46 @@ def test_a_copy_laid_out_in_the_lanes_is_the_padded_gradient(numel: int, owners:
     padded = torch.cat([flat, torch.zeros(piece * owners - numel)])
     assert torch.equal(rows, padded.view(owners, piece))
     assert (lanes[:, piece:] == -1).all()  # the header words are left alone
+
+
+def _exchange_finishing(failure: BaseException) -> tuple[Any, Any]:
+    """A trust exchange whose aggregation of a pending bucket (0) raises ``failure``, and
+    that bucket's stand-in (its future and its bucket's index and rank)."""
+    from types import SimpleNamespace
+
+    from potluck.trust import CenteredClip
+    from potluck.trust.exchange import Ledger, RobustExchange
+
+    exchange = RobustExchange(CenteredClip(), Ledger(), lambda: None, lambda n: range(n),
+                              lambda: 0)
+
+    def gathered(scattered: Any) -> Any:
+        raise failure
+
+    exchange._gathered = gathered  # type: ignore[method-assign]
+    pending = SimpleNamespace(bucket=SimpleNamespace(index=0, rank=2),
+                              result=torch.futures.Future())
+    return exchange, pending
+
+
+def test_an_earlier_buckets_own_error_names_that_bucket_and_fails_its_future() -> None:
+    from potluck.errors import CommHookError
+
+    exchange, pending = _exchange_finishing(ValueError("a shape the aggregator refused"))
+    with pytest.raises(CommHookError, match=r"bucket 0's aggregation \(run in bucket 1's "
+                                            r"call\) on rank 2 .*ValueError: a shape"):
+        exchange._finish(pending, 1)
+    with pytest.raises(ValueError, match="a shape"):  # nothing waits on it forever
+        pending.result.wait()
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), RuntimeError("Gloo connection "
+                                                                       "closed by peer")])
+def test_an_interrupt_or_a_lost_peer_in_an_earlier_bucket_is_raised_as_it_is(
+        failure: BaseException) -> None:
+    exchange, pending = _exchange_finishing(failure)
+    with pytest.raises(type(failure)):  # (Ctrl-C stays Ctrl-C; a backend failure a lost peer)
+        exchange._finish(pending, 1)
+    assert pending.result.done()
+    with pytest.raises(RuntimeError):
+        pending.result.wait()

@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from potluck.collectives import wait_for
+from potluck.errors import PotluckError
+from potluck.reducer.hook_failure import hook_error, is_backend_failure
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, aggregate_measured
@@ -211,16 +213,29 @@ class RobustExchange:
         else:
             scattered, self._scattered = self._scattered, None
             if scattered is not None:
-                try:
-                    _settle(self._gathered(scattered), scattered.result)
-                except BaseException as exc:  # (its future must not wait forever)
-                    scattered.result.set_exception(exc)  # type: ignore[arg-type]
-                    raise
+                self._finish(scattered, bucket.index)
         scattered = self._scatter(bucket)
         if bucket.index < bucket.count - 1:
             self._scattered = scattered
             return scattered.result
         return self._gathered(scattered)
+
+    def _finish(self, scattered: _Scattered, now: int) -> None:
+        """The earlier bucket ``scattered``, in the call for bucket ``now``. Its future
+        fails if this does (nothing waits on it forever), and an error of its own code
+        names that bucket, not the one whose call it ran in (the reducer names that one)."""
+        try:
+            _settle(self._gathered(scattered), scattered.result)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else RuntimeError(
+                f"trust's exchange was interrupted by {type(exc).__name__}")
+            scattered.result.set_exception(failure)  # type: ignore[arg-type]
+            if (not isinstance(exc, Exception) or isinstance(exc, PotluckError)
+                    or is_backend_failure(exc)):
+                raise  # (a lost peer, a refused input, Ctrl-C: as they are)
+            raise hook_error(type(self).__qualname__, f"bucket {scattered.bucket.index}'s "
+                             f"aggregation (run in bucket {now}'s call)", exc,
+                             scattered.bucket.rank) from exc
 
     def _scatter(self, bucket: Bucket) -> _Scattered:
         """1. Each owner gets every sender's copy of its slice, the sender's fingerprint
@@ -251,8 +266,12 @@ class RobustExchange:
         from_each = [lane if owner and r in senders else 0 for r in range(n)]
         received = take("received", sum(from_each))
         work = group.alltoall_base(received, send, from_each, to_each)  # type: ignore[attr-defined]
+        # (a future of the bucket's device, so that waiting for it syncs the streams the
+        # aggregates were copied on, as the chained future it is completed with does)
+        devices: list[int | str | torch.device] | None = (
+            None if flat.device.type == "cpu" else [flat.device])
         return _Scattered(bucket, work, send, received, mine, owners, senders, weights,
-                          piece, lane, marks, take, torch.futures.Future())
+                          piece, lane, marks, take, torch.futures.Future(devices=devices))
 
     def _gathered(self, scattered: _Scattered) -> torch.futures.Future[torch.Tensor]:
         """2. Once the copies are in: every rank gets every owner's aggregate, its

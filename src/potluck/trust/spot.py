@@ -88,14 +88,12 @@ def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: 
     wanted, the loss is not called at all)."""
     names = [name for name, _ in module.named_parameters()]
     asked = names if wanted is None else [name for name in names if name in wanted]
-    # (``state``'s own tensors, not copies: autograd does not write a leaf, nor a
-    # forward a parameter; buffers are copied, as BatchNorm updates its statistics)
-    leaves = {name: state[name].detach().requires_grad_(True) for name in asked}
+    # (copies: a forward may write its module's tensors, BatchNorm its statistics, an
+    # Embedding(max_norm=...) its weight, and each recomputation starts from the step's)
+    leaves = {name: state[name].clone().requires_grad_(True) for name in asked}
     if not leaves:
         return {name: torch.zeros_like(state[name]) for name in names}
-    params = set(names)
-    values = {**{k: v if k in params else v.clone() for k, v in state.items()
-                 if k not in leaves}, **leaves}
+    values = {**{k: v.clone() for k, v in state.items() if k not in leaves}, **leaves}
 
     def model(*args: Any, **kwargs: Any) -> Any:
         return torch.func.functional_call(module, values, args, kwargs)
