@@ -1,6 +1,7 @@
 """An elastic job with trust comparing fingerprints every 3 steps, where local rank 2
 crashes once (after step ``--crash-at``) and its launcher restarts it as a new member
-that joins with the live state. Every worker trains to step ``--steps`` and prints its
+that joins with the live state. The gradients travel in three buckets, so the survivors
+find the peer lost while one bucket's aggregation waits for the next bucket's call. Every worker trains to step ``--steps`` and prints its
 strikes, events and parameters' fingerprint; rank 0 saves its parameters to ``--out``."""
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ args = parser.parse_args()
 data, net = toy_job()
 model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
                                      global_batch=36,
-                                     trust=potluck.Trust(fingerprint_every=3))
+                                     trust=potluck.Trust(fingerprint_every=3),
+                                     # three buckets: the survivors find the lost peer
+                                     # while a bucket's aggregation is still pending
+                                     bucket_cap_mb=0.0001, first_bucket_cap_mb=0.0001)
 part = opt.part(TrustPart)
 assert part is not None
 crasher = int(os.environ["LOCAL_RANK"]) == 2 and not args.crashed.exists()
