@@ -466,7 +466,7 @@ def _settle(source: torch.futures.Future[torch.Tensor],
     def forward(fut: torch.futures.Future[torch.Tensor]) -> None:
         try:
             value = fut.value()
-        except BaseException as exc:  # (the collective's failure, for the reducer)
+        except Exception as exc:  # (the collective's failure, for the reducer)
             target.set_exception(exc)  # type: ignore[arg-type]
         else:
             target.set_result(value)
