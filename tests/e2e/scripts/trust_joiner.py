@@ -1,8 +1,9 @@
 """An elastic job with trust comparing fingerprints every 3 steps, where local rank 2
 crashes once (after step ``--crash-at``) and its launcher restarts it as a new member
 that joins with the live state. The gradients travel in three buckets, so the survivors
-find the peer lost while one bucket's aggregation waits for the next bucket's call. Every worker trains to step ``--steps`` and prints its
-strikes, events and parameters' fingerprint; rank 0 saves its parameters to ``--out``."""
+find the peer lost while one bucket's aggregation waits for the next bucket's call.
+Every worker trains to step ``--steps`` and prints its strikes, events and parameters'
+fingerprint; rank 0 saves its parameters to ``--out``."""
 
 from __future__ import annotations
 
