@@ -43,6 +43,7 @@ def _run_and_kill_at_15(tmp: Path, ckpt: Path) -> None:
          "--hold-at", "15"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
         start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},  # (killed outright: it cannot remove its own)
     )
     try:
         deadline = time.monotonic() + 90
