@@ -270,15 +270,16 @@ class RobustExchange:
         # aggregates were copied on, as the chained future it is completed with does)
         devices: list[int | str | torch.device] | None = (
             None if flat.device.type == "cpu" else [flat.device])
-        return _Scattered(bucket, work, send, received, mine, owners, senders, weights,
-                          piece, lane, marks, take, torch.futures.Future(devices=devices))
+        return _Scattered(bucket, work, received, mine, owners, weights, piece, lane, marks,
+                          take, torch.futures.Future(devices=devices))
 
     def _gathered(self, scattered: _Scattered) -> torch.futures.Future[torch.Tensor]:
         """2. Once the copies are in: every rank gets every owner's aggregate, its
         report, its bitmap and any audit copy (the second all-to-all, launched here);
         the bucket's reduced gradient when it is done."""
         s = scattered
-        bucket, owners, senders, piece, buffer = s.bucket, s.owners, s.senders, s.piece, s.take
+        bucket, owners, piece, buffer = s.bucket, s.owners, s.piece, s.take
+        senders = owners  # (as in _scatter: the trusted ranks)
         group, n, me = bucket.group, bucket.world_size, bucket.rank
         flat = bucket.buffer.view(-1)
         dtype, word = flat.dtype, wire.per_word(flat.dtype)
@@ -442,16 +443,15 @@ class _Said:
 @dataclass(frozen=True)
 class _Scattered:
     """A bucket whose copies are on their way to the owners (its first all-to-all,
-    ``work``, launched from ``send`` into ``received``), with what its aggregation needs;
-    ``result`` is the future the reducer was handed for it."""
+    ``work``, into ``received``; the work holds its tensors), with what its aggregation
+    needs (the senders are the owners); ``result`` is the future the reducer was handed
+    for it."""
 
     bucket: Bucket
     work: Any
-    send: torch.Tensor
     received: torch.Tensor
     mine: torch.Tensor
     owners: tuple[int, ...]
-    senders: tuple[int, ...]
     weights: torch.Tensor
     piece: int
     lane: int
