@@ -11,7 +11,8 @@ with trust (false ones), and the step time with trust over without on a clean ru
 without spot checks, without audits either, and without spot checks on a model of
 1.1M parameters (the default one has 84k), and
 the floor: the same step in raw torch with one all-reduce, and with trust's two
-all-to-alls (``byzantine_floor``). One
+all-to-alls, and trust's design in raw torch (its checks' least work, no potluck
+bookkeeping: ``byzantine_floor``). One
 seed made the figures for the attacks that only a spot check catches a lottery: its
 target is one rank of four every second step, so the time to catch one ranged from 2
 to 25 steps between runs.
@@ -25,14 +26,17 @@ import time
 from typing import Any
 
 from potluck.bench.byzantine_floor import run_floor
-from potluck.bench.byzantine_job import ATTACKER, WIDE, run_rank
+from potluck.bench.byzantine_job import ATTACKER, SPOT_EVERY, WIDE, run_rank
 from potluck.bench.common import interleaved, median, table, write_json
 from potluck.harness.attacks import ATTACKS, GROSS
 from potluck.harness.ranks import free_port, run_ranks
 
 WORKERS = 4
 SEEDS = 3  # per attack (1 with --quick)
-SPOT_EVERY = 2  # the trust contender spot-checks one step in 2 on average
+# byzantine_floor's modes: the raw step, and trust's design in raw torch (its checks'
+# least work: Trust() audits; the trust contender's spot checks; the same by one checker)
+FLOORS = ("floor_allreduce", "floor_alltoall", "floor_robust_audit", "floor_robust_spot3",
+          "floor_robust_spot1")
 GOALS = {"worst_loss_ratio": 1.05, "max_steps_to_quarantine": 3, "false_quarantines": 0,
          "clean_overhead": 0.10}
 
@@ -109,6 +113,10 @@ def main(args: argparse.Namespace) -> int:
           f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, with trust's two all-to-alls "
           f"{overhead['floor_alltoall_ms']:.2f} ms "
           f"({overhead['floor_alltoall_ms'] / overhead['floor_allreduce_ms'] - 1:+.3f})")
+    print(f"  trust's design in raw torch (byzantine_floor.py: its checks' least work, no "
+          f"potluck bookkeeping), over that all-reduce: Trust()'s {overhead['design_audit']:+.3f}"
+          f", with the spot checks above {overhead['design_spot3']:+.3f}, the same by one "
+          f"checker instead of three {overhead['design_spot1']:+.3f}")
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
         write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
@@ -120,6 +128,9 @@ def main(args: argparse.Namespace) -> int:
                                "clean_overhead_wide_model": overhead["overhead_wide"],
                                "clean_overhead_without_audits":
                                    overhead["overhead_no_audit"],
+                               "design_floor": {k.removeprefix("design_"): overhead[k]
+                                                for k in overhead
+                                                if k.startswith("design_")},
                                "step_ms": {k: overhead[k] for k in
                                            ("plain_ms", "trust_ms", "no_spot_ms",
                                             "no_audit_ms", "wide_plain_ms",
@@ -168,9 +179,10 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
     spot checks on a model ``WIDE`` wide (1.1M parameters: trust's work grows with the
     gradient, the step's compute with the samples too); and the floor: the same step
     in raw torch, its gradient synchronized by one all-reduce or by trust's two
-    all-to-alls (``byzantine_floor``)."""
+    all-to-alls, and trust's design in raw torch (``byzantine_floor``'s robust modes,
+    each over the raw all-reduce of the same round: ``design_*``)."""
     contenders = ("plain", "trust", "no_spot", "no_audit", "wide_plain", "wide_trust",
-                  "floor_allreduce", "floor_alltoall")
+                  *FLOORS)
     times: dict[str, list[float]] = {k: [] for k in contenders}
     for contender in interleaved(contenders, rounds):
         if contender.startswith("floor_"):
@@ -185,9 +197,11 @@ def _overhead(rounds: int, steps: int) -> dict[str, float]:
                    spot=SPOT_EVERY if contender == "trust" else 0, **extra)
         times[contender].append(_mean_step(run["times"]))
     plain, trust, no_spot, no_audit, wide_plain, wide_trust, floor_ar, floor_a2a = (
-        median(times[k]) for k in contenders)
-    return {"plain_ms": plain * 1e3, "trust_ms": trust * 1e3, "no_spot_ms": no_spot * 1e3,
-            "no_audit_ms": no_audit * 1e3,
+        median(times[k]) for k in contenders[:8])
+    designs = {f"design_{k.removeprefix('floor_robust_')}":
+               _over(times[k], times["floor_allreduce"]) for k in FLOORS[2:]}
+    return {**designs, "plain_ms": plain * 1e3, "trust_ms": trust * 1e3,
+            "no_spot_ms": no_spot * 1e3, "no_audit_ms": no_audit * 1e3,
             "overhead": _over(times["trust"], times["plain"]),
             "overhead_no_spot": _over(times["no_spot"], times["plain"]),
             "overhead_no_audit": _over(times["no_audit"], times["plain"]),

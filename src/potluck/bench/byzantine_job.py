@@ -18,6 +18,7 @@ GLOBAL_BATCH = 256
 FEATURES, CLASSES, HIDDEN = 64, 8, 256  # 84k parameters
 WIDE = 1024  # the hidden width of the second timing: 1.1M parameters
 HOLDOUT = 1024
+SPOT_EVERY = 2  # the bench's trust contender spot-checks one step in 2 on average
 
 
 def data(steps: int) -> tuple[torch.utils.data.TensorDataset, tuple[torch.Tensor, torch.Tensor]]:
