@@ -64,6 +64,7 @@ class FaultsConfig:
     end_margin: float = 2.0
     """No kill when the job is expected to end within this many seconds."""
     step_pause: float = 0.0  # a sleep per step: a floor on a job's length (tests)
+    max_kills: int = 0  # kills per run at most (0: as many as kill_every allows)
     seed: int = 0
     logs: str | None = None
     contenders: tuple[str, ...] = CONTENDERS
@@ -95,6 +96,9 @@ class FaultsConfig:
                                   "seconds, e.g. 2")
         if not self.step_pause >= 0:
             raise ConfigError(f"--step-pause {self.step_pause:g} must be seconds >= 0")
+        if self.max_kills < 0:
+            raise ConfigError(f"--max-kills {self.max_kills} must be a count >= 0 (0: no "
+                              "cap), e.g. --max-kills 3")
         return self
 
 
@@ -119,6 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "system's run without kills beside its run with them)")
     parser.add_argument("--seed", type=int, default=0, help="which workers get killed")
     parser.add_argument("--logs", metavar="DIR", help="keep every run's logs here")
+    parser.add_argument("--max-kills", type=int, default=0, metavar="K",
+                        help="kills per run at most, so that both systems are killed the "
+                             "same number of times (default 0: as many as --kill-every "
+                             "allows)")
     parser.add_argument("--step-pause", type=float, default=0.0, metavar="S",
                         help="seconds of sleep per step, a stand-in for compute, so that a "
                              "job lasts long enough for its kills on a fast machine")
@@ -137,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> FaultsConfig:
         rounds=rounds if args.rounds is None else args.rounds,
         heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
         seed=args.seed, logs=args.logs, step_pause=args.step_pause,
+        max_kills=args.max_kills,
         contenders=tuple(name.strip() for name in args.contenders.split(",") if name.strip()),
     ).validated()
 
@@ -175,8 +184,9 @@ def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | No
     absent = summarize([], [])  # a contender not run: every figure "-"
     ours, theirs = (summary.get(name, absent) for name in ("potluck+kills", "torchrun+kills"))
     calm = {name: summary.get(name, absent) for name in ("potluck", "torchrun")}
+    cap = f" (at most {config.max_kills} a run)" if config.max_kills else ""
     print(f"potluck bench faults: {config.workers} workers, gloo, kill every "
-          f"{config.kill_every:g} s, {config.steps} steps of {config.global_batch} samples, "
+          f"{config.kill_every:g} s{cap}, {config.steps} steps of {config.global_batch} samples, "
           f"torchrun checkpoint every {config.checkpoint_every} steps, "
           f"{config.rounds} interleaved round(s)")
     print(table(["contender", "kills", "steps lost", "redone", "recovery (s)",
@@ -346,8 +356,10 @@ def kill_due(config: FaultsConfig, commits: list[dict[str, Any]], kills: list[fl
 
 def _maybe_kill(config: FaultsConfig, run_dir: Path, commits: list[dict[str, Any]],
                 kills: list[float], victims: random.Random) -> None:
-    """SIGKILL one worker, the next of ``victims``, if ``kill_due`` and every worker
-    trains (the launcher has restarted the last one killed)."""
+    """SIGKILL one worker, the next of ``victims``, if ``kill_due``, every worker trains
+    (the launcher has restarted the last one killed) and ``max_kills`` allows another."""
+    if config.max_kills and len(kills) >= config.max_kills:
+        return
     training = _training_workers(run_dir)
     if len(training) < config.workers or not kill_due(config, commits, kills, time.time()):
         return
