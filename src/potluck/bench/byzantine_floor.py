@@ -12,32 +12,36 @@ potluck's own step times is potluck's work, not the wire's.
 The ``robust*`` modes add, in the same raw torch, the least work trust's checks need,
 to tell what the design costs on the machine from what potluck's code adds to it:
 
-- ``robust``: the owner's slice aggregated by CenteredClip's clean case (the lower
-  median, by trust's own kernel, the one piece of potluck code in the step; each
-  copy's distance from it; the weighted mean; each copy's distance from that, all
-  within the radius), the distances handed back with the aggregate, a fingerprint of
-  the parameters (two wrapping 32-bit sums a tensor) riding with them, the replay
-  watch's sum of each copy received, and a keyed BLAKE3 digest of each owner's
-  aggregate as handed out;
+- ``robust``: a fingerprint of the parameters (two wrapping 32-bit sums a tensor)
+  rides with each rank's copy in the first all-to-all; the owner aggregates its slice
+  by CenteredClip's clean case (the lower median, by trust's own kernel, the one piece
+  of potluck code in the step; each copy's distance from it; the mean; each copy's
+  distance from that, all within the radius) and takes the replay watch's sums of each
+  copy; the aggregate and the distances go back in the second all-to-all, and every
+  rank takes a keyed BLAKE3 digest of each other owner's row as handed out;
 - ``robust_audit``: also, every step, one owner's slice audited: every rank's copy of
-  it rides along in the first all-to-all, and every other owner recomputes that
+  it rides in the second all-to-all (as trust's does), every rank digests the copies
+  (the audited owner those it received), and every other owner recomputes that
   owner's aggregate and compares it with the one handed out;
-- ``robust_spot1`` and ``robust_spot3``: also, one step in ``SPOT_EVERY``, one rank's
-  gradient recomputed on its own samples from the step's parameters (a snapshot taken
-  before the update) and compared on the checker's slice, by one other owner or by
-  all three others (as trust's spot checks do).
+- ``robust_spot1`` and ``robust_spot3``: also a snapshot of the parameters every step
+  (as trust takes with spot checks on) and, one step in ``SPOT_EVERY``, one rank's
+  gradient recomputed on its own samples from that snapshot and compared on the
+  checker's slice, by one other owner or by all three others (as trust's spot checks
+  do; a whole backward, where trust's stops at the first layer it needs).
 
-Every decision is taken as the clean case's (nobody is clipped, nothing differs): the
-floor times the work, not the verdicts.
+Every check takes the clean case (nobody is clipped, nothing differs; a check that
+finds otherwise raises): the floor times the work, not the verdicts. It leaves out
+what only potluck's bookkeeping does: the reports' words, their decoding and digests,
+the verdict, the ledger.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import blake3
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -59,18 +63,14 @@ def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         raise ValueError(f"mode {mode!r}: one of {MODES}")
     train, _ = data(steps)
     net = model(0, spec.get("hidden", HIDDEN))
-    shadow = model(0, spec.get("hidden", HIDDEN))  # the spot check's snapshot
     params = list(net.parameters())
     optimizer = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     numel = sum(p.numel() for p in params)
     piece = -(-numel // world_size)
     flat = torch.zeros(piece * world_size)
     received = torch.empty_like(flat)
-    extra = world_size + 2  # the distances and the fingerprint (two words as floats)
-    back = torch.empty(world_size * (piece + extra))
-    width = piece * (1 if mode in ("allreduce", "alltoall", "robust") else 2)
-    lanes, arrived = torch.empty(world_size, width), torch.empty(world_size, width)
-    words = [p.detach().view(torch.int32).reshape(-1) for p in params]
+    robust = (_Robust(mode, rank, world_size, params, model(0, spec.get("hidden", HIDDEN)),
+                      train.tensors) if mode.startswith("robust") else None)
     part = GLOBAL_BATCH // world_size
     x_all, y_all = train.tensors
     times: list[float] = []
@@ -79,47 +79,19 @@ def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         xb, yb = x_all[start:start + part], y_all[start:start + part]
         began = time.perf_counter()
         optimizer.zero_grad()
-        spot = mode.startswith("robust_spot") and step % SPOT_EVERY == 0
-        if spot:  # the step's parameters, before the update
-            with torch.no_grad():
-                torch._foreach_copy_(list(shadow.parameters()), list(params))
+        if robust is not None:
+            robust.snapshot()
         nn.functional.cross_entropy(net(xb), yb).backward()  # type: ignore[no-untyped-call]
         torch.cat([_grad(p).reshape(-1) for p in params], out=flat[:numel])
-        if mode == "allreduce":
+        if robust is not None:
+            robust.synchronize(flat, step)
+        elif mode == "allreduce":
             dist.all_reduce(flat)
             flat.div_(world_size)
-        elif mode == "alltoall":
+        else:
             dist.all_to_all_single(received, flat)
             mean = received.view(world_size, piece).mean(0)
             dist.all_to_all_single(flat, mean.repeat(world_size))
-        else:
-            audit = mode != "robust"  # one owner's slice of every rank's copy rides along
-            owner = step % world_size
-            lanes[:, :piece].copy_(flat.view(world_size, piece))
-            if audit:
-                lanes[:, piece:].copy_(flat[owner * piece:(owner + 1) * piece])
-            dist.all_to_all_single(arrived, lanes)
-            copies = arrived[:, :piece]
-            mine, d2 = _clip_clean(copies)
-            sums = [int(w.sum(dtype=torch.int32)) for w in words]  # the fingerprint
-            folded = 0
-            for value in sums:
-                folded = (folded * 1_000_003 + (value & 0xFFFFFFFF)) & ((1 << 63) - 1)
-            row = torch.cat([mine, d2, torch.tensor([folded >> 32, folded & 0xFFFFFFFF],
-                                                    dtype=flat.dtype)])
-            dist.all_to_all_single(back, row.repeat(world_size))
-            rows = back.view(world_size, piece + extra)
-            [int(c.view(torch.int32).sum(dtype=torch.int32)) for c in copies]  # replays
-            for row_of in rows:  # each owner's aggregate as handed out, keyed
-                blake3.blake3(row_of[:piece].numpy().view(np.uint8), key=_KEY).digest(8)
-            if audit and rank != owner:  # the other owners recompute its aggregate
-                again, _ = _clip_clean(arrived[:, piece:])
-                float((again - rows[owner, :piece]).abs().max())
-            flat.view(world_size, piece).copy_(rows[:, :piece])
-            received = copies
-            if spot:
-                _spot(shadow, received, rank, world_size, step, piece, numel,
-                      x_all, y_all, part, checkers=1 if mode == "robust_spot1" else 3)
         offset = 0
         for p in params:
             _grad(p).view(-1).copy_(flat[offset:offset + p.numel()])
@@ -127,6 +99,105 @@ def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         optimizer.step()
         times.append(time.perf_counter() - began)
     return {"times": times, "parameters": torch.cat([p.detach().reshape(-1) for p in params])}
+
+
+class _Robust:
+    """One rank's synchronization in the robust modes (the module's docstring), with
+    its buffers kept from step to step, as trust keeps its own."""
+
+    def __init__(self, mode: str, rank: int, world_size: int, params: Sequence[torch.Tensor],
+                 shadow: nn.Module, samples: tuple[torch.Tensor, ...]) -> None:
+        self.rank, self.n, self.params, self.shadow = rank, world_size, list(params), shadow
+        self.audit = mode != "robust"
+        self.checkers = {"robust_spot1": 1, "robust_spot3": 3}.get(mode, 0)
+        self.numel = sum(p.numel() for p in params)
+        self.piece = piece = -(-self.numel // world_size)
+        self.x_all, self.y_all = samples
+        self.words = [half for p in params
+                      for half in p.detach().view(torch.int32).reshape(-1).chunk(2)]
+        self.lanes = torch.empty(world_size, piece + 2)  # the copy, then the fingerprint
+        self.arrived = torch.empty_like(self.lanes)
+        self.extra = world_size + (piece if self.audit else 0)  # distances, audit copy
+        self.back = torch.empty(world_size, piece + self.extra)
+
+    def snapshot(self) -> None:
+        """The step's parameters, before the update (every step: trust does not know
+        beforehand which step it will check)."""
+        if self.checkers:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self.shadow.parameters()), self.params)
+
+    def synchronize(self, flat: torch.Tensor, step: int) -> None:
+        """``flat`` (this rank's gradient, padded to the slices) becomes the aggregate."""
+        n, piece, rank = self.n, self.piece, self.rank
+        owner = step % n  # audited
+        folded = 0
+        for words in self.words:  # the fingerprint: a wrapping sum of each half's words
+            folded = (folded * 1_000_003 + (int(words.sum(dtype=torch.int32))
+                                            & 0xFFFFFFFF)) & ((1 << 63) - 1)
+        self.lanes[:, :piece] = flat.view(n, piece)
+        self.lanes[:, piece:] = torch.tensor([folded >> 32, folded & 0xFFFFFFFF])
+        dist.all_to_all_single(self.arrived, self.lanes)
+        copies = self.arrived[:, :piece]
+        mine, d2 = _clip_clean(copies)
+        for copy in copies:  # the replay watch's sums
+            [int(half.view(torch.int32).sum(dtype=torch.int32)) for half in copy.chunk(2)]
+        parts = [mine, d2]
+        if self.audit:  # this rank's copy of the audited owner's slice rides along
+            parts.append(flat[owner * piece:(owner + 1) * piece])
+        dist.all_to_all_single(self.back, torch.cat(parts).repeat(n))
+        rows = self.back
+        for other in range(n):  # each other owner's row as handed out, keyed
+            if other != rank:
+                _digest(rows[other])
+        if self.audit:
+            self._audit(rows, copies, owner)
+        flat.view(n, piece).copy_(rows[:, :piece])
+        if self.checkers and step % SPOT_EVERY == 0:
+            self._spot(copies, step)
+
+    def _audit(self, rows: torch.Tensor, copies: torch.Tensor, owner: int) -> None:
+        """Every rank digests the audit's copies (the audited owner those it received);
+        the other owners recompute its aggregate and compare."""
+        piece, extra = self.piece, self.n
+        carried = rows[:, piece + extra:]  # every rank's copy of the owner's slice
+        if self.rank == owner:
+            _digest(copies)
+            return
+        _digest(carried)
+        again, _ = _clip_clean(carried)
+        handed = rows[owner, :piece]
+        if not float((again - handed).norm()) <= 1e-5 * float(handed.norm()):
+            raise RuntimeError(f"the floor's audit of rank {owner} found its aggregate off")
+
+    def _spot(self, copies: torch.Tensor, step: int) -> None:
+        """One target (``step // SPOT_EVERY`` round the ranks) spot-checked by
+        ``checkers`` of the others: its gradient recomputed from the snapshot on its own
+        samples and compared, on the checker's slice, with the copy it sent."""
+        target = (step // SPOT_EVERY) % self.n
+        if self.rank not in [r for r in range(self.n) if r != target][:self.checkers]:
+            return
+        part = GLOBAL_BATCH // self.n
+        start = step * GLOBAL_BATCH + target * part
+        for p in self.shadow.parameters():
+            p.grad = None
+        loss = nn.functional.cross_entropy(self.shadow(self.x_all[start:start + part]),
+                                           self.y_all[start:start + part])
+        loss.backward()  # type: ignore[no-untyped-call]
+        again = torch.cat([_grad(p).reshape(-1) for p in self.shadow.parameters()])
+        ours = again[self.rank * self.piece:min((self.rank + 1) * self.piece, self.numel)]
+        sent = copies[target, :ours.numel()]
+        if not float((ours - sent).norm()) <= 1e-3 * float(sent.norm()):
+            raise RuntimeError(f"the floor's spot check of rank {target} found its copy off")
+
+
+def _digest(rows: torch.Tensor) -> bytes:
+    """A keyed BLAKE3 digest of the rows' bytes, read in place row by row (as trust's
+    digests read theirs)."""
+    h = blake3.blake3(key=_KEY)
+    for row in rows.reshape(-1, rows.shape[-1]):
+        h.update(row.view(torch.uint8).numpy().data)
+    return h.digest(8)
 
 
 def _clip_clean(copies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,27 +212,6 @@ def _clip_clean(copies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if float(offsets.max()) > tau:
         raise RuntimeError("the floor's clean step clipped a copy")
     return mean, offsets.square()
-
-
-def _spot(shadow: nn.Module, received: torch.Tensor, rank: int,
-          world_size: int, step: int, piece: int, numel: int, x_all: torch.Tensor,
-          y_all: torch.Tensor, part: int, checkers: int) -> None:
-    """One target (``step // SPOT_EVERY`` round the ranks) spot-checked by ``checkers``
-    of the other ranks: its gradient recomputed from the snapshot on its own samples,
-    compared on the checker's slice with the copy it sent."""
-    target = (step // SPOT_EVERY) % world_size
-    others = [r for r in range(world_size) if r != target][:checkers]
-    if rank not in others:
-        return
-    start = step * GLOBAL_BATCH + target * part
-    for p in shadow.parameters():
-        p.grad = None
-    nn.functional.cross_entropy(shadow(x_all[start:start + part]),
-                                y_all[start:start + part]).backward()  # type: ignore[no-untyped-call]
-    again = torch.cat([_grad(p).reshape(-1) for p in shadow.parameters()])
-    ours = again[rank * piece:min((rank + 1) * piece, numel)]
-    sent = received[target][:ours.numel()]
-    float((ours - sent).norm() / sent.norm().clamp_min(1e-30))
 
 
 def _grad(param: torch.Tensor) -> torch.Tensor:

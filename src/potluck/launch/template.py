@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import selectors
 import signal
@@ -196,6 +197,7 @@ def _end(sock: socket.socket) -> NoReturn:
     1.5 s of CPU on a 2-core machine (clearing the modules, collecting every object
     again), which the agent waited for before it could exit."""
     sock.close()
+    logging.shutdown()  # (a library's log handlers, as an interpreter's exit would)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
