@@ -14,11 +14,11 @@ to tell what the design costs on the machine from what potluck's code adds to it
 
 - ``robust``: a fingerprint of the parameters (two wrapping 32-bit sums a tensor)
   rides with each rank's copy in the first all-to-all; the owner aggregates its slice
-  by CenteredClip's clean case (the lower median, by trust's own kernel, the one piece
-  of potluck code in the step; each copy's distance from it; the mean; each copy's
-  distance from that, all within the radius) and takes the replay watch's sums of each
-  copy; the aggregate and the distances go back in the second all-to-all, and every
-  rank takes a keyed BLAKE3 digest of each other owner's row as handed out;
+  by CenteredClip's clean case (the lower median; each copy's distance from it; the
+  mean; each copy's distance from that, all within the radius) and takes the replay
+  watch's sums of each copy; the aggregate and the distances go back in the second
+  all-to-all, and every rank takes a keyed BLAKE3 digest of each other owner's row as
+  handed out;
 - ``robust_audit``: also, every step, one owner's slice audited: every rank's copy of
   it rides in the second all-to-all (as trust's does), every rank digests the copies
   (the audited owner those it received), and every other owner recomputes that
@@ -29,8 +29,10 @@ to tell what the design costs on the machine from what potluck's code adds to it
   checker's slice, by one other owner or by all three others (as trust's spot checks
   do; a whole backward, where trust's stops at the first layer it needs).
 
-Every check takes the clean case (nobody is clipped, nothing differs; a check that
-finds otherwise raises): the floor times the work, not the verdicts. It leaves out
+The kernels are trust's own (``lower_median``, ``Fingerprints``, ``word_sums``,
+``hash64``): the only potluck code in the step. Every check takes the clean case
+(nobody is clipped, nothing differs; a check that finds otherwise raises): the floor
+times the work, not the verdicts. It leaves out
 what only potluck's bookkeeping does: the reports' words, their decoding and digests,
 the verdict, the ledger.
 """
@@ -41,17 +43,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import blake3
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from potluck.bench.byzantine_job import GLOBAL_BATCH, HIDDEN, SPOT_EVERY, data, model
 from potluck.trust.aggregate import lower_median
+from potluck.trust.fingerprint import Fingerprints, hash64, word_sums
 
 MODES = ("allreduce", "alltoall", "robust", "robust_audit", "robust_spot1", "robust_spot3")
 TAU_SCALE = 2.0  # CenteredClip's default
-_KEY = bytes(32)  # (trust's key is drawn after the step; its value costs nothing)
+_KEY = 1  # (trust's key is drawn after the step; its value costs nothing)
 
 
 def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -113,8 +115,7 @@ class _Robust:
         self.numel = sum(p.numel() for p in params)
         self.piece = piece = -(-self.numel // world_size)
         self.x_all, self.y_all = samples
-        self.words = [half for p in params
-                      for half in p.detach().view(torch.int32).reshape(-1).chunk(2)]
+        self.prints = Fingerprints()
         self.lanes = torch.empty(world_size, piece + 2)  # the copy, then the fingerprint
         self.arrived = torch.empty_like(self.lanes)
         self.extra = world_size + (piece if self.audit else 0)  # distances, audit copy
@@ -131,17 +132,13 @@ class _Robust:
         """``flat`` (this rank's gradient, padded to the slices) becomes the aggregate."""
         n, piece, rank = self.n, self.piece, self.rank
         owner = step % n  # audited
-        folded = 0
-        for words in self.words:  # the fingerprint: a wrapping sum of each half's words
-            folded = (folded * 1_000_003 + (int(words.sum(dtype=torch.int32))
-                                            & 0xFFFFFFFF)) & ((1 << 63) - 1)
+        folded = self.prints(self.params)
         self.lanes[:, :piece] = flat.view(n, piece)
         self.lanes[:, piece:] = torch.tensor([folded >> 32, folded & 0xFFFFFFFF])
         dist.all_to_all_single(self.arrived, self.lanes)
         copies = self.arrived[:, :piece]
         mine, d2 = _clip_clean(copies)
-        for copy in copies:  # the replay watch's sums
-            [int(half.view(torch.int32).sum(dtype=torch.int32)) for half in copy.chunk(2)]
+        word_sums(copies, dim=1).tolist()  # the replay watch's sums
         parts = [mine, d2]
         if self.audit:  # this rank's copy of the audited owner's slice rides along
             parts.append(flat[owner * piece:(owner + 1) * piece])
@@ -149,7 +146,7 @@ class _Robust:
         rows = self.back
         for other in range(n):  # each other owner's row as handed out, keyed
             if other != rank:
-                _digest(rows[other])
+                hash64([rows[other]], _KEY)
         if self.audit:
             self._audit(rows, copies, owner)
         flat.view(n, piece).copy_(rows[:, :piece])
@@ -162,9 +159,9 @@ class _Robust:
         piece, extra = self.piece, self.n
         carried = rows[:, piece + extra:]  # every rank's copy of the owner's slice
         if self.rank == owner:
-            _digest(copies)
+            hash64(list(copies), _KEY)
             return
-        _digest(carried)
+        hash64(list(carried), _KEY)
         again, _ = _clip_clean(carried)
         handed = rows[owner, :piece]
         if not float((again - handed).norm()) <= 1e-5 * float(handed.norm()):
@@ -189,15 +186,6 @@ class _Robust:
         sent = copies[target, :ours.numel()]
         if not float((ours - sent).norm()) <= 1e-3 * float(sent.norm()):
             raise RuntimeError(f"the floor's spot check of rank {target} found its copy off")
-
-
-def _digest(rows: torch.Tensor) -> bytes:
-    """A keyed BLAKE3 digest of the rows' bytes, read in place row by row (as trust's
-    digests read theirs)."""
-    h = blake3.blake3(key=_KEY)
-    for row in rows.reshape(-1, rows.shape[-1]):
-        h.update(row.view(torch.uint8).numpy().data)
-    return h.digest(8)
 
 
 def _clip_clean(copies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
