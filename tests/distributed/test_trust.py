@@ -102,6 +102,70 @@ def test_spot_checks_catch_alie_and_accuse_no_honest_rank() -> None:
     assert caught[0]["step"] >= run["start"]
 
 
+def _spot_copies(rank: int, world_size: int, port: int, steps: int,
+                 every: int) -> dict[str, Any]:
+    """A clean run with a spot check one step in ``every``, counting on this rank the
+    parameter copies taken, the checks' targets picked (``_spot_target`` is asked once
+    before the update and once by the check) and the checks run."""
+    import potluck
+    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model, spot_loss
+    from potluck.trust import part as trust_part
+
+    counts = {"copies": 0, "targets": 0, "checks": 0}
+    taken, target, check = (trust_part.snapshot, trust_part.TrustPart._spot_target,
+                            trust_part.TrustPart._spot_check)
+
+    def counted_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        counts["copies"] += 1
+        return taken(module)
+
+    def counted_target(self: Any, *args: Any) -> int | None:
+        got = target(self, *args)
+        counts["targets"] += got is not None
+        return got
+
+    def counted_check(self: Any, *args: Any) -> Any:
+        got = check(self, *args)
+        counts["checks"] += got is not None
+        return got
+
+    trust_part.snapshot = counted_copy  # type: ignore[assignment]
+    trust_part.TrustPart._spot_target = counted_target  # type: ignore[method-assign]
+    trust_part.TrustPart._spot_check = counted_check  # type: ignore[method-assign]
+    cohort = join(rank, world_size, port)
+    train, _ = data(steps)
+    net = model(0)
+    trust = potluck.Trust(spot_check=potluck.trust.SpotCheck(spot_loss, every=every))
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
+        global_batch=GLOBAL_BATCH, seed=0, cohort=cohort, trust=trust)
+    for batch in loader:
+        opt.zero_grad()
+        spot_loss(wrapped, batch).backward()
+        opt.step()
+    part = opt.part(potluck.trust.TrustPart)
+    assert part is not None
+    out = {**counts, "steps": opt.steps, "events": part.events}
+    opt.finish()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_spot_checks_copy_the_parameters_only_on_the_steps_they_check() -> None:
+    # The hash that picks a checked step is known once backward's exchange ends, so the
+    # parameters the gradients were computed on are copied before the update on a
+    # checked step, by its checkers only, and on no other step; every such step is
+    # checked, and no copy is kept between steps.
+    steps, every = 24, 3
+    ranks = run_ranks(_spot_copies, 4, free_port(), steps, every, init_group=False,
+                      timeout=120)
+    assert all(r["steps"] == steps and r["events"] == [] for r in ranks), ranks
+    for r in ranks:
+        assert r["copies"] == r["checks"] == r["targets"] // 2, ranks
+        assert r["copies"] < steps, ranks  # (before, every step took one)
+    assert sum(r["checks"] for r in ranks) > 0, ranks
+
+
 @pytest.mark.timeout(120)
 def test_a_stale_replay_is_caught_at_its_first_step_without_spot_checks() -> None:
     """From step 11 the attacker resends its gradient of 10 steps before: every owner

@@ -23,11 +23,11 @@ to tell what the design costs on the machine from what potluck's code adds to it
   it rides in the second all-to-all (as trust's does), every rank digests the copies
   (the audited owner those it received), and every other owner recomputes that
   owner's aggregate and compares it with the one handed out;
-- ``robust_spot1`` and ``robust_spot3``: also a snapshot of the parameters every step
-  (as trust takes with spot checks on) and, one step in ``SPOT_EVERY``, one rank's
-  gradient recomputed on its own samples from that snapshot and compared on the
-  checker's slice, by one other owner or by all three others (as trust's spot checks
-  do; a whole backward, where trust's stops at the first layer it needs).
+- ``robust_spot1`` and ``robust_spot3``: also, one step in ``SPOT_EVERY``, one rank's
+  gradient recomputed on its own samples and compared on the checker's slice, by one
+  other owner or by all three others (as trust's spot checks do; a whole backward,
+  where trust's stops at the first layer it needs), from a copy of the parameters the
+  checkers take before the update on that step only (as trust's do).
 
 The kernels are trust's own (``lower_median``, ``Fingerprints``, ``word_sums``,
 ``hash64``): the only potluck code in the step. Every check takes the clean case
@@ -82,7 +82,7 @@ def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         began = time.perf_counter()
         optimizer.zero_grad()
         if robust is not None:
-            robust.snapshot()
+            robust.snapshot(step)
         nn.functional.cross_entropy(net(xb), yb).backward()  # type: ignore[no-untyped-call]
         torch.cat([_grad(p).reshape(-1) for p in params], out=flat[:numel])
         if robust is not None:
@@ -121,12 +121,20 @@ class _Robust:
         self.extra = world_size + (piece if self.audit else 0)  # distances, audit copy
         self.back = torch.empty(world_size, piece + self.extra)
 
-    def snapshot(self) -> None:
-        """The step's parameters, before the update (every step: trust does not know
-        beforehand which step it will check)."""
-        if self.checkers:
+    def snapshot(self, step: int) -> None:
+        """The step's parameters, before the update, on a step this rank checks (trust
+        knows which once backward's exchange ends, before the update)."""
+        if self._checks(step):
             with torch.no_grad():
                 torch._foreach_copy_(list(self.shadow.parameters()), self.params)
+
+    def _checks(self, step: int) -> bool:
+        """Whether this rank spot-checks ``step``'s target (``step // SPOT_EVERY`` round
+        the ranks): one of the first ``checkers`` of the others, on a checked step."""
+        if not self.checkers or step % SPOT_EVERY:
+            return False
+        target = (step // SPOT_EVERY) % self.n
+        return self.rank in [r for r in range(self.n) if r != target][:self.checkers]
 
     def synchronize(self, flat: torch.Tensor, step: int) -> None:
         """``flat`` (this rank's gradient, padded to the slices) becomes the aggregate."""
@@ -150,7 +158,7 @@ class _Robust:
         if self.audit:
             self._audit(rows, copies, owner)
         flat.view(n, piece).copy_(rows[:, :piece])
-        if self.checkers and step % SPOT_EVERY == 0:
+        if self._checks(step):
             self._spot(copies, step)
 
     def _audit(self, rows: torch.Tensor, copies: torch.Tensor, owner: int) -> None:
@@ -168,12 +176,10 @@ class _Robust:
             raise RuntimeError(f"the floor's audit of rank {owner} found its aggregate off")
 
     def _spot(self, copies: torch.Tensor, step: int) -> None:
-        """One target (``step // SPOT_EVERY`` round the ranks) spot-checked by
-        ``checkers`` of the others: its gradient recomputed from the snapshot on its own
-        samples and compared, on the checker's slice, with the copy it sent."""
+        """This checker's spot check of the step's target (``_checks``): its gradient
+        recomputed from the snapshot on its own samples and compared, on this rank's
+        slice, with the copy it sent."""
         target = (step // SPOT_EVERY) % self.n
-        if self.rank not in [r for r in range(self.n) if r != target][:self.checkers]:
-            return
         part = GLOBAL_BATCH // self.n
         start = step * GLOBAL_BATCH + target * part
         for p in self.shadow.parameters():

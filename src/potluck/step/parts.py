@@ -84,7 +84,12 @@ class SyncStrategy(SharePolicy, Protocol):
 class Gatekeeper(StepPart, Protocol):
     """A part that can decide a member must go (``potluck.trust``): after its
     ``on_commit`` the transaction takes ``removals()`` (member id, why) and, on an
-    elastic cohort, removes them at this step's boundary and bans their seats."""
+    elastic cohort, removes them at this step's boundary and bans their seats.
+    ``before_update(steps)`` comes first, after a synchronized backward and before the
+    optimizer applies it (the parameters are still the ones the gradients were computed
+    on; ``steps``: the count the step commits as)."""
+
+    def before_update(self, steps: int) -> None: ...
 
     def removals(self) -> list[tuple[str, str]]: ...
 

@@ -201,6 +201,8 @@ class StepTransaction:
             self.guarded.forget_unscale()  # (a loop that unscaled by hand)
             result = StepResult(committed=False, grad_norm=float("nan"), failed=True)
         else:
+            for gatekeeper in self._gatekeepers:
+                gatekeeper.before_update(self.progress.steps + 1)
             result = self.guarded.step()
         if result.failed:
             if observer is not None:

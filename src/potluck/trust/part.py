@@ -89,7 +89,10 @@ class TrustPart:
         self._part_of, self._synced = part_of, synced
         self._last_pass: object = None  # the synced pass the last commit judged
         self._names = {id(p): name for name, p in module.named_parameters()}
-        self._snapshot: dict[str, torch.Tensor] | None = None  # the step's parameters
+        # the step's parameters, copied before the update on a step this rank spot-checks
+        # (``before_update``) and dropped once the check is done
+        self._snapshot: dict[str, torch.Tensor] | None = None
+        self._picked: tuple[object, int, list[torch.Tensor], tuple[int, int, int]] | None = None
         self._prints = Fingerprints()
         self.ledger = Ledger()
         self.strikes = Strikes(config.rules)
@@ -123,6 +126,26 @@ class TrustPart:
 
     # ----------------------------------------------------------- the step part
 
+    def before_update(self, steps: int) -> None:
+        """After the step's synchronized backward, before the optimizer applies it: if
+        the step's reports pick a spot check this rank takes part in, copy the
+        parameters the gradients were computed on (the check runs in ``on_commit``,
+        after the update). On every other step nothing is copied, and no copy is kept
+        between steps. Without spot checks this does nothing."""
+        self._snapshot, self._picked = None, None
+        if self.config.spot_check is None or self._part_of is None:
+            return
+        ledger, n = self.ledger, self._cohort.group.size()
+        if n == 1 or not (ledger.world_size == n and ledger.buckets):
+            return  # (no synchronized backward of trust's this step: on_commit says why)
+        kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
+        words = [k.reports().cpu() for k in kept]
+        pick = self._pick(words, steps)
+        self._picked = (self._synced() if self._synced is not None else None, steps, words,
+                        pick)
+        if self._spot_target(kept, pick) is not None:
+            self._snapshot = snapshot(self._module)
+
     def on_commit(self, steps: int) -> None:
         self._steps = steps
         cohort, ledger = self._cohort, self.ledger
@@ -143,8 +166,13 @@ class TrustPart:
         trusted = self.trusted(n)
         kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
         found: list[Finding] = []
+        picked, self._picked = self._picked, None
         try:
-            words = [k.reports().cpu() for k in kept]  # (each owner's report, per bucket)
+            if picked is not None and picked[0] is passed and picked[1] == steps:
+                words, pick = picked[2], picked[3]  # (before_update's, of these buckets)
+            else:
+                words = [k.reports().cpu() for k in kept]  # (each owner's report, per bucket)
+                pick = self._pick(words, steps)
             reports = decode_reports([(k.owners, k.senders, w)
                                       for k, w in zip(kept, words, strict=True)], n)
             self._refuse_spot_loss(reports, kept[0].owners, steps)
@@ -157,7 +185,6 @@ class TrustPart:
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}
             self.exchange.report_audit(self._audit(ledger.audit, reports.received, reports.key))
-            pick = self._pick(words, steps)
             # (what this rank handed itself is compared with nothing: verdict.handed_out)
             others = [o for o in kept[0].owners if o != cohort.rank]
             self.exchange.report_handed(Handed(  # keyed after the fact: no owner knew it
@@ -177,12 +204,14 @@ class TrustPart:
             return
         finally:
             ledger.reset(0)  # a step with no synced backward reports nothing stale
+            self._snapshot = None  # (the check is done: no copy of the model is kept)
         self._record(found, steps)
 
     def on_membership(self, rank: int, world_size: int) -> None:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
         self.exchange.forget()
+        self._snapshot, self._picked = None, None
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -243,16 +272,25 @@ class TrustPart:
                             dict(self.ledger.buckets), self._cohort.rank,
                             key=picks[2] or 1)  # (the key its Handed reports)
 
-    def _spot_check(self, kept: list[Kept], picks: tuple[int, int, int]) -> SpotResult | None:
-        """If the hash picked a target, recompute its gradient and compare this owner's
-        slices of its copy (every other owner does the same)."""
+    def _spot_target(self, kept: list[Kept], picks: tuple[int, int, int]) -> int | None:
+        """The rank whose gradient this rank recomputes after this step, if the hash
+        picked a spot check and this rank is one of its checkers (every owner but the
+        target)."""
         spot, pick = self.config.spot_check, picks[1]
-        if spot is None or self._snapshot is None or self._part_of is None or pick % spot.every:
+        if spot is None or pick % spot.every:
             return None
         owners, me = kept[0].owners, self._cohort.rank
         target = owners[(pick // spot.every) % len(owners)]
-        if me not in owners or me == target:
+        return None if me not in owners or me == target else target
+
+    def _spot_check(self, kept: list[Kept], picks: tuple[int, int, int]) -> SpotResult | None:
+        """If the hash picked a target, recompute its gradient from the parameters
+        ``before_update`` copied and compare this owner's slices of its copy (every
+        other owner does the same)."""
+        spot, target = self.config.spot_check, self._spot_target(kept, picks)
+        if spot is None or target is None or self._snapshot is None or self._part_of is None:
             return None
+        me = self._cohort.rank
         batch = self._part_of(target)
         grads = recompute_gradient(self._module, self._snapshot, spot.loss, batch,
                                    wanted=self._in_slices(kept, me))
@@ -327,9 +365,7 @@ class TrustPart:
 
     def _fingerprint(self) -> int:
         """At the step's first bucket (before the update): the replica's fingerprint
-        (0: not compared this step), and the parameters spot checks recompute with."""
-        if self.config.spot_check is not None:
-            self._snapshot = snapshot(self._module, self._snapshot)
+        (0: not compared this step)."""
         every = self.config.fingerprint_every
         if not every or (self._steps + 1) % every:
             return 0

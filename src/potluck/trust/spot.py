@@ -2,7 +2,7 @@
 
 After a step, a hash of the step's reports (which no rank knew when it sent its copy)
 may pick a *target*. Every other owner then recomputes the target's gradient: the same
-parameters (a snapshot taken at the step's first bucket, before the update), the same
+parameters (a snapshot taken before the update, on the steps a check picks only), the same
 samples (the exactly-once cursor knows which each rank trained on), the user's
 ``loss(model, batch)``. Each compares it with the copy the target sent it, on its own
 slices, and reports the relative difference in the next step's report; the verdict is
@@ -58,23 +58,12 @@ class SpotCheck:
                               "stays under, e.g. 1e-3")
 
 
-def snapshot(module: nn.Module, into: dict[str, torch.Tensor] | None = None
-             ) -> dict[str, torch.Tensor]:
-    """The parameters and buffers, detached copies, by name: copied into ``into`` (the
-    last step's snapshot, one copy for all of them) when it has the same tensors' names,
-    shapes, dtypes and devices, else new ones."""
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and buffers, detached copies, by name (``TrustPart`` takes one
+    only on a step it spot-checks, and drops it after the check)."""
     live = {name: p.detach() for name, p in module.named_parameters()}
     live.update({name: b.detach() for name, b in module.named_buffers()})
-    if into is None or not _alike(into, live):
-        return {name: t.clone() for name, t in live.items()}
-    torch._foreach_copy_(list(into.values()), [live[name] for name in into])
-    return into
-
-
-def _alike(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> bool:
-    return old.keys() == new.keys() and all(
-        (t.shape, t.dtype, t.device) == (new[n].shape, new[n].dtype, new[n].device)
-        for n, t in old.items())
+    return {name: t.clone() for name, t in live.items()}
 
 
 def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
