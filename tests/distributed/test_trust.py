@@ -115,9 +115,9 @@ def _spot_copies(rank: int, world_size: int, port: int, steps: int,
     taken, target, check = (trust_part.snapshot, trust_part.TrustPart._spot_target,
                             trust_part.TrustPart._spot_check)
 
-    def counted_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def counted_copy(module: torch.nn.Module, *args: Any) -> dict[str, torch.Tensor]:
         counts["copies"] += 1
-        return taken(module)
+        return taken(module, *args)
 
     def counted_target(self: Any, *args: Any) -> int | None:
         got = target(self, *args)
@@ -145,7 +145,8 @@ def _spot_copies(rank: int, world_size: int, port: int, steps: int,
         opt.step()
     part = opt.part(potluck.trust.TrustPart)
     assert part is not None
-    out = {**counts, "steps": opt.steps, "events": part.events}
+    out = {**counts, "steps": opt.steps, "events": part.events,
+           "kept": part._snapshot is not None}  # (a copy held after the last step)
     opt.finish()
     return out
 
@@ -159,7 +160,8 @@ def test_spot_checks_copy_the_parameters_only_on_the_steps_they_check() -> None:
     steps, every = 24, 3
     ranks = run_ranks(_spot_copies, 4, free_port(), steps, every, init_group=False,
                       timeout=120)
-    assert all(r["steps"] == steps and r["events"] == [] for r in ranks), ranks
+    assert all(r["steps"] == steps and r["events"] == [] and not r["kept"]
+               for r in ranks), ranks
     for r in ranks:
         assert r["copies"] == r["checks"] == r["targets"] // 2, ranks
         assert r["copies"] < steps, ranks  # (before, every step took one)

@@ -27,7 +27,8 @@ to tell what the design costs on the machine from what potluck's code adds to it
   gradient recomputed on its own samples and compared on the checker's slice, by one
   other owner or by all three others (as trust's spot checks do; a whole backward,
   where trust's stops at the first layer it needs), from a copy of the parameters the
-  checkers take before the update on that step only (as trust's do).
+  checkers take before the update on that step only (as trust's do; into a model kept
+  between steps, where trust allocates its copy).
 
 The kernels are trust's own (``lower_median``, ``Fingerprints``, ``word_sums``,
 ``hash64``): the only potluck code in the step. Every check takes the clean case

@@ -5,6 +5,8 @@ The transaction (``transaction.py``) calls every part it was given, in order:
 
 - ``on_commit(steps)`` after a step committed (the cursor advanced; ``steps`` committed
   so far): a sync strategy counts its inner steps here, a balancer its measurements;
+- ``before_update(steps)``, for a ``BeforeUpdate`` part only, after the synchronized
+  backward and before the optimizer applies it;
 - ``on_membership(rank, world_size)`` after the membership changed (a loss, a join, a
   leave): a share policy redistributes, a strategy resets what was per-member;
 - ``state_dict()`` / ``load_state_dict()``: the part's state travels with the live
@@ -84,14 +86,20 @@ class SyncStrategy(SharePolicy, Protocol):
 class Gatekeeper(StepPart, Protocol):
     """A part that can decide a member must go (``potluck.trust``): after its
     ``on_commit`` the transaction takes ``removals()`` (member id, why) and, on an
-    elastic cohort, removes them at this step's boundary and bans their seats.
-    ``before_update(steps)`` comes first, after a synchronized backward and before the
-    optimizer applies it (the parameters are still the ones the gradients were computed
-    on; ``steps``: the count the step commits as)."""
-
-    def before_update(self, steps: int) -> None: ...
+    elastic cohort, removes them at this step's boundary and bans their seats."""
 
     def removals(self) -> list[tuple[str, str]]: ...
+
+
+@runtime_checkable
+class BeforeUpdate(StepPart, Protocol):
+    """A part that acts between a step's synchronized backward and the optimizer's update
+    (``potluck.trust``: its spot check's copy of the parameters). Called on every step
+    the optimizer is about to apply, only without a sync strategy (there a step's
+    gradients are local): the parameters are still the ones the gradients were computed
+    on; ``steps`` is the count the step commits as."""
+
+    def before_update(self, steps: int) -> None: ...
 
 
 class EqualShares:

@@ -45,7 +45,7 @@ from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
 from potluck.step.live_state import LiveState, Progress
 from potluck.step.minimum import MinimumSize
-from potluck.step.parts import Gatekeeper, StepPart, SyncStrategy
+from potluck.step.parts import BeforeUpdate, Gatekeeper, StepPart, SyncStrategy
 
 DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
 
@@ -88,6 +88,10 @@ class StepTransaction:
             self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
             # Parts that can remove a member (trust), looked up once: not every step.
             self._gatekeepers = tuple(p for p in parts if isinstance(p, Gatekeeper))
+            # Parts that act before the update (trust's spot-check copy): not under a
+            # sync strategy, whose steps' gradients are local.
+            self._before_update = () if self._sync is not None else tuple(
+                p for p in parts if isinstance(p, BeforeUpdate))
             self.progress = Progress()
             self._hold_at_boundary = False
             self.live_state = LiveState(model, optimizer, cursor, self.progress, parts,
@@ -201,8 +205,8 @@ class StepTransaction:
             self.guarded.forget_unscale()  # (a loop that unscaled by hand)
             result = StepResult(committed=False, grad_norm=float("nan"), failed=True)
         else:
-            for gatekeeper in self._gatekeepers:
-                gatekeeper.before_update(self.progress.steps + 1)
+            for early in self._before_update:
+                early.before_update(self.progress.steps + 1)
             result = self.guarded.step()
         if result.failed:
             if observer is not None:

@@ -40,6 +40,7 @@ from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import Fingerprints, keyed_digest
 from potluck.trust.spot import (
+    buffer_copy,
     in_slices,
     recompute_gradient,
     relative,
@@ -92,6 +93,7 @@ class TrustPart:
         # the step's parameters, copied before the update on a step this rank spot-checks
         # (``before_update``) and dropped once the check is done
         self._snapshot: dict[str, torch.Tensor] | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # at the step's first bucket
         self._picked: tuple[object, int, list[torch.Tensor], tuple[int, int, int]] | None = None
         self._prints = Fingerprints()
         self.ledger = Ledger()
@@ -144,7 +146,7 @@ class TrustPart:
         self._picked = (self._synced() if self._synced is not None else None, steps, words,
                         pick)
         if self._spot_target(kept, pick) is not None:
-            self._snapshot = snapshot(self._module)
+            self._snapshot = snapshot(self._module, self._buffers)
 
     def on_commit(self, steps: int) -> None:
         self._steps = steps
@@ -173,6 +175,12 @@ class TrustPart:
             else:
                 words = [k.reports().cpu() for k in kept]  # (each owner's report, per bucket)
                 pick = self._pick(words, steps)
+                target = self._spot_target(kept, pick)
+                if target is not None:  # (prepare's transaction always calls it)
+                    log.warning("[rank %d] trust: step %d picked a spot check of rank %d, "
+                                "but before_update() did not run for this step, so the "
+                                "parameters it was computed on were not kept: not checked",
+                                cohort.rank, steps, target)
             reports = decode_reports([(k.owners, k.senders, w)
                                       for k, w in zip(kept, words, strict=True)], n)
             self._refuse_spot_loss(reports, kept[0].owners, steps)
@@ -211,7 +219,7 @@ class TrustPart:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.ledger.reset(0)
         self.exchange.forget()
-        self._snapshot, self._picked = None, None
+        self._snapshot, self._picked, self._buffers = None, None, {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -365,7 +373,11 @@ class TrustPart:
 
     def _fingerprint(self) -> int:
         """At the step's first bucket (before the update): the replica's fingerprint
-        (0: not compared this step)."""
+        (0: not compared this step). With spot checks, also a copy of the buffers as this
+        rank's forward left them (the pass's end broadcasts rank 0's over them; a spot
+        check's snapshot takes them from here, its parameters before the update)."""
+        if self.config.spot_check is not None:
+            self._buffers = buffer_copy(self._module)
         every = self.config.fingerprint_every
         if not every or (self._steps + 1) % every:
             return 0

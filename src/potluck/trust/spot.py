@@ -58,12 +58,21 @@ class SpotCheck:
                               "stays under, e.g. 1e-3")
 
 
-def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters and buffers, detached copies, by name (``TrustPart`` takes one
-    only on a step it spot-checks, and drops it after the check)."""
-    live = {name: p.detach() for name, p in module.named_parameters()}
-    live.update({name: b.detach() for name, b in module.named_buffers()})
-    return {name: t.clone() for name, t in live.items()}
+def snapshot(module: nn.Module, buffers: dict[str, torch.Tensor] | None = None
+             ) -> dict[str, torch.Tensor]:
+    """The parameters and buffers, detached copies, by name; ``buffers``: copies taken
+    earlier (``buffer_copy``) to use instead of the buffers as they are now. ``TrustPart``
+    copies the buffers at each step's first bucket (as the rank's own forward left them,
+    before the pass's end broadcasts rank 0's), and the parameters only on a step it
+    spot-checks, before the update; it drops the snapshot after the check."""
+    copied = {name: p.detach().clone() for name, p in module.named_parameters()}
+    copied.update(buffer_copy(module) if buffers is None else buffers)
+    return copied
+
+
+def buffer_copy(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's buffers, detached copies, by name (few and small in most models)."""
+    return {name: b.detach().clone() for name, b in module.named_buffers()}
 
 
 def recompute_gradient(module: nn.Module, state: dict[str, torch.Tensor], loss: Loss,
