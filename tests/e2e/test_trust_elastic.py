@@ -51,8 +51,11 @@ def test_a_joiner_fingerprints_on_the_cohorts_schedule(tmp_path: Path) -> None:
     """With ``fingerprint_every=3`` a worker that joins mid-run (a crashed one restarted
     as a new member, with the live state) must compare its fingerprint in the same
     steps as the others (it takes their step count from the live state): otherwise it
-    sends "not compared" where they compare, and looks diverged. Nobody is struck or
-    repaired, and every replica ends bitwise equal."""
+    sends "not compared" where they compare, and looks diverged. It also spot-checks
+    one step in 2, through the crash's redone step and the joiner's first steps (the
+    parameters are copied before the update on a checked step, and a new generation
+    drops what was kept). Nobody is struck or repaired, every picked check runs, and
+    every replica ends bitwise equal."""
     crashed, out = tmp_path / "crashed", tmp_path / "final.pt"
     result = potluck_run("--nproc-per-node", "3", "--elastic", "--max-restarts", "1",
                          "--min-workers", "3", "--min-workers-timeout", "100",
@@ -67,9 +70,11 @@ def test_a_joiner_fingerprints_on_the_cohorts_schedule(tmp_path: Path) -> None:
     # its first step, 9, is one the cohort compares: a joiner counting from 0 would not)
     assert joined == 8, joined
     done = re.findall(r"worker done after step (\d+): (\d+) workers; strikes \[(.*)\]; "
-                      r"events \[(.*)\]; fingerprint (0x[0-9a-f]+)", err)
+                      r"events \[(.*)\]; spot checks (\d+) run, (\d+) not; "
+                      r"fingerprint (0x[0-9a-f]+)", err)
     assert len(done) == 3, err[-3000:]
-    assert all(step == "30" and workers == "3" for step, workers, _, _, _ in done), done
-    assert all(strikes == "" and events == "" for _, _, strikes, events, _ in done), done
+    assert all(step == "30" and workers == "3" for step, workers, *_ in done), done
+    assert all(strikes == "" and events == "" for _, _, strikes, events, *_ in done), done
+    assert all(int(ran) > 0 and not_run == "0" for *_, ran, not_run, _ in done), done
     assert len({fp for *_, fp in done}) == 1, done  # every replica alike
     assert all(torch.isfinite(v).all() for v in torch.load(out).values())
