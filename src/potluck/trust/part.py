@@ -137,12 +137,10 @@ class TrustPart:
         self._snapshot, self._picked = None, None
         if self.config.spot_check is None or self._part_of is None:
             return
-        ledger, n = self.ledger, self._cohort.group.size()
-        if n == 1 or not (ledger.world_size == n and ledger.buckets):
+        kept = self._this_step(self._cohort.group.size())
+        if kept is None:
             return  # (no synchronized backward of trust's this step: on_commit says why)
-        kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
-        words = [k.reports().cpu() for k in kept]
-        pick = self._pick(words, steps)
+        words, pick = self._words_and_pick(kept, steps)
         self._picked = (self._synced() if self._synced is not None else None, steps, words,
                         pick)
         if self._spot_target(kept, pick) is not None:
@@ -154,7 +152,8 @@ class TrustPart:
         n = cohort.group.size()
         passed = self._synced() if self._synced is not None else None
         fresh, self._last_pass = passed is not self._last_pass, passed
-        if n == 1 or not (ledger.world_size == n and ledger.buckets):
+        kept = self._this_step(n)
+        if kept is None:
             if n > 1 and fresh and passed is not None:
                 raise ConfigError(
                     f"trust's exchange did not see step {steps}'s gradients, though its "
@@ -166,15 +165,13 @@ class TrustPart:
             ledger.reset(0)
             return
         trusted = self.trusted(n)
-        kept = [ledger.buckets[b] for b in sorted(ledger.buckets)]
         found: list[Finding] = []
         picked, self._picked = self._picked, None
         try:
             if picked is not None and picked[0] is passed and picked[1] == steps:
                 words, pick = picked[2], picked[3]  # (before_update's, of these buckets)
             else:
-                words = [k.reports().cpu() for k in kept]  # (each owner's report, per bucket)
-                pick = self._pick(words, steps)
+                words, pick = self._words_and_pick(kept, steps)
                 target = self._spot_target(kept, pick)
                 if target is not None:  # (prepare's transaction always calls it)
                     log.warning("[rank %d] trust: step %d picked a spot check of rank %d, "
@@ -236,6 +233,21 @@ class TrustPart:
                      step=self._steps, member=member)
 
     # ----------------------------------------------------------------- the work
+
+    def _this_step(self, n: int) -> list[Kept] | None:
+        """This step's buckets as the exchange kept them, in order; None when trust's
+        hook saw no synchronized backward this step (or the cohort is one rank)."""
+        ledger = self.ledger
+        if n == 1 or not (ledger.world_size == n and ledger.buckets):
+            return None
+        return [ledger.buckets[b] for b in sorted(ledger.buckets)]
+
+    def _words_and_pick(self, kept: list[Kept], steps: int
+                        ) -> tuple[list[torch.Tensor], tuple[int, int, int]]:
+        """Each bucket's report words on the host (each owner's report, per bucket) and
+        the step's pick from them (``_pick``)."""
+        words = [k.reports().cpu() for k in kept]
+        return words, self._pick(words, steps)
 
     def _audit(self, plan: AuditPlan | None, received: Sequence[Sequence[int]],
                keys: Sequence[int]) -> AuditResult | None:
