@@ -127,6 +127,13 @@ def template_fd(environ: Mapping[str, str] | None = None) -> int | None:
     return _int(env, TEMPLATE_FD, None, minimum=0)
 
 
+def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """``WORLD_SIZE`` as ``potluck run`` or ``torchrun`` set it (1 when unset). SLURM's task
+    count is left out: a batch script runs one process in an allocation of many tasks."""
+    env = os.environ if environ is None else environ
+    return _int(env, WORLD_SIZE, 1, minimum=1) or 1
+
+
 def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     """Parse the launcher's variables; raise ``ConfigError`` naming any bad one."""
     env = os.environ if environ is None else environ

@@ -1,11 +1,11 @@
 """The process's current cohort: the one ``potluck.init()`` returned, until it is closed.
 
 Defaults that mean "this process's place in the job" (who writes a checkpoint, which
-ranks ``DistributedRng`` gathers) read it here, because a potluck cohort registers no
-torch default group. ``init`` sets it and ``Cohort.close`` clears it; a cohort built
-directly (``Cohort(...)``, ``join_elastic``) is not registered, so explicit arguments
-always win. Callers read ``current()`` at the moment they act: an elastic cohort
-renumbers its ranks between generations.
+ranks ``DistributedRng`` gathers, the group of a ``DataParallel`` given none) read it
+here, because a potluck cohort registers no torch default group. ``init`` sets it and
+``Cohort.close`` clears it; a cohort built directly (``Cohort(...)``, ``join_elastic``)
+is not registered, so explicit arguments always win. Callers read ``current()`` at the
+moment they act: an elastic cohort renumbers its ranks between generations.
 """
 
 from __future__ import annotations

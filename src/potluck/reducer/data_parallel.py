@@ -6,10 +6,11 @@ then takes rank 0's parameters and buffers. Buffers (BatchNorm statistics) are
 broadcast from rank 0 at the end of every synchronized backward, so replicas hold the
 same buffers between steps and every forward starts from rank 0's.
 
-Works on the default process group, an explicit group object, or a cohort's
-``GroupHandle`` (``cohort.group``), which it holds for life: when an elastic cohort moves
-to a new generation, the handle follows and so does every step after. With one rank (or
-no process group at all) nothing is communicated.
+Works on an explicit group object or a cohort's ``GroupHandle`` (``cohort.group``), which
+it holds for life: when an elastic cohort moves to a new generation, the handle follows
+and so does every step after. Without one it takes torch's default group, else the
+cohort ``potluck.init()`` returned; with neither, a single process communicates nothing,
+and a worker a launcher started among several is refused (each would train alone).
 
 Also what code written for torch DDP touches: ``require_backward_grad_sync`` (what
 ``no_sync()`` sets; read by every forward), torch's communication hooks
@@ -29,6 +30,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
 from potluck.collectives import Group, broadcast_coalesced, default_group
+from potluck.env import launched_world_size
 from potluck.errors import ConfigError
 from potluck.group import GroupHandle, as_handle
 from potluck.reducer.consistency import same_values, verify_same_model
@@ -120,7 +122,7 @@ class DataParallel(nn.Module, Joinable):
         # replicas' parameters every few steps instead (potluck.prepare(sync=DiLoCo(...))).
         self._sync_gradients = sync_gradients
         explicit = group if group is not None else process_group
-        plain = explicit if explicit is not None else default_group()
+        plain = explicit if explicit is not None else _implicit_group()
         self._group = as_handle(plain)
         # The user's own process group (not a potluck handle): what torch's Join and
         # torch's hooks can talk on.
@@ -352,6 +354,30 @@ _COMPAT_ARGS = {
     "gradient_as_bucket_view", "static_graph", "delay_all_reduce_named_params",
     "param_to_hook_all_reduce", "mixed_precision", "device_mesh",
 }
+
+
+def _implicit_group() -> Group | None:
+    """What ``group=None`` means: torch's default group, else the handle of the cohort
+    ``potluck.init()`` returned in this process, else none (one process). A worker that a
+    launcher started among several (``WORLD_SIZE`` > 1) with neither would train its own
+    model, unseen: refused, as torch DDP refuses it."""
+    found = default_group()
+    if found is not None:
+        return found
+    # Imported here: the cohort sits above the reducer, which otherwise never reads it.
+    from potluck.cohort.current import current
+
+    cohort = current()
+    if cohort is not None:
+        return cohort.group
+    workers = launched_world_size()
+    if workers > 1:
+        raise ConfigError(
+            f"DataParallel has no process group, but WORLD_SIZE={workers}: each of the "
+            f"{workers} workers would train its own model; call "
+            "torch.distributed.init_process_group(...) before wrapping the model, or "
+            "`cohort = potluck.init()` and pass group=cohort.group")
+    return None
 
 
 def _check_compat_kwargs(kwargs: dict[str, Any]) -> None:
