@@ -4,8 +4,9 @@ one agreement all-gather in ``agree_everywhere``).
 Each check stops a mistake that would otherwise train silently wrong or fail far from
 its cause: an optimizer over another model's parameters (nothing trained), ranks that
 disagree on the data's order or size (samples trained twice or never), an epoch whose
-last step has fewer samples than workers (a crash after a whole epoch), a value of the
-wrong type (a traceback from deep inside).
+last step has fewer samples than workers (a crash after a whole epoch), a dataset
+shorter than one global batch (every step smaller than asked), a value of the wrong
+type (a traceback from deep inside).
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
                 steps_per_block: int = 1) -> None:
     """Every step of an epoch gives every rank at least one sample: a global batch of at
     least the world size, and (without ``drop_last``) an epoch's last, shorter block of
-    none or of at least the world size. ``steps_per_block``: a sync strategy's round of
+    none or of at least the world size. A dataset shorter than one global batch is
+    refused: no step would ever have ``global_batch`` samples. ``steps_per_block``: a sync strategy's round of
     global batches, the cursor's block (its last round is split among the ranks). An
     elastic cohort's world size changes later: this checks the one it starts with."""
     if global_batch < world_size:
@@ -165,6 +167,11 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
             f"global_batch={global_batch} is smaller than the {world_size} workers: every "
             "worker needs at least one sample a step; use a global batch of at least "
             f"{world_size}")
+    if dataset_len < global_batch:  # (a shorter last step is fine: not every step)
+        raise ConfigError(
+            f"the dataset has {dataset_len} samples, fewer than global_batch={global_batch}: "
+            f"every step would train on {dataset_len} samples, not {global_batch}; pass "
+            f"global_batch={dataset_len} or less, or a larger dataset")
     block = global_batch * steps_per_block
     tail = dataset_len % block
     if drop_last or tail == 0 or tail >= world_size:

@@ -52,7 +52,10 @@ def test_an_optimizer_over_another_model_is_refused() -> None:
     ({"collate": 3}, "collate=3 must be a function"),
     ({"seed": 1.5}, "seed=1.5 must be an int"),
     ({"global_batch": True}, "global_batch=True must be an int"),
-    ({"global_batch": 20}, None),  # more than the dataset: fine (one short step an epoch)
+    ({"global_batch": 20}, r"the dataset has 16 samples, fewer than global_batch=20: every "
+                           r"step would train on 16 samples, not 20; pass global_batch=16 or "
+                           r"less, or a larger dataset"),
+    ({"global_batch": 20, "drop_last": True}, "fewer than global_batch=20"),
     ({"dataset": _Stream()}, r"dataset\[i\]\), got _Stream"),  # (it has a __len__)
     ({"bucket_cap_mb": "25"}, "bucket_cap_mb='25' must be a positive, finite number"),
     ({"bucket_cap_mb": float("nan")}, "bucket_cap_mb=nan must be a positive, finite"),
@@ -113,6 +116,8 @@ def test_metrics_dir_must_be_a_directory(tmp_path: Path) -> None:
     (16, 1, 2, False, 1, "global_batch=1 is smaller than the 2 workers"),
     (24, 8, 3, False, 1, None),
     (41, 4, 2, False, 5, "end each epoch with a round of 1 sample"),  # DiLoCo: rounds of 20
+    (10, 64, 2, False, 1, "fewer than global_batch=64: every step would train on 10"),
+    (30, 8, 2, False, 5, None),  # DiLoCo: one short round of 30 samples an epoch
 ])
 def test_every_step_gives_every_worker_a_sample(length: int, batch: int, world: int,
                                                 drop_last: bool, steps: int,
@@ -122,7 +127,7 @@ def test_every_step_gives_every_worker_a_sample(length: int, batch: int, world: 
         return
     with pytest.raises(ConfigError, match=message) as caught:
         check_split(length, batch, world, drop_last, steps)
-    assert "drop_last=True" in str(caught.value) or "at least" in str(caught.value)
+    assert any(fix in str(caught.value) for fix in ("drop_last=True", "at least", "or less"))
 
 
 def test_a_module_wrapped_twice_is_refused() -> None:
