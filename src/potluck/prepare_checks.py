@@ -159,9 +159,10 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
     """Every step of an epoch gives every rank at least one sample: a global batch of at
     least the world size, and (without ``drop_last``) an epoch's last, shorter block of
     none or of at least the world size. A dataset shorter than one global batch is
-    refused: no step would ever have ``global_batch`` samples. ``steps_per_block``: a sync strategy's round of
-    global batches, the cursor's block (its last round is split among the ranks). An
-    elastic cohort's world size changes later: this checks the one it starts with."""
+    refused: no step would ever have ``global_batch`` samples. ``steps_per_block``: a
+    sync strategy's round of global batches, the cursor's block (its last round is split
+    among the ranks). An elastic cohort's world size changes later: this checks the one
+    it starts with."""
     if global_batch < world_size:
         raise ConfigError(
             f"global_batch={global_batch} is smaller than the {world_size} workers: every "
