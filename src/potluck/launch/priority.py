@@ -12,10 +12,11 @@ A nice value only ranks a process against others of its scheduling group. With t
 kernel's autogroups (``/proc/sys/kernel/sched_autogroup_enabled``, on in most
 distributions) every session is a group of its own, and the groups share the CPU as
 equals: the agent starts each worker and the spare in a session of its own, so at nice
-19 alone the spare still took a quarter of two cores from three busy workers (measured:
-the workers' steps 30-50% slower for the 2 s of its import). The spare therefore also
-sets its session's autogroup to nice 19 (``/proc/self/autogroup``), only when it leads
-that session (the group is then itself alone), and sets it back when it is taken. The
+19 alone the spare still takes a quarter of two cores from three busy workers (their
+steps 30-50% slower for the 2 s of its import, measured on a 2-core VM). The spare
+therefore also sets the autogroup of its Unix session (``setsid``) to nice 19
+(``/proc/self/autogroup``), only when it leads that session (the group is then itself
+alone), and sets it back when it is taken. The
 kernel lets anyone raise an autogroup's nice value and lower it back to 0 or more, but
 refuses (``EAGAIN``) a second write within 100 ms of any other on the machine to a
 process without ``CAP_SYS_ADMIN``: such a write is tried again after that interval.
@@ -77,9 +78,9 @@ def autogroup_nice(text: str) -> int | None:
 
 
 def lower_autogroup() -> int | None:
-    """This session's autogroup to nice 19, if this process leads the session and the
-    group's value is one it may come back to (0 or more); returns the value to restore
-    (None: left as it was)."""
+    """The autogroup of this process's Unix session to nice 19, if this process leads
+    the session and the group's value is one it may come back to (0 or more); returns
+    the value to restore (None: left as it was)."""
     if not sys.platform.startswith("linux") or os.getsid(0) != os.getpid():
         return None
     try:
@@ -97,7 +98,8 @@ def lower_autogroup() -> int | None:
 
 
 def restore_autogroup(nice: int) -> None:
-    """This session's autogroup back to ``nice`` (raises OSError if the kernel refuses)."""
+    """The autogroup of this process's Unix session back to ``nice`` (raises OSError if
+    the kernel refuses)."""
     _write_autogroup(nice)
 
 
