@@ -160,14 +160,15 @@ def train(worker: Worker, job: ElasticJob, ledger: Path,
                     fault_hook(opt.steps)
                 if job.step_pause:
                     time.sleep(job.step_pause)
-                epoch, steps, started = cursor.epoch, opt.steps, time.monotonic()
+                epoch, commits, started = cursor.epoch, opt.progress.steps, time.monotonic()
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 if model.step_failed and detected_s is None:
                     detected_s, detected_at = time.monotonic() - started, time.time()
                 result = opt.step()
                 pending += index.tolist() if result.committed else []
-                if opt.steps > steps:  # the step (round) committed, with these samples
+                if opt.progress.steps > commits:  # the step (round) committed, with these
+                    # samples (a round that lost a member's part too: opt.steps waits)
                     out.write(json.dumps([epoch, pending]) + "\n")
                     out.flush()
                     pending = []

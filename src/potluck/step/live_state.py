@@ -38,10 +38,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Progress:
-    """Committed global steps (the same on every member) and steps redone here."""
+    """Commits and steps redone here. ``steps`` counts every commit (the same on every
+    member): a round that lost a member's part commits, and so does that part when it
+    is trained again. ``partial`` counts the commits after which the cursor still owed
+    such a part, so ``steps - partial`` is the number of whole steps (rounds) trained."""
 
     steps: int = 0
     redone: int = 0
+    partial: int = 0
+
+    @property
+    def whole(self) -> int:
+        """Steps (rounds) whose every sample reached the model."""
+        return self.steps - self.partial
 
 
 class LiveState:
@@ -63,6 +72,7 @@ class LiveState:
             "model": self._model.module.state_dict(),
             "optimizer": self._optimizer.state_dict(),
             "cursor": self._cursor.state_dict(), "steps": self._progress.steps,
+            "partial": self._progress.partial,
             "bucket_order": self._model.reducer.bucket_order(),
             "parts": {part.name: part.state_dict() for part in self._parts}})
         if self._settings is not None:
@@ -87,6 +97,7 @@ class LiveState:
                         "not used (the epoch goes on in the order it began, so that every "
                         "sample is still trained on exactly once)", saved_seed, seed)
         self._progress.steps = int(state["steps"])
+        self._progress.partial = int(state.get("partial", 0))
         self._model.reducer.adopt_bucket_order(state["bucket_order"])
         saved = state.get("parts", {})
         for part in self._parts:

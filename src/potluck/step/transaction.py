@@ -148,8 +148,10 @@ class StepTransaction:
     @property
     def steps(self) -> int:
         """Committed global steps (the same on every member); under a sync strategy,
-        committed rounds."""
-        return self.progress.steps
+        committed rounds. A round that lost a member mid-round counts once the part the
+        member took with it is trained again, so a loop that stops after K trained K
+        steps' (rounds') samples."""
+        return self.progress.whole
 
     @property
     def redone(self) -> int:
@@ -232,6 +234,8 @@ class StepTransaction:
             observer.committed(self.progress.steps)
         self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
+        if self.cursor.state.owed:  # part of a round is still to train: not whole yet
+            self.progress.partial += 1
         for part in self.parts:
             part.on_commit(self.progress.steps)
         quarantined = self._remove_quarantined()
