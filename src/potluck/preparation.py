@@ -236,8 +236,15 @@ def prepare(
                         contribution=contribution.set if contribution else None,
                         weight=weight, memory=memory, redone=lambda: transaction.redone,
                         workers=num_workers, prefetch=prefetch,
-                        read_timeout=read_timeout, place=_placer(cohort.device))
+                        read_timeout=read_timeout, place=_placer(cohort.device),
+                        sitting_out=_untrusted(guard) if guard and not cohort.elastic else None)
     return wrapped, transaction, loader
+
+
+def _untrusted(guard: TrustPart) -> Callable[[int], list[int]]:
+    """On a fixed cohort a quarantined rank stays in the group: the others train its
+    part of each step (an elastic cohort removes it at the step's boundary)."""
+    return lambda world_size: sorted(set(range(world_size)) - set(guard.trusted(world_size)))
 
 
 def _memory_cap(given: int | None, config: BalanceConfig | None,

@@ -225,7 +225,7 @@ def test_quarantined_ranks_do_not_count() -> None:
 
 def test_strikes_quarantine_after_enough_of_a_kind_within_memory() -> None:
     strikes = Strikes(Rules(memory=10))
-    far = [Evidence("w3", 3, step, FAR, "far") for step in (1, 20, 21)]
+    far = [Evidence("w3", 3, step, DIVERGED, "diverged") for step in (1, 20, 21)]
     assert not strikes.add(far[0])
     assert not strikes.add(far[1])  # step 1 is out of memory by step 20
     assert strikes.add(far[2])

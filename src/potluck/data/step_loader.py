@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -64,7 +64,8 @@ class StepLoader:
                  segments: Segments | None = None,
                  redone: Callable[[], int] | None = None,
                  workers: int = 0, prefetch: int = 2, read_timeout: float | None = None,
-                 place: Callable[[Any], Any] | None = None) -> None:
+                 place: Callable[[Any], Any] | None = None,
+                 sitting_out: Callable[[int], Collection[int]] | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
         cap (``loader.memory``; ``loader.micro_batches``: how many its part takes);
@@ -75,7 +76,11 @@ class StepLoader:
         without it, after ``max_repeats`` hand-outs). ``workers``: processes reading the
         next ``prefetch`` batches ahead (0: each is read here when asked for), a batch
         a worker reads waited for ``read_timeout`` seconds at most (None: as long as it
-        takes); ``place(batch)``: in this process, after the read (e.g. to the device)."""
+        takes); ``place(batch)``: in this process, after the read (e.g. to the device).
+        ``sitting_out(world_size)``: ranks whose gradients count for nothing (quarantined
+        by trust on a fixed cohort): the others share the whole step, so every sample is
+        still trained once, and such a rank reads the step's first sample only, so its
+        loop still runs the step's collectives."""
         check_workers(workers, prefetch, read_timeout)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
@@ -101,6 +106,7 @@ class StepLoader:
         self.fetcher: Fetcher = (WorkerPool(dataset, self.collate, workers, read_timeout)
                                  if workers else InProcess(dataset, self.collate))
         self._place = place or (lambda batch: batch)
+        self._sitting_out = sitting_out or (lambda world_size: ())
         self._later: tuple[tuple[int, int], torch.Tensor] | None = None  # another epoch's order
 
     @property
@@ -173,6 +179,8 @@ class StepLoader:
             self._handed = (state, shares)
             check_rank(rank, world_size)
             part = split_block(start, stop, shares)[rank]
+            if not part and stop > start and rank in self._sitting_out(world_size):
+                part = range(start, start + 1)  # sitting out: a read, counted for nothing
             if part.stop <= part.start:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in the step at sample "
@@ -188,7 +196,7 @@ class StepLoader:
                                 self._ahead(state, rank, world_size, shares))
             self._part = len(part)
             if self.contribution is not None:
-                self._contribute(batch, len(part), stop - start)
+                self._contribute(batch, self.split[rank], stop - start)
             self.batches += 1
             yield batch
 
@@ -242,7 +250,12 @@ class StepLoader:
                 f"the share policy gave {len(shares)} shares ({list(shares)}) for a cohort of "
                 f"{world_size}: a share policy's shares(world_size) returns one weight per "
                 "rank of the current membership")
-        return _fitted(shares, block, world_size)
+        out = set(self._sitting_out(world_size)) & set(range(world_size))
+        if out and len(out) < world_size:
+            shares = [0.0 if r in out else float(s) for r, s in enumerate(shares)]
+            if not any(shares):  # (the policy gave the rest nothing: equal among them)
+                shares = [0.0 if r in out else 1.0 for r in range(world_size)]
+        return _fitted(shares, block, world_size, out)
 
     def _fetch(self, wanted: Planned, ahead: list[Planned]) -> Any:
         return self._place(self.fetcher.get(wanted, ahead))
@@ -261,7 +274,8 @@ class StepLoader:
         for _ in range(self.prefetch if self.workers else 0):
             state = state.advanced()
             start, stop = state.block
-            part = split_block(start, stop, _fitted(shares, stop - start, world_size))[rank]
+            out = [r for r, share in enumerate(shares) if share == 0]
+            part = split_block(start, stop, _fitted(shares, stop - start, world_size, out))[rank]
             if part.stop > part.start:
                 planned.append(self._planned(state.epoch, part.start, part.stop))
         return planned
@@ -294,11 +308,16 @@ class StepLoader:
         return not self.cursor.global_indices()
 
 
-def _fitted(shares: Sequence[float], block: int, world_size: int) -> Sequence[float]:
-    """``shares``, or equal ones for a short last block of an epoch that they would leave
-    a rank without a sample (the same decision on every rank)."""
-    if block >= world_size and 0 in split_counts(block, shares):
-        return equal_shares(world_size)
+def _fitted(shares: Sequence[float], block: int, world_size: int,
+            out: Collection[int] = ()) -> Sequence[float]:
+    """``shares``, or equal ones (among the ranks not sitting ``out``) for a short last
+    block of an epoch that they would leave a rank without a sample (the same decision
+    on every rank)."""
+    counts = split_counts(block, shares)
+    if block >= world_size - len(out) and any(c == 0 for r, c in enumerate(counts)
+                                              if r not in out):
+        return [0.0 if r in out else 1.0 for r in range(world_size)] if out else \
+            equal_shares(world_size)
     return shares
 
 

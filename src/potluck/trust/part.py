@@ -48,6 +48,7 @@ from potluck.trust.spot import (
     snapshot,
 )
 from potluck.trust.verdict import (
+    FAR,
     AuditResult,
     Evidence,
     Finding,
@@ -186,6 +187,8 @@ class TrustPart:
             excused = {members.index(m) for m in self._excused if m in members} | handed[1]
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
                           self.config.rules, excused, handed)
+            self.strikes.observe_far(steps, [members[i] for i in trusted],
+                                     {members[f.rank] for f in found if f.kind == FAR})
             every = self.config.fingerprint_every  # (this rank's schedule, not the reports')
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from potluck.errors import ConfigError
+from potluck.trust.far import FarWatch, needed
 
 NON_FINITE = "non-finite gradient"
 FAR = "far from the center"
@@ -66,6 +67,13 @@ class Rules:
     strikes: dict[str, int] = field(default_factory=lambda: dict(_DEFAULT_STRIKES))
     """Strikes of each kind, within ``memory`` steps, that quarantine a member."""
     memory: int = 50
+    """Steps within which a kind's strikes count (not "far": see ``false_positive``)."""
+    false_positive: float = 1e-8
+    """The chance, per honest sender and step, of a quarantine for being far: far steps
+    in a row quarantine, as many as make an honest sender's measured rate of far steps,
+    to that power, at most this (``far.needed``; at least ``strikes[FAR]``)."""
+    far_window: int = 200
+    """Steps over which honest senders' rate of far steps is measured."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.strikes, Mapping):
@@ -86,6 +94,16 @@ class Rules:
                               f"{', '.join(repr(k) for k in KINDS)}; values ints >= 1")
         if isinstance(self.memory, bool) or not (isinstance(self.memory, int) and self.memory >= 1):
             raise ConfigError(f"memory={self.memory!r} must be an int >= 1 (steps)")
+        if (isinstance(self.false_positive, bool)
+                or not isinstance(self.false_positive, (int, float))
+                or not 0 < self.false_positive < 1):
+            raise ConfigError(f"false_positive={self.false_positive!r} must be a probability "
+                              "between 0 and 1 (an honest sender's chance, per step, of a "
+                              "quarantine for being far), e.g. 1e-8")
+        if (isinstance(self.far_window, bool) or not isinstance(self.far_window, int)
+                or self.far_window < 1):
+            raise ConfigError(f"far_window={self.far_window!r} must be an int >= 1 (steps "
+                              "over which honest senders' rate of far steps is measured)")
 
 
 class Finding(NamedTuple):
@@ -418,12 +436,23 @@ def _median(values: list[float]) -> float:
 
 
 class Strikes:
-    """Strikes per member over the last ``rules.memory`` steps; who is quarantined."""
+    """Strikes per member over the last ``rules.memory`` steps; who is quarantined.
+    Far steps count in a row instead (``far.py``): ``observe_far`` each step first."""
 
     def __init__(self, rules: Rules) -> None:
         self.rules = rules
         self.evidence: list[Evidence] = []
         self.quarantined: dict[str, list[Evidence]] = {}
+        self.far = FarWatch(rules.far_window)
+
+    def observe_far(self, step: int, judged: Sequence[str], far: Collection[str]) -> None:
+        """Step ``step``'s far senders among those ``judged``, before its ``add``s."""
+        self.far.record(step, judged, far)
+
+    def far_needed(self, member: str | None = None) -> int:
+        """Far steps in a row that quarantine ``member`` now."""
+        return needed(self.far.rate(member), self.rules.strikes.get(FAR, 1),
+                      self.rules.false_positive)
 
     def add(self, evidence: Evidence) -> bool:
         """Record a strike; True if it quarantines the member now."""
@@ -432,6 +461,12 @@ class Strikes:
             return False
         recent = [e for e in self.evidence if e.member == evidence.member
                   and e.kind == evidence.kind and e.step > evidence.step - self.rules.memory]
+        if evidence.kind == FAR:
+            row = self.far.in_a_row(evidence.member)
+            if row >= self.far_needed(evidence.member):
+                self.quarantined[evidence.member] = recent[-row:]
+                return True
+            return False
         if len(recent) >= self.rules.strikes.get(evidence.kind, 1):
             self.quarantined[evidence.member] = recent
             return True
@@ -440,9 +475,11 @@ class Strikes:
     def state_dict(self) -> dict[str, Any]:
         return {"evidence": [e.as_dict() for e in self.evidence[-200:]],
                 "quarantined": {m: [e.as_dict() for e in ev]
-                                for m, ev in self.quarantined.items()}}
+                                for m, ev in self.quarantined.items()},
+                "far": self.far.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.evidence = [Evidence(**e) for e in state.get("evidence", [])]
         self.quarantined = {m: [Evidence(**e) for e in ev]
                             for m, ev in state.get("quarantined", {}).items()}
+        self.far.load_state_dict(state.get("far", {}))
