@@ -39,6 +39,6 @@ while loader.epoch < args.epochs and not opt.left:
     if opt.cohort.rank == 0 and not opt.left:
         print(f"epoch {loader.epoch - 1} done at step {opt.steps} with "
               f"{opt.cohort.world_size} workers", flush=True)
-if opt.cohort.rank == 0 and not opt.left and args.out:
+# False on a worker that left (SIGTERM): the others train on, so the result is theirs.
+if opt.finish() and opt.cohort.rank == 0 and args.out:
     torch.save(net.state_dict(), args.out)
-opt.finish()

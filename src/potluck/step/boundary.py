@@ -92,8 +92,10 @@ class Boundary:
             flags.zero_()
         if self._leave_requested:  # gone whatever the vote said: it announced already
             self.left = True
-            log.warning("[rank %d] left the cohort after step %d", cohort.rank,
-                        self._progress.steps)
+            log.warning("[rank %d] left the cohort after step %d; the others train on. "
+                        "Code after the loop runs here too: save or report the run's "
+                        "result under `if opt.finish():` (False on a worker that left)",
+                        cohort.rank, self._progress.steps)
             return
         if boundary_action(flags.tolist()) is Action.ADMIT:
             self._admit()

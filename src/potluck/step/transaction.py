@@ -165,7 +165,9 @@ class StepTransaction:
 
     @property
     def left(self) -> bool:
-        """This worker left the cohort (``request_leave``): stop training."""
+        """This worker left the cohort (``request_leave``): stop training. The loader
+        hands it no more batches; code after the loop still runs, so guard the run's
+        result (a final save, a report) with ``if opt.finish():`` or ``not opt.left``."""
         return self.boundary.left
 
     def part(self, kind: type[P]) -> P | None:
@@ -376,9 +378,12 @@ class StepTransaction:
         if self.cohort.elastic:
             signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
 
-    def finish(self) -> None:
+    def finish(self) -> bool:
         """The run is over for this worker: tell any joiner still waiting (unless this
-        worker left alone), then release the cohort."""
+        worker left alone), then release the cohort. True when this worker trained with
+        the cohort to the end; False when it left (``request_leave``, SIGTERM under
+        ``leave_on_sigterm``): the others train on, and this model stopped where it left.
+        Save or report the run's result under ``if opt.finish():``."""
         if self.observer is not None:
             self.observer.close()
         sync = self._sync
@@ -394,4 +399,5 @@ class StepTransaction:
             self.cohort.close()
         else:
             self.cohort.finish()
+        return not self.left
 
