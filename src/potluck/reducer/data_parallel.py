@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
+from potluck.cohort.current import current
 from potluck.collectives import Group, broadcast_coalesced, default_group
 from potluck.env import launched_world_size
 from potluck.errors import ConfigError
@@ -364,9 +365,6 @@ def _implicit_group() -> Group | None:
     found = default_group()
     if found is not None:
         return found
-    # Imported here: the cohort sits above the reducer, which otherwise never reads it.
-    from potluck.cohort.current import current
-
     cohort = current()
     if cohort is not None:
         return cohort.group
