@@ -208,7 +208,9 @@ class StatusBoard:
         return point
 
     def _efficiency(self, members: list[_Worker]) -> float | None:
-        """Throughput against every rank computing all the time (last few steps)."""
+        """The ranks' mean compute time over the longest step time, per complete step;
+        the median of the last few, at most 1. 1: every rank computed all step long; the
+        rest went to waiting for slower ranks and to communication (the page says so)."""
         steps = list(self._curve)[-self.rule.window * 3:]
         ratios = []
         for step in steps:
