@@ -25,6 +25,7 @@ import math
 import time
 from typing import Any
 
+from potluck.bench import byzantine_lm
 from potluck.bench.byzantine_floor import run_floor
 from potluck.bench.byzantine_job import ATTACKER, SPOT_EVERY, WIDE, run_rank
 from potluck.bench.common import interleaved, median, table, write_json
@@ -39,6 +40,7 @@ SEEDS = 3  # per attack (1 with --quick)
 DESIGNS = {"floor_robust": "robust", "floor_robust_audit": "audit",
            "floor_robust_spot3": "spot3", "floor_robust_spot1": "spot1"}
 FLOORS = ("floor_allreduce", "floor_alltoall", *DESIGNS)
+LM_RUNS = 8  # clean runs (seeds) of the small-batch transformer (2 with --quick)
 GOALS = {"worst_loss_ratio": 1.05, "max_steps_to_quarantine": 3, "false_quarantines": 0,
          "clean_overhead": 0.10}
 
@@ -83,6 +85,13 @@ def main(args: argparse.Namespace) -> int:
     for seed in range(clean_runs):
         run = _run("none", True, seed, steps, spot=SPOT_EVERY)
         false += any(e["event"] == "quarantine" for e in run["events"])
+    lm_runs = 2 if args.quick else LM_RUNS
+    lm_false, lm_far = 0, 0
+    for seed in range(lm_runs):  # the transformer's honest copies are now and then far
+        lm = run_ranks(byzantine_lm.run_rank, WORKERS, free_port(), seed, init_group=False,
+                       timeout=600)[0]
+        lm_false += bool(lm["quarantined"])
+        lm_far += len(lm["far"])
     overhead = _overhead(rounds, steps)
     worst = max((r["trust"] for r in results.values()), default=math.nan)
     gross = [r["steps_to_quarantine"] for a, r in results.items() if a in GROSS]
@@ -94,13 +103,15 @@ def main(args: argparse.Namespace) -> int:
                   "-" if r["steps_to_quarantine"] is None else r["steps_to_quarantine"]]
                  for a, r in results.items()]))
     figures = {"worst_loss_ratio": worst, "max_steps_to_quarantine": max_steps,
-               "false_quarantines": false, "clean_overhead": overhead["overhead"]}
+               "false_quarantines": false + lm_false, "clean_overhead": overhead["overhead"]}
     print()
     print(f"worst_loss_ratio {worst:.4f} (goal <= {GOALS['worst_loss_ratio']}; the worst "
           f"attack's median over {len(seeds)} seed(s))")
     print(f"max_steps_to_quarantine {max_steps} (goal <= {GOALS['max_steps_to_quarantine']}"
           f", over {', '.join(a for a in attacks if a in GROSS) or 'no gross attack'})")
-    print(f"false_quarantines {false} of {clean_runs} clean runs (goal 0)")
+    print(f"false_quarantines {false + lm_false} of {clean_runs + lm_runs} clean runs (goal 0): "
+          f"the MLP {false} of {clean_runs}; a char transformer, one sample a worker a "
+          f"step, {lm_false} of {lm_runs} ({lm_far} honest far steps in all)")
     print(f"clean_overhead {overhead['overhead']:+.3f} (step {overhead['trust_ms']:.2f} ms "
           f"with trust vs {overhead['plain_ms']:.2f} ms without; goal <= "
           f"{GOALS['clean_overhead']})")
@@ -127,6 +138,10 @@ def main(args: argparse.Namespace) -> int:
         write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
                                "clean_loss": baselines, "seeds": len(seeds),
                                "clean_runs": clean_runs,
+                               "false_quarantines_by_workload": {
+                                   "mlp": [false, clean_runs],
+                                   "char_transformer": [lm_false, lm_runs]},
+                               "honest_far_steps_char_transformer": lm_far,
                                "steps": steps, "workers": WORKERS, "attacker_rank": ATTACKER,
                                "clean_overhead_without_spot_checks":
                                    overhead["overhead_no_spot"], "spot_every": SPOT_EVERY,
