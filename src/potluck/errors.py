@@ -114,3 +114,18 @@ class BelowMinimumError(PotluckError):
 class QuarantinedError(PotluckError):
     """This worker was quarantined by the cohort's trust checks (``potluck.trust``): it
     left the cohort, and its seat is refused if it comes back."""
+
+
+def hint(exc: BaseException) -> str | None:
+    """What to do instead, for an error torch raises on one of potluck's objects (the
+    worker bootstrap of ``potluck run`` adds it under the traceback); None for others.
+
+    torch's LR schedulers accept only a ``torch.optim.Optimizer``. ``prepare``'s optimizer
+    is the step transaction, which is not one on purpose: code that takes an
+    ``Optimizer`` may also read its ``state_dict()`` as torch's, and the transaction's
+    is the whole live state."""
+    if isinstance(exc, TypeError) and str(exc) == "StepTransaction is not an Optimizer":
+        return ("potluck: prepare() returns the step transaction, not a torch Optimizer; "
+                "give LR schedulers the torch optimizer inside it: StepLR(opt.optimizer, "
+                "...) (docs/data-parallel.md)")
+    return None

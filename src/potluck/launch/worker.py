@@ -35,7 +35,12 @@ import threading
 from types import TracebackType
 
 from potluck import env
-from potluck.errors import BelowMinimumError, JobFinishedError, RendezvousError
+from potluck.errors import (
+    BelowMinimumError,
+    JobFinishedError,
+    RendezvousError,
+    hint,
+)
 from potluck.launch import priority
 from potluck.launch.report import write_error_file, write_finished_file, write_stop_file
 
@@ -93,6 +98,9 @@ def main(argv: list[str]) -> None:
             write_error_file(path, exc.with_traceback(None))
         _planned_exit(f"{type(exc).__name__}: {exc}", 1)
     except BaseException as exc:
+        note = hint(exc)  # torch's error on a potluck object: what to do instead
+        if note is not None:
+            exc.add_note(note)
         _record_error(exc)
         # Printed here, through whatever hook the script installed, starting in the
         # script: re-raised, it would gain this bootstrap's and runpy's frames again.

@@ -122,7 +122,8 @@ class StepTransaction:
     @property
     def optimizer(self) -> Any:
         """The torch optimizer: give it to LR schedulers (``StepLR(opt.optimizer, ...)``;
-        torch's schedulers take an ``Optimizer`` only, and this is not one)."""
+        torch's schedulers take an ``Optimizer`` only, and this is not one on purpose:
+        code that takes an ``Optimizer`` may read its ``state_dict()`` as torch's)."""
         return self.guarded.optimizer
 
     @property
