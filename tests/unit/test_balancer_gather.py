@@ -1,8 +1,9 @@
 """The balancer's speed gather runs while the next step computes (one rank, fake group).
 
-After step t the balancer issues its all-gather of ``[speed, cap]`` and does not wait;
-after step t + 1 it takes that gather's rows and plans from them (so the plan follows
-the speeds of the step before last), then issues the next. A gather of an old
+After step t the balancer issues its all-gather of ``[speed, cap, uncertainty]`` and
+does not wait; after step t + 1 it takes that gather's rows and plans from them (so the
+plan follows the speeds of the step before last; a move is taken when two gathers in a
+row call for it), then issues the next. A gather of an old
 generation is dropped unread; a failed one is the step's failure.
 """
 
@@ -27,7 +28,7 @@ class _Work:
         self.waited = True
         if self.fail:
             raise RuntimeError("Connection closed by peer")
-        self.outputs[1].copy_(torch.tensor([self.peer, 0.0], dtype=torch.float64))
+        self.outputs[1].copy_(torch.tensor([self.peer, 0.0, 0.05], dtype=torch.float64))
         return True
 
 
@@ -93,11 +94,13 @@ def test_a_step_plans_from_the_gather_issued_after_the_step_before() -> None:
     balancer.on_commit(3)
     assert group.works[1].waited and not group.works[2].waited
     assert balancer.speeds == (240.0, 80.0)  # this rank's and the peer's, from step 2
+    assert balancer.plan is None  # one gather called for a move: not yet taken
+    balancer.on_commit(4)
     assert balancer.plan is not None and balancer.plan.counts == (36, 12)  # 3 : 1
 
 
 def _planned(balancer: Balancer) -> None:
-    for step in (1, 2, 3):
+    for step in (1, 2, 3, 4):
         balancer.on_commit(step)
     assert balancer.plan is not None and balancer.plan.counts == (36, 12)
 
@@ -107,14 +110,15 @@ def test_a_gather_of_an_old_generation_is_dropped_unread() -> None:
     _planned(balancer)
     balancer.on_membership(0, 2)  # a loss and a new generation: the group is another
     assert balancer.plan is None and balancer.speeds == ()  # they named the old ranks
-    balancer.on_commit(4)
-    assert not group.works[2].waited  # step 3's gather was never read
+    balancer.on_commit(5)
+    assert not group.works[3].waited  # step 4's gather was never read
     assert balancer.plan is None  # nothing to plan from yet: equal shares
     group.generation += 1  # the group moved on without a membership call reaching us
-    balancer.on_commit(5)
-    assert not group.works[3].waited and balancer.plan is None
     balancer.on_commit(6)
-    assert group.works[4].waited and balancer.plan is not None
+    assert not group.works[4].waited and balancer.plan is None
+    balancer.on_commit(7)
+    balancer.on_commit(8)
+    assert group.works[5].waited and balancer.plan is not None
     assert balancer.plan.counts == (36, 12)
 
 
@@ -124,15 +128,15 @@ def test_a_failed_gather_fails_the_step_but_every_commit_issues_one(elastic: boo
     _planned(balancer)
     planned = balancer.plan
     group.fail = True
-    balancer.on_commit(4)  # issues a gather that will fail
+    balancer.on_commit(5)  # issues a gather that will fail
     group.fail = False
     if not elastic:
         with pytest.raises(PeerLostError, match="speeds' all-gather"):
-            balancer.on_commit(5)
-        assert len(group.works) == 5  # step 5's gather was issued before the read failed
+            balancer.on_commit(6)
+        assert len(group.works) == 6  # step 6's gather was issued before the read failed
         return
-    balancer.on_commit(5)
-    assert len(group.works) == 5  # issued whatever the read gave: peers issue it too
+    balancer.on_commit(6)
+    assert len(group.works) == 6  # issued whatever the read gave: peers issue it too
     assert cohort.failed == 1  # the next step recovers (a new generation)
     assert balancer.plan == planned  # and keeps the plan until then
 
@@ -144,9 +148,9 @@ def test_a_gather_that_cannot_be_issued_fails_the_step(elastic: bool) -> None:
     group.refuse = True
     if not elastic:
         with pytest.raises(PeerLostError, match="speeds' all-gather"):
-            balancer.on_commit(4)
+            balancer.on_commit(5)
         return
-    balancer.on_commit(4)
+    balancer.on_commit(5)
     assert cohort.failed == 1 and balancer.plan is not None
 
 

@@ -107,9 +107,10 @@ def test_a_window_shorter_than_one_step_has_no_rate() -> None:
 
 def test_the_balancer_model_plans_from_the_speeds_of_the_step_before_last() -> None:
     """As the balancer: the first step is not measured, a step's speeds are read after
-    the next one, so the fourth step is the first on measured shares."""
+    the next one, and a new plan is taken when two gathers in a row call for it, so the
+    fifth step is the first on measured shares."""
     model = BalancerModel(2, 1024, BalanceConfig())
-    for _ in range(3):
+    for _ in range(4):
         assert list(model.split()) == [512, 512]
         model.measured([512, 512], [512 / 3000, 512 / 1000])
     assert list(model.split()) == [768, 256]
@@ -125,14 +126,14 @@ def test_the_balancer_model_keeps_equal_shares_when_moving_is_not_worth_it() -> 
 
 
 @pytest.mark.parametrize(("warmup", "expected"),
-                         [(0, 12 / 13), (1, 35 / 37), (2, 34 / 35), (5, 1.0)])
+                         [(0, 35 / 39), (1, 34 / 37), (2, 33 / 35), (5, 1.0)])
 def test_the_planner_replayed_on_steady_workers_counts_after_its_warmup(
         warmup: int, expected: float) -> None:
-    """Steps 1-3 on equal shares take 0.512 s (the slow worker's 512 samples), the 33
+    """Steps 1-4 on equal shares take 0.512 s (the slow worker's 512 samples), the 31
     after on [768, 256] 0.256 s, the ideal being 4,000 samples/s: counted from the end
     of step ``warmup``."""
     fast, slow = steady(3000.0, 512, 60), steady(1000.0, 512, 60)
     replayed = replay_policy([fast, slow], BalancerModel(2, 1024, BalanceConfig()), 0.0,
                              10.0, warmup=warmup)
-    assert replayed.samples == (36 - warmup) * 1024
+    assert replayed.samples == (35 - warmup) * 1024
     assert fraction([fast, slow], replayed) == pytest.approx(expected, rel=1e-9)

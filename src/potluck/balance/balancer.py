@@ -3,11 +3,12 @@
 A part of the step transaction (``step.parts.SharePolicy``). After every committed step
 each rank folds its own compute time into its ``SpeedMeter`` (``clock.ComputeClock``:
 forward to last gradient, not the step time, which the all-reduce makes equal) and the
-ranks all-gather ``[speed, max_micro_batch]`` (one tiny collective). The gather is
-not waited for there: it runs while the next step computes, and after that step each
-rank takes its result and computes the same ``Plan`` (``planner.plan_shares``):
-samples per rank of the steps after it. So a plan follows the speeds of the step
-before last (one step of lag), and the gather's own latency is hidden behind that
+ranks all-gather ``[speed, max_micro_batch, uncertainty]`` (one tiny collective). The
+gather is not waited for there: it runs while the next step computes, and after that
+step each rank takes its result and makes the same decision (``planner.replan``):
+samples per rank of the steps after it. Samples move only for a gain beyond the
+speeds' noise, called for by two gathers in a row. So a plan follows the speeds of the
+step before last (one step of lag), and the gather's own latency is hidden behind that
 step's compute (a blocking gather also made each rank wait there for the other's
 step to end, which now shows in the next all-reduce's wait instead). Every rank
 issues its gather before it reads the last one, so all issue the same collectives
@@ -19,11 +20,12 @@ update is the one a single process would make on the same global batch.
 Membership: every rank keeps measuring itself, so after a loss or a join the next
 gathers re-plan over the new members; a gather in flight from the old generation is
 dropped unread (its group is gone); a joiner (not measured yet) gets the
-mean speed as a provisional share. The two steps right after a change run on equal
-shares (the old plan's ranks no longer mean the same workers, and the first gather
-over the new ones is read a step later). The plan and the gathered speeds travel in
-the live state and in checkpoints: a resumed run starts with the recorded shares (for
-two steps: the gather in flight is not state), and each rank with its recorded speed.
+mean speed as a provisional share. The three steps right after a change run on equal
+shares (the old plan's ranks no longer mean the same workers, the first gather over the
+new ones is read a step later, and a second must agree). The plan and the gathered
+speeds travel in the live state and in checkpoints: a resumed run starts with the
+recorded shares (for three steps: the gather in flight and a first call for a move are
+not state), and each rank with its recorded speed.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ from typing import Any, Protocol
 import torch
 
 from potluck.balance.clock import ComputeClock
-from potluck.balance.planner import Plan, plan_shares
+from potluck.balance.planner import Plan, plan_shares, replan
 from potluck.balance.speed import SpeedMeter
 from potluck.collectives import issued, wait_for
 from potluck.data.memory import MemoryCap
-from potluck.data.split import equal_shares
+from potluck.data.split import equal_shares, split_counts
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.metrics.notes import note
@@ -120,6 +122,7 @@ class Balancer:
         self.plan: Plan | None = None
         self.speeds: tuple[float | None, ...] = ()  # the last gathered, in rank order
         self.changes = 0  # plans that moved samples
+        self._calls = 0  # gathers in a row that called for a new plan (planner.replan)
         self._pending: _Gather | None = None  # the last step's gather, read after the next
 
     # ---------------------------------------------------------------- SharePolicy
@@ -154,10 +157,12 @@ class Balancer:
             self._cohort.mark_step_failed()  # the next step recovers; keep the plan
 
     def _gather(self, group: GroupHandle) -> _Gather:
-        """Issue this step's all-gather of ``[speed, cap]``; read after the next step."""
+        """Issue this step's all-gather of ``[speed, cap, uncertainty]``; read after the
+        next step."""
         cap = self._memory.cap  # the user's, or lower: found by running out of memory
-        speed = self.meter.speed
-        row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap],
+        speed, error = self.meter.speed, self.meter.uncertainty
+        row = torch.tensor([-1.0 if speed is None else speed, 0.0 if cap is None else cap,
+                            -1.0 if error is None else error],
                            dtype=torch.float64, device=self._cohort.device)
         rows = [torch.empty_like(row) for _ in range(group.size())]
         work = issued(lambda: group.allgather([rows], [row]), group, "the speeds' all-gather")
@@ -167,24 +172,29 @@ class Balancer:
         table = [row.tolist() for row in rows]
         self.speeds = tuple(None if r[0] < 0 else float(r[0]) for r in table)
         caps = [None if r[1] == 0 else int(r[1]) for r in table]
-        plan = plan_shares(self.speeds, self._global_batch, caps=caps, current=self.plan,
-                           min_gain=self.config.min_gain)
-        if self.plan is None or plan.counts != self.plan.counts:
+        noise = [None if r[2] < 0 else float(r[2]) for r in table]
+        before = self.plan  # None: equal shares
+        plan, self._calls = replan(self.speeds, self._global_batch, current=before,
+                                   calls=self._calls, noise=noise, caps=caps,
+                                   min_gain=self.config.min_gain)
+        split = before.counts if before is not None else tuple(split_counts(
+            self._global_batch, equal_shares(len(table))))
+        moved = plan.counts != split
+        self.plan = plan if moved or before is not None else None
+        if moved:
             self.changes += 1
             speeds = [None if s is None else round(s, 1) for s in self.speeds]
             if self._cohort.rank == 0:
                 log.info("shares after step %d: %s (samples/s %s)", steps, plan.counts, speeds)
-            if self.plan is not None or len(set(plan.counts)) > 1:  # not equal as before
-                note("rebalance", f"samples per rank {list(plan.counts)} (measured "
-                                  f"samples/s {speeds})", step=steps)
-        self.plan = plan
+            note("rebalance", f"samples per rank {list(plan.counts)} (measured "
+                              f"samples/s {speeds})", step=steps)
 
     def on_membership(self, rank: int, world_size: int) -> None:
-        """Ranks now name other workers: equal shares until the next gather re-plans.
+        """Ranks now name other workers: equal shares until the next gathers re-plan.
         This rank's own meter stays: it still measures the same worker. A gather in
         flight belongs to the old generation's group: it is dropped unread, and the
         speeds gathered so far name the old ranks: they go too."""
-        self.plan, self._pending, self.speeds = None, None, ()
+        self.plan, self._pending, self.speeds, self._calls = None, None, (), 0
         self._clock.take()  # a redone step's partial timing is not a step
 
     # --------------------------------------------------------------------- state
@@ -206,6 +216,7 @@ class Balancer:
         self.plan = None if counts is None else Plan(
             tuple(counts), tuple(micro) if micro else (1,) * len(counts))
         self.speeds = tuple(state.get("speeds", ()))
+        self._calls = 0
         # A resumed worker starts from its record; a joiner is a new worker.
         rank = self._cohort.rank
         if (not self.meter.measured and not self._cohort.joined_late

@@ -9,7 +9,10 @@ drowned by fast ones), bias-corrected as Adam corrects its moments, so the first
 measurement counts in full instead of being pulled towards zero. A step more than
 ``jump`` times slower or faster than the average restarts it from that step: a GPU
 whose owner starts a game is a new worker, not noise to be averaged away over several
-steps. Pure: no clock, no I/O.
+steps. The meter also keeps the *spread* of single steps (how far one step's time per
+sample typically lies from the average, in log terms) and from it the *uncertainty* of
+the speed: the planner moves samples only for differences beyond it. Pure: no clock,
+no I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ import math
 from typing import Any
 
 from potluck.errors import ConfigError
+
+# Until steps are measured, one step is taken to lie about 10% from the average.
+PRIOR_SPREAD = 0.1
+# The spread's own average weighs the past 0.8 a step: a lone slow step (a burst of
+# other work on the machine) widens it at once, by about half its deviation, and it
+# takes a few steps to narrow again.
+SPREAD_SMOOTHING = 0.8
 
 
 class SpeedMeter:
@@ -44,6 +54,7 @@ class SpeedMeter:
         self._average = 0.0  # biased EMA of seconds per sample
         self._count = 0  # measurements folded in
         self._seen = 0  # measurements offered, skipped ones included
+        self._square = PRIOR_SPREAD ** 2  # EMA of a step's squared log deviation
 
     def add(self, samples: float, seconds: float) -> None:
         """Fold in one step: ``samples`` trained on in ``seconds`` of local compute."""
@@ -53,8 +64,12 @@ class SpeedMeter:
         if self._seen <= self._skip:
             return
         value, past = seconds / samples, self.smoothing
-        if self._count and not 1.0 / self._jump < value / self._corrected() < self._jump:
-            self._average, self._count = 0.0, 0  # a new speed: start again from this step
+        if self._count:
+            ratio = value / self._corrected()
+            self._square = (SPREAD_SMOOTHING * self._square
+                            + (1.0 - SPREAD_SMOOTHING) * math.log(ratio) ** 2)
+            if not 1.0 / self._jump < ratio < self._jump:
+                self._average, self._count = 0.0, 0  # a new speed: start again from this step
         self._average = past * self._average + (1.0 - past) * value
         self._count += 1
 
@@ -69,6 +84,24 @@ class SpeedMeter:
             return None
         return 1.0 / self._corrected()
 
+    @property
+    def spread(self) -> float:
+        """How far one step's seconds per sample typically lie from the average, as a
+        fraction (the root mean square of its log ratio to the average)."""
+        return math.sqrt(self._square)
+
+    @property
+    def uncertainty(self) -> float | None:
+        """The relative standard error of ``speed`` (None until measured): the spread
+        over the steps averaged, by their weights. A restart leaves one step, so the
+        speed right after a jump is as uncertain as a single step."""
+        if self._count == 0:
+            return None
+        past, count = self.smoothing, self._count
+        # the sum of the squared weights of the bias-corrected average's steps
+        weights = (1.0 - past) * (1.0 + past ** count) / ((1.0 + past) * (1.0 - past ** count))
+        return self.spread * math.sqrt(weights)
+
     def _corrected(self) -> float:
         """The bias-corrected average seconds per sample (``_count`` > 0)."""
         return self._average / (1.0 - self.smoothing ** self._count)
@@ -80,8 +113,10 @@ class SpeedMeter:
             self._count, self._seen = 1, max(self._seen, self._skip + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"average": self._average, "count": self._count, "seen": self._seen}
+        return {"average": self._average, "count": self._count, "seen": self._seen,
+                "square": self._square}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._average = float(state["average"])
         self._count, self._seen = int(state["count"]), int(state["seen"])
+        self._square = float(state.get("square", PRIOR_SPREAD ** 2))

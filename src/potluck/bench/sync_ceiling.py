@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from potluck.balance.balancer import BalanceConfig
-from potluck.balance.planner import Plan, plan_shares
+from potluck.balance.planner import Plan, replan
 from potluck.balance.speed import SpeedMeter
 from potluck.bench.straggler_figures import Span
 from potluck.data.split import equal_shares, split_counts
@@ -131,7 +131,7 @@ class SplitPolicy(Protocol):
 
 class BalancerModel:
     """potluck's balancer on a replay: each rank's ``SpeedMeter`` and the pure
-    ``plan_shares``, with the ``Balancer``'s timing: the speeds measured in a step are
+    ``replan``, with the ``Balancer``'s timing: the speeds measured in a step are
     gathered after it and read after the next, so they shape the step after that (the
     first gather, before any speed is measured, plans equal shares, as there). A model,
     not the balancer: its meters are fed a part's whole time on the timeline (load and
@@ -143,8 +143,9 @@ class BalancerModel:
                              "needs at least one sample")
         self._meters = [SpeedMeter(config.smoothing) for _ in range(ranks)]
         self._total, self._min_gain = total, config.min_gain
-        self._gathered: list[list[float | None]] = []
+        self._gathered: list[tuple[list[float | None], list[float | None]]] = []
         self._plan: Plan | None = None
+        self._calls = 0
 
     def split(self) -> Sequence[int]:
         if self._plan is not None:
@@ -154,10 +155,13 @@ class BalancerModel:
     def measured(self, parts: Sequence[int], seconds: Sequence[float]) -> None:
         for meter, part, taken in zip(self._meters, parts, seconds, strict=True):
             meter.add(part, taken)
-        self._gathered.append([meter.speed for meter in self._meters])
+        self._gathered.append(([meter.speed for meter in self._meters],
+                               [meter.uncertainty for meter in self._meters]))
         if len(self._gathered) >= 2:  # the gather issued after the step before
-            self._plan = plan_shares(self._gathered[-2], self._total, current=self._plan,
-                                     min_gain=self._min_gain)
+            speeds, noise = self._gathered[-2]
+            self._plan, self._calls = replan(speeds, self._total, current=self._plan,
+                                             calls=self._calls, noise=noise,
+                                             min_gain=self._min_gain)
 
 
 def window(timelines: Sequence[Timeline], start: float, end: float) -> tuple[float, float]:
