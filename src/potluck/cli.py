@@ -7,9 +7,10 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 
 from potluck import __version__
@@ -70,12 +71,68 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(words).parse_args(words)
+    parser = build_parser(words)
+    args, extras = parser.parse_known_args(words)
+    if extras:
+        return _unknown(parser, args, extras)
     if args.command == "bench":
         return _bench(args)
     table = dict((c, m) for c, m, _ in _COMMANDS)
     result: int = _module(table[args.command]).main(args)
     return result
+
+
+def _unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
+             extras: list[str]) -> int:
+    """Words no flag of the command takes. A flag is named with the closest known one
+    (``potluck run`` takes no abbreviations, and a typo'd flag before the script would
+    make its value the script); anything else is argparse's usual error."""
+    path = ["bench", args.bench] if args.command == "bench" else [args.command]
+    command = parser
+    for word in path:
+        command = _subparsers(command).choices[word]
+    flags = [word for word in extras if word.startswith("-")]
+    if not flags:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    print(unknown_flag(command.prog, flags[0], visible_flags(command)), file=sys.stderr)
+    return 2
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def visible_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags ``--help`` lists for ``parser``."""
+    return [flag for action in parser._actions if action.help is not argparse.SUPPRESS
+            for flag in action.option_strings if flag.startswith("--")]
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str | None:
+    """The known flag closest to ``word`` (``--flag`` or ``--flag=value``), spelled as the
+    user spells flags (dashes or torchrun's underscores); None when none is close."""
+    flag = word.split("=", 1)[0]
+    dashed = sorted({_dashes(k) for k in known})
+    wanted = _dashes(flag)
+    starts = [k for k in dashed if k.startswith(wanted)]
+    close = starts if len(starts) == 1 else difflib.get_close_matches(wanted, dashed, n=1,
+                                                                        cutoff=0.6)
+    if not close:
+        return None
+    return "--" + close[0][2:].replace("-", "_") if "_" in flag else close[0]
+
+
+def unknown_flag(prog: str, word: str, known: Iterable[str]) -> str:
+    """One line for a flag ``prog`` does not have: the flag, the closest known one."""
+    flag = word.split("=", 1)[0]
+    guess = did_you_mean(flag, known)
+    hint = f": did you mean {guess}?" if guess else ""
+    script = "; the script's own flags go after its path" if prog.endswith(" run") else ""
+    return f"{prog}: unknown flag {flag}{hint} (see {prog} --help{script})"
+
+
+def _dashes(flag: str) -> str:
+    return "--" + flag.lstrip("-").replace("_", "-")
 
 
 def _bench(args: argparse.Namespace) -> int:

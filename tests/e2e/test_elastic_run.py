@@ -51,7 +51,7 @@ def test_killed_worker_is_restarted_and_rejoins_with_live_state(tmp_path: Path) 
     # is to start on a loaded machine) instead of finishing the run without it.
     out, epochs = tmp_path / "final.pt", EPOCHS
     result = potluck_run("--nproc-per-node", "3", "--elastic", "--max-restarts", "1",
-                         "--min-workers", "3", "--token", "s3cret", str(SCRIPT),
+                         "--min-workers", "3", "--token", "s3cret-token", str(SCRIPT),
                          "--epochs", str(epochs),
                          "--fail-at", "4", "--step-time", "0.05", "--out", str(out),
                          timeout=140)
@@ -75,7 +75,7 @@ def assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
 @pytest.mark.timeout(150)
 def test_below_min_workers_checkpoints_exits_3_and_resumes(tmp_path: Path) -> None:
     out, checkpoints = tmp_path / "final.pt", tmp_path / "ckpt"
-    common = ("--nproc-per-node", "2", "--elastic", "--token", "s3cret", "--min-workers", "2",
+    common = ("--nproc-per-node", "2", "--elastic", "--token", "s3cret-token", "--min-workers", "2",
               "--min-workers-timeout", "1", str(SCRIPT), "--epochs", str(EPOCHS),
               "--step-time", "0.02", "--checkpoint-dir", str(checkpoints), "--out", str(out))
     stopped = potluck_run(*common, "--fail-at", "5", timeout=120)
@@ -100,7 +100,7 @@ def _node(rank: int, port: int, nproc: int, log: Path, *args: str) -> subprocess
         return subprocess.Popen(
             [sys.executable, "-m", "potluck", "run", "--nnodes", "1:2", "--node-rank",
              str(rank), "--master-port", str(port), "--nproc-per-node", str(nproc),
-             "--elastic", "--token", "s3cret", "--run-id", "late", "--join-timeout", "60",
+             "--elastic", "--token", "s3cret-token", "--run-id", "late", "--join-timeout", "60",
              *args],
             stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -142,7 +142,7 @@ def test_late_node_joins_the_running_job(tmp_path: Path) -> None:
 def test_a_scripts_own_exit_code_3_is_a_failure_not_the_planned_stop() -> None:
     """Exit code 3 is also the below-minimum stop's; only the worker's stop file (written
     when it raised BelowMinimumError) makes it one. The stop itself is tested above."""
-    result = potluck_run("--nproc-per-node", "1", "--elastic", "--token", "s3cret",
+    result = potluck_run("--nproc-per-node", "1", "--elastic", "--token", "s3cret-token",
                          str(ROOT / "tests" / "e2e" / "scripts" / "exit_3.py"), timeout=50)
     assert result.returncode == 1, result.stderr
     assert "a worker was lost" in result.stderr
@@ -169,7 +169,7 @@ def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: P
     epochs = 6
     launcher = subprocess.Popen(
         [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2", "--elastic",
-         "--token", "s3cret", str(SCRIPT), "--epochs", str(epochs), "--step-time", "0.05",
+         "--token", "s3cret-token", str(SCRIPT), "--epochs", str(epochs), "--step-time", "0.05",
          "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
@@ -193,7 +193,7 @@ def test_a_frozen_worker_is_ended_once_the_cohort_went_on_without_it(tmp_path: P
 
 @pytest.mark.timeout(90)
 def test_a_script_without_the_elastic_path_is_told_why_elastic_cannot_help() -> None:
-    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret",
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret-token",
                          str(ROOT / "tests" / "e2e" / "scripts" / "plain_torch_fail_rank1.py"),
                          timeout=80)
     assert result.returncode == 1, result.stderr[-3000:]
@@ -208,7 +208,7 @@ def test_a_restart_with_no_member_left_fails_at_once_with_why() -> None:
     with a traceback; it now says why within a few heartbeat timeouts, in one line."""
     started = time.monotonic()
     result = potluck_run("--nproc-per-node", "1", "--elastic", "--max-restarts", "1",
-                         "--token", "s3cret", str(ROOT / "tests" / "e2e" / "scripts" /
+                         "--token", "s3cret-token", str(ROOT / "tests" / "e2e" / "scripts" /
                                                    "lost_alone.py"), timeout=80)
     assert result.returncode == 1
     assert time.monotonic() - started < 60

@@ -227,7 +227,7 @@ def test_a_scripts_own_sys_exit_is_reported_with_its_code() -> None:
 
 @pytest.mark.timeout(90)
 def test_an_elastic_jobs_buggy_hook_fails_at_once_with_its_own_error() -> None:
-    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "t",
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "buggy-hook-job",
                          str(SCRIPTS / "buggy_hook.py"), timeout=80)
     assert result.returncode == 1, result.stderr[-3000:]
     root = result.stderr.split("Root cause")[1]

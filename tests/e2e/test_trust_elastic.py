@@ -18,7 +18,7 @@ def test_attacker_is_quarantined_removed_and_refused_when_it_restarts(tmp_path: 
     refused, out = tmp_path / "refused", tmp_path / "final.pt"
     metrics = tmp_path / "metrics"
     result = potluck_run("--nproc-per-node", "4", "--elastic", "--max-restarts", "1",
-                         "--token", "s3cret", "--metrics-dir", str(metrics),
+                         "--token", "s3cret-token", "--metrics-dir", str(metrics),
                          str(SCRIPTS / "trust_attacker.py"),
                          "--refused", str(refused), "--out", str(out), timeout=140)
     err = result.stderr
@@ -59,7 +59,7 @@ def test_a_joiner_fingerprints_on_the_cohorts_schedule(tmp_path: Path) -> None:
     crashed, out = tmp_path / "crashed", tmp_path / "final.pt"
     result = potluck_run("--nproc-per-node", "3", "--elastic", "--max-restarts", "1",
                          "--min-workers", "3", "--min-workers-timeout", "100",
-                         "--token", "s3cret", str(SCRIPTS / "trust_joiner.py"),
+                         "--token", "s3cret-token", str(SCRIPTS / "trust_joiner.py"),
                          "--crashed", str(crashed), "--out", str(out), timeout=140)
     err = result.stderr
     assert result.returncode == 0, err[-3000:]

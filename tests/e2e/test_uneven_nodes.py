@@ -61,7 +61,7 @@ def test_founding_elastic_nodes_with_different_counts_fail_naming_both(
         return subprocess.Popen(
             [sys.executable, "-m", "potluck", "run", "--nnodes", "2", "--node-rank",
              str(node), "--nproc-per-node", str(nproc), "--master-port", port,
-             "--join-timeout", "30", "--elastic", "--token", "s3cret", *script],
+             "--join-timeout", "30", "--elastic", "--token", "s3cret-token", *script],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
     first = agent(0, 2, str(SCRIPTS / "wait_for_file.py"), str(release))
@@ -81,7 +81,7 @@ def test_founding_elastic_nodes_with_different_counts_fail_naming_both(
 @pytest.mark.timeout(90)
 def test_a_late_elastic_node_may_run_any_count_and_numbers_after_node_0(
         tmp_path: Path) -> None:
-    token = ("--elastic", "--token", "s3cret")
+    token = ("--elastic", "--token", "s3cret-token")
     (code0, out0, err0), (code1, out1, err1) = _nodes(
         (0, 2), (1, 1), extra=("--nnodes", "1:2", *token),
         script=str(SCRIPTS / "meet_in_dir.py"), args=(str(tmp_path), "3"))

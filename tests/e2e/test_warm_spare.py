@@ -32,7 +32,7 @@ def _probe_processes(probe: Path) -> list[int]:
 
 def _run(tmp_path: Path, *flags: str) -> str:
     probe = Path(shutil.copy(PROBE, tmp_path / PROBE.name))
-    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret",
+    result = potluck_run("--nproc-per-node", "2", "--elastic", "--token", "s3cret-token",
                          "--max-restarts", "1", *flags, str(probe), "--flag", "x",
                          timeout=80)
     assert result.returncode == 0, result.stderr[-3000:]

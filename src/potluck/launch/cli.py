@@ -62,16 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("status-port", type=int, default=None, metavar="PORT",
          help="serve a live status page of the cohort on PORT (0: a free one; node 0 "
               "only): who computes, who waits, the slowest rank and why, events, loss "
-              "and throughput; /api/status (JSON) and /metrics (Prometheus) beside it")
+              "and throughput; /api/status (JSON) and /metrics (Prometheus) beside it "
+              "(scripts on potluck.prepare)")
     flag("status-host", default="127.0.0.1", metavar="ADDR",
          help="the address the status page listens on (default 127.0.0.1; 0.0.0.0 for "
               "every interface)")
     flag("metrics-dir", default=None, metavar="DIR",
          help="every worker writes its per-step figures to DIR/ranks/*.jsonl, for "
-              "`potluck plot DIR`")
+              "`potluck plot DIR` (scripts on potluck.prepare)")
     flag("token", default=None, metavar="SECRET",
-         help="the job's shared secret: a worker must prove it to join an elastic cohort. "
-              "Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
+         help="the job's shared secret, at least 8 characters: a worker must prove it to "
+              "join an elastic cohort. Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
     flag("token-file", default=None, metavar="PATH",
          help="read the shared secret from the first line of PATH (e.g. mode 600)")
     flag("standalone", action="store_true",
@@ -288,7 +289,25 @@ def require_token(config: LaunchConfig) -> LaunchConfig:
             "POTLUCK_TOKEN=SECRET (recommended), or --token-file PATH, or --token SECRET "
             "(visible in ps); e.g. export POTLUCK_TOKEN=$(openssl rand -hex 16)"
         )
+    if config.elastic and config.token is not None:
+        check_token_length(config.token)
     return config
+
+
+MIN_TOKEN_LENGTH = 8
+
+
+def check_token_length(token: str) -> None:
+    """A secret a stranger could guess in a few tries admits the stranger: refuse one
+    shorter than ``MIN_TOKEN_LENGTH`` characters (the secret itself is never echoed)."""
+    length = len(token.strip())
+    if length < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"the job's shared secret (--token, --token-file or $POTLUCK_TOKEN) is {length} "
+            f"character(s) long: it must be at least {MIN_TOKEN_LENGTH}, or a stranger "
+            "could guess it; make one, the same on every node: export POTLUCK_TOKEN=$(python "
+            "-c \"import secrets; print(secrets.token_hex(16))\")"
+        )
 
 
 def check_script(config: LaunchConfig) -> None:
