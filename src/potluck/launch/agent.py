@@ -135,14 +135,15 @@ class Agent:
 
     def _run(self) -> int:
         cfg = self.config
-        job_store = JobStore(cfg, self._stopping)  # node 0: the port is bound, no torch yet
+        # (node 0: the port is bound, no torch yet)
+        job_store = JobStore(cfg, self._stopping, say=self._emit)
         if cfg.status_port is not None and cfg.node_rank == 0:
             self._serve_status(job_store.port)
         if cfg.node_rank > 0:
             job_store.get()  # reach node 0 before starting workers that would need it
         if cfg.elastic:
             if cfg.node_rank > 0:
-                offset = elastic_offset(job_store.get(), cfg, self._stopping)
+                offset = elastic_offset(job_store.get(), cfg, self._stopping, say=self._emit)
                 # (WORLD_SIZE: the most workers, counting this node's after the others')
                 self._layout = Layout(offset, max(cfg.world_size,
                                                   offset + cfg.nproc_per_node))
@@ -151,7 +152,8 @@ class Agent:
         while True:
             if cfg.nnodes > 1:  # ranks follow every node's worker count, told at the meeting
                 key = keys.agents(cfg.run_id, f"attempt{restarts}")
-                nprocs = exchange_nprocs(job_store.get(), key, cfg, self._stopping)
+                nprocs = exchange_nprocs(job_store.get(), key, cfg, self._stopping,
+                                         say=self._emit)
                 self._layout = static_layout(nprocs, cfg.node_rank)
             if restarts:  # every node's old workers are gone: they met (or there is one)
                 self._clear_for(restarts, job_store.get())

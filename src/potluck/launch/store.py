@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 _SLICE = 2.0  # seconds per connection try, so signals are seen between tries
 _BACKLOG = 1024  # connections that may wait while node 0 imports torch
+# A wait for node 0 or the other nodes says what it waits for: first after this many
+# seconds (a healthy start is quicker), then every REPORT_EVERY seconds.
+FIRST_REPORT = 5.0
+REPORT_EVERY = 10.0
+
+Say = Callable[[str], None]
 
 
 class JobStore:
@@ -40,8 +46,10 @@ class JobStore:
     nodes connect to node 0 at their first ``get()``.
     """
 
-    def __init__(self, config: LaunchConfig, stopping: Callable[[], bool]) -> None:
-        self._config, self._stopping = config, stopping
+    def __init__(self, config: LaunchConfig, stopping: Callable[[], bool], *,
+                 say: Say | None = None) -> None:
+        """``say``: where a node other than 0 tells how its wait for node 0 goes."""
+        self._config, self._stopping, self._say = config, stopping, say
         self._listener = listen(config) if config.node_rank == 0 else None
         self.port = (self._listener.getsockname()[1] if self._listener is not None
                      else config.port_to_host())
@@ -52,7 +60,7 @@ class JobStore:
             if self._listener is not None:
                 self._store = host_store(self._config, self._listener)
             else:
-                self._store = join_store(self._config, self._stopping)
+                self._store = join_store(self._config, self._stopping, say=self._say)
         return self._store
 
 
@@ -127,22 +135,30 @@ def host_store(config: LaunchConfig, listener: socket.socket) -> TCPStore:
     )
 
 
-def join_store(config: LaunchConfig, stopping: Callable[[], bool]) -> TCPStore:
+def join_store(config: LaunchConfig, stopping: Callable[[], bool], *,
+               say: Say | None = None) -> TCPStore:
     """Other nodes: connect to node 0's store, retrying until the join timeout.
 
     A plain TCP connection is tried first, quietly, until one is accepted (node 0 may
     not have started yet); only then is a ``TCPStore`` client made. So a wrong address
     is one clear message at the join timeout, not torch's retry warnings with C++ stack
     traces every two seconds, and something that answers but is not the store (its
-    reply to torch's ping is wrong) fails at once."""
+    reply to torch's ping is wrong) fails at once. Meanwhile ``say`` hears every few
+    seconds what this node waits for and where (``waiting_for_store``)."""
     from torch._C._distributed_c10d import TCPStore
 
     port = config.port_to_host()
     deadline = time.monotonic() + config.join_timeout
     where = f"{config.master_addr}:{port}"
+    reports = _Reports(say)
+
+    def report(why: str) -> None:
+        reports(lambda waited: waiting_for_store(config.node_rank, where, waited,
+                                                 config.join_timeout, why))
+
     last: str | None = "stopped"
     while time.monotonic() < deadline and not stopping():
-        last = _wait_for_listener(config.master_addr, port, deadline, stopping)
+        last = _wait_for_listener(config.master_addr, port, deadline, stopping, report)
         if last is not None:
             break
         try:  # node 0 may still be importing torch: its store serves a moment later
@@ -156,6 +172,7 @@ def join_store(config: LaunchConfig, stopping: Callable[[], bool]) -> TCPStore:
                     f"connection but is not a potluck job's store ({last}); check "
                     "--master-addr and --master-port against node 0's `potluck run`"
                 ) from exc
+            report(last)
     raise RendezvousError(
         f"node {config.node_rank} could not reach the store at {where} within "
         f"{config.join_timeout:g} s ({last}); start node 0's `potluck run` with the same "
@@ -164,10 +181,51 @@ def join_store(config: LaunchConfig, stopping: Callable[[], bool]) -> TCPStore:
     )
 
 
+def waiting_for_store(node_rank: int, where: str, waited: float, timeout: float,
+                      last: str) -> str:
+    """What a node other than 0 says while node 0's store does not answer."""
+    return (f"potluck run: node {node_rank} is waiting for node 0's store at {where} "
+            f"({waited:.0f} s of --join-timeout {timeout:g} s; last try: {last}): start "
+            "node 0's `potluck run` if it is not running, and check --master-addr and "
+            "--master-port (node 0's address and port as this node sees them)")
+
+
+def waiting_for_nodes(node_rank: int, arrived: int, wanted: int, waited: float,
+                      timeout: float) -> str:
+    """What an agent says while the other nodes' agents have not all met it."""
+    return (f"potluck run: node {node_rank} is waiting for the other nodes: {arrived} of "
+            f"{wanted} node agents have met on the store ({waited:.0f} s of --join-timeout "
+            f"{timeout:g} s): start `potluck run` on every node with the same --nnodes, "
+            "--master-addr, --master-port and --run-id, and a --node-rank of its own")
+
+
+def report_due(waited: float, said: int, *, first: float = FIRST_REPORT,
+               every: float = REPORT_EVERY) -> bool:
+    """Whether a wait of ``waited`` seconds that reported ``said`` times reports again:
+    at ``first`` seconds, then every ``every`` seconds."""
+    return waited >= first + said * every
+
+
+class _Reports:
+    """A waiting loop's reports: each try calls it with the line to say, which is said
+    when ``report_due`` (never when ``say`` is None)."""
+
+    def __init__(self, say: Say | None) -> None:
+        self._say, self._started, self._said = say, time.monotonic(), 0
+
+    def __call__(self, line: Callable[[float], str]) -> None:
+        waited = time.monotonic() - self._started
+        if self._say is not None and report_due(waited, self._said, first=FIRST_REPORT,
+                                                every=REPORT_EVERY):
+            self._said += 1
+            self._say(line(waited))
+
+
 def _wait_for_listener(addr: str, port: int, deadline: float,
-                       stopping: Callable[[], bool]) -> str | None:
+                       stopping: Callable[[], bool],
+                       report: Callable[[str], None] = lambda why: None) -> str | None:
     """None once something accepts a TCP connection at ``addr:port``; else why not (at
-    the deadline, or when stopping)."""
+    the deadline, or when stopping). ``report`` hears why each try failed."""
     last = "stopped"
     while time.monotonic() < deadline and not stopping():
         try:
@@ -175,6 +233,7 @@ def _wait_for_listener(addr: str, port: int, deadline: float,
                 return None
         except OSError as exc:
             last = exc.strerror or str(exc)
+        report(last)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     return last
 
@@ -185,10 +244,19 @@ def meet(
     count: int,
     timeout: float,
     stopping: Callable[[], bool],
+    *,
+    say: Say | None = None,
+    node_rank: int = 0,
 ) -> None:
-    """Count this agent in at ``key``; return when ``count`` agents have, else raise."""
+    """Count this agent in at ``key``; return when ``count`` agents have, else raise.
+    ``say`` hears every few seconds how many have come (``waiting_for_nodes``)."""
     check_in(store, key)
-    wait_for_count(store, key, lambda: count, timeout, stopping,
+    reports = _Reports(say)
+
+    def report(arrived: int, wanted: int) -> None:
+        reports(lambda waited: waiting_for_nodes(node_rank, arrived, wanted, waited, timeout))
+
+    wait_for_count(store, key, lambda: count, timeout, stopping, report=report,
                    fix="start `potluck run` on every node with the same --nnodes, "
                        "--master-addr, --master-port and --run-id")
 
@@ -201,9 +269,11 @@ def check_in(store: Store, key: str) -> None:
 def wait_for_count(store: Store, key: str, target: Callable[[], int], timeout: float,
                    stopping: Callable[[], bool], *,
                    fix: str = "a node's workers are still running or its agent hangs: "
-                              "see that node's output") -> None:
+                              "see that node's output",
+                   report: Callable[[int, int], None] = lambda arrived, wanted: None,
+                   ) -> None:
     """Wait until ``key``'s count reaches ``target()`` (re-read: it may grow), or raise
-    naming ``fix``."""
+    naming ``fix``; ``report(arrived, wanted)`` hears each look that fell short."""
     deadline = time.monotonic() + timeout
     while (arrived := _count(store, key)) < (wanted := target()):
         if stopping():
@@ -213,6 +283,7 @@ def wait_for_count(store: Store, key: str, target: Callable[[], int], timeout: f
                 f"only {arrived} of {wanted} node agents reached {key!r} within "
                 f"{timeout:g} s; {fix}"
             )
+        report(arrived, wanted)
         time.sleep(0.05)
 
 
@@ -287,10 +358,11 @@ def _rendezvous(run_id: str, key: str) -> str:
 
 
 def exchange_nprocs(store: Store, key: str, config: LaunchConfig,
-                    stopping: Callable[[], bool]) -> list[int]:
+                    stopping: Callable[[], bool], *, say: Say | None = None) -> list[int]:
     """Meet the other nodes' agents at ``key`` (one attempt), each telling its worker
     count; returns every node's count in node rank order. Two agents started with the
-    same ``--node-rank`` are refused at once (their ranks would collide)."""
+    same ``--node-rank`` are refused at once (their ranks would collide). ``say`` hears
+    every few seconds how many have come."""
     node = config.node_rank
     if _count(store, f"{key}/node{node}", 1) > 1:
         raise ConfigError(
@@ -299,7 +371,8 @@ def exchange_nprocs(store: Store, key: str, config: LaunchConfig,
             f"0..{config.nnodes - 1}"
         )
     store.set(f"{key}/nproc{node}", str(config.nproc_per_node))
-    meet(store, key, config.nnodes, config.join_timeout, stopping)
+    meet(store, key, config.nnodes, config.join_timeout, stopping, say=say,
+         node_rank=node)
     return [int(store.get(f"{key}/nproc{r}").decode()) for r in range(config.nnodes)]
 
 
@@ -308,18 +381,26 @@ def publish_first_node(store: Store, config: LaunchConfig) -> None:
     store.set(keys.agents(config.run_id, "nproc0"), str(config.nproc_per_node))
 
 
-def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bool]) -> int:
+def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bool], *,
+                   say: Say | None = None) -> int:
     """A later node of an elastic job: the launch rank of its local rank 0, after node
     0's workers and every node that asked before it. A founding node (one of
     ``--nnodes MIN:MAX``'s first MIN) must run node 0's worker count: the cohort's first
-    generation waits for exactly MIN nodes' worth of workers."""
+    generation waits for exactly MIN nodes' worth of workers. ``say`` hears every few
+    seconds that node 0 has not said its count yet."""
     key = keys.agents(config.run_id, "nproc0")
     deadline = time.monotonic() + config.join_timeout
+    reports = _Reports(say)
     try:
         while not store.check([key]):
             if stopping() or time.monotonic() > deadline:
                 raise RendezvousError(f"node 0 did not say how many workers it runs within "
                                       f"{config.join_timeout:g} s; see node 0's output")
+            reports(lambda waited: (
+                f"potluck run: node {config.node_rank} reached node 0's store at "
+                f"{config.master_addr} and is waiting for node 0 to start its workers "
+                f"({waited:.0f} s of --join-timeout {config.join_timeout:g} s); see node "
+                "0's output"))
             time.sleep(0.05)
         first = int(store.get(key).decode())
     except RuntimeError as exc:  # node 0 closed the store: its job ended, or it died
