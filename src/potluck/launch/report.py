@@ -10,6 +10,11 @@ a worker whose script ran to its end (the bootstrap records that with
 ``write_finished_file``) and which then died while the interpreter shut down: its
 training is complete, so the agent only warns (``format_teardown_warning``). Everything
 here is pure except the file functions.
+
+A potluck error (``PotluckError``: a refusal, a lost peer) says in its message what to
+fix, so its report is one line, once for every rank that raised it (``ranks 0-3``),
+without the traceback (``brief_error``); any other exception is reported with the
+traceback of the first rank that raised it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ import json
 import signal
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from potluck.errors import CommHookError, PotluckError
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,11 @@ class ErrorRecord:
     exc_type: str
     message: str
     traceback: str
+    brief: bool = False
+    """A potluck error whose message is the whole story: reported without its traceback."""
+
+    def same_as(self, other: ErrorRecord) -> bool:
+        return (self.exc_type, self.message) == (other.exc_type, other.message)
 
 
 @dataclass(frozen=True)
@@ -61,12 +74,20 @@ class WorkerResult:
         return self.exitcode != 0 and not self.stopped and self.finished_at is not None
 
 
+def brief_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of potluck's own errors, whose message says the bad value,
+    the rule and the fix: one line is enough. Not a ``CommHookError``: the traceback of
+    its cause is the user's hook failing."""
+    return isinstance(exc, PotluckError) and not isinstance(exc, CommHookError)
+
+
 def write_error_file(path: str, exc: BaseException) -> None:
     record = {
         "timestamp": time.time(),
         "exc_type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
+        "brief": brief_error(exc),
     }
     Path(path).write_text(json.dumps(record))
 
@@ -76,7 +97,7 @@ def read_error_file(path: str) -> ErrorRecord | None:
         data = json.loads(Path(path).read_text())
         return ErrorRecord(
             float(data["timestamp"]), str(data["exc_type"]), str(data["message"]),
-            str(data["traceback"]),
+            str(data["traceback"]), bool(data.get("brief", False)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -182,55 +203,107 @@ def describe_error(error: ErrorRecord, exitcode: int) -> str:
     return f"the script exited with code {code} via SystemExit ({called})"
 
 
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``rank 2``, ``ranks 0-3``, ``ranks 0-1, 3``: ranks in runs."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+    return f"rank {text}" if len(ordered) == 1 else f"ranks {text}"
+
+
 def format_report(results: list[WorkerResult], *, host: str, node_rank: int,
                   title: str = "the job failed") -> str:
-    """A human report of a failed attempt: the root cause first, then everyone else."""
+    """A human report of a failed attempt: the root cause first, then everyone else,
+    those that ended alike on one line. A potluck error is one line for every rank
+    that raised it (``brief_error``)."""
     root = root_cause(results)
+    if root is not None and root.error is not None and root.error.brief \
+            and root.why is None and root.finished_at is None:
+        return _brief_report(root, root.error, results, host=host, node_rank=node_rank,
+                             title=title)
     bar = "=" * 72
     lines = [bar, f"potluck run: {title}", bar]
     if root is None:
         lines.append("no worker failed on its own (every worker was stopped)")
     else:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
-            root.finished_at if not root.failed and root.finished_at is not None
-            else _failed_at(root)[0]))
-        lines += [
-            "Root cause (first observed failure):",
-            f"  rank      : {root.rank} (local rank {root.local_rank}, node rank {node_rank})",
-            f"  host      : {host}",
-            f"  pid       : {root.pid}",
-            f"  time      : {when}",
-            f"  exit      : {describe_exit(root.exitcode)}",
-        ]
-        if root.why is not None:
-            lines.append(f"  why       : {root.why}")
-        if root.stopped and root.finished_at is None:
-            lines.append("  stopped   : by the launcher, after it raised the error below")
-        if root.finished_at is not None:  # it left early: its script ended too soon
-            lines.append("  why       : its script ended while the other ranks still "
-                         "waited for it in a collective (they lost it as a peer): every "
-                         "rank must run the same steps, and call backward() in each")
-        if root.error is not None:
-            lines.append(f"  error     : {describe_error(root.error, root.exitcode)}")
-            lines.append("  traceback :")
-            lines += ["    " + line for line in root.error.traceback.rstrip().splitlines()]
-        elif root.failed and root.exitcode > 0:
-            lines.append(f"  traceback : none recorded (the process exited with code "
-                         f"{root.exitcode} without an exception reaching potluck's worker "
-                         "bootstrap: os._exit(), or native code)")
-        elif root.failed:
-            lines.append("  traceback : none recorded (the process died without raising)")
-    others = [r for r in results if r is not root and r.exitcode != 0]
-    if others:
-        lines.append("Other workers:")
-    for other in sorted(others, key=lambda r: r.rank):
-        how = "stopped by the launcher" if other.stopped else describe_exit(other.exitcode)
-        if other.died_after_finishing:
-            how = f"finished its script, then {how} at interpreter exit"
-        error = f": {describe_error(other.error, other.exitcode)}" if other.error else ""
-        lines.append(f"  rank {other.rank} (pid {other.pid}): {how}{error}")
+        lines += _root_lines(root, host=host, node_rank=node_rank)
+    lines += _other_lines([r for r in results if r is not root and r.exitcode != 0], root)
     lines.append(bar)
     return "\n".join(lines)
+
+
+def _brief_report(root: WorkerResult, error: ErrorRecord, results: list[WorkerResult], *,
+                  host: str, node_rank: int, title: str) -> str:
+    """One line for the error and every rank that raised it, then the others."""
+    raised = [r for r in results if r.error is not None and r.error.same_as(error)
+              and (r.failed or r.stopped)]
+    lines = [f"potluck run: {title}: {describe_error(error, root.exitcode)} "
+             f"({rank_ranges(r.rank for r in raised)} on host {host}, node rank {node_rank})"]
+    lines += _other_lines([r for r in results if r not in raised and r.exitcode != 0], root)
+    return "\n".join(lines)
+
+
+def _root_lines(root: WorkerResult, *, host: str, node_rank: int) -> list[str]:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
+        root.finished_at if not root.failed and root.finished_at is not None
+        else _failed_at(root)[0]))
+    lines = [
+        "Root cause (first observed failure):",
+        f"  rank      : {root.rank} (local rank {root.local_rank}, node rank {node_rank})",
+        f"  host      : {host}",
+        f"  pid       : {root.pid}",
+        f"  time      : {when}",
+        f"  exit      : {describe_exit(root.exitcode)}",
+    ]
+    if root.why is not None:
+        lines.append(f"  why       : {root.why}")
+    if root.stopped and root.finished_at is None:
+        lines.append("  stopped   : by the launcher, after it raised the error below")
+    if root.finished_at is not None:  # it left early: its script ended too soon
+        lines.append("  why       : its script ended while the other ranks still "
+                     "waited for it in a collective (they lost it as a peer): every "
+                     "rank must run the same steps, and call backward() in each")
+    if root.error is not None:
+        lines.append(f"  error     : {describe_error(root.error, root.exitcode)}")
+        if not root.error.brief:
+            lines.append("  traceback :")
+            lines += ["    " + line for line in root.error.traceback.rstrip().splitlines()]
+    elif root.failed and root.exitcode > 0:
+        lines.append(f"  traceback : none recorded (the process exited with code "
+                     f"{root.exitcode} without an exception reaching potluck's worker "
+                     "bootstrap: os._exit(), or native code)")
+    elif root.failed:
+        lines.append("  traceback : none recorded (the process died without raising)")
+    return lines
+
+
+def _other_lines(others: list[WorkerResult], root: WorkerResult | None) -> list[str]:
+    """``Other workers:``, those that ended alike (and raised alike) on one line."""
+    alike: dict[str, list[WorkerResult]] = {}
+    for other in sorted(others, key=lambda r: r.rank):
+        alike.setdefault(_how_it_ended(other, root), []).append(other)
+    lines = ["Other workers:"] if alike else []
+    for how, group in alike.items():
+        pids = ", ".join(str(r.pid) for r in group)
+        lines.append(f"  {rank_ranges(r.rank for r in group)} "
+                     f"({'pid' if len(group) == 1 else 'pids'} {pids}): {how}")
+    return lines
+
+
+def _how_it_ended(other: WorkerResult, root: WorkerResult | None) -> str:
+    how = "stopped by the launcher" if other.stopped else describe_exit(other.exitcode)
+    if other.died_after_finishing:
+        how = f"finished its script, then {how} at interpreter exit"
+    if other.error is None:
+        return how
+    if root is not None and root.error is not None and other.error.same_as(root.error):
+        return f"{how}: the same {other.error.exc_type}"
+    return f"{how}: {describe_error(other.error, other.exitcode)}"
 
 
 def format_teardown_warning(result: WorkerResult, *, host: str, node_rank: int) -> str:

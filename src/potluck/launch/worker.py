@@ -12,7 +12,8 @@ that arrived after the run finished (``JobFinishedError``) says so and exits wit
 A script that ran to its end (or called ``sys.exit(0)``) is recorded in the finished file
 the launcher named, so that a crash while the interpreter shuts down afterwards is
 reported as that, and never restarts a completed training. It also asks the kernel to
-kill this worker if the launcher dies, so no worker outlives its agent.
+kill this worker if the launcher dies, so no worker outlives its agent. An uncaught
+potluck error (``report.brief_error``) prints one line, not its traceback.
 
 A warm spare (``POTLUCK_STANDBY_FD`` set: the agent of an elastic job starts one ahead
 of a restart) first imports what every worker imports, at the lowest CPU priority (its
@@ -42,7 +43,12 @@ from potluck.errors import (
     hint,
 )
 from potluck.launch import priority
-from potluck.launch.report import write_error_file, write_finished_file, write_stop_file
+from potluck.launch.report import (
+    brief_error,
+    write_error_file,
+    write_finished_file,
+    write_stop_file,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -102,9 +108,12 @@ def main(argv: list[str]) -> None:
         if note is not None:
             exc.add_note(note)
         _record_error(exc)
-        # Printed here, through whatever hook the script installed, starting in the
-        # script: re-raised, it would gain this bootstrap's and runpy's frames again.
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if brief_error(exc):  # potluck's own: its message is what to fix, in one line
+            print(f"potluck: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:
+            # Printed here, through whatever hook the script installed, starting in the
+            # script: re-raised, it would gain this bootstrap's and runpy's frames again.
+            sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)  # what an uncaught exception exits with
     _record_finished()
 
