@@ -15,6 +15,11 @@ reported as that, and never restarts a completed training. It also asks the kern
 kill this worker if the launcher dies, so no worker outlives its agent. An uncaught
 potluck error (``report.brief_error``) prints one line, not its traceback.
 
+``--status-port``, ``--metrics-dir`` and ``--balance`` take effect in
+``potluck.prepare`` only. A script that does not call it (torch DDP, or
+``potluck.DataParallel`` alone) would get nothing from them, in silence: rank 0 says
+so once (``UnusedFlags``), after ``UNUSED_AFTER`` seconds or at the script's end.
+
 A warm spare (``POTLUCK_STANDBY_FD`` set: the agent of an elastic job starts one ahead
 of a restart) first imports what every worker imports, at the lowest CPU priority (its
 own and its session's autogroup's, see ``priority``), then
@@ -33,11 +38,13 @@ import runpy
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from potluck import env
 from potluck.errors import (
     BelowMinimumError,
+    ConfigError,
     JobFinishedError,
     RendezvousError,
     hint,
@@ -74,6 +81,7 @@ def main(argv: list[str]) -> None:
     die_with_agent()
     if not _wait_as_spare():
         return  # not needed after all
+    flags = UnusedFlags.for_this_worker()
     target = argv[0]
     sys.argv = list(argv)
     if not module:
@@ -85,7 +93,7 @@ def main(argv: list[str]) -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
-            _record_finished()
+            _record_finished(flags)
         else:  # the report says how it ended: not "died without raising"
             _record_error(exc)
         raise
@@ -115,7 +123,7 @@ def main(argv: list[str]) -> None:
             # script: re-raised, it would gain this bootstrap's and runpy's frames again.
             sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)  # what an uncaught exception exits with
-    _record_finished()
+    _record_finished(flags)
 
 
 def _wait_as_spare() -> bool:
@@ -190,11 +198,100 @@ def _record_error(exc: BaseException) -> None:
         write_error_file(path, exc)
 
 
-def _record_finished() -> None:
+def _record_finished(flags: UnusedFlags | None = None) -> None:
     """The script is done; whatever kills the process from here on is teardown."""
     path = env.finished_file()
     if path is not None:
         write_finished_file(path)
+    if flags is not None:
+        flags.finished()
+
+
+UNUSED_AFTER = 60.0  # s of a script without potluck.prepare before rank 0 says so
+
+# What each flag that only potluck.prepare reads does not do without it.
+_LOST = {"--status-port": "the status page shows no worker and no step",
+         "--metrics-dir": "no metrics are written to {metrics_dir}",
+         "--balance": "every worker keeps an equal share"}
+
+
+def prepare_flags(worker: env.WorkerEnv) -> list[str]:
+    """The flags of ``potluck run`` this worker was started with that only
+    ``potluck.prepare`` reads."""
+    given = (("--status-port", worker.status), ("--metrics-dir", bool(worker.metrics_dir)),
+             ("--balance", worker.balance))
+    return [flag for flag, on in given if on]
+
+
+def unused_flags_line(flags: list[str], metrics_dir: str | None,
+                      after: float | None = None) -> str:
+    """One line: ``flags`` did nothing, since the script did not call ``potluck.prepare``
+    (in its first ``after`` seconds; None: at all)."""
+    named = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+    when = ("which this script did not call" if after is None
+            else f"which this script has not called in its first {after:g} s")
+    lost = "; ".join(_LOST[flag].format(metrics_dir=metrics_dir) for flag in flags)
+    return (f"potluck: {named} {'takes' if len(flags) == 1 else 'take'} effect only in "
+            f"potluck.prepare(...), {when}: {lost} (torch DDP or potluck.DataParallel "
+            "alone reports nothing); call potluck.prepare(model, optimizer, dataset, "
+            f"global_batch=...) or drop {'it' if len(flags) == 1 else 'them'}")
+
+
+class UnusedFlags:
+    """Says once that ``flags`` did nothing, if the script has not called
+    ``potluck.prepare`` (``prepared()``) ``after`` seconds from ``start()``, or when it
+    ends (``finished()``) without having called it."""
+
+    def __init__(self, flags: list[str], metrics_dir: str | None, *,
+                 prepared: Callable[[], bool], say: Callable[[str], None],
+                 after: float = UNUSED_AFTER) -> None:
+        self._flags, self._metrics_dir = flags, metrics_dir
+        self._prepared, self._say, self._after = prepared, say, after
+        self._lock = threading.Lock()
+        self._said = False
+        self._timer = threading.Timer(after, self._check, args=(after,))
+        self._timer.daemon = True
+
+    @classmethod
+    def for_this_worker(cls) -> UnusedFlags | None:
+        """Rank 0's watch over the flags it was started with; None elsewhere, or when
+        none was given."""
+        try:
+            worker = env.read_worker_env()
+        except ConfigError:  # the script meets the same error and says it
+            return None
+        flags = prepare_flags(worker)
+        if worker.rank != 0 or not flags:
+            return None
+        return cls(flags, worker.metrics_dir, prepared=_prepared, say=_say).start()
+
+    def start(self) -> UnusedFlags:
+        self._timer.start()
+        return self
+
+    def finished(self) -> None:
+        self._timer.cancel()
+        self._check(None)
+
+    def _check(self, after: float | None) -> None:
+        with self._lock:
+            if self._said or self._prepared():
+                return
+            self._said = True
+        self._say(unused_flags_line(self._flags, self._metrics_dir, after))
+
+
+def _prepared() -> bool:
+    """Whether this process ran ``potluck.prepare`` (its observer was made)."""
+    if "potluck.metrics.observing" not in sys.modules:
+        return False  # never imported, so never called (importing it now would load torch)
+    from potluck.metrics.observing import observed
+
+    return observed()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _planned_exit(message: str, code: int) -> None:

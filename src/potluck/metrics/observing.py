@@ -3,11 +3,14 @@ asked for: a ``rank_step`` journal under ``metrics_dir`` (``prepare(metrics_dir=
 ``potluck run --metrics-dir``; TensorBoard scalars beside it when TensorBoard is
 installed), and pulses for the status page (``potluck run
 --status-port``). Timing itself is always on: it costs a few clock reads a step.
+``observed()`` says whether this process made one: ``potluck run``'s worker bootstrap
+asks, since those flags (and ``--balance``) take effect in ``potluck.prepare`` only.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,10 +26,19 @@ from potluck.metrics.publisher import (
 from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 
+_made = threading.Event()  # set by the first observer_for of this process
+
+
+def observed() -> bool:
+    """Whether this process made a prepared worker's observer (``observer_for``)."""
+    return _made.is_set()
+
 
 def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
                  samples: Samples | None = None, inner: LocalClock | None = None,
                  metrics_dir: str | Path | None = None) -> StepObserver:
+    _made.set()
+
     def where() -> tuple[int, int, int]:
         return cohort.rank, cohort.world_size, cohort.generation
 

@@ -2,17 +2,21 @@
 
 Reads RUN_DIR/*.jsonl and RUN_DIR/ranks/*.jsonl (potluck.metrics.journal records) and
 writes loss.png, throughput.png, compute_wait.png, shares.png and events.png to
-RUN_DIR/plots (or --out); a plot whose data the run did not record is skipped.
+RUN_DIR/plots (or --out); a plot whose data the run did not record is skipped. A
+RUN_DIR without records is named with what it holds and what writes records: workers
+whose script calls ``potluck.prepare``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
 from potluck.errors import ConfigError
-from potluck.metrics.plots import load_run, skipped_plots, write_plots
+from potluck.metrics.journal import read_journal
+from potluck.metrics.plots import PATTERNS, journal_files, load_run, skipped_plots, write_plots
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +36,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         series = load_run(run_dir)
     except ConfigError as exc:
-        print(f"potluck plot: error: {exc}", file=sys.stderr)
+        empty = run_dir.is_dir() and holds_no_records(run_dir)
+        print(f"potluck plot: error: {no_records(run_dir) if empty else exc}", file=sys.stderr)
         return 2
     try:
         written = write_plots(series, out)
@@ -45,3 +50,27 @@ def main(args: argparse.Namespace) -> int:
     for name, why in skipped_plots(series):
         print(f"skipped {out / name}: {why}")
     return 0
+
+
+def holds_no_records(run_dir: Path) -> bool:
+    """Whether no journal in ``run_dir`` holds a record (a bad one counts as one)."""
+    try:
+        return not any(read_journal(path) for path in journal_files(run_dir))
+    except ValueError:
+        return False
+
+
+def no_records(run_dir: Path, shown: int = 6) -> str:
+    """What a run directory without records holds, and what writes records there."""
+    entries = sorted(itertools.islice(run_dir.rglob("*"), 10 * shown))  # (a big tree: a few)
+    names = [f"{e.relative_to(run_dir)}{'/' if e.is_dir() else ''}"
+             f"{' (empty)' if e.is_file() and e.stat().st_size == 0 else ''}"
+             for e in entries[:shown]]
+    more = " and more" if len(entries) > shown else ""
+    holds = f"holds {', '.join(names)}{more}" if names else "is empty"
+    looked = ", ".join(str(run_dir / pattern) for pattern in PATTERNS)
+    return (f"no journal records in {looked}: {run_dir} {holds}. Records come from "
+            "workers whose script calls potluck.prepare(...): `potluck run --metrics-dir "
+            f"{run_dir}` (or prepare(metrics_dir=...)) has each of them write "
+            f"{run_dir / 'ranks'}/rank-<pid>.jsonl; a script on torch DDP or "
+            "potluck.DataParallel alone writes none")
