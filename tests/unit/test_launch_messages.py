@@ -252,11 +252,15 @@ def test_the_unused_flags_are_said_once_after_a_while_or_at_the_end() -> None:
 def test_a_script_that_calls_prepare_is_seen_as_prepared() -> None:
     net = torch.nn.Linear(1, 1)
     data = TensorDataset(torch.zeros(8, 1), torch.zeros(8, 1))
-    potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), data, global_batch=4)
-    said: list[str] = []
-    worker.UnusedFlags(["--metrics-dir"], "m", prepared=worker._prepared,
-                       say=said.append).start().finished()
-    assert said == []
+    _, opt, _ = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), data,
+                                global_batch=4)
+    try:
+        said: list[str] = []
+        worker.UnusedFlags(["--metrics-dir"], "m", prepared=worker._prepared,
+                           say=said.append).start().finished()
+        assert said == []
+    finally:
+        opt.cohort.close()  # (no cohort left current for the next test)
 
 
 def test_plot_on_a_metrics_dir_without_records_says_what_it_holds_and_what_writes_them(
