@@ -40,22 +40,26 @@ from potluck.launch.report import (
     format_teardown_warning,
     read_error_file,
     read_finished_file,
+    root_cause,
     stop_file,
     stopped_below_minimum,
 )
 from potluck.launch.spare import Spare, WaitingSpare, WorkerProcess
 from potluck.launch.store import (
     JobStore,
+    Presence,
     check_in,
+    clear_for_whole_restart,
     clear_worker_keys,
     cohort_formed,
-    count,
     elastic_offset,
     exchange_nprocs,
+    holds_torch_keys,
     joined_cohort,
     mark_exited,
     publish_first_node,
     wait_for_count,
+    wait_for_roll,
 )
 from potluck.launch.sweep import Sweeper
 
@@ -107,7 +111,6 @@ class Agent:
         self._lock = threading.Lock()
         self._signal: int | None = None
         self._layout = Layout.assumed(self.config)  # until the nodes have met
-        self._said_not_joined = False
         self._reported: set[int] = set()  # pids of workers reported lost (elastic)
         self._status: StatusService | None = None  # node 0's status page (--status-port)
         self._template: Template | None = None  # forks warm spares (elastic, Linux)
@@ -195,31 +198,46 @@ class Agent:
     def _run_elastic(self, job_store: JobStore) -> int:
         """One attempt in which dead workers are restarted one by one. Nodes do not meet
         first: the cohort's rendezvous admits each worker whenever it arrives (a node of
-        ``--nnodes MIN:MAX`` beyond MIN joins the running job)."""
+        ``--nnodes MIN:MAX`` beyond MIN joins the running job). A script that never
+        joins the cohort (plain torch.distributed) is restarted whole instead, attempt
+        after attempt, as torchrun would (``_plain_script``). At the end node 0 waits
+        for the other nodes' agents that still beat (``wait_for_roll``)."""
         cfg = self.config
-        started, done = (keys.agents(cfg.run_id, name) for name in ("started", "done"))
+        presence: list[Presence] = []
 
         def spawned(store: TCPStore) -> None:
             if cfg.node_rank == 0:
                 publish_first_node(store, cfg)  # later nodes number their workers after
-            check_in(store, started)
+            presence.append(Presence(store, cfg))
 
+        restarts = 0
         try:
-            outcome, results = self._attempt(job_store, 0, spawned=spawned)
+            while True:
+                outcome, results = self._attempt(
+                    job_store, restarts, spawned=spawned if restarts == 0 else _nothing)
+                self._warn_teardown_deaths(results)
+                if outcome is not Outcome.NO_COHORT or self._signal is not None:
+                    break
+                if not self._plain_script(results, restarts):
+                    break
+                restarts += 1
+                clear_for_whole_restart(job_store.get(), cfg.run_id)
         finally:
-            check_in(job_store.get(), done)
+            for agent in presence:
+                agent.check_out()
         store = job_store.get()
-        self._warn_teardown_deaths(results)
         if self._signal is not None:
             return self._interrupted(results)
         if cfg.node_rank == 0:  # keep the store up until every node's workers are done
             try:
-                wait_for_count(store, done, lambda: count(store, started),
-                               cfg.join_timeout, self._stopping)
+                wait_for_roll(store, cfg.run_id, cfg.join_timeout, self._stopping,
+                              lost=self._node_lost)
             except RendezvousError as exc:  # this node's outcome stands; say why we quit
                 self._emit(f"potluck run: closing the store anyway: {exc}")
         if outcome is Outcome.SUCCEEDED:
             return 0
+        if outcome is Outcome.NO_COHORT:  # (reported above)
+            return 1
         if outcome is Outcome.STOPPED:
             self._emit(f"potluck run: the cohort stopped below --min-workers "
                        f"{cfg.min_workers} after waiting {cfg.min_workers_timeout:g} s for "
@@ -234,6 +252,44 @@ class Agent:
             self._emit("potluck run: the job failed: every worker of this node was lost "
                        "(each is reported above)")
         return 1
+
+    def _plain_script(self, results: list[WorkerResult], restarts: int) -> bool:
+        """A worker of a plain torch.distributed group was lost: the script does not
+        use the elastic path, and its survivors keep a group that lost a member. Report
+        the attempt as torchrun would, and say whether every worker restarts together
+        (one node, restarts left: True) or the job failed. Across nodes the elastic
+        agents do not meet per attempt, so none restarts."""
+        cfg = self.config
+        budget = cfg.max_restarts if cfg.nnodes == 1 else 0
+        restart = next_action(Outcome.FAILED, restarts, budget) is Action.RESTART
+        self._emit(format_report(results, host=socket.gethostname(),
+                                 node_rank=cfg.node_rank))
+        self._post_exits(results, f"; restarting every worker ({restarts + 1} of "
+                                  f"{cfg.max_restarts} restarts)" if restart else "")
+        root = root_cause(results)
+        who = f"worker {root.rank}" if root is not None else "a worker"
+        why = (f"potluck run: {who} never joined the elastic cohort: the script does not "
+               "call potluck.prepare or potluck.init() (plain torch.distributed or torch "
+               "DDP), so a lost worker cannot rejoin the others' process group")
+        if restart:
+            self._emit(f"{why}; restarting every worker together, as torchrun does "
+                       f"({restarts + 1} of {cfg.max_restarts} restarts; the same as "
+                       "running it without --elastic, with --max-restarts K)")
+        elif cfg.nnodes == 1:
+            self._emit(f"{why}; --max-restarts {cfg.max_restarts} allows no more restarts "
+                       "of the whole worker set: the job failed (--elastic adds nothing to "
+                       "such a script: run it without --elastic, with --max-restarts K)")
+        else:
+            self._emit(f"{why}; the agents of an elastic job's nodes cannot restart every "
+                       "node's workers together: the job failed. Run such a script without "
+                       "--elastic, with --max-restarts K, to restart every worker of every "
+                       "node together")
+        return restart
+
+    def _node_lost(self, who: str, silent: float) -> None:
+        self._emit(f"potluck run: {who} is lost: its agent stopped beating {silent:.0f} s "
+                   "ago (the node was killed, or cut off from node 0); the job ends "
+                   "without waiting for it to check out")
 
     def _warn_teardown_deaths(self, results: list[WorkerResult]) -> None:
         for result in results:
@@ -283,7 +339,7 @@ class Agent:
                 store = job_store.get()
                 spawned(store)
                 if self.config.elastic:
-                    outcome = self._monitor_elastic(workers, store, tmp)
+                    outcome = self._monitor_elastic(workers, store, tmp, restarts)
                 else:
                     outcome = self._monitor(workers)
             finally:
@@ -400,12 +456,15 @@ class Agent:
                 return Outcome.SUCCEEDED
             time.sleep(_POLL)
 
-    def _monitor_elastic(self, workers: list[_Worker], store: TCPStore, tmp: str) -> Outcome:
+    def _monitor_elastic(self, workers: list[_Worker], store: TCPStore, tmp: str,
+                         restarts: int) -> Outcome:
         """A dead worker is reported and restarted alone; it rejoins the running cohort
         as a new member. With no restarts left it is reported and the others go on. A
         worker that stopped below ``--min-workers`` is not restarted. The job succeeded
-        if any worker saw it through."""
-        restarts_left, reported = self.config.max_restarts, set()
+        if any worker saw it through. A worker of a plain torch.distributed group that
+        is lost ends the attempt (``NO_COHORT``): the group cannot take a new member.
+        ``restarts``: of ``--max-restarts``, those spent before."""
+        restarts_left, reported = self.config.max_restarts - restarts, set()
         spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
         sweeper = Sweeper(store, self.config.run_id, self.config.grace_period)
         try:
@@ -424,16 +483,18 @@ class Agent:
                 # Workers found dead in one poll are handled in the order they failed (a
                 # crash takes its peers' collectives down with it: the first is the cause).
                 for index, worker in sorted(dead, key=lambda found: _failed_at(found[1])):
+                    if self._plain_torch_group(store, worker):
+                        return Outcome.NO_COHORT  # (the caller stops the others)
                     if restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
-                        self._report_lost(worker, store, workers)
+                        self._report_lost(worker)
                     else:
                         self._count_out(store, worker)
                         restarts_left -= 1
                         worker.seen_at = worker.seen_at or time.time()
                         self._stop([worker])
-                        self._report_lost(worker, store, workers)
+                        self._report_lost(worker)
                         restarts = self.config.max_restarts - restarts_left
                         self._emit(f"potluck run: restarting local rank {worker.local_rank} "
                                    f"as a new member ({restarts} of "
@@ -500,29 +561,24 @@ class Agent:
                                    f"{socket.gethostname()} (pid {result.pid}) ended: "
                                    f"{describe_exit(result.exitcode)}{late}{why}{then}")
 
-    def _report_lost(self, worker: _Worker, store: TCPStore, workers: list[_Worker]) -> None:
+    def _report_lost(self, worker: _Worker) -> None:
         self._post_exit(_result(worker))
         self._reported.add(worker.proc.pid)
         self._emit(format_report([_result(worker)], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
                                  title="a worker was lost (elastic: the cohort goes on)"))
-        if self._said_not_joined:
-            return
-        with contextlib.suppress(RuntimeError):  # the store is gone: nothing to add
-            run_id = self.config.run_id  # (one crash before init() among members: no)
-            if not joined_cohort(store, run_id, worker.proc.pid) \
-                    and not cohort_formed(store, run_id):
-                self._said_not_joined = True  # once is enough
-                # The first to fail, alive or not: a crash takes its peers' collectives
-                # down with it, and a peer may die first (an abort is quicker than an exit).
-                first = min(workers, key=_failed_at)
-                self._emit(
-                    f"potluck run: worker {first.rank} never joined the elastic cohort. If "
-                    "the script does not call potluck.prepare or potluck.init() (plain "
-                    "torch.distributed or torch DDP), --elastic cannot help it: the others "
-                    "keep a process group that lost a member and will fail too. Run such a "
-                    "script without --elastic, with --max-restarts K (the whole worker set "
-                    "restarts, from its checkpoint)")
+
+    def _plain_torch_group(self, store: TCPStore, worker: _Worker) -> bool:
+        """The dead worker never joined the elastic cohort, none ever formed, and the
+        store holds torch's own keys: the workers formed a plain torch.distributed group
+        (torch DDP), which cannot take a new member. A script with no group at all (or
+        a crash before it formed one) loses nothing by a restart of that worker alone."""
+        run_id = self.config.run_id
+        try:
+            return not joined_cohort(store, run_id, worker.proc.pid) \
+                and not cohort_formed(store, run_id) and holds_torch_keys(store)
+        except RuntimeError:  # the store is gone: the cohort decides nothing now
+            return False
 
     def _stop(self, workers: list[_Worker]) -> None:
         """SIGTERM every live worker's group, SIGKILL after the grace period, reap all."""
@@ -541,6 +597,10 @@ class Agent:
                 worker.seen_at = time.time()
             for pump in worker.pumps:
                 pump.join(timeout=5)
+
+
+def _nothing(store: TCPStore) -> None:
+    """A restarted whole attempt's agent is on the roll already."""
 
 
 def _log_files(config: LaunchConfig, attempt: int,

@@ -1,7 +1,8 @@
 """What to do after one attempt of the local worker set (finish, restart, or give up),
-and when an elastic agent ends a worker that is still running (``why_end``).
+when an elastic agent ends a worker that is still running (``why_end``), and which
+agents node 0 still waits for at the end of an elastic job (``roll_call``).
 
-Pure, so both are tested without processes or a store.
+Pure, so all are tested without processes or a store.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ class Outcome(Enum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     STOPPED = "stopped"  # elastic: the cohort checkpointed and stopped below its minimum
+    NO_COHORT = "no cohort"
+    """Elastic: a worker of a plain torch.distributed group was lost (it never joined a
+    cohort, none formed): only a restart of the whole worker set helps."""
 
 
 class Action(Enum):
@@ -60,3 +64,22 @@ def why_end(view: CohortView, *, finished_for: float | None, grace: float) -> st
         return (f"the run finished {finished_for:.0f} s ago while it was still waiting to "
                 "be admitted, so its agent ended it")
     return None
+
+
+@dataclass(frozen=True)
+class RollCall:
+    """The agents on an elastic job's roll that have not checked out yet."""
+
+    waiting: tuple[int, ...]
+    """Still beating (or not yet beating): node 0 keeps the store up for them."""
+    lost: tuple[int, ...]
+    """Their heartbeat stopped: killed or cut off; nobody waits for them."""
+
+
+def roll_call(pending: list[int], beats: dict[int, float], *, now: float,
+              timeout: float) -> RollCall:
+    """Split the agents that did not check out (``pending``) by their last beat (wall
+    clock seconds; absent: it checked in and has not beaten yet). An agent beats from
+    its check-in to its check-out, so one whose beat is older than ``timeout`` is gone."""
+    lost = tuple(a for a in pending if a in beats and now - beats[a] > timeout)
+    return RollCall(tuple(a for a in pending if a not in lost), lost)

@@ -8,12 +8,15 @@ the socket's backlog. That is about a second less start-up on a small machine.
 The store lives in the agent of node rank 0, not in a worker, so a worker's death never
 takes the rendezvous with it. Agents also meet on it: once per attempt (so every node
 starts the same attempt together) and once at the end (so node 0 keeps the store up
-until every node's workers are done with it). Waits poll in short slices so that a
-signal to the launcher is handled within a fraction of a second.
+until every node's workers are done with it). An elastic job's agents do not meet per
+attempt: each is on the job's roll (``Presence``) and beats while it runs, so at the end
+node 0 waits only for the agents still beating (``wait_for_roll``). Waits poll in short
+slices so that a signal to the launcher is handled within a fraction of a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -23,13 +26,15 @@ from typing import TYPE_CHECKING
 from potluck import keys
 from potluck.errors import ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig
-from potluck.launch.policy import CohortView
+from potluck.launch.policy import CohortView, roll_call
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
 
 _SLICE = 2.0  # seconds per connection try, so signals are seen between tries
 _BACKLOG = 1024  # connections that may wait while node 0 imports torch
+AGENT_BEAT = 1.0  # seconds between an elastic agent's heartbeats
+AGENT_LOST = 5.0  # an agent whose last beat is older is gone (killed, or cut off)
 # A wait for node 0 or the other nodes says what it waits for: first after this many
 # seconds (a healthy start is quicker), then every REPORT_EVERY seconds.
 FIRST_REPORT = 5.0
@@ -75,6 +80,28 @@ def clear_worker_keys(store: Store) -> int:
     deleted = 0
     for key in store.list_keys():  # type: ignore[attr-defined]
         if not key.startswith("potluck/"):
+            deleted += bool(store.delete_key(key))
+    return deleted
+
+
+def holds_torch_keys(store: Store) -> bool:
+    """Whether a key that is not potluck's is on the store: a worker formed a plain
+    torch.distributed group on it (torch's ``env://`` rendezvous with the agent's
+    store writes its group's addresses there)."""
+    return any(not key.startswith("potluck/")
+               for key in store.list_keys())  # type: ignore[attr-defined]
+
+
+def clear_for_whole_restart(store: Store, run_id: str) -> int:
+    """Before an elastic job's whole worker set restarts (no cohort ever formed): delete
+    every key its workers wrote, torch's (``clear_worker_keys``) and the cohort's
+    (a half-joined rendezvous would hold the restarted workers waiting for a founder
+    that is gone). The agents' and the status page's keys stay. Returns how many keys
+    it deleted."""
+    keep = (keys.agents(run_id, ""), keys.status_count(run_id).removesuffix("count"))
+    deleted = 0
+    for key in store.list_keys():  # type: ignore[attr-defined]
+        if not key.startswith(keep):
             deleted += bool(store.delete_key(key))
     return deleted
 
@@ -419,3 +446,69 @@ def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bo
         )
     taken = _count(store, keys.agents(config.run_id, "slots"), config.nproc_per_node)
     return first + taken - config.nproc_per_node
+
+
+class Presence:
+    """This agent on the roll of an elastic job's agents, from its check-in to its
+    check-out, with a heartbeat on a thread of its own in between (every ``AGENT_BEAT``
+    s). Node 0 keeps the store up for the agents on the roll (``wait_for_roll``)."""
+
+    def __init__(self, store: Store, config: LaunchConfig) -> None:
+        from potluck.rendezvous.heartbeat import Heartbeat
+
+        self._store, self._run_id = store, config.run_id
+        self.index = _count(store, keys.agents(config.run_id, "started"), 1) - 1
+        store.set(_roll(config.run_id, f"who/{self.index}"),
+                  f"node {config.node_rank} (host {socket.gethostname()})")
+        self._beat = Heartbeat(_beats(store, config.run_id), f"agent{self.index}",
+                               AGENT_BEAT).start()
+
+    def check_out(self) -> None:
+        """Done with the store: stop beating, then say so (node 0 may be gone already:
+        this node's outcome stands)."""
+        self._beat.stop()
+        with contextlib.suppress(RuntimeError):
+            self._store.set(_roll(self._run_id, f"done/{self.index}"), "1")
+
+
+def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[[], bool],
+                  lost: Callable[[str, float], None]) -> None:
+    """Node 0 of an elastic job: wait until every agent on the roll checked out, or
+    stopped beating (its node was killed or cut off: it will never check out, and the
+    cohort went on without its workers). ``lost(who, silent_s)`` is told of each such
+    node once. Raises ``RendezvousError`` at ``timeout`` naming how many are left."""
+    from potluck.rendezvous.heartbeat import read_beats
+
+    deadline = time.monotonic() + timeout
+    told: set[int] = set()
+    beats_store = _beats(store, run_id)
+    while True:
+        agents = range(count(store, keys.agents(run_id, "started")))
+        pending = [a for a in agents if not store.check([_roll(run_id, f"done/{a}")])]
+        beats = {int(name.removeprefix("agent")): beat for name, beat in
+                 read_beats(beats_store, [f"agent{a}" for a in pending]).items()}
+        now = time.time()
+        call = roll_call(pending, beats, now=now, timeout=AGENT_LOST)
+        for agent in call.lost:
+            if agent not in told:
+                told.add(agent)
+                lost(store.get(_roll(run_id, f"who/{agent}")).decode(), now - beats[agent])
+        if not call.waiting or stopping():
+            return
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"{len(call.waiting)} of {len(agents)} node agents did not check out within "
+                f"{timeout:g} s, and they still beat: a node's workers are still running or "
+                "its agent hangs: see that node's output")
+        time.sleep(0.05)
+
+
+def _roll(run_id: str, name: str) -> str:
+    return keys.agents(run_id, f"roll/{name}")
+
+
+def _beats(store: Store, run_id: str) -> Store:
+    """The agents' heartbeats (``hb/agent<i>``) live under the roll."""
+    from torch._C._distributed_c10d import PrefixStore
+
+    return PrefixStore(_roll(run_id, "beats"), store)

@@ -1,0 +1,37 @@
+"""The elastic agents' roll (who node 0 still waits for at the end) and the keys a whole
+restart of a plain torch.distributed job clears."""
+
+from __future__ import annotations
+
+from torch._C._distributed_c10d import HashStore
+
+from potluck import keys
+from potluck.launch.policy import RollCall, roll_call
+from potluck.launch.store import clear_for_whole_restart, holds_torch_keys
+
+
+def test_an_agent_whose_beat_stopped_is_lost_and_not_waited_for() -> None:
+    call = roll_call([1, 2], {1: 100.0, 2: 94.0}, now=100.5, timeout=5.0)
+    assert call == RollCall(waiting=(1,), lost=(2,))
+
+
+def test_an_agent_that_has_not_beaten_yet_is_waited_for() -> None:
+    assert roll_call([3], {}, now=100.0, timeout=5.0) == RollCall(waiting=(3,), lost=())
+
+
+def test_nobody_pending_means_nobody_to_wait_for() -> None:
+    assert roll_call([], {1: 0.0}, now=100.0, timeout=5.0) == RollCall((), ())
+
+
+def test_a_whole_restart_clears_torchs_and_the_cohorts_keys_only() -> None:
+    store = HashStore()
+    kept = [keys.agents("job", "started"), keys.agents("job", "roll/who/0"),
+            keys.status_count("job"), keys.status_slot("job", 0)]
+    cleared = ["default_pg/0//cpu//0/0", f"{keys.rendezvous_root('job')}/founder",
+               keys.process("job", 42, "host"), keys.elastic_root("job") + "/g0/x"]
+    for key in kept + cleared:
+        store.set(key, "1")
+    assert holds_torch_keys(store)
+    assert clear_for_whole_restart(store, "job") == len(cleared)
+    assert sorted(store.list_keys()) == sorted(kept)
+    assert not holds_torch_keys(store)
