@@ -100,6 +100,21 @@ def test_a_failure_of_its_own_is_the_root_cause_before_a_lost_peer() -> None:
     assert root is not None and root.rank == 1
 
 
+def test_gloos_connection_closed_by_peer_is_a_lost_peer_not_the_root_cause() -> None:
+    """A plain torch script's survivor of a kill -9 raises Gloo's RuntimeError; the
+    killed worker (no exception recorded) is the root cause."""
+    message = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+               "peer [127.0.0.1]:41234")
+    survivor = WorkerResult(0, 0, 100, 1, 5.1,
+                            error=ErrorRecord(5.0, "RuntimeError", message, "Traceback...\n"))
+    killed = _result(1, -9, seen=5.05)
+    root = root_cause([survivor, killed])
+    assert root is not None and root.rank == 1
+    own = WorkerResult(0, 0, 100, 1, 5.1,
+                       error=ErrorRecord(5.0, "RuntimeError", "shape mismatch", "T...\n"))
+    assert root_cause([own, killed]) == own  # any other RuntimeError is its own
+
+
 def test_a_rank_whose_script_ended_while_the_others_needed_it_is_the_root_cause() -> None:
     leaver = WorkerResult(1, 1, 101, 0, seen_at=5.2, finished_at=4.9)
     results = [_lost_peer(0, raised_at=5.0), leaver]

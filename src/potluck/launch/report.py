@@ -135,8 +135,17 @@ PEER_LOSS = frozenset({"PeerLostError", "CommunicationError", "DistNetworkError"
                        "DistBackendError", "DistError"})
 
 
+# What Gloo says, as a plain RuntimeError, when the process at the other end of a
+# connection died (a kill -9): a lost peer all the same.
+GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
 def lost_a_peer(result: WorkerResult) -> bool:
-    return result.error is not None and result.error.exc_type in PEER_LOSS
+    error = result.error
+    if error is None:
+        return False
+    return error.exc_type in PEER_LOSS or (
+        error.exc_type == "RuntimeError" and any(s in error.message for s in GLOO_PEER_GONE))
 
 
 def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
