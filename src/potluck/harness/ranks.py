@@ -1,4 +1,4 @@
-"""Run a function as N ranks in local processes on one Gloo group (benches and tests).
+"""Run a function as N ranks in local processes on one group (benches and tests).
 
 Each rank is a child of a fork server that preloaded torch, so starting a rank costs
 milliseconds, not a torch import. The parent picks a free port, waits with a deadline,
@@ -45,14 +45,16 @@ def run_ranks(
     collective_timeout: float = 60.0,
     init_group: bool = True,
     may_die: Collection[int] = (),
+    backend: str = "gloo",
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results.
 
-    With ``init_group`` the default process group is initialized (Gloo, loopback) before
-    ``fn`` runs and destroyed after. ``fn`` and its results must be picklable; tensors
-    in results travel through ``torch.save``. Tensors in ``args`` travel by
-    torch.multiprocessing, in memory the ranks share: pass a state as ``torch.save``
-    bytes, or ranks that load it in place would write to one another's. Ranks in
+    With ``init_group`` the default process group is initialized (``backend``, loopback)
+    before ``fn`` runs and destroyed after; under ``"nccl"`` rank r uses CUDA device r.
+    ``fn`` and its results must be picklable; tensors in results travel through
+    ``torch.save``. Tensors in ``args`` travel by torch.multiprocessing, in memory the
+    ranks share: pass a state as ``torch.save`` bytes, or ranks that load it in place
+    would write to one another's. Ranks in
     ``may_die`` (fault-injection tests) may die without reporting, or hang: their result
     is None, and once every other rank has reported they are killed.
     """
@@ -66,7 +68,7 @@ def run_ranks(
         ctx.Process(
             target=_child,
             args=(fn, rank, world_size, port, args, pipes[rank][1], threads,
-                  collective_timeout, init_group, os.getpid()),
+                  collective_timeout, init_group, os.getpid(), backend),
         )
         for rank in range(world_size)
     ]
@@ -150,6 +152,7 @@ def _child(
     collective_timeout: float,
     init_group: bool,
     caller_pid: int,
+    backend: str,
 ) -> None:
     import torch.distributed as dist
 
@@ -157,8 +160,10 @@ def _child(
     torch.set_num_threads(threads)
     try:
         if init_group:
+            if backend == "nccl":
+                torch.cuda.set_device(rank)
             dist.init_process_group(
-                "gloo",
+                backend,
                 init_method=f"tcp://127.0.0.1:{port}",
                 rank=rank,
                 world_size=world_size,
