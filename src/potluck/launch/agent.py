@@ -485,10 +485,15 @@ class Agent:
                 for index, worker in sorted(dead, key=lambda found: _failed_at(found[1])):
                     if self._plain_torch_group(store, worker):
                         return Outcome.NO_COHORT  # (the caller stops the others)
-                    if restarts_left == 0 or sweeper.run_over:  # (over: nothing to rejoin)
+                    if restarts_left == 0 or sweeper.run_over or _quarantined(worker):
+                        # (over: nothing to rejoin; quarantined: its seat is refused)
                         reported.add(worker.proc.pid)  # lost for good; the others go on
                         self._count_out(store, worker)
                         self._report_lost(worker)
+                        if _quarantined(worker) and restarts_left:
+                            self._emit(f"potluck run: local rank {worker.local_rank} was "
+                                       "quarantined by the cohort's trust checks: not "
+                                       "restarted (its seat is refused; docs/trust.md)")
                     else:
                         self._count_out(store, worker)
                         restarts_left -= 1
@@ -623,6 +628,14 @@ def _failed_at(worker: _Worker) -> tuple[float, int]:
     time (the bootstrap's error file), else now; then its rank."""
     error = read_error_file(worker.error_file)
     return (error.timestamp if error is not None else time.time(), worker.rank)
+
+
+def _quarantined(worker: _Worker) -> bool:
+    """The cohort's trust checks put it out (``QuarantinedError``), or refused its seat
+    at admission for that: a restart on the same seat would be refused again."""
+    error = read_error_file(worker.error_file)
+    return error is not None and (error.exc_type == "QuarantinedError" or (
+        error.exc_type == "AdmissionError" and "quarantine" in error.message))
 
 
 def _result(worker: _Worker) -> WorkerResult:

@@ -123,7 +123,8 @@ def read_verdict(store: Store, joiner_id: str) -> int | None:
         raise AdmissionError(
             f"worker {joiner_id!r} was refused entry to the cohort: its seat was "
             f"{why}; the cohort does not readmit a quarantined worker: check that "
-            "machine (hardware, code version) and start a new run to use it again")
+            "machine (hardware, code version, its data) against that evidence, and start "
+            "a new run to use it again")
     raise AdmissionError(
         f"worker {joiner_id!r} was refused entry to the cohort: {why}; start it with the "
         "same token as the other workers of this job (the token is compared by "

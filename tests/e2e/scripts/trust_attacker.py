@@ -1,7 +1,8 @@
 """An elastic job with trust on where local rank 3 sends sign-flipped gradients.
 
-Honest workers train until the restarted attacker has been refused (it writes
-``--refused`` before it exits), then write their final parameters to ``--out``."""
+Once quarantined, the attacker tries to join again from the same seat and is refused
+(it writes its pid and the refusal to ``--refused``); honest workers train until
+2 s after it exited, then write their final parameters to ``--out``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from _trust_toy import toy_job
 
 import potluck
-from potluck.errors import AdmissionError
+from potluck.errors import AdmissionError, QuarantinedError
 from potluck.harness.attacks import Attack
 from potluck.trust import TrustPart
 
@@ -25,13 +26,8 @@ parser.add_argument("--out", type=Path, required=True)
 args = parser.parse_args()
 
 data, net = toy_job()
-try:
-    model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
-                                         global_batch=32, trust=potluck.Trust())
-except AdmissionError as refused:
-    args.refused.write_text(str(refused))
-    print(f"REFUSED: {refused}", file=sys.stderr, flush=True)
-    sys.exit(3)
+model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
+                                     global_batch=32, trust=potluck.Trust())
 local_rank = int(os.environ["LOCAL_RANK"])
 part = opt.part(TrustPart)
 assert part is not None
@@ -40,17 +36,45 @@ model.register_comm_hook(None, Attack(part.exchange, "sign_flip", local_rank == 
 
 def agreed_stop() -> bool:
     """Every worker stops at the same step (one stopping alone breaks the others')."""
-    seen = torch.tensor([float(args.refused.exists() or time.monotonic() > deadline)])
+    global gone_at
+    if gone_at is None and args.refused.exists() and not alive(args.refused.read_text()):
+        gone_at = time.monotonic()
+    # (2 s after the attacker's exit: time for its agent to restart it, if it would)
+    over = gone_at is not None and time.monotonic() - gone_at > 2
+    seen = torch.tensor([float(over or time.monotonic() > deadline)])
     return bool(opt.cohort.all_reduce_sum(seen).item() > 0)
 
 
+def alive(refused: str) -> bool:
+    try:
+        os.kill(int(refused.split()[0]), 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def come_back(quarantined: QuarantinedError) -> None:
+    """As a cheater would: join again from the same seat. Refused with the evidence."""
+    try:
+        potluck.prepare(toy_job()[1], torch.optim.SGD(net.parameters(), lr=0.05), data,
+                        global_batch=32, trust=potluck.Trust(), cohort=potluck.init())
+    except AdmissionError as refused:
+        args.refused.write_text(f"{os.getpid()} {refused}")
+        print(f"REFUSED: {refused}", file=sys.stderr, flush=True)
+    raise quarantined  # (its launcher does not restart it: the seat is banned)
+
+
 deadline = time.monotonic() + 100
+gone_at: float | None = None  # when the refused attacker's process was seen gone
 stop = False
 while not stop:
     for xb, yb in loader:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(xb), yb).backward()
-        opt.step()  # the attacker's raises QuarantinedError once it is out
+        try:
+            opt.step()  # the attacker's raises QuarantinedError once it is out
+        except QuarantinedError as out:
+            come_back(out)
         time.sleep(0.01)
         stop = agreed_stop()
         if stop:
