@@ -104,21 +104,11 @@ def max_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> flo
     return max(float((got[k].cpu() - v).abs().max()) for k, v in want.items())
 
 
-def on_device(cohort: potluck.Cohort, device: str) -> potluck.Cohort:
-    """A Gloo cohort keeps its tensors on the CPU: point it at ``device`` (``init`` has
-    no option for it), so that ``prepare`` puts the model, the batches and the cohort's
-    own collectives there."""
-    if cohort.device.type != device:
-        cohort.device = torch.device("cuda", torch.cuda.current_device()) \
-            if device == "cuda" else torch.device(device)
-    return cohort
-
-
 def _prepared_rank(rank: int, world_size: int, port: int, backend: str, device: str,
                    dtype: torch.dtype, epochs: int) -> dict[str, Any]:
     env = WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
                     master_port=port, source="torchrun")
-    cohort = on_device(potluck.init(env=env, backend=backend, timeout=60), device)
+    cohort = potluck.init(env=env, backend=backend, timeout=60, device=device)
     net = _net(dtype)
     model, opt, loader = potluck.prepare(net, _sgd(net), _data(dtype), cohort=cohort,
                                          global_batch=GLOBAL_BATCH, seed=DATA_SEED)
@@ -264,7 +254,7 @@ def elastic_worker(device: str, epochs: int, out: str) -> None:
     """A worker of check 6, under ``potluck run --elastic``: worker 1's first attempt
     SIGKILLs itself at step ``FAIL_AT``; worker 0 saves the result."""
     # Gloo: NCCL takes one rank a GPU, and the two workers share one.
-    cohort = on_device(potluck.init(backend="gloo", timeout=30), device)
+    cohort = potluck.init(backend="gloo", timeout=30, device=device)
     net = _net(torch.float64)
     model, opt, loader = potluck.prepare(net, _sgd(net), _data(torch.float64), cohort=cohort,
                                          global_batch=GLOBAL_BATCH, seed=DATA_SEED)

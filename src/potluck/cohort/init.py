@@ -36,20 +36,22 @@ log = logging.getLogger(__name__)
 def init(*, timeout: float = 60.0, backend: str | None = None,
          env: WorkerEnv | None = None, heartbeat_interval: float = 0.5,
          heartbeat_timeout: float = 3.0, settle_timeout: float = 30.0,
-         join_timeout: float = 300.0) -> Cohort:
+         join_timeout: float = 300.0, device: str | None = None) -> Cohort:
     """Join the job this process was started in (potluck run, torchrun, SLURM, or none).
 
     ``timeout`` (seconds) bounds joining and every collective. Without launcher
     variables this is a one-process cohort. The heartbeat and rendezvous timeouts apply
     to elastic jobs only. ``env`` overrides what the environment says (tests). The
     cohort is the process's current one (``potluck.cohort.current``) until it is closed.
+    ``device``: ``"cuda"`` keeps a Gloo cohort's tensors on this worker's GPU (NCCL
+    always does; by default Gloo keeps them on the CPU).
     """
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not timeout > 0):
         raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 60")
     env = read_worker_env() if env is None else env
     chosen = choose_backend(backend)
-    device = _device(chosen, env)
+    placed = _device(chosen, env, device)
     host = local_address(env) if env.distributed or env.elastic else "127.0.0.1"
     spec = GroupSpec(chosen, timeout, host, env.gloo_ifname)
     if env.elastic:
@@ -65,13 +67,13 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
         # A restarted worker keeps its seat (host, node, local rank), not its id.
         seat = f"{socket.gethostname()}:node{env.node_rank}:local{env.local_rank}"
         cohort = join_elastic(store, worker_id, config, spec, keys.elastic_root(env.run_id),
-                              device=device, env=env, seat=seat)
+                              device=placed, env=env, seat=seat)
     else:
         store = connect_store(env, timeout)
         session = _session()
         cohort = Cohort(FixedMembership(env.rank, env.world_size), store, spec,
                         lambda g: keys.static_group(env.run_id, env.restart_count, g, session),
-                        device=device, env=env)
+                        device=placed, env=env)
     log.info("[rank %d] joined: %r", cohort.rank, cohort)
     set_current(cohort)  # the defaults of CheckpointManager and DistributedRng follow it
     return cohort
@@ -125,10 +127,19 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
         ) from exc
 
 
-def _device(backend: str, env: WorkerEnv) -> torch.device:
-    if backend != "nccl":
+def _device(backend: str, env: WorkerEnv, wanted: str | None = None) -> torch.device:
+    if wanted not in (None, "cpu", "cuda") or (backend == "nccl" and wanted == "cpu"):
+        raise ConfigError(f"init(device={wanted!r}): pass 'cuda' (this worker's GPU), "
+                          f"'cpu' (Gloo only), or leave it out (the {backend} default)")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("init(device='cuda'): this process sees no CUDA device; leave "
+                          "device= out to train on the CPU")
+    if backend != "nccl" and wanted != "cuda":
         return torch.device("cpu")
     count = torch.cuda.device_count()
+    if backend != "nccl":  # Gloo with CUDA tensors: workers may share a GPU
+        torch.cuda.set_device(env.local_rank % count)
+        return torch.device("cuda", env.local_rank % count)
     if env.local_rank >= count:
         raise ConfigError(
             f"LOCAL_RANK={env.local_rank} but this host sees {count} CUDA device(s); "
