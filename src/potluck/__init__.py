@@ -8,6 +8,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from potluck import protocol
+
 if TYPE_CHECKING:
     from potluck.balance import BalanceConfig
     from potluck.checkpoint import CheckpointManager, DistributedRng, capture_rng, restore_rng
@@ -81,7 +83,7 @@ _LAZY = {
 # Subpackages the API names as ``potluck.<name>.X`` (README), imported on first use too.
 _LAZY_SUBMODULES = ("compress",)
 
-__version__ = "0.1.0"
+__version__ = protocol.VERSION  # (one place: the cohort compares it)
 
 __all__ = [
     "AdmissionError",

@@ -13,14 +13,13 @@ gathered a word per setting) are not.
 
 from __future__ import annotations
 
-WIRE = 1  # 1: the unused-parameter bitmap rides in trust's exchange (2026-11)
+VERSION = "0.1.0"  # the package's (``potluck.__version__``)
+WIRE = 2  # 2: trust's far steps and DiLoCo's partly trained rounds ride in the live state
 
 
 def running() -> str:
     """This process's potluck, as the cohort compares it: version and wire."""
-    from potluck import __version__
-
-    return f"{__version__} (wire {WIRE})"
+    return f"{VERSION} (wire {WIRE})"
 
 
 FIX = ("install the same potluck on every worker (`potluck --version` says which; "
