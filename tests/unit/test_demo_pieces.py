@@ -7,10 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.demo.report import equivalence_line, format_table, loss_summary
+from potluck.demo import cli
+from potluck.demo.report import (
+    MIN_TIMED_STEPS,
+    SyncLatency,
+    equivalence_line,
+    figures_table,
+    format_table,
+    loss_summary,
+    too_short_to_compare,
+)
 from potluck.demo.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
 from potluck.demo.train import learning_rate
 from potluck.errors import ConfigError
+from potluck.metrics.figures import scaling_figures
 
 
 def test_vocabulary_round_trip_and_unknown_characters() -> None:
@@ -58,3 +68,29 @@ def test_report_formatting() -> None:
     assert loss_summary([4.0, 3.0, 2.0], tail=2).startswith("loss: 4.000 at step 0 -> 2.000")
     line = equivalence_line([4.0, 3.0, 2.0], [4.0, 3.001], world_size=2)
     assert "first 2 steps" in line and "1.0e-03" in line and "2 workers" in line
+
+
+def _table(steps: int, baseline_steps: int, warmup: int) -> str:
+    """The figures table of a 2-worker run that was 0.8x as fast as 1 worker."""
+    figures = scaling_figures([0.1] * steps, [0.08] * baseline_steps, world_size=2,
+                              global_batch=32, tokens_per_sample=64, warmup=warmup)
+    return figures_table(figures, SyncLatency(None, None, 0, None), "",
+                         too_short=too_short_to_compare(steps, baseline_steps, warmup))
+
+
+def test_a_run_too_short_to_time_says_so_instead_of_a_speedup() -> None:
+    short = _table(steps=40, baseline_steps=6, warmup=4)
+    assert "0.80x" not in short and "40%" not in short
+    assert "too short to measure: 2 step(s) after the 4-step warm-up" in short
+    assert "--baseline-steps of 14 or more" in short
+    timed = _table(steps=40, baseline_steps=4 + MIN_TIMED_STEPS, warmup=4)
+    assert "0.80x" in timed and "40%" in timed and "too short" not in timed
+
+
+def test_the_quick_demo_times_the_full_demos_model_long_enough_to_compare() -> None:
+    """--quick once ran a model so small that its step was mostly the all-reduce and
+    fixed costs: 2 workers came out slower than 1 (0.80x)."""
+    quick, full = cli.QUICK, cli.FULL
+    assert (quick.global_batch, quick.context, quick.d_model, quick.n_layers) == (
+        full.global_batch, full.context, full.d_model, full.n_layers)
+    assert too_short_to_compare(quick.steps, quick.baseline_steps, quick.warmup_steps) is None

@@ -17,6 +17,9 @@ from potluck.metrics.figures import (
 )
 from potluck.metrics.latency import RoundTrips
 
+# Steps after the warm-up each phase needs before its median step time means something.
+MIN_TIMED_STEPS = 10
+
 
 @dataclass(frozen=True)
 class SyncLatency:
@@ -54,29 +57,44 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), rule, *(line(row) for row in rows)])
 
 
-def figures_table(figures: ScalingFigures, sync: SyncLatency, baseline_note: str) -> str:
-    """The four standard DDP figures: throughput, speedup, efficiency, sync latency."""
+def too_short_to_compare(steps: int, baseline_steps: int, warmup: int) -> str | None:
+    """Why the speedup of phases of ``steps`` and ``baseline_steps`` steps is not worth
+    printing (None: it is). Each phase needs ``MIN_TIMED_STEPS`` steps after its
+    ``warmup``: a median of a few steps is mostly the machine's noise."""
+    timed = min(steps, baseline_steps) - warmup
+    if timed >= MIN_TIMED_STEPS:
+        return None
+    return (f"too short to measure: {max(timed, 0)} step(s) after the {warmup}-step warm-up "
+            f"in the shorter phase, {MIN_TIMED_STEPS} needed; run potluck demo with "
+            f"--steps and --baseline-steps of {warmup + MIN_TIMED_STEPS} or more")
+
+
+def figures_table(figures: ScalingFigures, sync: SyncLatency, baseline_note: str, *,
+                  too_short: str | None = None) -> str:
+    """The four standard DDP figures: throughput, speedup, efficiency, sync latency.
+    ``too_short``: why the speedup is not shown (``too_short_to_compare``)."""
     n = figures.world_size
+    efficiency = ("n/a" if figures.efficiency is None or too_short is not None
+                  else f"{figures.efficiency:.0%}")
     rows = [
         [
             "throughput",
             f"{figures.samples_per_s:,.1f} samples/s, {figures.tokens_per_s:,.0f} tokens/s",
             f"global batch / median step time ({_ms(figures.step_s)} with {_workers(n)})",
         ],
-        _speedup_row(figures, baseline_note),
-        [
-            "scaling efficiency",
-            "n/a" if figures.efficiency is None else f"{figures.efficiency:.0%}",
-            f"speedup / {_workers(n)} (100% = linear)",
-        ],
+        _speedup_row(figures, baseline_note, too_short),
+        ["scaling efficiency", efficiency, f"speedup / {_workers(n)} (100% = linear)"],
         *_latency_rows(sync),
     ]
     return format_table(["figure", "value", "how it was measured"], rows)
 
 
-def _speedup_row(figures: ScalingFigures, baseline_note: str) -> list[str]:
+def _speedup_row(figures: ScalingFigures, baseline_note: str,
+                 too_short: str | None) -> list[str]:
     if figures.speedup is None or figures.baseline_step_s is None:
         return ["speedup vs 1 worker", "n/a", baseline_note]
+    if too_short is not None:
+        return ["speedup vs 1 worker", "n/a", too_short]
     return [
         "speedup vs 1 worker",
         f"{figures.speedup:.2f}x",
