@@ -18,8 +18,10 @@ from potluck.demo.progress import (
     format_shares,
     format_speeds,
 )
+from potluck.demo.report import MIN_TIMED_STEPS
 from potluck.demo.uneven import (
     SLOW_RANK,
+    UNEVEN_QUICK,
     Slowdown,
     choose_cores,
     config_from_args,
@@ -108,22 +110,51 @@ def test_the_summary_tells_start_end_changes_and_both_throughputs() -> None:
                 for step in range(2, 12)]
     # Then equal shares, balancing off: the first two steps (a new model) are left out.
     records += [_record(step, [16, 16], step_s=1.0 if step < 14 else 0.16, phase="equal")
-                for step in range(12, 17)]
+                for step in range(12, 24)]
     assert [c.step for c in share_changes(records[:12])][:3] == [2, 3, 4]
     summary = summarize(records, global_batch=32, warmup=2)
     assert (summary.first, summary.last, summary.equal) == ((16, 16), (24, 8), (16, 16))
     assert summary.steps == 12 and len(summary.changes) == 7
     assert summary.usual == (24, 8) and summary.ranges == ((23, 24), (8, 9))
     assert summary.step_s == pytest.approx(0.1) and summary.samples_per_s == pytest.approx(320)
-    assert summary.equal_step_s == pytest.approx(0.16) and summary.equal_steps == 3
+    assert summary.equal_step_s == pytest.approx(0.16) and summary.equal_steps == 10
     text = "\n".join(summary_lines(summary, 32))
     assert "16/16 at step 1 -> 24/8 at step 12; it changed 7 times, first at step 3" in text
     assert "most often 24/8 (7 steps); worker 0 23 to 24, worker 1 8 to 9" in text
     assert "measured speeds at the end: 300/100 samples/s" in text
     assert "throughput, balanced: 320.0 samples/s (global batch / median step 100.0 ms)" in text
-    assert ("throughput, equal shares (16/16): 200.0 samples/s (median step 160.0 ms over 3 "
+    assert ("throughput, equal shares (16/16): 200.0 samples/s (median step 160.0 ms over 10 "
             "steps trained after the balanced ones") in text
     assert "balancing made the step 1.60x as fast" in text
+
+
+@pytest.mark.timeout(30)
+def test_a_run_too_short_to_compare_says_so_instead_of_a_gain() -> None:
+    """A few equal-share steps after the balanced ones: their median is mostly noise
+    (the quick demo once printed "0.99x as fast" from 8)."""
+    records = [_record(step, [24, 8], [300.0, 100.0]) for step in range(14)]
+    records += [_record(step, [16, 16], step_s=0.1, phase="equal") for step in range(14, 24)]
+    text = "\n".join(summary_lines(summarize(records, global_batch=32, warmup=2), 32))
+    assert "x as fast" not in text and "0.99x" not in text
+    assert ("too short to compare: 8 timed step(s) in the shorter phase, 10 needed; run "
+            "potluck demo --uneven") in text
+
+
+@pytest.mark.timeout(30)
+def test_balanced_steps_on_equal_shares_are_not_compared_with_equal_shares() -> None:
+    """Workers that measured as fast (another job slowed the fast one too) keep equal
+    shares: both phases ran the same split, and their ratio says nothing of balancing."""
+    records = [_record(step, [16, 16], [100.0, 101.0]) for step in range(14)]
+    records += [_record(step, [16, 16], step_s=0.1, phase="equal") for step in range(14, 26)]
+    text = "\n".join(summary_lines(summarize(records, global_batch=32, warmup=2), 32))
+    assert "x as fast" not in text
+    assert "nothing to compare: the balanced steps too ran mostly on equal shares" in text
+
+
+def test_the_quick_run_times_enough_steps_of_each_phase_to_compare() -> None:
+    quick = UNEVEN_QUICK  # the equal phase leaves out its first 2 steps (a new model)
+    assert quick.steps - quick.warmup_steps >= MIN_TIMED_STEPS
+    assert quick.equal_steps - 2 >= MIN_TIMED_STEPS
 
 
 @pytest.mark.timeout(30)

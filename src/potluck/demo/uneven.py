@@ -59,8 +59,8 @@ class UnevenPreset:
 
 UNEVEN_FULL = UnevenPreset(steps=240, global_batch=32, corpus_chars=2_000_000, context=64,
                            d_model=128, n_layers=2, warmup_steps=10, equal_steps=30)
-UNEVEN_QUICK = UnevenPreset(steps=60, global_batch=16, corpus_chars=200_000, context=64,
-                            d_model=64, n_layers=2, warmup_steps=5, equal_steps=10)
+UNEVEN_QUICK = UnevenPreset(steps=40, global_batch=32, corpus_chars=200_000, context=64,
+                            d_model=128, n_layers=2, warmup_steps=5, equal_steps=16)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ warm-up left out); and the throughput of the steps trained after it on equal sha
 (``phase`` ``equal``: the same workers and slowdown, balancing off), measured, not
 estimated: a prediction from the speeds would be biased, as a worker's samples/s
 depends on how many samples it gets (fixed costs per step weigh more on a small share).
+The two are compared only when each phase timed ``MIN_TIMED_STEPS`` steps after its
+warm-up, and when the balanced steps mostly ran on shares other than equal ones.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from potluck.data.split import equal_shares, split_counts
 from potluck.demo.progress import format_shares, format_speeds
+from potluck.demo.report import MIN_TIMED_STEPS
 
 Record = Mapping[str, Any]
 
@@ -41,6 +44,7 @@ class UnevenSummary:
     ranges: tuple[tuple[int, int], ...]  # each worker's fewest and most after warm-up
     speeds: tuple[float | None, ...]  # samples/s per worker, the balancer's last measure
     step_s: float  # median over the steps after warm-up
+    timed: int  # how many that median is over
     samples_per_s: float
     equal: tuple[int, ...]  # equal shares of the global batch
     equal_step_s: float | None  # median of the equal-share steps (None: none ran)
@@ -78,7 +82,7 @@ def summarize(records: Sequence[Record], global_batch: int, warmup: int,
         steps=len(steps), first=split[0], last=split[-1],
         changes=tuple(share_changes(steps)), usual=usual, usual_steps=usual_steps,
         ranges=ranges, speeds=tuple(steps[-1].get("speeds") or ()), step_s=step_s,
-        samples_per_s=global_batch / step_s,
+        timed=len(tail), samples_per_s=global_batch / step_s,
         equal=tuple(split_counts(global_batch, equal_shares(workers))),
         equal_step_s=(statistics.median(float(r["step_s"]) for r in equal_tail)
                       if equal_tail else None),
@@ -115,8 +119,22 @@ def summary_lines(summary: UnevenSummary, global_batch: int) -> list[str]:
         lines.append(f"throughput, equal shares ({format_shares(s.equal)}): {rate:,.1f} "
                      f"samples/s (median step {_ms(s.equal_step_s)} over {s.equal_steps} "
                      "steps trained after the balanced ones, same workers, balancing off); "
-                     f"balancing made the step {s.equal_step_s / s.step_s:.2f}x as fast")
+                     + _gain(s, s.equal_step_s))
     return lines
+
+
+def _gain(s: UnevenSummary, equal_step_s: float) -> str:
+    """What balancing gained, or why the two throughputs do not tell."""
+    timed = min(s.timed, s.equal_steps)
+    if timed < MIN_TIMED_STEPS:
+        return (f"too short to compare: {timed} timed step(s) in the shorter phase, "
+                f"{MIN_TIMED_STEPS} needed; run potluck demo --uneven (about a minute) to "
+                "see what balancing gains")
+    if s.usual == s.equal:
+        return ("nothing to compare: the balanced steps too ran mostly on equal shares, as "
+                "the workers measured about as fast (other work on the machine may have "
+                "slowed the fast one too); run it again on a quieter machine")
+    return f"balancing made the step {equal_step_s / s.step_s:.2f}x as fast"
 
 
 def _changes(changes: Sequence[ShareChange]) -> str:
