@@ -1,6 +1,7 @@
 """``potluck demo --wan --quick`` as a user runs it: two hosts joined by a 10 Mbit/s link,
 torch DDP beside potluck DiLoCo; DiLoCo trains more samples per second with fewer bytes
-per sample on the same link, and no namespace is left behind. Bad flags are clear
+per sample on the same link, the losses are compared at the same time, and no namespace
+is left behind. Bad flags are clear
 errors (checked in-process)."""
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
                       out)
     assert found, out
     faster, fewer = int(found[1]), int(found[2])
-    assert faster >= 2 and fewer >= 4, out  # 3 DDP steps, 2 rounds of 20: one sync each
+    assert faster >= 2 and fewer >= 4, out  # 4 DDP steps, 2 rounds of 20: one sync each
+    same = re.search(r"in the same (\S+) s of training, DiLoCo reached loss \S+ \((\d+) "
+                     r"global batches\) where torch DDP reached \S+ \((\d+)\)", out)
+    # (on a very busy machine DiLoCo's first round can outlast DDP's 4 batches: then it
+    # says so instead)
+    assert same or "too short to compare the losses" in out, out
+    assert not same or (int(same[2]) in (20, 40) and 1 <= int(same[3]) <= 4), out
+    assert "where DDP was at" not in out
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                 check=True).stdout
     assert "pl-demo" not in namespaces
