@@ -16,9 +16,9 @@ import time
 import torch
 from torch import nn
 
-from potluck.balance.clock import ComputeClock
 from potluck.metrics.observer import StepFigures, StepObserver
 from potluck.reducer import DataParallel
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
 
 

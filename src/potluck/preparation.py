@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from potluck.balance import BalanceConfig, Balancer, ComputeClock
+from potluck.balance import BalanceConfig, Balancer
 from potluck.cohort import Cohort, init
 from potluck.data import DataCursor
 from potluck.data.memory import MemoryCap
@@ -39,6 +39,7 @@ from potluck.prepare_checks import (
     whole_number,
 )
 from potluck.reducer import DataParallel
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.contribution import Contribution
 from potluck.reducer.hooks import sums_prescaled
 from potluck.step.guard import GuardedOptimizer

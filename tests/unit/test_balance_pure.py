@@ -297,7 +297,7 @@ def test_a_contribution_is_this_ranks_part_of_the_step() -> None:
 def test_the_compute_clock_leaves_out_the_time_blocked_in_collectives() -> None:
     import time
 
-    from potluck.balance.clock import ComputeClock
+    from potluck.reducer.clock import ComputeClock
 
     clock = ComputeClock("cpu")
     began = time.perf_counter()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from potluck import events
 from potluck.checkpoint import (
     CheckpointManager,
     DistributedRng,
@@ -27,8 +28,7 @@ from potluck.cohort import Cohort
 from potluck.cohort.current import clear_current, current, set_current
 from potluck.data import DataCursor
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
-from potluck.metrics import notes
-from potluck.metrics.notes import Note
+from potluck.events import Note
 
 
 def state(step: int) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def test_round_trip_and_names(tmp_path: Path) -> None:
 
 def test_each_written_checkpoint_is_noted_once_it_is_durable(tmp_path: Path) -> None:
     heard: list[Note] = []
-    stop = notes.listen(heard.append)
+    stop = events.listen(heard.append)
     try:
         manager = CheckpointManager(tmp_path)
         manager.save(3, state(3))
@@ -81,7 +81,7 @@ def test_a_checkpoint_older_than_the_kept_ones_is_pruned_at_once_without_error(
     manager.save(8, state(8))
     manager.save(9, state(9))
     heard: list[Note] = []
-    stop = notes.listen(heard.append)
+    stop = events.listen(heard.append)
     try:
         manager.save(1, state(1))  # a new run into an old run's directory: kept are newer
     finally:

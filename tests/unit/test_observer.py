@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from potluck import keys
-from potluck.balance.clock import ComputeClock
-from potluck.metrics import notes
+from potluck import events, keys
+from potluck.events import Note
 from potluck.metrics.journal import read_journal
-from potluck.metrics.notes import Note
 from potluck.metrics.observer import Position, StepFigures, StepObserver, describe
 from potluck.metrics.publisher import JournalSink, StorePublisher
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
 from potluck.status.board import StatusBoard, StorePoller
 
@@ -248,16 +247,16 @@ def test_close_closes_every_sink_even_past_a_failing_one() -> None:
 def test_notes_reach_the_sinks_from_any_thread_until_close(tmp_path: Path) -> None:
     sink, journal = ListSink(), JournalSink(tmp_path)
     observer = make_observer(Passes(), sinks=[sink, journal])
-    notes.note("checkpoint", "before anybody listened", step=0)
+    events.note("checkpoint", "before anybody listened", step=0)
     observer.hear_notes()
     observer.hear_notes()  # once is enough: each note reaches a sink once
-    notes.note("rebalance", "samples per rank [40, 24]", step=4)
-    writer = threading.Thread(target=notes.note, args=("checkpoint", "step 5 saved"),
+    events.note("rebalance", "samples per rank [40, 24]", step=4)
+    writer = threading.Thread(target=events.note, args=("checkpoint", "step 5 saved"),
                               kwargs={"step": 5})
     writer.start()
     writer.join()
     observer.close()
-    notes.note("checkpoint", "after close", step=6)
+    events.note("checkpoint", "after close", step=6)
     assert sink.notes == [Note("rebalance", "samples per rank [40, 24]", 4),
                           Note("checkpoint", "step 5 saved", 5)]
     records = read_journal(journal.path)
@@ -278,8 +277,8 @@ def test_a_sink_failing_on_a_note_is_dropped_and_the_others_still_hear(
     observer = make_observer(Passes(), sinks=[broken, fine, journal])
     observer.hear_notes()
     try:
-        notes.note("checkpoint", "one", step=1)
-        notes.note("checkpoint", "two", step=2)
+        events.note("checkpoint", "one", step=1)
+        events.note("checkpoint", "two", step=2)
         observer.committed()
     finally:
         observer.close()
@@ -298,12 +297,12 @@ def test_a_failing_listener_is_dropped_and_a_bad_note_refused() -> None:
     def broken(note: Note) -> None:
         raise RuntimeError("listener bug")
 
-    stop_broken, stop_heard = notes.listen(broken), notes.listen(heard.append)
+    stop_broken, stop_heard = events.listen(broken), events.listen(heard.append)
     try:
-        notes.note("repair", "one", step=1)  # does not raise
-        notes.note("repair", "two", step=2)
+        events.note("repair", "one", step=1)  # does not raise
+        events.note("repair", "two", step=2)
         with pytest.raises(ValueError, match="'chekpoint' is not one of checkpoint"):
-            notes.note("chekpoint", "typo")
+            events.note("chekpoint", "typo")
     finally:
         stop_broken()  # already gone: no error
         stop_heard()

@@ -492,7 +492,7 @@ def test_a_step_some_member_never_reported_is_not_judged() -> None:
 
 def a_note(what: str, text: str, step: int, member: str | None = None,
            at: float = WALL) -> dict[str, Any]:
-    """A note as a pulse carries it (``metrics.notes.Note.record`` and its time)."""
+    """A note as a pulse carries it (``events.Note.record`` and its time)."""
     note: dict[str, Any] = {"what": what, "text": text, "step": step, "time": at}
     if member is not None:
         note["member"] = member

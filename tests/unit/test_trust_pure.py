@@ -308,7 +308,7 @@ def test_a_resumed_fixed_job_notes_who_is_still_quarantined(elastic: bool) -> No
     copy of the state is no news)."""
     from types import SimpleNamespace
 
-    from potluck.metrics import notes
+    from potluck import events
     from potluck.trust import Trust
     from potluck.trust.part import TrustPart
 
@@ -317,8 +317,8 @@ def test_a_resumed_fixed_job_notes_who_is_still_quarantined(elastic: bool) -> No
     struck = Evidence("rank3", 3, 7, FAR, "5.0x the median").as_dict()
     state = {"strikes": {"evidence": [struck], "quarantined": {"rank3": [struck, struck]}},
              "events": [], "steps": 9}
-    heard: list[notes.Note] = []
-    stop = notes.listen(heard.append)
+    heard: list[events.Note] = []
+    stop = events.listen(heard.append)
     try:
         part.load_state_dict(state)
     finally:

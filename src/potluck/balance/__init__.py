@@ -7,9 +7,8 @@ ties them to the step transaction).
 """
 
 from potluck.balance.balancer import BalanceConfig, Balancer
-from potluck.balance.clock import ComputeClock
 from potluck.balance.planner import Plan, plan_shares, replan
 from potluck.balance.speed import SpeedMeter
 
-__all__ = ["BalanceConfig", "Balancer", "ComputeClock", "Plan", "SpeedMeter", "plan_shares",
+__all__ = ["BalanceConfig", "Balancer", "Plan", "SpeedMeter", "plan_shares",
            "replan"]

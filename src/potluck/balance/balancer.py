@@ -37,15 +37,15 @@ from typing import Any, Protocol
 
 import torch
 
-from potluck.balance.clock import ComputeClock
 from potluck.balance.planner import Plan, plan_shares, replan
 from potluck.balance.speed import SpeedMeter
 from potluck.collectives import issued, wait_for
 from potluck.data.memory import MemoryCap
 from potluck.data.split import equal_shares, split_counts
 from potluck.errors import ConfigError, PeerLostError
+from potluck.events import note
 from potluck.group import GroupHandle
-from potluck.metrics.notes import note
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.contribution import Contribution
 
 log = logging.getLogger(__name__)

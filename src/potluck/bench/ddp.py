@@ -21,13 +21,13 @@ import torch
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 
-from potluck.balance.clock import ComputeClock
 from potluck.bench import models
 from potluck.bench.common import at_least, interleaved, median, table, write_json
 from potluck.errors import ConfigError
 from potluck.harness.ranks import run_ranks
 from potluck.metrics.observer import StepObserver
 from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
 
 

@@ -37,7 +37,7 @@ from potluck.checkpoint.fileformat import (
 from potluck.checkpoint.snapshot import cpu_copy, resolve_state
 from potluck.cohort.current import current
 from potluck.errors import CheckpointError, ConfigError, CorruptCheckpointError
-from potluck.metrics.notes import note
+from potluck.events import note
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ A record is one JSON object on one line: ``{"kind": str, "time": float, "pid": i
             ``workers`` of the generation that redoes it
 ``event``   a membership change, ``potluck.Cohort.events``' fields: ``generation``,
             ``cause``, ``left``, ``joined``, ``world_size``, ``recovery_s``; or a note
-            (``potluck.metrics.notes``): ``what``, ``text``, ``step?``, ``member?``
+            (``potluck.events``): ``what``, ``text``, ``step?``, ``member?``
 ``held``    the chaos victim stopped for its SIGKILL once ``step`` steps had committed
 ``waited``  rank 0 waited for a restarted worker: ``step``, ``waited_s``, ``asked``,
             ``workers``

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from potluck.balance.clock import ComputeClock, Reading
+from potluck import events
 from potluck.errors import ConfigError
-from potluck.metrics import notes
-from potluck.metrics.notes import Note
+from potluck.events import Note
+from potluck.reducer.clock import ComputeClock, Reading
 from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 
@@ -78,7 +78,7 @@ class StepFigures:
 
 class StepSink(Protocol):
     """Where each step's figures go (``publisher.JournalSink``, ``StorePublisher``), and
-    the process's notes (``metrics.notes``: a checkpoint, a rebalance, a quarantine)."""
+    the process's notes (``potluck.events``: a checkpoint, a rebalance, a quarantine)."""
 
     def write(self, figures: StepFigures) -> None: ...
 
@@ -202,9 +202,9 @@ class StepObserver:
         self._sinks.append(sink)
 
     def hear_notes(self) -> None:
-        """Pass this process's notes (``metrics.notes``) to the sinks until ``close``."""
+        """Pass this process's notes (``potluck.events``) to the sinks until ``close``."""
         if self._unlisten is None:
-            self._unlisten = notes.listen(self.noted)
+            self._unlisten = events.listen(self.noted)
 
     def noted(self, note: Note) -> None:
         """A note of this process (any thread): to every sink; one that fails is

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from potluck.balance.clock import ComputeClock
 from potluck.cohort import Cohort
 from potluck.metrics.observer import Samples, StepObserver, StepSink
 from potluck.metrics.publisher import (
@@ -23,6 +22,7 @@ from potluck.metrics.publisher import (
     store_client,
     tensorboard_sink,
 )
+from potluck.reducer.clock import ComputeClock
 from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
 

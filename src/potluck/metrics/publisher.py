@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from torch._C._distributed_c10d import Store, TCPStore
 
 from potluck import keys
+from potluck.events import Note
 from potluck.metrics.journal import Journal
-from potluck.metrics.notes import Note
 from potluck.metrics.observer import Position, StepFigures, Where, describe
 
 log = logging.getLogger(__name__)

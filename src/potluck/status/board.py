@@ -6,7 +6,7 @@ them to ``StatusBoard.ingest``; ``snapshot()`` is the ``/api/status`` document
 (``docs/status.md``). The members shown are the workers of the newest attempt (a fixed
 job's restart by the launcher starts all of them again) and generation still pulsing; a
 worker of an older one, or one that said it is done, drops out (its loss is an event).
-Notes (``metrics.notes``: checkpoints, rebalances, trust's strikes and quarantines) come
+Notes (``potluck.events``: checkpoints, rebalances, trust's strikes and quarantines) come
 with the pulses; every member may send the same one, and it is shown once. Each
 complete step (every member reported it) is judged once, in order, by
 ``attribution.slowest_compute``, so the history of "who was the bottleneck" does not

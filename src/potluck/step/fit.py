@@ -40,7 +40,7 @@ import torch
 from potluck.checkpoint.rng import capture_rng, restore_rng
 from potluck.data.memory import MemoryCap, is_out_of_memory
 from potluck.errors import ConfigError, OutOfMemoryError
-from potluck.metrics.notes import note
+from potluck.events import note
 from potluck.step.accumulate import batch_size, split_batch
 
 log = logging.getLogger(__name__)

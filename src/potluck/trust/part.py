@@ -33,7 +33,7 @@ import torch
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced
 from potluck.errors import ConfigError, PeerLostError
-from potluck.metrics.notes import note
+from potluck.events import note
 from potluck.trust import wire
 from potluck.trust.audit import AuditPlan, digest, outcome, voting
 from potluck.trust.config import Trust

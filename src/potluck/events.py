@@ -53,7 +53,7 @@ def note(what: str, text: str, *, step: int | None = None, member: str | None = 
     (seeing the run must never stop it)."""
     if what not in WHATS:
         raise ValueError(f"note what={what!r} is not one of {', '.join(WHATS)}; add it to "
-                         "potluck.metrics.notes.WHATS (and docs/status.md)")
+                         "potluck.events.WHATS (and docs/status.md)")
     with _lock:
         listeners = list(_listeners)
     if not listeners:
