@@ -44,13 +44,13 @@ from torch import nn
 
 import potluck
 from potluck import DataCursor
-from potluck.bench import models
-from potluck.bench.common import check_json_path, interleaved, median, write_json
 from potluck.compress import Bf16, Fp16, Identity, Int4Blockwise, Int8Blockwise, TopK
 from potluck.env import WorkerEnv
 from potluck.harness.ranks import free_port, run_ranks
 from potluck.trust.aggregate import Aggregator, CenteredClip, TrimmedMean
 from potluck.trust.fingerprint import Fingerprints, fingerprint, keyed_digest
+from potluck_lab.bench import models
+from potluck_lab.common import check_json_path, interleaved, median, write_json
 
 NO_CUDA = "no CUDA device: run on a GPU machine, or --cpu to rehearse"
 SAMPLES, GLOBAL_BATCH, DATA_SEED = 96, 12, 3  # 8 steps an epoch, even for 1, 2, 3, 4

@@ -18,23 +18,23 @@ from potluck import __version__
 # (command, module, help); bench subcommands are nested under "bench".
 _COMMANDS = [
     ("run", "potluck.launch.cli", "launch a training script on N workers (torchrun-compatible)"),
-    ("demo", "potluck.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
+    ("demo", "potluck_lab.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
     ("plot", "potluck.metrics.plot_cli",
      "write PNG plots of a run (loss, throughput, compute vs wait, shares, events)"),
 ]
 _BENCHES = [
-    ("ddp", "potluck.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
-    ("allreduce", "potluck.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
-    ("chaos", "potluck.bench.chaos", "random kill / freeze / leave / join trials, checked"),
-    ("faults", "potluck.bench.faults",
+    ("ddp", "potluck_lab.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
+    ("allreduce", "potluck_lab.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
+    ("chaos", "potluck_lab.bench.chaos", "random kill / freeze / leave / join trials, checked"),
+    ("faults", "potluck_lab.bench.faults",
      "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
-    ("straggler", "potluck.bench.straggler",
+    ("straggler", "potluck_lab.bench.straggler",
      "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
-    ("byzantine", "potluck.bench.byzantine",
+    ("byzantine", "potluck_lab.bench.byzantine",
      "plain mean vs potluck trust, 4 workers with 1 attacker (6 attacks)"),
-    ("wan", "potluck.bench.wan",
+    ("wan", "potluck_lab.bench.wan",
      "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
-    ("loader", "potluck.bench.loader",
+    ("loader", "potluck_lab.bench.loader",
      "the loader's worker processes vs reading in the loop vs torch's DataLoader"),
 ]
 
@@ -139,8 +139,8 @@ def _bench(args: argparse.Namespace) -> int:
     """Run one bench. A bad flag exits 2, as argparse's own errors do: the ``--json``
     path is checked here for every bench, before it runs (not after, when its results
     would be lost), and a bench's own checks raise ``ConfigError``."""
-    from potluck.bench.common import check_json_path
     from potluck.errors import ConfigError
+    from potluck_lab.common import check_json_path
 
     module = dict((c, m) for c, m, _ in _BENCHES)[args.bench]
     try:

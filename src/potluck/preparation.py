@@ -14,8 +14,9 @@ can be redone; a late joiner takes the live state instead of broadcasting its ow
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,96 +151,111 @@ def prepare(
     _check_trust(trust, sync, weight, data_parallel)
     # refused before joining (potluck run --balance brings no cap of its own)
     memory = _memory_cap(max_micro_batch, given, trust)
-    cohort = cohort or init(timeout=timeout)
-    if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
-        raise ConfigError(
-            f"sync=StreamingDiLoCo(fragments={sync.fragments}) on an elastic cohort (potluck "
-            "run --elastic, minimum=): a member lost mid-round would leave the fragments "
-            "already applied holding its samples, so the round could not be owed exactly; "
-            "use DiLoCo(...) (one fragment) there, or a fixed cohort")
-    if sync is not None and cohort.env.balance and balance is None:
-        raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
-                          "steps follow each worker's speed by themselves; drop --balance")
-    config = _balance_config(cohort.env.balance if balance is None else balance, shares,
-                             weight, data_parallel)
-    # (not max_micro_batch: each rank's own memory cap)
-    same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
-    agreed = signature(len(dataset), global_batch, seed, drop_last, {
-        "sync": sync, "balance": same, "trust": trust, "shares": shares, "weight": weight,
-        "clip_grad_norm": clip_grad_norm, "minimum": minimum,
-        "DataParallel options": {k: v for k, v in data_parallel.items() if k not in PER_RANK}})
-    if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
-        # alike below. (A joiner compares its settings with the live state's, which the
-        # founders agreed on here: ``LiveState.receive``.)
-        agree_everywhere(cohort.group, agreed, cohort.device)
-    check_split(len(dataset), global_batch, cohort.world_size, drop_last,
-                sync.inner_steps if sync is not None else 1)
-    if sync is not None and sync.split is not None:  # now, not from the loader a round in
-        plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
-    model.to(cohort.device)
-    if sync is not None:
-        return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
-                               seed=seed, drop_last=drop_last, collate=collate,
-                               clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
-                               minimum=minimum, checkpoint_dir=checkpoint_dir,
-                               resume=resume, metrics_dir=metrics_dir, memory=memory,
-                               reading=(num_workers, prefetch, read_timeout),
-                               data_parallel=data_parallel, agreed=agreed)
-    # Each rank's gradient weighs its part of the step, unless the user's own hook decides
-    # (under trust the slice owners weigh the copies by the split; the balancer still
-    # reads this rank's samples from the contribution).
-    contribution = None if _weighs_itself(data_parallel) else Contribution()
-    clock = ComputeClock(cohort.device) if config else None
+    joined = init(timeout=timeout) if cohort is None else None
+    cohort = cohort or joined
+    assert cohort is not None
+    with _closed_on_error(joined):  # a refusal from here on leaves no cohort open
+        if sync is not None and sync.fragments > 1 and (cohort.elastic or minimum is not None):
+            raise ConfigError(
+                f"sync=StreamingDiLoCo(fragments={sync.fragments}) on an elastic cohort (potluck "
+                "run --elastic, minimum=): a member lost mid-round would leave the fragments "
+                "already applied holding its samples, so the round could not be owed exactly; "
+                "use DiLoCo(...) (one fragment) there, or a fixed cohort")
+        if sync is not None and cohort.env.balance and balance is None:
+            raise ConfigError("potluck run --balance with sync=DiLoCo(...): a round's local "
+                              "steps follow each worker's speed by themselves; drop --balance")
+        config = _balance_config(cohort.env.balance if balance is None else balance, shares,
+                                 weight, data_parallel)
+        # (not max_micro_batch: each rank's own memory cap)
+        same = None if config is None else dataclasses.replace(config, max_micro_batch=None)
+        agreed = signature(len(dataset), global_batch, seed, drop_last, {
+            "sync": sync, "balance": same, "trust": trust, "shares": shares, "weight": weight,
+            "clip_grad_norm": clip_grad_norm, "minimum": minimum,
+            "DataParallel options": {k: v for k, v in data_parallel.items() if k not in PER_RANK}})
+        if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
+            # alike below. (A joiner compares its settings with the live state's, which the
+            # founders agreed on here: ``LiveState.receive``.)
+            agree_everywhere(cohort.group, agreed, cohort.device)
+        check_split(len(dataset), global_batch, cohort.world_size, drop_last,
+                    sync.inner_steps if sync is not None else 1)
+        if sync is not None and sync.split is not None:  # now, not from the loader a round in
+            plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
+        model.to(cohort.device)
+        if sync is not None:
+            return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
+                                   seed=seed, drop_last=drop_last, collate=collate,
+                                   clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
+                                   minimum=minimum, checkpoint_dir=checkpoint_dir,
+                                   resume=resume, metrics_dir=metrics_dir, memory=memory,
+                                   reading=(num_workers, prefetch, read_timeout),
+                                   data_parallel=data_parallel, agreed=agreed)
+        # Each rank's gradient weighs its part of the step, unless the user's own hook decides
+        # (under trust the slice owners weigh the copies by the split; the balancer still
+        # reads this rank's samples from the contribution).
+        contribution = None if _weighs_itself(data_parallel) else Contribution()
+        clock = ComputeClock(cohort.device) if config else None
 
-    def samples() -> tuple[int, int] | None:  # this rank's and the step's, last handed out
-        split = loader.split
-        return (split[cohort.rank], sum(split)) if cohort.rank < len(split) else None
+        def samples() -> tuple[int, int] | None:  # this rank's and the step's, last handed out
+            split = loader.split
+            return (split[cohort.rank], sum(split)) if cohort.rank < len(split) else None
 
-    observer = observer_for(cohort, lambda: wrapped.reducer.last_pass, samples=samples,
-                            inner=clock, metrics_dir=metrics_dir)
-    if trust is not None and trust.spot_check is not None and config:
-        raise ConfigError("trust=Trust(spot_check=...) with balancing (balance= or potluck "
-                          "run --balance): a spot check recomputes a rank's gradient on its "
-                          "whole part in one pass, which micro-batches would not match; "
-                          "drop one of them")
-    guard = TrustPart(trust, cohort, model, lambda: loader.split,
-                      lambda rank: loader.part_of(rank),
-                      lambda: wrapped.reducer.last_pass) if trust else None
-    if guard is not None:
-        data_parallel = {**data_parallel, "comm_hook": guard.exchange}
-    wrapped = DataParallel(model, group=cohort.group,
-                           on_failure="abandon" if cohort.elastic else "raise",
-                           init_sync=not cohort.joined_late, contribution=contribution,
-                           clock=observer, **data_parallel)
-    # A finiteness vote only under a custom hook: the built-in all-reduce hooks give
-    # every rank the same bits. Under trust none either: every rank holds the same
-    # aggregates (an owner that hands some ranks others is caught by the digests), so
-    # each decides alike alone; and a vote is a collective one rank decides (MAX): an
-    # attacker voting "not finite" every step would stall the cohort.
-    guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
-                               group=cohort.group, recoverable=cohort.elastic,
-                               agree=(lambda: not wrapped.reducer.agreed_result)
-                               if guard is None else False)
-    cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
-    balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory,
-                         lambda: sum(loader.split))
-                if config and contribution and clock else None)
-    policy = balancer or shares or EqualShares()
-    transaction = StepTransaction(guarded, wrapped, cohort, cursor,
-                                  parts=(policy, *parts, *([guard] if guard else [])),
-                                  minimum=minimum,
-                                  checkpoint_dir=checkpoint_dir, resume=resume,
-                                  observer=observer, handed=lambda: loader.batches,
-                                  settings=agreed)
-    loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
-                        collate=collate, shares=policy.shares,
-                        stop=lambda: transaction.left,
-                        contribution=contribution.set if contribution else None,
-                        weight=weight, memory=memory, redone=lambda: transaction.redone,
-                        workers=num_workers, prefetch=prefetch,
-                        read_timeout=read_timeout, place=_placer(cohort.device),
-                        sitting_out=_untrusted(guard) if guard and not cohort.elastic else None)
-    return wrapped, transaction, loader
+        observer = observer_for(cohort, lambda: wrapped.reducer.last_pass, samples=samples,
+                                inner=clock, metrics_dir=metrics_dir)
+        if trust is not None and trust.spot_check is not None and config:
+            raise ConfigError("trust=Trust(spot_check=...) with balancing (balance= or potluck "
+                              "run --balance): a spot check recomputes a rank's gradient on its "
+                              "whole part in one pass, which micro-batches would not match; "
+                              "drop one of them")
+        guard = TrustPart(trust, cohort, model, lambda: loader.split,
+                          lambda rank: loader.part_of(rank),
+                          lambda: wrapped.reducer.last_pass) if trust else None
+        if guard is not None:
+            data_parallel = {**data_parallel, "comm_hook": guard.exchange}
+        wrapped = DataParallel(model, group=cohort.group,
+                               on_failure="abandon" if cohort.elastic else "raise",
+                               init_sync=not cohort.joined_late, contribution=contribution,
+                               clock=observer, **data_parallel)
+        # A finiteness vote only under a custom hook: the built-in all-reduce hooks give
+        # every rank the same bits. Under trust none either: every rank holds the same
+        # aggregates (an owner that hands some ranks others is caught by the digests), so
+        # each decides alike alone; and a vote is a collective one rank decides (MAX): an
+        # attacker voting "not finite" every step would stall the cohort.
+        guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
+                                   group=cohort.group, recoverable=cohort.elastic,
+                                   agree=(lambda: not wrapped.reducer.agreed_result)
+                                   if guard is None else False)
+        cursor = DataCursor(len(dataset), global_batch, seed=seed, drop_last=drop_last)
+        balancer = (Balancer(cohort, global_batch, contribution, clock, config, memory,
+                             lambda: sum(loader.split))
+                    if config and contribution and clock else None)
+        policy = balancer or shares or EqualShares()
+        transaction = StepTransaction(guarded, wrapped, cohort, cursor,
+                                      parts=(policy, *parts, *([guard] if guard else [])),
+                                      minimum=minimum,
+                                      checkpoint_dir=checkpoint_dir, resume=resume,
+                                      observer=observer, handed=lambda: loader.batches,
+                                      settings=agreed)
+        loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
+                            collate=collate, shares=policy.shares,
+                            stop=lambda: transaction.left,
+                            contribution=contribution.set if contribution else None,
+                            weight=weight, memory=memory, redone=lambda: transaction.redone,
+                            workers=num_workers, prefetch=prefetch,
+                            read_timeout=read_timeout, place=_placer(cohort.device),
+                            sitting_out=_untrusted(guard) if guard and not cohort.elastic else None)
+        return wrapped, transaction, loader
+
+
+@contextlib.contextmanager
+def _closed_on_error(joined: Cohort | None) -> Iterator[None]:
+    """Close the cohort ``prepare`` joined itself if it fails after joining: a refused
+    setup leaves no group, store or port behind (one the caller passed stays theirs)."""
+    try:
+        yield
+    except BaseException:
+        if joined is not None:
+            joined.close()
+        raise
 
 
 def _untrusted(guard: TrustPart) -> Callable[[int], list[int]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from potluck.harness.elastic_job import ElasticJob, start_worker, train, write_pid
+from potluck_lab.elastic_job import ElasticJob, start_worker, train, write_pid
 
 torch.set_num_threads(1)
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where it hangs

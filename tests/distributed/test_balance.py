@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from tests.distributed.scripted import ScriptedShares
 
 SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 48, 12, 2, 5

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from potluck.bench.byzantine_floor import run_floor
-from potluck.bench.byzantine_job import model
 from potluck.harness.ranks import RankFailed, run_ranks
+from potluck_lab.bench.byzantine_floor import run_floor
+from potluck_lab.bench.byzantine_job import model
 
 
 @pytest.mark.timeout(120)

@@ -1,6 +1,6 @@
 """Chaos in CI: a few trials of ``potluck bench chaos``, the same code the bench runs.
 
-Each trial (``potluck.bench.chaos.run_trial``): 3 founders and a fourth worker; one
+Each trial (``potluck_lab.bench.chaos.run_trial``): 3 founders and a fourth worker; one
 founder is SIGKILLed, SIGSTOPped or SIGTERMed (a graceful leave) at a random step, and
 the fourth arrives at a random moment or right after the fault (a replacement). Every
 run must complete, train every sample of every epoch exactly once (ledger), end with
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.bench.chaos import ChaosPlan, run_trial
+from potluck_lab.bench.chaos import ChaosPlan, run_trial
 
 TRIALS = [2, 8, 9]  # kill + replacement, freeze + late joiner, leave + replacement
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import (
+from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
     max_param_diff,
@@ -24,7 +25,6 @@ from potluck.harness.elastic_job import (
     params,
     single_process,
 )
-from potluck.harness.ranks import free_port, run_ranks
 from tests.distributed.scripted import ScriptedShares
 
 

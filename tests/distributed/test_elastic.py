@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import (
+from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import (
     ElasticJob,
     ledger_problems,
     params,
@@ -30,7 +31,6 @@ from potluck.harness.elastic_job import (
     train,
     wait_for_joiner,
 )
-from potluck.harness.ranks import free_port, run_ranks
 
 if TYPE_CHECKING:
     from potluck.cohort import Cohort

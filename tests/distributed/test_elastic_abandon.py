@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import mlp
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import mlp
 
 COLLECTIVE_TIMEOUT = 20.0
 

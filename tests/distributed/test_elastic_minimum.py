@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from tests.distributed.test_elastic import assert_exactly_once
 
 KILL_AT = 3

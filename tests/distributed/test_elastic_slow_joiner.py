@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import (
+from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
     mlp,
@@ -26,7 +27,6 @@ from potluck.harness.elastic_job import (
     single_process,
     wait_for_joiner,
 )
-from potluck.harness.ranks import free_port, run_ranks
 from tests.distributed.test_elastic import (
     TRAINING_KEY,
     assert_exactly_once,

@@ -25,7 +25,9 @@ import pytest
 import torch
 
 from potluck.data import DataCursor
-from potluck.harness.elastic_job import (
+from potluck.harness.ranks import free_port, run_ranks
+from potluck.sync import DiLoCoSync
+from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
     ledger_problems,
@@ -35,8 +37,6 @@ from potluck.harness.elastic_job import (
     train,
     wait_for_joiner,
 )
-from potluck.harness.ranks import free_port, run_ranks
-from potluck.sync import DiLoCoSync
 
 # 48 samples, rounds of 2 x 12: two rounds an epoch, 8 samples (2 local steps) a rank.
 JOB = ElasticJob(epochs=2, inner_steps=2, collective_timeout=4.0)

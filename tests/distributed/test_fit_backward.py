@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 
 JOB = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=5)
 

@@ -34,13 +34,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.harness.elastic_job import (
+from potluck.harness.ranks import free_port
+from potluck_lab.elastic_job import (
     ElasticJob,
     ledger_problems,
     leftover_processes,
     single_process,
 )
-from potluck.harness.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CUT_AT = 4  # the victim's link goes down before this step's collectives

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.elastic_job import Indexed, mlp, params
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import Indexed, mlp, params
 from tests.distributed.test_sync import _cohort
 
 SAMPLES, GLOBAL_BATCH, SEED, LR, H, P, MIX = 96, 12, 5, 0.05, 4, 3, 0.5

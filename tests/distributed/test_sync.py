@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.elastic_job import Indexed, mlp, params
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.elastic_job import Indexed, mlp, params
 
 SAMPLES, GLOBAL_BATCH, SEED, LR = 96, 12, 5, 0.05
 
@@ -140,7 +140,7 @@ def _close(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> N
 
 @pytest.mark.timeout(90)
 def test_local_sgd_with_one_local_step_equals_one_process() -> None:
-    from potluck.harness.elastic_job import ElasticJob
+    from potluck_lab.elastic_job import ElasticJob
 
     results = run_ranks(_train, 2, free_port(), "local", init_group=False, timeout=80)
     job = ElasticJob(samples=SAMPLES, global_batch=GLOBAL_BATCH, epochs=2, data_seed=SEED)

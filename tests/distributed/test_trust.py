@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.bench.byzantine_job import ATTACKER, run_rank
-from potluck.harness.attacks import ATTACKS, GROSS
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.attacks import ATTACKS, GROSS
+from potluck_lab.bench.byzantine_job import ATTACKER, run_rank
 
 STEPS = 20
 
@@ -26,9 +26,9 @@ def _run(attack: str, trust: bool, steps: int = STEPS, wrap: bool = True,
 def _params(rank: int, world_size: int, port: int, trust: bool,
             flip_after: int | None, batchnorm: bool = False) -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
-    from potluck.harness.attacks import flip_bit
     from potluck.trust.fingerprint import fingerprint
+    from potluck_lab.attacks import flip_bit
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(8)
@@ -108,8 +108,8 @@ def _spot_copies(rank: int, world_size: int, port: int, steps: int,
     parameter copies taken, the checks' targets picked (``_spot_target`` is asked once
     before the update and once by the check) and the checks run."""
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model, spot_loss
     from potluck.trust import part as trust_part
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model, spot_loss
 
     counts = {"copies": 0, "targets": 0, "checks": 0}
     taken, target, check = (trust_part.snapshot, trust_part.TrustPart._spot_target,
@@ -263,7 +263,7 @@ def _handing_another(exchange: Any, last: bool) -> None:
 def _lying_owner(rank: int, world_size: int, port: int,
                  attack: str = "aggregate") -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(30)
@@ -375,7 +375,7 @@ def _collectives(rank: int, world_size: int, port: int) -> dict[str, int]:
     import collections
 
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(10)
@@ -444,8 +444,8 @@ def _overlapped(rank: int, world_size: int, port: int) -> dict[str, Any]:
     """Which call of the hook scatters and which gathers each bucket of step 4, on a
     model of several buckets, and the replica's fingerprint."""
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
     from potluck.trust.fingerprint import fingerprint
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(6)
@@ -502,7 +502,7 @@ def _branchy(rank: int, world_size: int, port: int, trust: bool) -> list[dict[st
     schedule: all left, rank 0 right and the others left, all right; ``never`` never),
     with trust's exchange (the weighted mean as its aggregator) or the plain mean."""
     import potluck
-    from potluck.bench.byzantine_job import join
+    from potluck_lab.bench.byzantine_job import join
     from tests.distributed import models as M
 
     cohort = join(rank, world_size, port)
@@ -559,8 +559,8 @@ class _Mixed(torch.nn.Module):
 
 def _mixed(rank: int, world_size: int, port: int, trust: bool) -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
     from potluck.trust.fingerprint import fingerprint
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(12)
@@ -623,9 +623,9 @@ def test_an_owner_telling_one_rank_other_reports_is_named() -> None:
 
 def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
     import potluck
-    from potluck.bench.byzantine_job import GLOBAL_BATCH, data, join, model
     from potluck.errors import ConfigError
     from potluck.trust import SpotCheck
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
 
     cohort = join(rank, world_size, port)
     train, _ = data(4)

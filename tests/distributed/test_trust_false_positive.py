@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.bench import byzantine_lm
 from potluck.harness.ranks import free_port, run_ranks
+from potluck_lab.bench import byzantine_lm
 
 
 @pytest.mark.timeout(150)
@@ -32,8 +32,8 @@ def test_honest_small_batches_of_a_transformer_are_never_quarantined() -> None:
 
 def _attacked_ledger(rank: int, world_size: int, port: int) -> dict[str, Any]:
     import potluck
-    from potluck.bench.byzantine_job import ATTACKER, join
-    from potluck.harness.attacks import Attack
+    from potluck_lab.attacks import Attack
+    from potluck_lab.bench.byzantine_job import ATTACKER, join
 
     cohort = join(rank, world_size, port)
     torch.manual_seed(0)

@@ -67,8 +67,8 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
 def test_bad_flag_is_a_clear_error() -> None:
     """One run as a user sees it (exit 2, no traceback); the other refusals in-process
     (the same ``config_from_args``, without a Python start-up each)."""
-    from potluck.bench.faults import add_arguments, config_from_args
     from potluck.errors import ConfigError
+    from potluck_lab.bench.faults import add_arguments, config_from_args
 
     result = bench("--kill-every", "0", timeout=50)
     assert result.returncode == 2

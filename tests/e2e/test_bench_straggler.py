@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.harness import cpu_quota
+from potluck_lab.machine import cpu_quota
 from tests.e2e.helpers import ROOT, pid_alive
 
 WHY_NOT = cpu_quota.unavailable()

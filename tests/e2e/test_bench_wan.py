@@ -22,8 +22,8 @@ def bench(*argv: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(60)
 def test_bad_flags_are_clear_errors() -> None:
     """One run as a user sees it (exit 2, no traceback); the other refusals in-process."""
-    from potluck.bench.wan import add_arguments, config_from_args
     from potluck.errors import ConfigError
+    from potluck_lab.bench.wan import add_arguments, config_from_args
 
     result = bench("--workers", "3")
     assert result.returncode == 2, result.stderr
@@ -52,7 +52,7 @@ def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> 
     """``wan_job``'s sweep flags: unset, DiLoCo keeps its own defaults; momentum 0 is
     plain SGD (no Nesterov, which needs momentum); a flag a contender ignores is refused
     (argparse's exit 2), not silently dropped."""
-    from potluck.bench.wan_job import _parse
+    from potluck_lab.bench.wan_job import _parse
 
     base = ["--batches", "10", "--out", "/tmp/unused.json", "--contender"]
     assert _parse([*base, "diloco-int8"]).outer is None
@@ -70,7 +70,7 @@ def test_the_jobs_outer_step_flags_reach_only_the_contenders_that_use_them() -> 
 def test_the_jobs_rate_schedule_for_sweeps() -> None:
     """``--warmup W`` ramps the rate linearly over W steps, ``--decay`` takes it by a
     cosine to a tenth at ``--batches`` and holds it there; neither: constant."""
-    from potluck.bench.wan_job import _parse, lr_at
+    from potluck_lab.bench.wan_job import _parse, lr_at
 
     base = ["--batches", "100", "--lr", "1e-3", "--out", "/tmp/unused.json",
             "--contender", "localsgd"]
@@ -110,7 +110,7 @@ def test_torch_ddp_with_its_powersgd_hook_trains_on_gloo(tmp_path) -> None:  # t
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "potluck.bench.wan_job", "--contender", "ddp-powersgd",
+            [sys.executable, "-m", "potluck_lab.bench.wan_job", "--contender", "ddp-powersgd",
              "--batches", "6", "--eval-every", "3", "--corpus-chars", "20000",
              "--out", str(tmp_path / "out.json")],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from potluck.demo.chaos import CHAOS_QUICK
 from potluck.metrics.journal import read_journal
+from potluck_lab.demo.chaos import CHAOS_QUICK
 from tests.e2e.helpers import pid_alive
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from potluck.demo.uneven import CGROUP_PREFIX
-from potluck.harness.cpu_quota import CPU_ROOT
 from potluck.metrics.journal import read_journal
+from potluck_lab.demo.uneven import CGROUP_PREFIX
+from potluck_lab.machine.cpu_quota import CPU_ROOT
 
 STEPS, BATCH = 24, 32  # --quick's global batch; a few steps are enough for a move
 EQUAL = 16  # --quick's steps on equal shares after the balanced ones

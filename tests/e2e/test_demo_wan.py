@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.harness.netns import unavailable
+from potluck_lab.machine.netns import unavailable
 
 
 @pytest.mark.timeout(150)
@@ -50,9 +50,9 @@ def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
 
 
 def test_bad_wan_flags_are_clear_errors() -> None:
-    from potluck.demo.cli import add_arguments
-    from potluck.demo.wan import config_from_args
     from potluck.errors import ConfigError
+    from potluck_lab.demo.cli import add_arguments
+    from potluck_lab.demo.wan import config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -1,4 +1,4 @@
-"""Two linked hosts (``harness/netns.py``) leave nothing behind when their process is
+"""Two linked hosts (``machine/netns.py``) leave nothing behind when their process is
 stopped with SIGTERM (a bench stopped with ``kill``), as they do on an exception.
 Needs root and iproute2, like the WAN bench; CI's machine has both."""
 
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from potluck.harness.netns import unavailable
+from potluck_lab.machine.netns import unavailable
 
 HOLDER = """
 import sys, time
-from potluck.harness.netns import LinkedHosts
+from potluck_lab.machine.netns import LinkedHosts
 with LinkedHosts("pl-test") as hosts:
     print(" ".join(hosts.names), flush=True)
     time.sleep(60)

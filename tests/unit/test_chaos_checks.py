@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from potluck.bench.chaos import FAULTS, ChaosPlan
 from potluck.cli import main
-from potluck.harness.elastic_job import ElasticJob, ledger_problems, leftover_processes, write_pid
+from potluck_lab.bench.chaos import FAULTS, ChaosPlan
+from potluck_lab.elastic_job import ElasticJob, ledger_problems, leftover_processes, write_pid
 
 JOB = ElasticJob(samples=6, global_batch=3, epochs=2)
 

@@ -1,4 +1,4 @@
-"""``harness.cpu_quota``'s pure parts, and its file writes on a fake root (a tmp dir)."""
+"""``machine.cpu_quota``'s pure parts, and its file writes on a fake root (a tmp dir)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from potluck.errors import ConfigError
-from potluck.harness.cpu_quota import (
+from potluck_lab.machine.cpu_quota import (
     CgroupError,
     CpuQuota,
     Throttling,

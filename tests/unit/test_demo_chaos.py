@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from potluck.demo.chaos import (
+from potluck.errors import ConfigError
+from potluck_lab.demo.chaos import (
     CHAOS_QUICK,
     ChaosDriver,
     config_from_args,
     launch_config,
 )
-from potluck.demo.chaos_report import (
+from potluck_lab.demo.chaos_report import (
     RejoinWait,
     describe_cause,
     events_table,
@@ -31,9 +32,8 @@ from potluck.demo.chaos_report import (
     steps_line,
     throughput_rows,
 )
-from potluck.demo.cli import add_arguments
-from potluck.demo.cli import config_from_args as plain_config
-from potluck.errors import ConfigError
+from potluck_lab.demo.cli import add_arguments
+from potluck_lab.demo.cli import config_from_args as plain_config
 
 FOUNDER, VICTIM, REBORN = "vm:100:aa", "vm:101:bb", "vm:102:cc"
 
@@ -211,7 +211,7 @@ def test_config_kills_a_third_of_the_way_and_launches_elastically() -> None:
     assert config.run_dir == Path("runs/demo/records")  # beside an explicit --metrics
     launch = launch_config(config, token="s3cret")
     assert launch.elastic and launch.max_restarts == 1 and launch.module
-    assert launch.script == "potluck.demo.elastic_worker" and launch.nproc_per_node == 2
+    assert launch.script == "potluck_lab.demo.elastic_worker" and launch.nproc_per_node == 2
     assert "s3cret" not in repr(launch) and "s3cret" not in " ".join(launch.script_args)
     args = " ".join(launch.script_args)
     assert "--victim 1 --kill-at 120 --rejoin-by 240" in args

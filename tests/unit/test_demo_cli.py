@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from potluck.demo import cli
 from potluck.errors import ConfigError
+from potluck_lab.demo import cli
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from potluck.bench.wan import WanConfig, rate_bits
-from potluck.demo import cli, wan
 from potluck.errors import ConfigError
-from potluck.harness.netns import NetnsError
+from potluck_lab.bench.wan import WanConfig, rate_bits
+from potluck_lab.demo import cli, wan
+from potluck_lab.machine.netns import NetnsError
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.demo import cli
-from potluck.demo.report import (
+from potluck.errors import ConfigError
+from potluck.metrics.figures import scaling_figures
+from potluck_lab.demo import cli
+from potluck_lab.demo.report import (
     MIN_TIMED_STEPS,
     SyncLatency,
     equivalence_line,
@@ -17,10 +19,8 @@ from potluck.demo.report import (
     loss_summary,
     too_short_to_compare,
 )
-from potluck.demo.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
-from potluck.demo.train import learning_rate
-from potluck.errors import ConfigError
-from potluck.metrics.figures import scaling_figures
+from potluck_lab.demo.train import learning_rate
+from potluck_lab.text import Vocabulary, batch_offsets, load_corpus, make_batch, rank_share
 
 
 def test_vocabulary_round_trip_and_unknown_characters() -> None:

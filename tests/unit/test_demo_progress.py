@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.demo.progress import (
+from potluck_lab.demo.progress import (
     Display,
     MetricsFollower,
     ProgressLines,

@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.demo.cli import add_arguments
-from potluck.demo.progress import (
+from potluck.errors import ConfigError
+from potluck_lab.demo.cli import add_arguments
+from potluck_lab.demo.progress import (
     ProgressBar,
     ProgressLines,
     ShareWatch,
     format_shares,
     format_speeds,
 )
-from potluck.demo.report import MIN_TIMED_STEPS
-from potluck.demo.uneven import (
+from potluck_lab.demo.report import MIN_TIMED_STEPS
+from potluck_lab.demo.uneven import (
     SLOW_RANK,
     UNEVEN_QUICK,
     Slowdown,
@@ -29,10 +30,9 @@ from potluck.demo.uneven import (
     set_up_slowdown,
     slowdown_lines,
 )
-from potluck.demo.uneven_report import share_changes, summarize, summary_lines
-from potluck.demo.uneven_worker import slow_down_by_sleeping
-from potluck.errors import ConfigError
-from potluck.harness.cpu_quota import CpuQuota
+from potluck_lab.demo.uneven_report import share_changes, summarize, summary_lines
+from potluck_lab.demo.uneven_worker import slow_down_by_sleeping
+from potluck_lab.machine.cpu_quota import CpuQuota
 
 
 def _record(step: int, shares: list[int], speeds: list[float | None] | None = None,
@@ -209,7 +209,7 @@ def test_cores_are_pinned_only_when_there_is_one_per_worker() -> None:
 def test_the_sleep_slowdown_sleeps_per_sample_inside_the_forward(
         monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("potluck.demo.uneven_worker.time.sleep", slept.append)
+    monkeypatch.setattr("potluck_lab.demo.uneven_worker.time.sleep", slept.append)
     net = torch.nn.Linear(3, 2)
     slow_down_by_sleeping(net, 0.01)
     net(torch.zeros(5, 3))

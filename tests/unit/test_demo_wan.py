@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from potluck.demo.wan import report, same_time_line
+from potluck_lab.demo.wan import report, same_time_line
 
 
 def _figures(curve: list[list[float]], samples_per_s: float,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from potluck.bench.faults import FaultsConfig, kill_due
-from potluck.bench.faults_figures import goodput, run_figures, summarize
+from potluck_lab.bench.faults import FaultsConfig, kill_due
+from potluck_lab.bench.faults_figures import goodput, run_figures, summarize
 
 
 def commit(step: int, t: float, generation: int = 0, world: int = 3) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from potluck.bench.straggler_figures import (
+from potluck_lab.bench.straggler_figures import (
     after_warmup,
     change_figures,
     finite,

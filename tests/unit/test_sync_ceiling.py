@@ -8,7 +8,7 @@ import math
 import pytest
 
 from potluck.balance import BalanceConfig
-from potluck.bench.sync_ceiling import (
+from potluck_lab.bench.sync_ceiling import (
     BalancerModel,
     Timeline,
     ceiling,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from potluck.bench.wan_figures import (
+from potluck_lab.bench.wan_figures import (
     first_at_or_below,
     loss_at,
     mean_gaps,
@@ -11,7 +11,7 @@ from potluck.bench.wan_figures import (
     seed_gaps,
     steps_to_target,
 )
-from potluck.harness.netns import tbf_args
+from potluck_lab.machine.netns import tbf_args
 
 CURVE = [[320, 1.0, 3.0], [640, 2.0, 2.5], [960, 3.0, 2.2], [1280, 4.0, 2.1]]
 
@@ -50,7 +50,7 @@ def test_the_loss_gap_is_averaged_over_the_data_seeds() -> None:
 
 def test_the_report_prints_every_contender_and_the_seeds_of_those_reseeded() -> None:
     """ddp-fp16 is timed but not re-seeded: the report says what it has, no KeyError."""
-    from potluck.bench.wan import WanConfig, report
+    from potluck_lab.bench.wan import WanConfig, report
 
     def timed(loss: float) -> dict[str, object]:
         return {"time_to_target_s": 10.0, "bytes_per_sample": 100.0, "utilization": 0.5,

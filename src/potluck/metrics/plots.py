@@ -23,7 +23,7 @@ from potluck.metrics.journal import read_journal
 
 Record = Mapping[str, Any]
 PATTERNS = ("*.jsonl", "ranks/*.jsonl")
-# The plain demo's 1-worker baseline phase (potluck.demo.phase) shares runs/demo but is
+# The plain demo's 1-worker baseline phase (potluck_lab.demo.phase) shares runs/demo but is
 # another run over the same step indices: its steps would replace the run's own.
 OTHER_RUNS = ("metrics-1-worker.jsonl",)
 SIZE_IN, DPI = (8.0, 4.5), 100

@@ -17,8 +17,8 @@ from _trust_toy import toy_job
 
 import potluck
 from potluck.errors import AdmissionError, QuarantinedError
-from potluck.harness.attacks import Attack
 from potluck.trust import TrustPart
+from potluck_lab.attacks import Attack
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--refused", type=Path, required=True)
