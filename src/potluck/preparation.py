@@ -182,8 +182,9 @@ def prepare(
             plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
         model.to(cohort.device)
         if sync is not None:
-            return _prepare_rounds(model, optimizer, dataset, cohort, sync, global_batch=global_batch,
-                                   seed=seed, drop_last=drop_last, collate=collate,
+            return _prepare_rounds(model, optimizer, dataset, cohort, sync,
+                                   global_batch=global_batch, seed=seed,
+                                   drop_last=drop_last, collate=collate,
                                    clip_grad_norm=clip_grad_norm, scaler=scaler, parts=parts,
                                    minimum=minimum, checkpoint_dir=checkpoint_dir,
                                    resume=resume, metrics_dir=metrics_dir, memory=memory,

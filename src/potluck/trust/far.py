@@ -1,23 +1,33 @@
-"""How many far steps in a row quarantine a sender: a designed false-positive rate (pure).
+"""When far steps quarantine a sender: a designed false-positive rate (pure).
 
 An honest copy is now and then far from the center. A small batch may hold a sample
 whose gradient is far from the others', and that one step's copy is then several times
 the median sender's distance away. Such steps are rare, and one step's luck says nothing
-about the next: each step draws new samples. An attacker sending garbage is far on every
-step it attacks.
+about the next: each step draws new samples. An attacker sending garbage is far on most
+steps it attacks.
 
-So a sender is quarantined for being far only after ``k`` far steps in a row. ``k`` is
-the least count, at least ``Rules.strikes[FAR]``, for which an honest sender's chance of
-``k`` in a row, ``rate ** k``, is at most ``Rules.false_positive`` (1e-8 by default, per
-sender and step). ``rate`` is how often honest senders were far over the last
-``Rules.far_window`` steps, measured on the reports every rank holds, so every honest
-rank computes the same ``k``:
+``rate`` is how often an honest sender is far in a step, measured over the last
+``Rules.far_window`` steps on the reports every rank holds, so every honest rank
+reaches the same verdict: the upper median, over the senders other than the one judged
+(its own far steps must not excuse it), of each sender's rate, with a prior of
+``PRIOR_FAR`` far steps in ``PRIOR_STEPS``. Fewer than half of the cohort can move an
+upper median neither below nor above every honest sender's rate: colluders that are
+never far cannot lower it, and attackers far every step cannot raise it.
 
-- the sender judged is left out of the count (its own far steps must not excuse it),
-  and so are the other senders with the most far steps, fewer than half of the cohort
-  (possible attackers);
-- a prior of ``PRIOR_FAR`` far steps in ``PRIOR_STEPS`` is added, so a new cohort starts
-  at a rate of 1 in 1,000 (``k`` = 3) and learns its own.
+A sender is quarantined for being far, with ``alpha`` = ``Rules.false_positive / 2``
+for each of the two rules, so an honest sender's chance per step is at most
+``Rules.false_positive`` while its far steps are independent at that rate:
+
+- ``k`` far steps in a row, ``k`` the least count (at least ``Rules.strikes[FAR]``)
+  with ``rate ** k <= alpha`` (``needed``): a gross attacker, quickly;
+- or more far steps in the window than an honest sender makes with chance ``alpha``
+  (the binomial tail, ``too_often``), at the rate's 95% upper bound
+  (``rate_at_most``): an attacker far on most steps but not all.
+
+The first rule takes the rate as measured: where an honest sender's rate is higher
+than the window saw by chance, or than the prior before the window fills, its chance
+is higher than the design. The second takes the upper bound, so the few steps a new
+window holds cannot make an honest sender's count look unlikely.
 """
 
 from __future__ import annotations
@@ -27,36 +37,58 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any
 
-PRIOR_FAR = 0.1
-PRIOR_STEPS = 100
+PRIOR_FAR = 0.02  # a new cohort starts at a rate of 1 in 1,000, and data soon rule
+PRIOR_STEPS = 20
 MOST_IN_A_ROW = 16  # beyond it the limit (far_ratio) is wrong for the workload, not k
+
+Step = tuple[int, tuple[str, ...], frozenset[str]]
 
 
 class FarWatch:
-    """Which senders were far in each of the last ``window`` steps."""
+    """Which senders were far in each of the last ``window`` steps (at least
+    ``MOST_IN_A_ROW``: a run must fit in it)."""
 
     def __init__(self, window: int) -> None:
         self.window = window
-        self._steps: deque[tuple[int, tuple[str, ...], frozenset[str]]] = deque(maxlen=window)
+        self._steps: deque[Step] = deque(maxlen=window)
+        self._judged: dict[str, int] = {}  # steps in the window each sender was judged in
+        self._far: dict[str, int] = {}  # and was far in
 
     def record(self, step: int, judged: Sequence[str], far: Collection[str]) -> None:
-        """Step ``step``: ``judged`` senders were scored, ``far`` of them were far."""
-        self._steps.append((step, tuple(judged), frozenset(far) & frozenset(judged)))
+        """Step ``step``: ``judged`` senders were scored, ``far`` of them were far. A step
+        recorded again (a redone step) replaces the first record of it."""
+        if self._steps and self._steps[-1][0] == step:
+            self._count(self._steps.pop(), -1)
+        elif len(self._steps) == self.window:
+            self._count(self._steps[0], -1)
+        entry = (step, tuple(judged), frozenset(far) & frozenset(judged))
+        self._steps.append(entry)
+        self._count(entry, 1)
+
+    def _count(self, entry: Step, sign: int) -> None:
+        for m in entry[1]:
+            self._judged[m] = self._judged.get(m, 0) + sign
+            self._far[m] = self._far.get(m, 0) + sign * (m in entry[2])
+            if not self._judged[m]:
+                del self._judged[m], self._far[m]
+
+    def counts(self, member: str) -> tuple[int, int]:
+        """``member``'s far steps and judged steps in the window."""
+        return self._far.get(member, 0), self._judged.get(member, 0)
 
     def rate(self, member: str | None = None) -> float:
-        """How often an honest sender is far in a step (with the prior), measured on
-        the senders other than ``member`` (its own far steps must not excuse it)."""
-        judged: dict[str, int] = {}
-        far: dict[str, int] = {}
-        for _, members, flagged in self._steps:
-            for m in members:
-                judged[m] = judged.get(m, 0) + 1
-                far[m] = far.get(m, 0) + (m in flagged)
-        suspects = (len(judged) - 1) // 2  # fewer than half: an honest majority holds
-        others = [m for m in judged if m != member]
-        kept = sorted(others, key=lambda m: (-far[m] / judged[m], m))[suspects:]
-        return ((sum(far[m] for m in kept) + PRIOR_FAR)
-                / (sum(judged[m] for m in kept) + PRIOR_STEPS))
+        """How often an honest sender is far in a step: the upper median over the
+        senders other than ``member`` of each one's rate, with the prior."""
+        rates = sorted((self._far[m] + PRIOR_FAR) / (self._judged[m] + PRIOR_STEPS)
+                       for m in self._judged if m != member)
+        return rates[len(rates) // 2] if rates else PRIOR_FAR / PRIOR_STEPS
+
+    def rate_at_most(self, member: str | None = None) -> float:
+        """As ``rate``, of each sender's one-sided 95% upper bound instead: what an
+        honest rate may be, given that so few steps were seen."""
+        bounds = sorted(upper_bound(self._far[m], self._judged[m])
+                        for m in self._judged if m != member)
+        return bounds[len(bounds) // 2] if bounds else 1.0
 
     def in_a_row(self, member: str) -> int:
         """Far steps in a row ending at the last recorded step in which ``member`` was
@@ -74,8 +106,10 @@ class FarWatch:
         return {"steps": [[s, list(m), sorted(f)] for s, m, f in self._steps]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._steps = deque(((int(s), tuple(m), frozenset(f))
-                             for s, m, f in state.get("steps", [])), maxlen=self.window)
+        self._steps.clear()
+        self._judged, self._far = {}, {}
+        for s, m, f in state.get("steps", [])[-self.window:]:
+            self.record(int(s), m, f)
 
 
 def needed(rate: float, least: int, false_positive: float) -> int:
@@ -87,3 +121,27 @@ def needed(rate: float, least: int, false_positive: float) -> int:
         return MOST_IN_A_ROW
     k = math.ceil(math.log(false_positive) / math.log(rate) - 1e-9)
     return max(least, min(k, MOST_IN_A_ROW))
+
+
+def too_often(far: int, judged: int, rate: float, alpha: float) -> bool:
+    """Whether ``far`` far steps in ``judged`` are more than an honest sender far at
+    ``rate`` a step makes with chance ``alpha`` (the binomial tail)."""
+    if far < 1 or not 0 < rate < 1:
+        return False
+    tail = sum(math.comb(judged, x) * rate ** x * (1 - rate) ** (judged - x)
+               for x in range(far, judged + 1))
+    return tail <= alpha
+
+
+def upper_bound(far: int, judged: int, confidence: float = 0.95) -> float:
+    """The one-sided upper bound on a rate that made ``far`` events in ``judged``
+    trials (Clopper and Pearson: the rate at which so few or fewer are that unlikely)."""
+    if judged <= 0 or far >= judged:
+        return 1.0
+    low, high = far / judged, 1.0
+    for _ in range(50):  # bisection on the binomial CDF, which falls as the rate grows
+        mid = (low + high) / 2
+        cdf = sum(math.comb(judged, x) * mid ** x * (1 - mid) ** (judged - x)
+                  for x in range(far + 1))
+        low, high = (mid, high) if cdf > 1 - confidence else (low, mid)
+    return high

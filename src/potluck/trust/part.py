@@ -187,8 +187,6 @@ class TrustPart:
             excused = {members.index(m) for m in self._excused if m in members} | handed[1]
             found = judge(reports, assigned(self._samples(), range(n)), trusted,
                           self.config.rules, excused, handed)
-            self.strikes.observe_far(steps, [members[i] for i in trusted],
-                                     {members[f.rank] for f in found if f.kind == FAR})
             every = self.config.fingerprint_every  # (this rank's schedule, not the reports')
             compared = bool(every) and steps % every == 0
             self._excused = set() if compared else {members[i] for i in excused}
@@ -213,6 +211,9 @@ class TrustPart:
         finally:
             ledger.reset(0)  # a step with no synced backward reports nothing stale
             self._snapshot = None  # (the check is done: no copy of the model is kept)
+        members = cohort.membership.members  # (a voided step above records nothing)
+        self.strikes.observe_far(steps, [members[i] for i in trusted],
+                                 {members[f.rank] for f in found if f.kind == FAR})
         self._record(found, steps)
 
     def on_membership(self, rank: int, world_size: int) -> None:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from potluck.errors import ConfigError
-from potluck.trust.far import FarWatch, needed
+from potluck.trust.far import MOST_IN_A_ROW, FarWatch, needed, too_often
 
 NON_FINITE = "non-finite gradient"
 FAR = "far from the center"
@@ -69,11 +69,10 @@ class Rules:
     memory: int = 50
     """Steps within which a kind's strikes count (not "far": see ``false_positive``)."""
     false_positive: float = 1e-8
-    """The chance, per honest sender and step, of a quarantine for being far: far steps
-    in a row quarantine, as many as make an honest sender's measured rate of far steps,
-    to that power, at most this (``far.needed``; at least ``strikes[FAR]``)."""
+    """The chance, per honest sender and step, of a quarantine for being far, once
+    ``far_window`` measured the honest rate (``potluck.trust.far``)."""
     far_window: int = 200
-    """Steps over which honest senders' rate of far steps is measured."""
+    """Steps over which honest senders' rate of far steps is measured (>= 16)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.strikes, Mapping):
@@ -101,9 +100,11 @@ class Rules:
                               "between 0 and 1 (an honest sender's chance, per step, of a "
                               "quarantine for being far), e.g. 1e-8")
         if (isinstance(self.far_window, bool) or not isinstance(self.far_window, int)
-                or self.far_window < 1):
-            raise ConfigError(f"far_window={self.far_window!r} must be an int >= 1 (steps "
-                              "over which honest senders' rate of far steps is measured)")
+                or self.far_window < MOST_IN_A_ROW):
+            raise ConfigError(f"far_window={self.far_window!r} must be an int >= "
+                              f"{MOST_IN_A_ROW} (steps over which honest senders' rate of "
+                              "far steps is measured; the longest run of far steps that "
+                              "quarantines must fit in it), e.g. 200")
 
 
 class Finding(NamedTuple):
@@ -452,7 +453,20 @@ class Strikes:
     def far_needed(self, member: str | None = None) -> int:
         """Far steps in a row that quarantine ``member`` now."""
         return needed(self.far.rate(member), self.rules.strikes.get(FAR, 1),
-                      self.rules.false_positive)
+                      self.rules.false_positive / 2)
+
+    def _far_out(self, member: str) -> int:
+        """How many of ``member``'s last far steps quarantine it (0: none yet): a run
+        in a row, or more far steps in the window than an honest sender's chance."""
+        row = self.far.in_a_row(member)
+        if row >= self.far_needed(member):
+            return row
+        far, judged = self.far.counts(member)
+        alpha = self.rules.false_positive / 2
+        if far >= self.rules.strikes.get(FAR, 1) and too_often(
+                far, judged, self.far.rate_at_most(member), alpha):
+            return far
+        return 0
 
     def add(self, evidence: Evidence) -> bool:
         """Record a strike; True if it quarantines the member now."""
@@ -462,9 +476,11 @@ class Strikes:
         recent = [e for e in self.evidence if e.member == evidence.member
                   and e.kind == evidence.kind and e.step > evidence.step - self.rules.memory]
         if evidence.kind == FAR:
-            row = self.far.in_a_row(evidence.member)
-            if row >= self.far_needed(evidence.member):
-                self.quarantined[evidence.member] = recent[-row:]
+            out = self._far_out(evidence.member)
+            if out:
+                window = [e for e in self.evidence if e.member == evidence.member
+                          and e.kind == FAR and e.step > evidence.step - self.rules.far_window]
+                self.quarantined[evidence.member] = window[-out:]
                 return True
             return False
         if len(recent) >= self.rules.strikes.get(evidence.kind, 1):
