@@ -75,6 +75,11 @@ class AdmissionError(RendezvousError):
     """A worker was refused entry to the cohort: it lacks the job's token or holds another."""
 
 
+class SeatBannedError(AdmissionError):
+    """A worker was refused entry: its seat (host, node rank, local rank) was quarantined
+    by the cohort's trust checks. Its launcher does not restart it."""
+
+
 class JobFinishedError(RendezvousError):
     """A joiner arrived after the run it wanted to join had finished: nothing to do.
 

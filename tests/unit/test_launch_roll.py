@@ -35,3 +35,16 @@ def test_a_whole_restart_clears_torchs_and_the_cohorts_keys_only() -> None:
     assert clear_for_whole_restart(store, "job") == len(cleared)
     assert sorted(store.list_keys()) == sorted(kept)
     assert not holds_torch_keys(store)
+
+
+def test_a_worker_put_out_by_trust_is_not_restarted() -> None:
+    from potluck.launch.policy import not_to_restart
+    from potluck.launch.report import ErrorRecord
+
+    def died(exc_type: str) -> ErrorRecord:
+        return ErrorRecord(1.0, exc_type, "...", "Traceback...\n")
+
+    assert not_to_restart(died("QuarantinedError"))
+    assert not_to_restart(died("SeatBannedError"))  # its return refused at admission
+    assert not not_to_restart(died("AdmissionError"))  # a wrong token: restarts are due
+    assert not not_to_restart(died("RuntimeError")) and not not_to_restart(None)

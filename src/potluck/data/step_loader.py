@@ -274,7 +274,7 @@ class StepLoader:
         for _ in range(self.prefetch if self.workers else 0):
             state = state.advanced()
             start, stop = state.block
-            out = [r for r, share in enumerate(shares) if share == 0]
+            out = set(self._sitting_out(world_size))
             part = split_block(start, stop, _fitted(shares, stop - start, world_size, out))[rank]
             if part.stop > part.start:
                 planned.append(self._planned(state.epoch, part.start, part.stop))

@@ -32,7 +32,7 @@ from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
-from potluck.launch.policy import Action, Outcome, next_action
+from potluck.launch.policy import Action, Outcome, next_action, not_to_restart
 from potluck.launch.report import (
     WorkerResult,
     describe_exit,
@@ -631,11 +631,7 @@ def _failed_at(worker: _Worker) -> tuple[float, int]:
 
 
 def _quarantined(worker: _Worker) -> bool:
-    """The cohort's trust checks put it out (``QuarantinedError``), or refused its seat
-    at admission for that: a restart on the same seat would be refused again."""
-    error = read_error_file(worker.error_file)
-    return error is not None and (error.exc_type == "QuarantinedError" or (
-        error.exc_type == "AdmissionError" and "quarantine" in error.message))
+    return not_to_restart(read_error_file(worker.error_file))
 
 
 def _result(worker: _Worker) -> WorkerResult:

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
+
+
+class ErrorRecordLike(Protocol):
+    """A worker's recorded error (``report.ErrorRecord``): its exception's class name."""
+
+    @property
+    def exc_type(self) -> str: ...
 
 
 class Outcome(Enum):
@@ -78,8 +86,19 @@ class RollCall:
 
 def roll_call(pending: list[int], beats: dict[int, float], *, now: float,
               timeout: float) -> RollCall:
-    """Split the agents that did not check out (``pending``) by their last beat (wall
-    clock seconds; absent: it checked in and has not beaten yet). An agent beats from
-    its check-in to its check-out, so one whose beat is older than ``timeout`` is gone."""
+    """Split the agents that did not check out (``pending``) by when their beat last
+    changed (seconds on the caller's clock, as ``now``; absent: it checked in and has
+    not beaten yet). An agent beats from its check-in to its check-out, so one whose
+    beat has not changed for ``timeout`` is gone."""
     lost = tuple(a for a in pending if a in beats and now - beats[a] > timeout)
     return RollCall(tuple(a for a in pending if a not in lost), lost)
+
+
+# A worker that ended so is out of the cohort for good: the cohort's trust checks put it
+# out, or refused its seat at admission for that. A restart would only be refused again.
+BANNED = ("QuarantinedError", "SeatBannedError")
+
+
+def not_to_restart(error: ErrorRecordLike | None) -> bool:
+    """Whether a dead worker's recorded error forbids restarting it (``BANNED``)."""
+    return error is not None and error.exc_type in BANNED

@@ -482,12 +482,18 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
     deadline = time.monotonic() + timeout
     told: set[int] = set()
     beats_store = _beats(store, run_id)
+    # (beat value, when it changed on this node's clock): beats are other hosts' wall
+    # clocks, so only their change is compared, never their value (no clock skew)
+    changed: dict[int, tuple[float, float]] = {}
     while True:
         agents = range(count(store, keys.agents(run_id, "started")))
         pending = [a for a in agents if not store.check([_roll(run_id, f"done/{a}")])]
-        beats = {int(name.removeprefix("agent")): beat for name, beat in
-                 read_beats(beats_store, [f"agent{a}" for a in pending]).items()}
-        now = time.time()
+        now = time.monotonic()
+        for name, beat in read_beats(beats_store, [f"agent{a}" for a in pending]).items():
+            agent = int(name.removeprefix("agent"))
+            if agent not in changed or changed[agent][0] != beat:
+                changed[agent] = (beat, now)
+        beats = {a: when for a, (_, when) in changed.items()}
         call = roll_call(pending, beats, now=now, timeout=AGENT_LOST)
         for agent in call.lost:
             if agent not in told:

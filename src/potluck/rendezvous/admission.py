@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from torch._C._distributed_c10d import Store
 
 from potluck import keys
-from potluck.errors import AdmissionError, ConfigError
+from potluck.errors import AdmissionError, ConfigError, SeatBannedError
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def answer_challenge(store: Store, joiner_id: str, token: str | None) -> None:
 def read_verdict(store: Store, joiner_id: str) -> int | None:
     """The generation that admitted ``joiner_id``; None while undecided.
 
-    A refusal raises ``AdmissionError`` naming the reason and the fix.
+    A refusal raises ``AdmissionError`` naming the reason and the fix (``SeatBannedError``
+    for a quarantined seat).
     """
     if not store.check([keys.verdict(joiner_id)]):
         return None
@@ -120,7 +121,7 @@ def read_verdict(store: Store, joiner_id: str) -> int | None:
         return int(verdict[len(ADMITTED):])
     why = verdict[len(REFUSED):] if verdict.startswith(REFUSED) else verdict
     if why.startswith(QUARANTINED):
-        raise AdmissionError(
+        raise SeatBannedError(
             f"worker {joiner_id!r} was refused entry to the cohort: its seat was "
             f"{why}; the cohort does not readmit a quarantined worker: check that "
             "machine (hardware, code version, its data) against that evidence, and start "
