@@ -151,7 +151,9 @@ class StepTransaction:
         """Committed global steps (the same on every member); under a sync strategy,
         committed rounds. A round that lost a member mid-round counts once the part the
         member took with it is trained again, so a loop that stops after K trained K
-        steps' (rounds') samples."""
+        steps' (rounds') samples. Then the same count may be seen twice in a row (a
+        loop that saves when ``opt.steps % N == 0`` saves twice); the parts, the
+        observer and the checkpoints count every commit."""
         return self.progress.whole
 
     @property
