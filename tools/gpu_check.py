@@ -46,7 +46,7 @@ import potluck
 from potluck import DataCursor
 from potluck.compress import Bf16, Fp16, Identity, Int4Blockwise, Int8Blockwise, TopK
 from potluck.env import WorkerEnv
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 from potluck.trust.aggregate import Aggregator, CenteredClip, TrimmedMean
 from potluck.trust.fingerprint import Fingerprints, fingerprint, keyed_digest
 from potluck_lab.bench import models

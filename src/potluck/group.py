@@ -73,6 +73,7 @@ class GroupHandle:
         self._abandoned = abandoned  # generation -> did a peer give up on its step?
         self._retired: str | None = None
         self._owned = owned
+        self._fault: str | None = None  # the next collective fails (fail_next_collective)
         if group is not None and owned:
             _open_handles.add(self)
 
@@ -113,20 +114,39 @@ class GroupHandle:
         return int(self.current.size())
 
     def allreduce(self, *args: Any, **kwargs: Any) -> Any:
-        return self.current.allreduce(*args, **kwargs)
+        return self._issuing().allreduce(*args, **kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        return self.current.broadcast(*args, **kwargs)
+        return self._issuing().broadcast(*args, **kwargs)
 
     def allgather(self, *args: Any, **kwargs: Any) -> Any:
-        return self.current.allgather(*args, **kwargs)
+        return self._issuing().allgather(*args, **kwargs)
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
-        return self.current.barrier(*args, **kwargs)
+        return self._issuing().barrier(*args, **kwargs)
 
     def alltoall_base(self, *args: Any, **kwargs: Any) -> Any:
         """An all-to-all (a backend group's; a compressed sum's scatter uses it)."""
-        return self.current.alltoall_base(*args, **kwargs)  # type: ignore[attr-defined]
+        return self._issuing().alltoall_base(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def fail_next_collective(self, why: str) -> None:
+        """Make the next collective issued on this generation's group raise, once.
+
+        It raises at issue, as a collective on a reset connection does, and sends
+        nothing, so the peers wait for this rank as for a lost one. This is how
+        ``potluck.testing`` injects a failed collective. The next generation's group is
+        not affected.
+        """
+        self._fault = why
+
+    def _issuing(self) -> ProcessGroupLike:
+        """The group to issue a collective on; a fault set by ``fail_next_collective``
+        raises here instead."""
+        group = self.current
+        if self._fault is not None:
+            why, self._fault = self._fault, None
+            raise RuntimeError(f"Connection reset by peer (a failed collective: {why})")
+        return group
 
     # ------------------------------------------------------------------- the owner's
 
@@ -136,6 +156,7 @@ class GroupHandle:
         if self._group is not None:
             self.release(f"replaced by generation {generation}")
         self._group, self._generation, self._retired = group, generation, None
+        self._fault = None
         if self._owned:
             _open_handles.add(self)
 

@@ -3,22 +3,21 @@
 Every worker joins an elastic cohort on the store its caller hosts (as the launcher's
 agent hosts it, ``potluck.cohort.join_elastic``), trains a float64 MLP set up by
 ``potluck.prepare``, and appends each committed step's sample indices to its own ledger
-file. Three checks follow
-from the step transaction:
+file (``potluck.testing.SampleLedger``). Three checks follow from the step transaction:
 
 - ``single_process(job)``: one process training on the same global batches. Every step
   trains on the same global batch whatever the membership, so an elastic run ends with
   these parameters, up to summation order (float64: ``rtol=1e-9``).
-- ``ledger_problems(dir, job)``: every sample of every epoch committed exactly once.
+- ``assert_exactly_once(dir, job.samples, job.epochs)`` (``potluck.testing``) on the
+  ledgers: every sample of every epoch committed exactly once.
 - ``leftover_processes(dir)``: no worker process outlived its run (pid files).
 
 ``fault_hook`` is called before every step with the committed step count: fault
-injection (kill, freeze, leave, cut the link) happens there.
+injection (``potluck.testing.Faults``' injector, a leave, a cut link) happens there.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from potluck.data.step_loader import StepLoader
 from potluck.reducer import DataParallel
 from potluck.step import MinimumSize, StepTransaction
 from potluck.sync import DiLoCoSync
+from potluck.testing import SampleLedger
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def train(worker: Worker, job: ElasticJob, ledger: Path,
     detected_at: float | None = None  # ... and when it failed (wall clock)
     pending: list[int] = []  # this worker's samples of the step (round) under way
     lost: list[list[int]] = []  # positions the committed rounds lost with members
-    with ledger.open("a") as out:
+    with SampleLedger(ledger) as out:
         while cursor.epoch < job.epochs and not opt.left:
             for index, x, y in worker.loader:
                 if fault_hook is not None:
@@ -169,8 +169,7 @@ def train(worker: Worker, job: ElasticJob, ledger: Path,
                 pending += index.tolist() if result.committed else []
                 if opt.progress.steps > commits:  # the step (round) committed, with these
                     # samples (a round that lost a member's part too: opt.steps waits)
-                    out.write(json.dumps([epoch, pending]) + "\n")
-                    out.flush()
+                    out.record(epoch, pending)
                     pending = []
                     record = getattr(opt.part(DiLoCoSync), "last", None)
                     lost += [list(r) for r in record.lost] if record else []
@@ -210,20 +209,6 @@ def single_process(job: ElasticJob) -> dict[str, torch.Tensor]:
 def max_param_diff(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
     """The largest absolute difference between two sets of parameters."""
     return max(float((got[name] - value).abs().max()) for name, value in expected.items())
-
-
-def ledger_problems(ledger_dir: Path, job: ElasticJob) -> list[str]:
-    """Every epoch whose committed samples are not each sample exactly once (empty: ok)."""
-    ledger = [json.loads(line) for f in sorted(Path(ledger_dir).glob("*.jsonl"))
-              for line in f.read_text().splitlines()]
-    problems = []
-    for epoch in range(job.epochs):
-        trained = sorted(i for e, idx in ledger if e == epoch for i in idx)
-        if trained != list(range(job.samples)):
-            missing = sorted(set(range(job.samples)) - set(trained))
-            twice = sorted({i for i in trained if trained.count(i) > 1})
-            problems.append(f"epoch {epoch}: missing {missing}, more than once {twice}")
-    return problems
 
 
 def write_pid(directory: Path, name: str) -> None:

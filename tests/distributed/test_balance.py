@@ -19,19 +19,11 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 from tests.distributed.scripted import ScriptedShares
 
 SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 48, 12, 2, 5
-
-
-def _cohort(rank: int, world_size: int, port: int) -> Any:
-    from potluck import init
-    from potluck.env import WorkerEnv
-
-    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
-                              master_port=port, source="torchrun"), timeout=30.0)
 
 
 class Tokens(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]):
@@ -62,7 +54,7 @@ SHARE_PLANS = ((1.0, 2.0, 3.0), (5.0, 1.0, 1.0), (1.0, 1.0, 1.0), (2.0, 7.0, 3.0
 def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck import accumulate, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = mlp()
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Tokens(), cohort=cohort, global_batch=GLOBAL_BATCH,
@@ -156,7 +148,7 @@ def _epoch(model: Any, opt: Any, loader: Any) -> list[list[int]]:
 
 
 def _balanced(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     model, opt, loader = _balanced_run(cohort, rank, None)
     splits = _epoch(model, opt, loader)
     saved = io.BytesIO()
@@ -198,7 +190,7 @@ SLOW_UNDER_TRUST_S = 0.02  # per sample on rank 1: far above a fast rank's stall
 def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[int]]:
     from potluck import Trust, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = Slow(mlp(), SLOW_UNDER_TRUST_S if rank == 1 else 0.0)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,

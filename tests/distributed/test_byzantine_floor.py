@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from potluck.harness.ranks import RankFailed, run_ranks
+from potluck.testing import RankFailed, run_ranks
 from potluck_lab.bench.byzantine_floor import run_floor
 from potluck_lab.bench.byzantine_job import model
 

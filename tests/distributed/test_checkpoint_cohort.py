@@ -13,7 +13,7 @@ import potluck
 from potluck.checkpoint import CheckpointManager, DistributedRng
 from potluck.cohort.current import current
 from potluck.env import WorkerEnv
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 
 
 def _save_and_restore(rank: int, world_size: int, port: int, directory: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from potluck import CheckpointManager, DataCursor, DataParallel, DistributedRng
-from potluck.harness.ranks import run_ranks
+from potluck.testing import run_ranks
 from tests.distributed import models as M
 
 N, GLOBAL_BATCH = 48, M.GLOBAL_BATCH

@@ -14,7 +14,7 @@ import torch
 import potluck
 from potluck.env import WorkerEnv
 from potluck.errors import ConfigError, RendezvousError
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 
 
 def test_without_launcher_variables_is_one_process() -> None:

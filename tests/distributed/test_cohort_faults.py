@@ -1,86 +1,74 @@
 """A dead peer (SIGKILL) or a frozen one (SIGSTOP) is a PeerLostError on every survivor.
 
-Ranks are separate processes on real Gloo; the test hosts the TCPStore like the
-launcher's agent does, so the victim's death does not take the store with it.
+Ranks are separate processes on real Gloo, joined with ``potluck.init``; the test hosts
+the TCPStore like the launcher's agent does, so the victim's death does not take the
+store with it. Each rank all-reduces until a peer is lost; the victim is killed or
+frozen at step 20 (``potluck.testing.Faults``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
+import itertools
 import time
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from torch._C._distributed_c10d import TCPStore
 
-WORKER = Path(__file__).with_name("fault_worker.py")
+from potluck.testing import Faults, run_ranks
+
 WORLD_SIZE = 3
-VICTIM = WORLD_SIZE - 1
+VICTIM, AT = WORLD_SIZE - 1, 20
 
 
-@pytest.fixture
-def ranks(request: pytest.FixtureRequest) -> Iterator[list[subprocess.Popen[str]]]:
-    timeout = request.param
+def _rank(rank: int, world_size: int, port: int, timeout: float,
+          faults: Faults) -> dict[str, Any]:
+    import potluck
+    from potluck.env import WorkerEnv
+
+    env = WorkerEnv(rank=rank, world_size=world_size, local_world_size=world_size,
+                    master_addr="127.0.0.1", master_port=port, agent_store=True,
+                    run_id="faults")
+    cohort = potluck.init(timeout=timeout, env=env)
+    inject = faults.injector(rank)
+    last_ok = time.monotonic()
+    try:
+        for step in itertools.count():
+            inject(step)
+            cohort.all_reduce_sum(torch.ones(1000))
+            last_ok = time.monotonic()
+            time.sleep(0.01)
+    except potluck.PeerLostError as exc:
+        return {"waited": time.monotonic() - last_ok, "rank": exc.rank,
+                "generation": exc.generation}
+    finally:
+        cohort.close()  # a clean exit: the retired group is already torn down
+    raise AssertionError("unreachable")
+
+
+def _survivors(faults: Faults, timeout: float) -> list[dict[str, Any]]:
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
                      wait_for_workers=False)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(WORLD_SIZE), str(store.port),
-             str(timeout)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        for r in range(WORLD_SIZE)
-    ]
     try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert "ready" in proc.stdout.readline()
-        yield procs
+        results = run_ranks(_rank, WORLD_SIZE, store.port, timeout, faults, init_group=False,
+                            may_die=faults.may_die, timeout=50)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-            proc.wait()
-
-
-def _survivor_reports(procs: list[subprocess.Popen[str]], limit: float) -> list[dict]:
-    reports = []
-    for proc in procs[:VICTIM]:
-        out, _ = proc.communicate(timeout=limit)
-        assert proc.returncode == 0, out
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    return reports
+        del store
+    assert results[VICTIM] is None
+    for rank, report in enumerate(results[:VICTIM]):
+        assert report["rank"] == rank and report["generation"] == 0
+    return results[:VICTIM]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("ranks", [30.0], indirect=True)
-def test_killed_peer_fails_every_survivor_at_once(ranks: list[subprocess.Popen[str]]) -> None:
-    killed_at = time.time()
-    ranks[VICTIM].kill()
-    reports = _survivor_reports(ranks, limit=20)
-    for rank, report in enumerate(reports):
-        assert report["error"] == "PeerLostError" and report["rank"] == rank
-        assert report["generation"] == 0
-        # at once: far below the 30 s collective timeout
-        assert report["at"] - killed_at < 5.0, report
+def test_killed_peer_fails_every_survivor_at_once() -> None:
+    for report in _survivors(Faults().kill(VICTIM, AT), timeout=30.0):
+        assert report["waited"] < 5.0, report  # at once: far below the 30 s timeout
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("ranks", [3.0], indirect=True)
-def test_frozen_peer_fails_every_survivor_at_the_timeout(
-    ranks: list[subprocess.Popen[str]],
-) -> None:
-    stopped_at = time.time()
-    os.kill(ranks[VICTIM].pid, signal.SIGSTOP)
-    reports = _survivor_reports(ranks, limit=20)
-    for rank, report in enumerate(reports):
-        assert report["error"] == "PeerLostError" and report["rank"] == rank
-        waited = report["at"] - stopped_at
-        assert 2.0 < waited < 8.0, report  # the 3 s timeout, not a hang nor at once
+def test_frozen_peer_fails_every_survivor_at_the_timeout() -> None:
+    for report in _survivors(Faults().freeze(VICTIM, AT), timeout=3.0):
+        assert 2.0 < report["waited"] < 8.0, report  # the 3 s timeout, not a hang nor at once

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from potluck.data import DataCursor
-from potluck.harness.ranks import run_ranks
+from potluck.testing import run_ranks
 
 N, GLOBAL_BATCH, SEED = 53, 8, 5  # 53 = 6 * 8 + 5: a remainder of 5
 

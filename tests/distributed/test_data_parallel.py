@@ -1,6 +1,6 @@
 """potluck.DataParallel against one process and against torch DDP, as real Gloo ranks.
 
-Every rank function runs in its own process (potluck.harness.ranks.run_ranks) on the
+Every rank function runs in its own process (potluck.testing.run_ranks) on the
 default Gloo group; results come back to the test process and are compared there.
 Models are float64 so that the only differences are summation order (tolerance 1e-9).
 """
@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from potluck import DataParallel
-from potluck.harness.ranks import run_ranks
+from potluck.testing import run_ranks
 from tests.distributed import models as M
 
 TOL = {"rtol": 1e-9, "atol": 1e-12}

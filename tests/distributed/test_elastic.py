@@ -10,78 +10,95 @@ every index of every epoch exactly once.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import (
+    Faults,
+    SampleLedger,
+    assert_exactly_once,
+    assert_replicas_equal,
+    free_port,
+    run_ranks,
+)
 from potluck_lab.elastic_job import (
     ElasticJob,
-    ledger_problems,
     params,
     single_process,
     start_worker,
     train,
     wait_for_joiner,
 )
-
-if TYPE_CHECKING:
-    from potluck.cohort import Cohort
+from tests.distributed.late_join import TRAINING_KEY
 
 EPOCHS, KILL_AT = 2, 3
 COLLECTIVE_TIMEOUT = 4.0  # a frozen peer is given up on after this long
 JOB = ElasticJob(epochs=EPOCHS, collective_timeout=COLLECTIVE_TIMEOUT)
+EXACT = {"rtol": 1e-9, "atol": 1e-12}  # float64: only the summation order differs
 
 
-def assert_exactly_once(ledger_dir: Path, job: ElasticJob, context: str = "") -> None:
-    """Every sample of every epoch in the committed-sample ledgers exactly once."""
-    problems = ledger_problems(ledger_dir, job)
-    assert not problems, f"{context} not exactly once: {problems}"
-
-
-def _elastic(rank: int, world_size: int, port: int, victim: int,
-             ledger_dir: str, fault: str = "kill", job: ElasticJob = JOB) -> dict[str, Any]:
+def _elastic(rank: int, world_size: int, port: int, faults: Faults, ledger_dir: str,
+             job: ElasticJob = JOB) -> dict[str, Any]:
     worker = start_worker(job, f"worker-{rank}", "127.0.0.1", port)
-
-    def inject(steps: int) -> None:
-        if steps == KILL_AT and rank == victim:
-            os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-
+    inject = faults.injector(rank, group=worker.cohort.group)
     # The ledger is flushed after every committed step: it outlives a SIGKILL.
     return train(worker, job, Path(ledger_dir, f"rank{rank}.jsonl"), inject)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_lost_worker_survivors_redo_the_step_and_finish(tmp_path: Path, fault: str) -> None:
+def _run(faults: Faults, world_size: int, ledger_dir: Path,
+         job: ElasticJob = JOB) -> list[Any]:
+    """``world_size`` workers of ``job`` under ``faults``, on a store of this process's
+    (as the launcher's agent hosts it, it outlives every worker)."""
     from torch.distributed import TCPStore
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=30))
-    results = run_ranks(_elastic, 3, port, 2, str(tmp_path), fault, init_group=False,
-                        may_die={2}, timeout=100)
+    try:
+        return run_ranks(_elastic, world_size, port, faults, str(ledger_dir), job,
+                         init_group=False, may_die=faults.may_die, timeout=100)
+    finally:
+        del store
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+def test_lost_worker_survivors_redo_the_step_and_finish(tmp_path: Path, fault: str) -> None:
+    faults = Faults().kill(2, KILL_AT) if fault == "kill" else Faults().freeze(2, KILL_AT)
+    results = _run(faults, 3, tmp_path)
     assert results[2] is None  # the victim died
     survivors = results[:2]
-    expected = single_process(JOB)
     for result in survivors:
         assert result["world_size"] == 2 and result["generation"] == 1
         assert result["redone"] == 1
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
         # Recovery: the rendezvous waits for the lost worker's heartbeat to go stale
         # (1.5 s); a frozen peer is first noticed at the collective timeout.
         assert result["events"][0]["recovery_s"] < 5
-        assert result["detected_s"] < (COLLECTIVE_TIMEOUT + 3 if fault == "stop" else 3)
-    assert_exactly_once(tmp_path, JOB)
-    del store  # the store outlives every worker, as the launcher's agent's does
+        assert result["detected_s"] < (COLLECTIVE_TIMEOUT + 3 if fault == "freeze" else 3)
+    assert_replicas_equal([r["params"] for r in survivors], reference=single_process(JOB),
+                          **EXACT)
+    assert_exactly_once(tmp_path, JOB.samples, JOB.epochs)
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_collective_is_redone_by_every_member(tmp_path: Path) -> None:
+    """Rank 1's collective fails at step 3 and nobody is lost: every member gives up on
+    the step (rank 1's mark on the store), the next generation has all three, and the
+    step is trained once."""
+    results = _run(Faults().fail_collective(1, KILL_AT), 3, tmp_path)
+    for result in results:
+        assert result["world_size"] == 3 and result["generation"] == 1
+        assert result["redone"] == 1
+        assert result["detected_s"] < 3  # released by the mark, not the collective timeout
+    assert_replicas_equal([r["params"] for r in results], reference=single_process(JOB),
+                          **EXACT)
+    assert_exactly_once(tmp_path, JOB.samples, JOB.epochs)
 
 
 @pytest.mark.timeout(120)
@@ -89,42 +106,12 @@ def test_a_lone_survivor_trains_on_alone(tmp_path: Path) -> None:
     """2 workers, one killed: the survivor's generation has one member, whose backward
     never communicates; its steps must still be applied (the failure belonged to the
     previous generation)."""
-    from torch.distributed import TCPStore
-
     job = replace(JOB, expected=2)
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=30))
-    results = run_ranks(_elastic, 2, port, 1, str(tmp_path), "kill", job, init_group=False,
-                        may_die={1}, timeout=100)
+    results = _run(Faults().kill(1, KILL_AT), 2, tmp_path, job)
     survivor = results[0]
     assert results[1] is None and survivor["world_size"] == 1 and survivor["redone"] == 1
-    for name, value in single_process(job).items():
-        torch.testing.assert_close(survivor["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(tmp_path, job)
-    del store
-
-
-TRAINING_KEY = "test/founders-train"  # rank 0 committed a step: the cohort is founded
-
-
-def join_after_founders(rank: int, port: int,
-                        job: ElasticJob) -> tuple[torch.distributed.TCPStore, Cohort]:
-    """(store, cohort) of a worker of ``job`` on loopback: rank 2 joins once the founders
-    train (``TRAINING_KEY``); heartbeats fast enough for ``job``'s short collective
-    timeout."""
-    from potluck.cohort import GroupSpec, join_elastic
-    from potluck.rendezvous import RendezvousConfig
-
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
-                                       timeout=timedelta(seconds=30))
-    if rank == 2:
-        store.wait([TRAINING_KEY], timedelta(seconds=90))  # the founders train: it joins late
-    config = RendezvousConfig(token=job.token, expected=job.expected, heartbeat_interval=0.2,
-                              heartbeat_timeout=1.5, settle_timeout=10.0, join_timeout=60.0)
-    cohort = join_elastic(store, f"worker-{rank}", config,
-                          GroupSpec("gloo", job.collective_timeout, "127.0.0.1"))
-    return store, cohort
+    assert_replicas_equal([survivor["params"]], reference=single_process(job), **EXACT)
+    assert_exactly_once(tmp_path, job.samples, job.epochs)
 
 
 def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
@@ -143,7 +130,7 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
     sizes: list[int] = []
     splits: list[tuple[int, list[int]]] = []  # (world size, samples per rank) per step
     grown_at = None
-    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+    with SampleLedger(Path(ledger_dir, f"rank{rank}.jsonl")) as ledger:
         while cursor.epoch < JOIN_JOB.epochs and not opt.left:
             for index, x, y in worker.loader:
                 if rank == 0 and opt.steps == 1:
@@ -159,8 +146,7 @@ def _join_leave(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[
                 ((model(x) - y) ** 2).mean().backward()
                 split = (cohort.world_size, list(worker.loader.split))
                 if opt.step().committed:
-                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
-                    ledger.flush()
+                    ledger.record(epoch, index.tolist())
                     sizes.append(cohort.world_size)
                     splits.append(split)
     cohort.close()
@@ -194,9 +180,7 @@ def test_worker_joins_with_live_state_and_another_leaves_gracefully(tmp_path: Pa
     assert {size for size, _ in founder["splits"]} == {2, 3}
     for size, split in founder["splits"]:
         assert len(split) == size and min(split) >= 1 and sum(split) == JOIN_JOB.global_batch
-    expected = single_process(JOIN_JOB)
-    for result in (founder, joiner):
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(tmp_path, JOIN_JOB)
+    assert_replicas_equal([founder["params"], joiner["params"]],
+                          reference=single_process(JOIN_JOB), **EXACT)
+    assert_exactly_once(tmp_path, JOIN_JOB.samples, JOIN_JOB.epochs)
     del store

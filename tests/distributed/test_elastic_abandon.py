@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 from potluck_lab.elastic_job import mlp
 
 COLLECTIVE_TIMEOUT = 20.0

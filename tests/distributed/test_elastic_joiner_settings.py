@@ -9,7 +9,6 @@ go on without it and still train every sample once, as one process would.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,13 +17,15 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
-from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
-from tests.distributed.test_elastic import (
-    TRAINING_KEY,
+from potluck.testing import (
+    SampleLedger,
     assert_exactly_once,
-    join_after_founders,
+    assert_replicas_equal,
+    free_port,
+    run_ranks,
 )
+from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from tests.distributed.late_join import TRAINING_KEY, join_after_founders
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 REFUSED_KEY = "test/joiner_refused"
@@ -46,7 +47,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
         cohort.close()
         return {"refused": str(exc), "late": cohort.joined_late}
     cursor = opt.cursor
-    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+    with SampleLedger(Path(ledger_dir, f"rank{rank}.jsonl")) as ledger:
         while cursor.epoch < JOB.epochs:
             for index, x, y in loader:
                 if rank == 0 and opt.steps == 1:
@@ -59,8 +60,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 if opt.step().committed:
-                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
-                    ledger.flush()
+                    ledger.record(epoch, index.tolist())
     opt.finish()
     return {"params": params(model.module), "world_size": cohort.world_size,
             "refused": None, "late": cohort.joined_late}
@@ -88,10 +88,9 @@ def test_a_joiner_with_other_settings_is_refused_and_the_cohort_goes_on(
     assert results[2]["late"] and refused is not None
     assert "clip_grad_norm: the cohort's None, this worker's 5" in refused, refused
     assert "same script and arguments" in refused
-    expected = single_process(JOB)
     for result in results[:2]:
         assert result["refused"] is None and result["world_size"] == 2
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(tmp_path, JOB)
+    assert_replicas_equal([r["params"] for r in results[:2]], reference=single_process(JOB),
+                          rtol=1e-9, atol=1e-12)
+    assert_exactly_once(tmp_path, JOB.samples, JOB.epochs)
     del store

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from potluck_lab.elastic_job import ElasticJob, start_worker
 
 JOB = ElasticJob(expected=1, epochs=1)  # 48 samples, 4 steps of 12

@@ -9,7 +9,6 @@ process (float64, 1e-9: only the summation order of the gradient all-reduce diff
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,9 +19,14 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import (
+    SampleLedger,
+    assert_exactly_once,
+    assert_replicas_equal,
+    free_port,
+    run_ranks,
+)
 from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
-from tests.distributed.test_elastic import assert_exactly_once
 
 KILL_AT = 3
 JOB = ElasticJob(epochs=2)
@@ -52,7 +56,7 @@ def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: fl
 
 def _train(rank: int, opt: Any, model: Any, cursor: Any, loader: Any, ledger_dir: str,
            victim: int | None) -> None:
-    with Path(ledger_dir, f"rank{rank}-{os.getpid()}.jsonl").open("a") as ledger:
+    with SampleLedger(Path(ledger_dir, f"rank{rank}-{os.getpid()}.jsonl")) as ledger:
         while cursor.epoch < EPOCHS:
             for index, x, y in loader:
                 if rank == victim and opt.steps == KILL_AT:
@@ -62,8 +66,7 @@ def _train(rank: int, opt: Any, model: Any, cursor: Any, loader: Any, ledger_dir
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 if opt.step().committed:
-                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
-                    ledger.flush()
+                    ledger.record(epoch, index.tolist())
 
 
 def _wait_for_generation(port: int, number: int) -> None:
@@ -99,15 +102,14 @@ def test_cohort_below_minimum_waits_and_a_joiner_lets_it_go_on(tmp_path: Path) -
     results = run_ranks(_joiner_in_time, 4, port, str(tmp_path), str(tmp_path / "ckpt"),
                         init_group=False, may_die={2}, timeout=100)
     assert results[2] is None
-    expected = single_process(JOB)
     for rank in (0, 1, 3):
         result = results[rank]
         assert result["world_size"] == 3 and result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
+    assert_replicas_equal([r and r["params"] for r in results], reference=single_process(JOB),
+                          rtol=1e-9, atol=1e-12)
     # the joiner came only once generation 1 (two workers) existed: the survivors waited
     assert results[0]["waited_s"] > 0
-    assert_exactly_once(tmp_path, JOB)
+    assert_exactly_once(tmp_path, N, EPOCHS)
     assert not (tmp_path / "ckpt").exists()  # a joiner came: no checkpoint, no stop
     del store
 
@@ -152,11 +154,10 @@ def test_nobody_joins_checkpoint_and_stop_then_resume_equals_one_run(tmp_path: P
                                        wait_for_workers=False, timeout=timedelta(seconds=30))
     second = run_ranks(_nobody_joins, 2, port, str(ledgers), str(checkpoints), True,
                        init_group=False, timeout=100)
-    expected = single_process(JOB)
     for result in second:
         assert result["started_at"] == KILL_AT
         assert result["steps"] == EPOCHS * (N // GLOBAL_BATCH)
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(ledgers, JOB)
+    assert_replicas_equal([r["params"] for r in second], reference=single_process(JOB),
+                          rtol=1e-9, atol=1e-12)
+    assert_exactly_once(ledgers, N, EPOCHS)
     del store

@@ -8,7 +8,6 @@ instead; the run then equals one process (float64, 1e-9) with every sample once.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import timedelta
@@ -18,7 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import (
+    SampleLedger,
+    assert_exactly_once,
+    assert_replicas_equal,
+    free_port,
+    run_ranks,
+)
 from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
@@ -27,11 +32,7 @@ from potluck_lab.elastic_job import (
     single_process,
     wait_for_joiner,
 )
-from tests.distributed.test_elastic import (
-    TRAINING_KEY,
-    assert_exactly_once,
-    join_after_founders,
-)
+from tests.distributed.late_join import TRAINING_KEY, join_after_founders
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
 SETUP_S = 4.0  # the joiner's setup after joining: well past the collective timeout
@@ -48,7 +49,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed)
     cursor = opt.cursor
-    with Path(ledger_dir, f"rank{rank}.jsonl").open("a") as ledger:
+    with SampleLedger(Path(ledger_dir, f"rank{rank}.jsonl")) as ledger:
         while cursor.epoch < JOB.epochs:
             for index, x, y in loader:
                 if rank == 0 and opt.steps == 1:
@@ -59,8 +60,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 if opt.step().committed:
-                    ledger.write(json.dumps([epoch, index.tolist()]) + "\n")
-                    ledger.flush()
+                    ledger.record(epoch, index.tolist())
     opt.finish()
     return {"params": params(model.module), "world_size": cohort.world_size,
             "redone": opt.redone, "pid": os.getpid(), "late": cohort.joined_late}
@@ -73,10 +73,9 @@ def test_a_slow_joiner_is_waited_for_not_dropped(tmp_path: Path) -> None:
                                        wait_for_workers=False, timeout=timedelta(seconds=30))
     results = run_ranks(_worker, 3, port, str(tmp_path), init_group=False, timeout=100)
     assert results[2]["late"]
-    expected = single_process(JOB)
     for result in results:
         assert result["world_size"] == 3 and result["redone"] == 0
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
-    assert_exactly_once(tmp_path, JOB)
+    assert_replicas_equal([r["params"] for r in results], reference=single_process(JOB),
+                          rtol=1e-9, atol=1e-12)
+    assert_exactly_once(tmp_path, JOB.samples, JOB.epochs)
     del store

@@ -25,12 +25,11 @@ import pytest
 import torch
 
 from potluck.data import DataCursor
-from potluck.harness.ranks import free_port, run_ranks
 from potluck.sync import DiLoCoSync
+from potluck.testing import assert_exactly_once, assert_replicas_equal, free_port, run_ranks
 from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
-    ledger_problems,
     mlp,
     params,
     start_worker,
@@ -75,11 +74,8 @@ def _three_one_killed(worker: Any, tmp_path: Path) -> list[dict[str, Any]]:
 
 def _once_and_equal(tmp_path: Path, job: ElasticJob, survivors: list[dict[str, Any]]) -> None:
     """Every sample of every epoch once in the ledgers; the survivors' replicas equal."""
-    problems = ledger_problems(tmp_path, job)
-    assert not problems, f"not exactly once: {problems}"
-    first, second = (s["params"] for s in survivors)
-    for name, value in first.items():
-        assert torch.equal(value, second[name]), f"replicas differ in {name}"
+    assert_exactly_once(tmp_path, job.samples, job.epochs)
+    assert_replicas_equal([s["params"] for s in survivors])
 
 
 @pytest.mark.timeout(120)
@@ -228,10 +224,9 @@ def test_a_joiner_takes_the_global_parameters_and_the_outer_optimizer(tmp_path: 
     del store
     assert [r["joined_late"] for r in results] == [False, False, True]
     assert {r["world_size"] for r in results} == {3}
-    assert not ledger_problems(tmp_path, JOIN_JOB)
+    assert_exactly_once(tmp_path, JOIN_JOB.samples, JOIN_JOB.epochs)
+    assert_replicas_equal([r["params"] for r in results])
     for other in results[1:]:
-        for name, value in results[0]["params"].items():
-            assert torch.equal(value, other["params"][name]), f"replicas differ in {name}"
         momenta = [s["momentum_buffer"] for s in other["outer"]["state"].values()]
         expected = [s["momentum_buffer"] for s in results[0]["outer"]["state"].values()]
         assert len(momenta) == len(expected) > 0

@@ -24,7 +24,7 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
 
 JOB = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=5)
@@ -77,18 +77,10 @@ class _OutOfRoom(torch.autograd.Function):
 BUCKET_PER_PARAMETER = {"bucket_cap_mb": 1e-5, "first_bucket_cap_mb": 1e-5}
 
 
-def _cohort(rank: int, world_size: int, port: int) -> Any:
-    from potluck import init
-    from potluck.env import WorkerEnv
-
-    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
-                              master_port=port, source="torchrun"), timeout=30.0)
-
-
 def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, Any]:
     from potluck import fit_backward, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     if balance:  # rank 1 is about 30x slower; rank 0's share grows past its room of 13
         net = Room(mlp(), 13 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
     else:
@@ -143,7 +135,7 @@ def test_with_balancing_a_growing_share_is_retried_smaller_and_stays_exact() -> 
 def _shrinking(rank: int, world_size: int, port: int) -> str:
     from potluck import fit_backward, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = Room(mlp(), None, shrink_at=3 if rank == 1 else None, shrink_to=6)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
@@ -173,7 +165,7 @@ def test_running_out_after_the_all_reduce_began_is_told_with_the_cap_to_give() -
 def _under_trust(rank: int, world_size: int, port: int, limit: int | None) -> dict[str, Any]:
     from potluck import Trust, fit_backward, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = Room(mlp(), limit if rank == 1 else None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
@@ -243,7 +235,7 @@ def test_running_out_in_the_sync_after_local_backwards_is_not_retried() -> None:
 def _short_for_inputs(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck import fit_backward, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = Room(mlp(), None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,

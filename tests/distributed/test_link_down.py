@@ -34,10 +34,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port
+from potluck.testing import assert_exactly_once, free_port
 from potluck_lab.elastic_job import (
     ElasticJob,
-    ledger_problems,
     leftover_processes,
     single_process,
 )
@@ -211,5 +210,5 @@ def test_link_down_survivors_redo_the_step_and_finish(network: Network,
         assert event["recovery_s"] < HEARTBEAT_TIMEOUT + MARGIN, event
         print(f"rank {rank}: noticed {noticed:.2f} s after the link went down, next "
               f"generation {event['recovery_s']:.2f} s later")
-    assert not ledger_problems(tmp_path, JOB)
+    assert_exactly_once(tmp_path, JOB.samples, JOB.epochs)
     assert not leftover_processes(tmp_path)

@@ -10,17 +10,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 
 DATA = TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
-
-
-def _cohort(rank: int, world_size: int, port: int) -> Any:
-    from potluck import init
-    from potluck.env import WorkerEnv
-
-    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
-                              master_port=port, source="torchrun"), timeout=20.0)
 
 
 def _setup(rank: int, world_size: int, port: int, seed_of: list[int]) -> Any:
@@ -30,7 +22,7 @@ def _setup(rank: int, world_size: int, port: int, seed_of: list[int]) -> Any:
     net = torch.nn.Linear(4, 2)
     return potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DATA,
                            global_batch=8, seed=seed_of[rank],
-                           cohort=_cohort(rank, world_size, port))
+                           cohort=join(rank, world_size, port, timeout=20.0))
 
 
 def _refusal(rank: int, world_size: int, port: int, seed_of: list[int]) -> str:
@@ -72,7 +64,7 @@ def _different_settings(rank: int, world_size: int, port: int, which: str) -> st
     }[which]
     try:
         potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DATA, global_batch=8,
-                        cohort=_cohort(rank, world_size, port), **mine)
+                        cohort=join(rank, world_size, port, timeout=20.0), **mine)
     except ConfigError as exc:
         return str(exc)
     return "no error"

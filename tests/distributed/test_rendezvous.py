@@ -13,8 +13,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from potluck.errors import AdmissionError, JobFinishedError, RendezvousError
-from potluck.harness.ranks import free_port
 from potluck.rendezvous import Membership, RendezvousConfig, StoreRendezvous
+from potluck.testing import free_port
 
 TOKEN = "s3cret-token"
 FAST = RendezvousConfig(token=TOKEN, heartbeat_interval=0.1, heartbeat_timeout=0.6,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 
 WORKER = Path(__file__).with_name("rendezvous_worker.py")
 NAMES = ["p-0", "p-1", "p-2", "p-3"]

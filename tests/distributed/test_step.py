@@ -9,8 +9,8 @@ import torch
 
 from potluck import DataParallel
 from potluck.errors import ConfigError
-from potluck.harness.ranks import run_ranks
 from potluck.step import GuardedOptimizer, accumulate, split_batch
+from potluck.testing import run_ranks
 from tests.distributed import models as M
 from tests.distributed.test_data_parallel import assert_close, mse
 
@@ -236,7 +236,7 @@ def test_prepare_votes_on_finiteness_only_under_a_custom_hook(hook: str) -> None
     """The built-in hooks' all-reduce gives every rank the same bits, so each rank skips
     a NaN step alike without a vote (one round trip less per step); a custom hook's
     result need not be the same everywhere, so its ranks vote."""
-    from potluck.harness.ranks import free_port
+    from potluck.testing import free_port
 
     results = run_ranks(_prepared_nan, 2, free_port(), hook, init_group=False, timeout=50)
     for result in results:

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 from potluck_lab.elastic_job import Indexed, mlp, params
-from tests.distributed.test_sync import _cohort
 
 SAMPLES, GLOBAL_BATCH, SEED, LR, H, P, MIX = 96, 12, 5, 0.05, 4, 3, 0.5
 
@@ -27,7 +26,7 @@ def _train(rank: int, world_size: int, port: int, codec: str) -> dict[str, Any]:
     from potluck.compress import Int8Blockwise
     from potluck.sync import DiLoCoSync
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = mlp()
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     sync = StreamingDiLoCo(H, P, mixing=MIX, adaptive=False,

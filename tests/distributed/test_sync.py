@@ -24,18 +24,10 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 from potluck_lab.elastic_job import Indexed, mlp, params
 
 SAMPLES, GLOBAL_BATCH, SEED, LR = 96, 12, 5, 0.05
-
-
-def _cohort(rank: int, world_size: int, port: int) -> Any:
-    from potluck import init
-    from potluck.env import WorkerEnv
-
-    return init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
-                              master_port=port, source="torchrun"), timeout=30.0)
 
 
 class Slow(nn.Module):
@@ -55,7 +47,7 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     from potluck import DiLoCo, LocalSGD, prepare
     from potluck.compress import Int8Blockwise
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = Slow(mlp(), 0.002 if rank == 1 and kind == "slow" else 0.0)
     momentum = 0.0 if kind == "local" else 0.9
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
@@ -198,7 +190,7 @@ def _one_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck import LocalSGD, prepare
     from potluck.errors import ConfigError
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = mlp()
     inner = torch.optim.SGD(net.parameters(), lr=0.0)  # the replica never moves by itself
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
@@ -239,7 +231,7 @@ def _rounds_with_resume(rank: int, world_size: int, port: int,
     (tensors handed to a process directly would share memory between the ranks)."""
     from potluck import DiLoCo, prepare
 
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = mlp()
     inner = torch.optim.SGD(net.parameters(), lr=LR)
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
@@ -296,7 +288,7 @@ def _stop_mid_round(rank: int, world_size: int, port: int,
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("potluck.step.transaction").addHandler(handler)
-    cohort = _cohort(rank, world_size, port)
+    cohort = join(rank, world_size, port)
     net = mlp()
     model, opt, loader = prepare(net, torch.optim.SGD(net.parameters(), lr=LR),
                                  Indexed(SAMPLES), cohort=cohort, global_batch=GLOBAL_BATCH,

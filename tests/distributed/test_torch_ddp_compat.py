@@ -22,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from potluck import DataParallel
-from potluck.harness.ranks import run_ranks
+from potluck.testing import run_ranks
 from tests.distributed import models as M
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 from potluck_lab.attacks import ATTACKS, GROSS
 from potluck_lab.bench.byzantine_job import ATTACKER, run_rank
 
@@ -272,7 +272,7 @@ def _lying_owner(rank: int, world_size: int, port: int,
         net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
         global_batch=GLOBAL_BATCH, cohort=cohort,
         trust=potluck.Trust(audit_every=0 if attack == "report" else 1))
-    if rank == ATTACKER:  # (the harness plays modified code: it swaps what the hook runs)
+    if rank == ATTACKER:  # (the test plays modified code: it swaps what the hook runs)
         exchange = opt.part(potluck.trust.TrustPart).exchange  # type: ignore[union-attr]
         if attack == "aggregate":
             exchange.aggregator = _LyingAggregator(after=5)

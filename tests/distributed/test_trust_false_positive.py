@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 from potluck_lab.bench import byzantine_lm
 
 

@@ -102,7 +102,7 @@ def test_torch_ddp_with_its_powersgd_hook_trains_on_gloo(tmp_path) -> None:  # t
     import os
     import time
 
-    from potluck.harness.ranks import free_port
+    from potluck.testing import free_port
 
     port = str(free_port())
     procs = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import ROOT, kill_leftovers, pid_alive
 
 SCRIPT = ROOT / "examples" / "elastic.py"

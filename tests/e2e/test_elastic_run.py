@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from potluck import DataCursor
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import ROOT, kill_leftovers, pid_alive, potluck_run
 
 SCRIPT = ROOT / "examples" / "elastic.py"

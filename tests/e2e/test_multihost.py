@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import EXAMPLE, ROOT, kill_leftovers, potluck_run
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import ROOT, potluck_run
 from tests.e2e.test_elastic_run import SCRIPT, assert_equal_to_one_process
 

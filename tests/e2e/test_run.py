@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import EXAMPLE, ROOT, SCRIPTS, pid_alive, pids_in, potluck_run
 
 

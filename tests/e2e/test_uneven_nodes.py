@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.harness.ranks import free_port
+from potluck.testing import free_port
 from tests.e2e.helpers import ROOT, SCRIPTS, kill_leftovers
 
 

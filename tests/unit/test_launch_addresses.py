@@ -12,9 +12,9 @@ import pytest
 import torch.distributed  # noqa: F401  (join_store imports it: not inside the timing)
 
 from potluck.errors import ConfigError, RendezvousError
-from potluck.harness.ranks import free_port
 from potluck.launch.config import LaunchConfig
 from potluck.launch.store import check_local_address, join_store
+from potluck.testing import free_port
 
 
 def test_this_machines_addresses_are_accepted_on_node_0() -> None:

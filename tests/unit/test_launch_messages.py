@@ -15,7 +15,6 @@ import potluck
 import potluck.cli as potluck_cli
 from potluck.env import WorkerEnv
 from potluck.errors import CommHookError, ConfigError, PeerLostError, RendezvousError
-from potluck.harness.ranks import free_port
 from potluck.launch import cli, store, worker
 from potluck.launch.config import LaunchConfig
 from potluck.launch.report import (
@@ -28,6 +27,7 @@ from potluck.launch.report import (
     write_error_file,
 )
 from potluck.metrics import plot_cli
+from potluck.testing import free_port
 
 # ------------------------------------------------------------------ a typo'd flag
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import ConfigError
-from potluck.harness.ranks import run_ranks
+from potluck.testing import run_ranks
 from potluck_lab.common import at_least, interleaved, median, table, write_json
 
 _DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"

@@ -25,7 +25,7 @@ import math
 import time
 from typing import Any
 
-from potluck.harness.ranks import free_port, run_ranks
+from potluck.testing import free_port, run_ranks
 from potluck_lab.attacks import ATTACKS, GROSS
 from potluck_lab.bench import byzantine_lm
 from potluck_lab.bench.byzantine_floor import run_floor

@@ -59,7 +59,7 @@ _KEY = 1  # (trust's key is drawn after the step; its value costs nothing)
 
 def run_floor(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: mode (``MODES``), steps, hidden (the model's width). Runs on the
-    default group (``harness.ranks.run_ranks(init_group=True)``); returns the step
+    default group (``potluck.testing.run_ranks(init_group=True)``); returns the step
     times (seconds) and the parameters at the end, flat."""
     mode, steps = spec["mode"], int(spec["steps"])
     if mode not in MODES:

@@ -43,7 +43,7 @@ def spot_loss(net: Any, batch: Any) -> torch.Tensor:
 
 
 def join(rank: int, world_size: int, port: int) -> Cohort:
-    """This rank's cohort on loopback (``harness.ranks.run_ranks`` starts the ranks)."""
+    """This rank's cohort on loopback (``potluck.testing.run_ranks`` starts the ranks)."""
     import potluck
     from potluck.env import WorkerEnv
 

@@ -32,11 +32,10 @@ from typing import Any
 
 import torch
 
-from potluck.harness.ranks import RankFailed, free_port, run_ranks
+from potluck.testing import RankFailed, exactly_once_problems, free_port, run_ranks
 from potluck_lab.common import at_least, write_json
 from potluck_lab.elastic_job import (
     ElasticJob,
-    ledger_problems,
     leftover_processes,
     max_param_diff,
     single_process,
@@ -143,7 +142,8 @@ def _check(trial: TrialResult, results: list[Any], workdir: Path, job: ElasticJo
     victim = results[plan.victim]
     trial.completed = all(r is not None and not r["left"] for r in finishers) and (
         plan.fault != "leave" or (victim is not None and victim["left"]))
-    trial.exactly_once = not (problems := ledger_problems(workdir, job))
+    trial.exactly_once = not (
+        problems := exactly_once_problems(workdir, job.samples, job.epochs))
     trial.problems += problems
     if not trial.completed:
         trial.problems.append("a worker did not complete")

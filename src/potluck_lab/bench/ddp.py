@@ -22,11 +22,11 @@ from torch import nn
 from torch._C._distributed_c10d import TCPStore
 
 from potluck.errors import ConfigError
-from potluck.harness.ranks import run_ranks
 from potluck.metrics.observer import StepObserver
 from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
 from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
+from potluck.testing import run_ranks
 from potluck_lab.bench import models
 from potluck_lab.common import at_least, interleaved, median, table, write_json
 

@@ -1,4 +1,4 @@
-"""Run a function as N ranks in local processes on one group (benches and tests).
+"""Run a function as N ranks in local processes on one group (tests and benches).
 
 Each rank is a child of a fork server that preloaded torch, so starting a rank costs
 milliseconds, not a torch import. The parent picks a free port, waits with a deadline,
@@ -18,11 +18,14 @@ import time
 import traceback
 from collections.abc import Callable, Collection
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from potluck.errors import PotluckError
+
+if TYPE_CHECKING:
+    from potluck.cohort import Cohort
 
 
 class RankFailed(PotluckError):
@@ -34,6 +37,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def join(rank: int, world_size: int, port: int, *, timeout: float = 30.0) -> Cohort:
+    """This rank's fixed cohort on loopback, rank 0 hosting the store on ``port``: what
+    ``potluck.init()`` gives a worker of ``potluck run --nproc-per-node N``.
+
+    Call it in a function that ``run_ranks(..., init_group=False)`` runs, with one
+    ``free_port()`` for every rank, and pass the cohort on (``prepare(cohort=...)``).
+    ``timeout`` bounds joining and every collective.
+    """
+    from potluck.cohort import init
+    from potluck.env import WorkerEnv
+
+    env = WorkerEnv(rank=rank, world_size=world_size, local_rank=rank,
+                    local_world_size=world_size, master_addr="127.0.0.1", master_port=port,
+                    source="torchrun")
+    return init(env=env, timeout=timeout)
 
 
 def run_ranks(
