@@ -1,7 +1,10 @@
 """The ``potluck`` command: argparse subcommands only (parse -> config -> call).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``main(args) -> int``; this file only wires them together.
+``main(args) -> int``; this file only wires them together. The library's commands are
+``run`` and ``plot``. Others register through the ``potluck.commands`` entry point
+group, each entry a ``Command``: the lab (``potluck_lab``) adds ``demo`` and ``bench``
+that way, so the library never imports the lab.
 """
 
 from __future__ import annotations
@@ -11,39 +14,61 @@ import difflib
 import importlib
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from types import ModuleType
 
 from potluck import __version__
 
-# (command, module, help); bench subcommands are nested under "bench".
-_COMMANDS = [
-    ("run", "potluck.launch.cli", "launch a training script on N workers (torchrun-compatible)"),
-    ("demo", "potluck_lab.demo.cli", "train a tiny transformer on 2 local workers (the main job)"),
-    ("plot", "potluck.metrics.plot_cli",
-     "write PNG plots of a run (loss, throughput, compute vs wait, shares, events)"),
-]
-_BENCHES = [
-    ("ddp", "potluck_lab.bench.ddp", "potluck.DataParallel vs torch DDP, step time"),
-    ("allreduce", "potluck_lab.bench.allreduce", "bucketed vs raw all-reduce bus bandwidth"),
-    ("chaos", "potluck_lab.bench.chaos", "random kill / freeze / leave / join trials, checked"),
-    ("faults", "potluck_lab.bench.faults",
-     "potluck elastic vs torchrun restart-from-checkpoint, a worker killed every T s"),
-    ("straggler", "potluck_lab.bench.straggler",
-     "torch DDP vs potluck equal vs balanced shares, one worker held to a CPU quota"),
-    ("byzantine", "potluck_lab.bench.byzantine",
-     "plain mean vs potluck trust, 4 workers with 1 attacker (6 attacks)"),
-    ("wan", "potluck_lab.bench.wan",
-     "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
-    ("loader", "potluck_lab.bench.loader",
-     "the loader's worker processes vs reading in the loop vs torch's DataLoader"),
-]
+ENTRY_POINTS = "potluck.commands"
+# Registered by potluck_lab, in the same distribution: named here only to say, in one
+# line, that an install without the lab lacks them.
+LAB_COMMANDS = ("demo", "bench")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``potluck`` subcommand: ``module`` has ``add_arguments(parser)`` and
+    ``main(args) -> int``. With ``subcommands`` (``potluck bench ddp``), each
+    subcommand's module adds its flags and ``module``'s ``main`` runs the chosen one
+    (``args.<name>`` names it). ``order`` places it in ``potluck --help``."""
+
+    name: str
+    module: str
+    help: str
+    order: int = 50
+    subcommands: tuple[Command, ...] = ()
+
+
+_LIBRARY = (
+    Command("run", "potluck.launch.cli",
+            "launch a training script on N workers (torchrun-compatible)", order=10),
+    Command("plot", "potluck.metrics.plot_cli",
+            "write PNG plots of a run (loss, throughput, compute vs wait, shares, events)",
+            order=30),
+)
+
+
+def commands() -> list[Command]:
+    """The library's commands and those registered under ``potluck.commands``, in
+    ``potluck --help``'s order. An entry that fails to load is left out."""
+    found = list(_LIBRARY)
+    for entry in entry_points(group=ENTRY_POINTS):
+        try:
+            command = entry.load()
+        except Exception:  # a stale or broken install: its command is missing
+            continue
+        if isinstance(command, Command) and command.name not in {c.name for c in found}:
+            found.append(command)
+    return sorted(found, key=lambda c: c.order)
 
 
 def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = (),
+                 known: Sequence[Command] | None = None) -> argparse.ArgumentParser:
     """Every command is listed; only the one named in ``argv`` imports its module for
     its flags, so ``potluck --help`` and ``potluck run`` do not wait for torch."""
     named = [word for word in argv if not word.startswith("-")][:2]
@@ -53,48 +78,56 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"potluck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command, module, help_ in _COMMANDS:
+    for command in commands() if known is None else known:
+        if command.subcommands:
+            group = sub.add_parser(command.name, help=command.help)
+            group_sub = group.add_subparsers(dest=command.name, required=True)
+            for leaf in command.subcommands:
+                leaf_parser = group_sub.add_parser(leaf.name, help=leaf.help,
+                                                   description=leaf.help)
+                if named == [command.name, leaf.name]:
+                    _module(leaf.module).add_arguments(leaf_parser)
+            continue
         # No abbreviations: `potluck run script.py --metrics m` must hand --metrics to the
         # script, not take it for an abbreviation of run's --metrics-dir.
-        command_parser = sub.add_parser(command, help=help_, description=help_,
-                                        allow_abbrev=False)
-        if named[:1] == [command]:
-            _module(module).add_arguments(command_parser)
-    bench = sub.add_parser("bench", help="side-by-side benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    for command, module, help_ in _BENCHES:
-        command_parser = bench_sub.add_parser(command, help=help_, description=help_)
-        if named == ["bench", command]:
-            _module(module).add_arguments(command_parser)
+        command_parser = sub.add_parser(command.name, help=command.help,
+                                        description=command.help, allow_abbrev=False)
+        if named[:1] == [command.name]:
+            _module(command.module).add_arguments(command_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(words)
+    known = commands()
+    named = {c.name: c for c in known}
+    first = next((word for word in words if not word.startswith("-")), None)
+    if first in LAB_COMMANDS and first not in named:
+        print(f"potluck {first}: this command comes with potluck's lab (the potluck_lab "
+              "package and its entry points), which this install lacks; reinstall potluck "
+              "from its repository (pip install -e .)", file=sys.stderr)
+        return 2
+    parser = build_parser(words, known)
     args, extras = parser.parse_known_args(words)
     if extras:
-        return _unknown(parser, args, extras)
-    if args.command == "bench":
-        return _bench(args)
-    table = dict((c, m) for c, m, _ in _COMMANDS)
-    result: int = _module(table[args.command]).main(args)
+        return _unknown(parser, args, named[args.command], extras)
+    result: int = _module(named[args.command].module).main(args)
     return result
 
 
-def _unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
+def _unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, command: Command,
              extras: list[str]) -> int:
     """Words no flag of the command takes. A flag is named with the closest known one
     (``potluck run`` takes no abbreviations, and a typo'd flag before the script would
     make its value the script); anything else is argparse's usual error."""
-    path = ["bench", args.bench] if args.command == "bench" else [args.command]
-    command = parser
+    path = [command.name] + ([getattr(args, command.name)] if command.subcommands else [])
+    chosen = parser
     for word in path:
-        command = _subparsers(command).choices[word]
+        chosen = _subparsers(chosen).choices[word]
     flags = [word for word in extras if word.startswith("-")]
     if not flags:
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
-    print(unknown_flag(command.prog, flags[0], visible_flags(command)), file=sys.stderr)
+    print(unknown_flag(chosen.prog, flags[0], visible_flags(chosen)), file=sys.stderr)
     return 2
 
 
@@ -133,20 +166,3 @@ def unknown_flag(prog: str, word: str, known: Iterable[str]) -> str:
 
 def _dashes(flag: str) -> str:
     return "--" + flag.lstrip("-").replace("_", "-")
-
-
-def _bench(args: argparse.Namespace) -> int:
-    """Run one bench. A bad flag exits 2, as argparse's own errors do: the ``--json``
-    path is checked here for every bench, before it runs (not after, when its results
-    would be lost), and a bench's own checks raise ``ConfigError``."""
-    from potluck.errors import ConfigError
-    from potluck_lab.common import check_json_path
-
-    module = dict((c, m) for c, m, _ in _BENCHES)[args.bench]
-    try:
-        check_json_path(getattr(args, "json", None))
-        result: int = _module(module).main(args)
-    except ConfigError as exc:
-        print(f"potluck bench {args.bench}: {exc}", file=sys.stderr)
-        return 2
-    return result

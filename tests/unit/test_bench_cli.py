@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from potluck.cli import _BENCHES, main
+from potluck.cli import main
+from potluck_lab.commands import BENCH
 
-_NAMES = [name for name, _, _ in _BENCHES]
+_NAMES = [command.name for command in BENCH.subcommands]
 
 
 @pytest.mark.timeout(30)

@@ -6,9 +6,10 @@ import argparse
 
 import pytest
 
-from potluck.cli import _BENCHES, _COMMANDS, build_parser
+from potluck.cli import build_parser, commands
 
-_ALL = [[name] for name, _, _ in _COMMANDS] + [["bench", name] for name, _, _ in _BENCHES]
+_ALL = [[c.name, *([leaf.name] if leaf is not c else [])] for c in commands()
+        for leaf in (c.subcommands or (c,))]
 
 
 def _command_parser(words: list[str]) -> argparse.ArgumentParser:
