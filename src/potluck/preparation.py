@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -47,9 +47,12 @@ from potluck.step.guard import GuardedOptimizer
 from potluck.step.minimum import MinimumSize
 from potluck.step.parts import EqualShares, SharePolicy, StepPart
 from potluck.step.transaction import StepTransaction
-from potluck.sync import DiLoCo, DiLoCoSync
-from potluck.sync.round_plan import plan_round
-from potluck.trust import Trust, TrustPart
+
+# Imported where they are asked for (sync=, trust=): a plain prepare loads neither the
+# sync strategies nor trust, nor the codecs they use.
+if TYPE_CHECKING:
+    from potluck.sync import DiLoCo
+    from potluck.trust import Trust, TrustPart
 
 
 def prepare(
@@ -179,7 +182,7 @@ def prepare(
         check_split(len(dataset), global_batch, cohort.world_size, drop_last,
                     sync.inner_steps if sync is not None else 1)
         if sync is not None and sync.split is not None:  # now, not from the loader a round in
-            plan_round([None] * cohort.world_size, sync.inner_steps, split=sync.split)
+            _check_split_plan(sync, cohort.world_size)
         model.to(cohort.device)
         if sync is not None:
             return _prepare_rounds(model, optimizer, dataset, cohort, sync,
@@ -207,9 +210,9 @@ def prepare(
                               "run --balance): a spot check recomputes a rank's gradient on its "
                               "whole part in one pass, which micro-batches would not match; "
                               "drop one of them")
-        guard = TrustPart(trust, cohort, model, lambda: loader.split,
-                          lambda rank: loader.part_of(rank),
-                          lambda: wrapped.reducer.last_pass) if trust else None
+        guard = _trust_part(trust, cohort, model, lambda: loader.split,
+                            lambda rank: loader.part_of(rank),
+                            lambda: wrapped.reducer.last_pass) if trust else None
         if guard is not None:
             data_parallel = {**data_parallel, "comm_hook": guard.exchange}
         wrapped = DataParallel(model, group=cohort.group,
@@ -257,6 +260,22 @@ def _closed_on_error(joined: Cohort | None) -> Iterator[None]:
         if joined is not None:
             joined.close()
         raise
+
+
+def _trust_part(trust: Trust, cohort: Cohort, module: nn.Module,
+                samples: Callable[[], Sequence[int] | None], part_of: Callable[[int], Any],
+                synced: Callable[[], object]) -> TrustPart:
+    """Trust's step part (trust is imported only when ``trust=`` is given)."""
+    from potluck.trust import TrustPart
+
+    return TrustPart(trust, cohort, module, samples, part_of, synced)
+
+
+def _check_split_plan(sync: DiLoCo, world_size: int) -> None:
+    """Plan a round with ``sync.split`` now, so a bad split fails here, not a round in."""
+    from potluck.sync.round_plan import plan_round
+
+    plan_round([None] * world_size, sync.inner_steps, split=sync.split)
 
 
 def _untrusted(guard: TrustPart) -> Callable[[int], list[int]]:
@@ -308,6 +327,8 @@ def _check_sync(sync: DiLoCo | None, balance: bool | BalanceConfig | None,
     """Refuse what cannot go with a sync strategy (before joining)."""
     if sync is None:
         return
+    from potluck.sync import DiLoCo
+
     if not isinstance(sync, DiLoCo):
         raise ConfigError(f"sync={sync!r}: pass potluck.DiLoCo(inner_steps=H, ...) or "
                           "potluck.LocalSGD(H); leave it out to average gradients every step")
@@ -327,6 +348,8 @@ def _check_trust(trust: Trust | None, sync: DiLoCo | None,
     """Refuse what cannot go with trust (before joining)."""
     if trust is None:
         return
+    from potluck.trust import Trust
+
     if not isinstance(trust, Trust):
         raise ConfigError(f"trust={trust!r}: pass potluck.Trust() (or Trust(aggregator=...,"
                           " ...)); leave it out to average gradients plainly")
@@ -352,6 +375,8 @@ def _prepare_rounds(model: nn.Module, optimizer: torch.optim.Optimizer, dataset:
                     ) -> tuple[DataParallel, StepTransaction, StepLoader]:
     """``prepare`` under a sync strategy: local backward and inner steps, a cursor whose
     step is a round of ``inner_steps`` global batches, the strategy as share policy."""
+    from potluck.sync import DiLoCoSync
+
     observer = observer_for(cohort, lambda: wrapped.reducer.last_pass,
                             metrics_dir=metrics_dir)
     wrapped = DataParallel(model, group=cohort.group, init_sync=not cohort.joined_late,
