@@ -49,7 +49,7 @@ from potluck.env import WorkerEnv
 from potluck.testing import free_port, run_ranks
 from potluck.trust.aggregate import Aggregator, CenteredClip, TrimmedMean
 from potluck.trust.fingerprint import Fingerprints, fingerprint, keyed_digest
-from potluck_lab.bench import models
+from potluck_lab import models
 from potluck_lab.common import check_json_path, interleaved, median, write_json
 
 NO_CUDA = "no CUDA device: run on a GPU machine, or --cpu to rehearse"
@@ -66,12 +66,6 @@ class Row:
 
 
 # ----------------------------------------------------------- the job checks 1, 2, 6 train
-
-def _net(dtype: torch.dtype) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 4)).to(dtype)
-
 
 def _data(dtype: torch.dtype) -> torch.utils.data.TensorDataset:
     gen = torch.Generator().manual_seed(1000)
@@ -91,7 +85,7 @@ def step(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> None:
 
 def one_process(device: str, dtype: torch.dtype, epochs: int) -> dict[str, torch.Tensor]:
     """Plain torch, one process, the global batches in the order ``prepare`` takes them."""
-    net, data = _net(dtype).to(device), _data(dtype)
+    net, data = models.tiny_mlp(dtype=dtype).to(device), _data(dtype)
     opt, cursor = _sgd(net), DataCursor(SAMPLES, GLOBAL_BATCH, seed=DATA_SEED)
     while cursor.epoch < epochs:
         x, y = (t.to(device) for t in data[cursor.global_indices()])
@@ -109,7 +103,7 @@ def _prepared_rank(rank: int, world_size: int, port: int, backend: str, device: 
     env = WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
                     master_port=port, source="torchrun")
     cohort = potluck.init(env=env, backend=backend, timeout=60, device=device)
-    net = _net(dtype)
+    net = models.tiny_mlp(dtype=dtype)
     model, opt, loader = potluck.prepare(net, _sgd(net), _data(dtype), cohort=cohort,
                                          global_batch=GLOBAL_BATCH, seed=DATA_SEED)
     while loader.epoch < epochs:
@@ -140,8 +134,8 @@ def _ddp_rank(rank: int, world_size: int, device: str, rounds: int,
 
     cuda = device == "cuda"
     width, batch = (2048, 1024) if cuda else (256, 32)
-    module = models.mlp(width=width, depth=4, io=512).to(device)
-    twin = models.mlp(width=width, depth=4, io=512).to(device)
+    module = models.wide_mlp(width=width, depth=4, io=512).to(device)
+    twin = models.wide_mlp(width=width, depth=4, io=512).to(device)
     twin.load_state_dict(module.state_dict())
     wrapped: dict[str, nn.Module] = {
         "potluck": potluck.DataParallel(module),
@@ -255,7 +249,7 @@ def elastic_worker(device: str, epochs: int, out: str) -> None:
     SIGKILLs itself at step ``FAIL_AT``; worker 0 saves the result."""
     # Gloo: NCCL takes one rank a GPU, and the two workers share one.
     cohort = potluck.init(backend="gloo", timeout=30, device=device)
-    net = _net(torch.float64)
+    net = models.tiny_mlp(dtype=torch.float64)
     model, opt, loader = potluck.prepare(net, _sgd(net), _data(torch.float64), cohort=cohort,
                                          global_batch=GLOBAL_BATCH, seed=DATA_SEED)
     first = (os.environ.get("RANK"), os.environ.get("TORCHELASTIC_RESTART_COUNT")) == ("1", "0")

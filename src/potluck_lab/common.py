@@ -1,15 +1,23 @@
-"""Shared pieces of the benchmarks: summaries, interleaving order, output."""
+"""Shared pieces of the benchmarks: summaries, interleaving order, output, errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, PotluckError
+
+
+class BenchError(PotluckError):
+    """A bench's job failed or did not finish; the message says which, and where its
+    logs are."""
 
 
 def median(values: Sequence[float]) -> float:
@@ -64,6 +72,21 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises ``KeyboardInterrupt``, so a bench stopped by a signal
+    stops and reaps its jobs as on Ctrl-C."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _fmt(value: Any) -> str:

@@ -37,6 +37,7 @@ from potluck.reducer import DataParallel
 from potluck.step import MinimumSize, StepTransaction
 from potluck.sync import DiLoCoSync
 from potluck.testing import SampleLedger
+from potluck_lab.models import tiny_mlp
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,6 @@ class Indexed(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
         return i, self.x[i], self.y[i]
 
 
-def mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 4)).double()
-
-
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
@@ -118,7 +113,7 @@ def start_worker(job: ElasticJob, worker_id: str, store_addr: str, port: int, *,
     # the cohort's group and the members wait for it in the state broadcast, bounded by
     # the collective timeout; a process's first torch optimizer takes seconds to build
     # (it imports torch._dynamo), enough to time that broadcast out on a busy machine.
-    net = mlp()
+    net = tiny_mlp()
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     if before_join is not None:
         before_join()
@@ -193,7 +188,7 @@ def wait_for_joiner(cohort: Cohort, limit: float = 90.0) -> None:
 
 def single_process(job: ElasticJob) -> dict[str, torch.Tensor]:
     """The reference: one process, the same global batches, plain SGD."""
-    model = mlp()
+    model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     cursor, data = DataCursor(job.samples, job.global_batch, seed=job.data_seed), \
         Indexed(job.samples)

@@ -1,12 +1,22 @@
-"""A tiny decoder-only transformer for character-level language modelling.
+"""The lab's models, one module for every bench, demo and test that trains one.
 
-Pre-norm blocks (causal self-attention, then a 4x MLP), learned positions, and an
-output head tied to the token embedding. Small enough that a few hundred steps on one
-CPU core visibly learn the shape of Python source.
+- ``mlp(sizes, activation)``: linear layers through ``sizes`` with an activation
+  between them; each bench's MLP is one call. ``tiny_mlp``: 8 -> 32 -> 32 -> 4 in
+  float64, the exact-equality tests' model. ``wide_mlp``: about 10M parameters.
+- ``TinyLM``: a causal transformer language model of about 10M parameters.
+- ``CharTransformer``: the demo's character-level transformer. Pre-norm blocks (causal
+  self-attention, then a 4x MLP), learned positions, and an output head tied to the
+  token embedding. Small enough that a few hundred steps on one CPU core visibly learn
+  the shape of Python source.
+
+Layers are built in float32 from torch's generator (seeded first when ``seed`` is
+given) and converted to ``dtype`` after: the same weights on every rank and machine.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,3 +143,55 @@ def generate(
         tokens = torch.cat([tokens, nxt])
     model.train(was_training)
     return tokens
+
+
+def mlp(sizes: Sequence[int], activation: Callable[[], nn.Module] = nn.Tanh, *,
+        seed: int | None = None, dtype: torch.dtype | None = None) -> nn.Sequential:
+    """``Linear(sizes[0], sizes[1])``, ``activation()``, ... ``Linear(sizes[-2],
+    sizes[-1])``; ``seed``: ``torch.manual_seed(seed)`` first."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for inputs, outputs in itertools.pairwise(sizes):
+        layers += [nn.Linear(inputs, outputs), activation()]
+    net = nn.Sequential(*layers[:-1])
+    return net if dtype is None else net.to(dtype)
+
+
+def tiny_mlp(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Sequential:
+    """8 -> 32 -> 32 -> 4 with tanh: small enough that float64 runs compare to 1e-9."""
+    return mlp([8, 32, 32, 4], seed=seed, dtype=dtype)
+
+
+def wide_mlp(width: int = 2048, depth: int = 3, io: int = 512) -> nn.Sequential:
+    """io -> width -> ... -> io with GELU; about 10.5M parameters at the defaults."""
+    return mlp([io, *[width] * depth, io], nn.GELU)
+
+
+class TinyLM(nn.Module):
+    """A causal transformer language model; about 10M parameters at the defaults."""
+
+    def __init__(self, vocab: int = 4096, d_model: int = 256, layers: int = 10,
+                 heads: int = 4, context: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.position = nn.Parameter(torch.zeros(context, d_model))
+        block = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0,
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.mask: torch.Tensor
+        mask = torch.triu(torch.full((context, context), float("-inf")), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        h = self.embed(tokens) + self.position[:t]
+        h = self.blocks(h, mask=self.mask[:t, :t], is_causal=True)
+        logits: torch.Tensor = self.head(self.norm(h))
+        return logits
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

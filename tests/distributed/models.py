@@ -5,13 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from potluck_lab.models import tiny_mlp
+
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4
-
-
-def mlp(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 4)).to(dtype)
+mlp = tiny_mlp  # 8 -> 32 -> 32 -> 4, float64 unless asked
 
 
 class Branchy(nn.Module):

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from potluck.testing import free_port, join, run_ranks
-from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck_lab.elastic_job import ElasticJob, Indexed, params, single_process
+from potluck_lab.models import tiny_mlp
 from tests.distributed.scripted import ScriptedShares
 
 SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 48, 12, 2, 5
@@ -55,7 +56,7 @@ def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck import accumulate, prepare
 
     cohort = join(rank, world_size, port)
-    net = mlp()
+    net = tiny_mlp()
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Tokens(), cohort=cohort, global_batch=GLOBAL_BATCH,
                                  seed=SEED, shares=ScriptedShares(SHARE_PLANS, every=3),
@@ -76,7 +77,7 @@ def _token_weighted(rank: int, world_size: int, port: int) -> dict[str, Any]:
 def _token_reference() -> dict[str, torch.Tensor]:
     from potluck.data import DataCursor
 
-    net, data = mlp(), Tokens()
+    net, data = tiny_mlp(), Tokens()
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     cursor = DataCursor(SAMPLES, GLOBAL_BATCH, seed=SEED)
     for _ in range(EPOCHS * SAMPLES // GLOBAL_BATCH):
@@ -123,7 +124,7 @@ class Slow(nn.Module):
 def _balanced_run(cohort: Any, rank: int, state: dict[str, Any] | None) -> Any:
     from potluck import BalanceConfig, prepare
 
-    net = Slow(mlp(), SLOW_S if rank == 1 else 0.0)
+    net = Slow(tiny_mlp(), SLOW_S if rank == 1 else 0.0)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     cap = BalanceConfig(max_micro_batch=CAP if rank == 0 else None)  # rank 0's memory
     model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
@@ -191,7 +192,7 @@ def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[in
     from potluck import Trust, prepare
 
     cohort = join(rank, world_size, port)
-    net = Slow(mlp(), SLOW_UNDER_TRUST_S if rank == 1 else 0.0)
+    net = Slow(tiny_mlp(), SLOW_UNDER_TRUST_S if rank == 1 else 0.0)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(BALANCED.samples), cohort=cohort,
                                  global_batch=BALANCED.global_batch, seed=BALANCED.data_seed,

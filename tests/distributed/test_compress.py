@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.testing import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
     max_param_diff,
-    mlp,
     params,
     single_process,
 )
+from potluck_lab.models import tiny_mlp
 from tests.distributed.scripted import ScriptedShares
 
 
@@ -85,13 +85,11 @@ SHARE_PLANS = ((1.0, 3.0, 2.0), (2.0, 1.0, 1.0), (1.0, 1.0, 1.0))
 
 
 def _train(rank: int, world_size: int, port: int, codec_name: str) -> dict[str, Any]:
-    from potluck import init, prepare
+    from potluck import prepare
     from potluck.compress import CompressedSum
-    from potluck.env import WorkerEnv
 
-    cohort = init(env=WorkerEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1",
-                                master_port=port, source="torchrun"), timeout=30.0)
-    net = mlp()
+    cohort = join(rank, world_size, port)
+    net = tiny_mlp()
     hook = CompressedSum(_codecs()[codec_name])
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), global_batch=JOB.global_batch,

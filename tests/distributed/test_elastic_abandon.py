@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from potluck.testing import free_port, run_ranks
-from potluck_lab.elastic_job import mlp
+from potluck_lab.models import tiny_mlp
 
 COLLECTIVE_TIMEOUT = 20.0
 
@@ -28,7 +28,7 @@ def _worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     cohort = join_elastic(store, f"w{rank}", config,
                           GroupSpec("gloo", COLLECTIVE_TIMEOUT, "127.0.0.1"))
     # The model holds the cohort's handle, which knows when a peer gave up (no wiring).
-    model = DataParallel(mlp(), group=cohort.group, on_failure="abandon")
+    model = DataParallel(tiny_mlp(), group=cohort.group, on_failure="abandon")
     waited = None
     if rank == 1:  # gives up on the step before sending anything, but stays alive
         time.sleep(0.5)

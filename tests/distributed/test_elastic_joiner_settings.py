@@ -24,7 +24,8 @@ from potluck.testing import (
     free_port,
     run_ranks,
 )
-from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck_lab.elastic_job import ElasticJob, Indexed, params, single_process
+from potluck_lab.models import tiny_mlp
 from tests.distributed.late_join import TRAINING_KEY, join_after_founders
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
@@ -35,7 +36,7 @@ def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str,
     from potluck import prepare
     from potluck.errors import ConfigError
 
-    net = mlp()
+    net = tiny_mlp()
     store, cohort = join_after_founders(rank, port, JOB)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     try:

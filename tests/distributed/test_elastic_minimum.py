@@ -26,7 +26,8 @@ from potluck.testing import (
     free_port,
     run_ranks,
 )
-from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck_lab.elastic_job import ElasticJob, Indexed, params, single_process
+from potluck_lab.models import tiny_mlp
 
 KILL_AT = 3
 JOB = ElasticJob(epochs=2)
@@ -39,7 +40,7 @@ def _worker(rank: int, port: int, *, expected: int, min_workers: int, wait_s: fl
     from potluck.cohort import GroupSpec, join_elastic
     from potluck.rendezvous import RendezvousConfig
 
-    net = mlp()  # model and optimizer first: an admitted joiner keeps the cohort waiting
+    net = tiny_mlp()  # model and optimizer first: an admitted joiner keeps the cohort waiting
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False,
                                        timeout=timedelta(seconds=30))

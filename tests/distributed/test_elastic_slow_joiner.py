@@ -27,11 +27,11 @@ from potluck.testing import (
 from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
-    mlp,
     params,
     single_process,
     wait_for_joiner,
 )
+from potluck_lab.models import tiny_mlp
 from tests.distributed.late_join import TRAINING_KEY, join_after_founders
 
 JOB = ElasticJob(epochs=3, expected=2, collective_timeout=1.5)
@@ -41,7 +41,7 @@ SETUP_S = 4.0  # the joiner's setup after joining: well past the collective time
 def _worker(rank: int, world_size: int, port: int, ledger_dir: str) -> dict[str, Any]:
     from potluck import prepare
 
-    net = mlp()
+    net = tiny_mlp()
     store, cohort = join_after_founders(rank, port, JOB)
     if cohort.joined_late:
         time.sleep(SETUP_S)  # slow setup while the members wait to send the state

@@ -30,12 +30,12 @@ from potluck.testing import assert_exactly_once, assert_replicas_equal, free_por
 from potluck_lab.elastic_job import (
     ElasticJob,
     Indexed,
-    mlp,
     params,
     start_worker,
     train,
     wait_for_joiner,
 )
+from potluck_lab.models import tiny_mlp
 
 # 48 samples, rounds of 2 x 12: two rounds an epoch, 8 samples (2 local steps) a rank.
 JOB = ElasticJob(epochs=2, inner_steps=2, collective_timeout=4.0)
@@ -243,7 +243,7 @@ def _replay(ledgers: list[list[list[int]]], worlds: list[int]) -> dict[str, torc
     from potluck.sync import local_steps
 
     config, data = DiLoCo(JOB.inner_steps), Indexed(JOB.samples)
-    global_net = mlp()
+    global_net = tiny_mlp()
     replicas = [copy.deepcopy(global_net) for _ in ledgers]
     inners = [torch.optim.SGD(r.parameters(), lr=0.1, momentum=0.9) for r in replicas]
     outer = torch.optim.SGD(global_net.parameters(), lr=config.outer_lr,

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from potluck.testing import free_port, join, run_ranks
-from potluck_lab.elastic_job import ElasticJob, Indexed, mlp, params, single_process
+from potluck_lab.elastic_job import ElasticJob, Indexed, params, single_process
+from potluck_lab.models import tiny_mlp
 
 JOB = ElasticJob(samples=96, global_batch=24, epochs=2, data_seed=5)
 
@@ -82,9 +83,9 @@ def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, An
 
     cohort = join(rank, world_size, port)
     if balance:  # rank 1 is about 30x slower; rank 0's share grows past its room of 13
-        net = Room(mlp(), 13 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
+        net = Room(tiny_mlp(), 13 if rank == 0 else None, per_sample_s=0.003 if rank == 1 else 0)
     else:
-        net = Room(mlp(), 5 if rank == 1 else None)
+        net = Room(tiny_mlp(), 5 if rank == 1 else None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed,
@@ -136,7 +137,7 @@ def _shrinking(rank: int, world_size: int, port: int) -> str:
     from potluck import fit_backward, prepare
 
     cohort = join(rank, world_size, port)
-    net = Room(mlp(), None, shrink_at=3 if rank == 1 else None, shrink_to=6)
+    net = Room(tiny_mlp(), None, shrink_at=3 if rank == 1 else None, shrink_to=6)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed,
@@ -166,7 +167,7 @@ def _under_trust(rank: int, world_size: int, port: int, limit: int | None) -> di
     from potluck import Trust, fit_backward, prepare
 
     cohort = join(rank, world_size, port)
-    net = Room(mlp(), limit if rank == 1 else None)
+    net = Room(tiny_mlp(), limit if rank == 1 else None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed,
@@ -236,7 +237,7 @@ def _short_for_inputs(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck import fit_backward, prepare
 
     cohort = join(rank, world_size, port)
-    net = Room(mlp(), None)
+    net = Room(tiny_mlp(), None)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed,

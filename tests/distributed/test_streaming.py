@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from potluck.testing import free_port, join, run_ranks
-from potluck_lab.elastic_job import Indexed, mlp, params
+from potluck_lab.elastic_job import Indexed, params
+from potluck_lab.models import tiny_mlp
 
 SAMPLES, GLOBAL_BATCH, SEED, LR, H, P, MIX = 96, 12, 5, 0.05, 4, 3, 0.5
 
@@ -27,7 +28,7 @@ def _train(rank: int, world_size: int, port: int, codec: str) -> dict[str, Any]:
     from potluck.sync import DiLoCoSync
 
     cohort = join(rank, world_size, port)
-    net = mlp()
+    net = tiny_mlp()
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     sync = StreamingDiLoCo(H, P, mixing=MIX, adaptive=False,
                            codec=Int8Blockwise(block=64) if codec == "int8" else None)
@@ -54,7 +55,7 @@ def _replay(world: int) -> list[dict[str, torch.Tensor]]:
     from potluck.sync.round_plan import fragment_points
 
     data = Indexed(SAMPLES)
-    global_net = mlp()
+    global_net = tiny_mlp()
     globals_ = list(global_net.parameters())
     replicas = [copy.deepcopy(global_net) for _ in range(world)]
     inners = [torch.optim.SGD(r.parameters(), lr=LR, momentum=0.9) for r in replicas]

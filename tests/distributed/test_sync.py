@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from potluck.testing import free_port, join, run_ranks
-from potluck_lab.elastic_job import Indexed, mlp, params
+from potluck_lab.elastic_job import Indexed, params
+from potluck_lab.models import tiny_mlp
 
 SAMPLES, GLOBAL_BATCH, SEED, LR = 96, 12, 5, 0.05
 
@@ -48,7 +49,7 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     from potluck.compress import Int8Blockwise
 
     cohort = join(rank, world_size, port)
-    net = Slow(mlp(), 0.002 if rank == 1 and kind == "slow" else 0.0)
+    net = Slow(tiny_mlp(), 0.002 if rank == 1 and kind == "slow" else 0.0)
     momentum = 0.0 if kind == "local" else 0.9
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
     sync = {"local": LocalSGD(1, adaptive=False),
@@ -88,7 +89,7 @@ def _replay(rounds: list[list[list[tuple[list[int], int]]]], *, inner_steps: int
     from potluck.data.split import equal_shares, split_counts
 
     data, world = Indexed(SAMPLES), len(rounds)
-    global_net = mlp()
+    global_net = tiny_mlp()
     replicas = [copy.deepcopy(global_net) for _ in range(world)]
     inners = [torch.optim.SGD(r.parameters(), lr=LR, momentum=momentum) for r in replicas]
     outer = torch.optim.SGD(global_net.parameters(), lr=outer_lr, momentum=outer_momentum,
@@ -139,7 +140,7 @@ def test_local_sgd_with_one_local_step_equals_one_process() -> None:
     # the reference: one process, plain SGD on each global batch
     from potluck.data import DataCursor
 
-    net, data = mlp(), Indexed(job.samples)
+    net, data = tiny_mlp(), Indexed(job.samples)
     sgd = torch.optim.SGD(net.parameters(), lr=LR)
     cursor = DataCursor(SAMPLES, GLOBAL_BATCH, seed=SEED)
     for _ in range(2 * SAMPLES // GLOBAL_BATCH):
@@ -191,7 +192,7 @@ def _one_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     from potluck.errors import ConfigError
 
     cohort = join(rank, world_size, port)
-    net = mlp()
+    net = tiny_mlp()
     inner = torch.optim.SGD(net.parameters(), lr=0.0)  # the replica never moves by itself
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
                                  global_batch=GLOBAL_BATCH, seed=SEED, sync=LocalSGD(2))
@@ -232,7 +233,7 @@ def _rounds_with_resume(rank: int, world_size: int, port: int,
     from potluck import DiLoCo, prepare
 
     cohort = join(rank, world_size, port)
-    net = mlp()
+    net = tiny_mlp()
     inner = torch.optim.SGD(net.parameters(), lr=LR)
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
                                  global_batch=GLOBAL_BATCH, seed=SEED,
@@ -289,7 +290,7 @@ def _stop_mid_round(rank: int, world_size: int, port: int,
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("potluck.step.transaction").addHandler(handler)
     cohort = join(rank, world_size, port)
-    net = mlp()
+    net = tiny_mlp()
     model, opt, loader = prepare(net, torch.optim.SGD(net.parameters(), lr=LR),
                                  Indexed(SAMPLES), cohort=cohort, global_batch=GLOBAL_BATCH,
                                  seed=SEED, sync=DiLoCo(inner_steps=4, adaptive=False,

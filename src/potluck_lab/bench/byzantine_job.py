@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from potluck_lab.attacks import Attack, flip_bit, plain_mean
+from potluck_lab.models import mlp
 
 if TYPE_CHECKING:
     from potluck.cohort import Cohort
@@ -32,9 +33,7 @@ def data(steps: int) -> tuple[torch.utils.data.TensorDataset, tuple[torch.Tensor
 
 
 def model(seed: int, hidden: int = HIDDEN) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                         nn.ReLU(), nn.Linear(hidden, CLASSES))
+    return mlp([FEATURES, hidden, hidden, CLASSES], nn.ReLU, seed=seed)
 
 
 def spot_loss(net: Any, batch: Any) -> torch.Tensor:

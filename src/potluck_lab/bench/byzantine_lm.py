@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from potluck_lab.bench.byzantine_job import join
-from potluck_lab.bench.models import TinyLM
+from potluck_lab.models import TinyLM
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 CONTEXT = 32

@@ -27,7 +27,7 @@ from potluck.metrics.publisher import JournalSink, StorePublisher, store_client
 from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
 from potluck.testing import run_ranks
-from potluck_lab.bench import models
+from potluck_lab import models
 from potluck_lab.common import at_least, interleaved, median, table, write_json
 
 
@@ -95,7 +95,7 @@ def _mlp_workload() -> tuple[nn.Module, Any]:
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         return torch.randn(32, 512, generator=gen), torch.randn(32, 512, generator=gen)
 
-    return models.mlp(), batch
+    return models.wide_mlp(), batch
 
 
 def _transformer_workload() -> tuple[nn.Module, Any]:

@@ -31,14 +31,20 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from potluck import env as potluck_env
 from potluck.errors import ConfigError, PotluckError
 from potluck.metrics.journal import Journal, read_journal
 from potluck_lab.bench.faults_figures import RunFigures, run_figures, summarize
-from potluck_lab.common import interleaved, table, write_json
+from potluck_lab.common import (
+    BenchError,
+    interleaved,
+    sigterm_as_interrupt,
+    table,
+    write_json,
+)
+from potluck_lab.jobs import Processes
 
 CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
 _JOB = "potluck_lab.bench.faults_job"
@@ -46,10 +52,6 @@ _POLL = 0.05
 _FINISH_GRACE_S = 4.0  # after "done": a restarted worker may wait for a finished cohort
 _MAX_RESTARTS = 50
 _STALL_S = 120.0  # no new step for this long: the job is stuck
-
-
-class BenchError(PotluckError):
-    """A contender's job failed or did not finish; the message says where its logs are."""
 
 
 @dataclass(frozen=True)
@@ -156,18 +158,16 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"potluck bench faults: {exc}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-faults-"))
     try:
-        runs = run_all(config, logs)
+        with sigterm_as_interrupt():
+            runs = run_all(config, logs)
     except KeyboardInterrupt:
         print("potluck bench faults: interrupted; every job was stopped", file=sys.stderr)
         return 130
     except PotluckError as exc:
         print(f"potluck bench faults: {exc}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if not config.logs:
         shutil.rmtree(logs, ignore_errors=True)
     report(config, runs, args.json)
@@ -238,10 +238,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM: stop the jobs the same way as Ctrl-C
-
-
 def run_all(config: FaultsConfig, logs: Path) -> list[dict[str, Any]]:
     """Every contender ``rounds`` times, interleaved; one dict per run."""
     runs = []
@@ -259,15 +255,14 @@ def run_contender(name: str, config: FaultsConfig, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     kills: list[float] = []
     started = time.monotonic()
-    with (run_dir / "launcher.log").open("wb") as out:
-        launcher = subprocess.Popen(_command(name, config, run_dir), env=_environ(),
-                                    stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # its own group, to reap
+    job = Processes()
+    # In a session of its own: stopping its group stops the workers it started too.
+    launcher = job.start(_command(name, config, run_dir), run_dir / "launcher.log",
+                         env=_environ())
     try:
         _drive(launcher, name, config, run_dir, kills, victims)
     finally:
-        workers = _reap(launcher, run_dir)
+        workers = _reap(job, run_dir)
     figures = run_figures(_commit_records(run_dir), kills, world_size=config.workers)
     if not figures.done or figures.steps != config.steps:
         raise BenchError(f"{name}: the job committed {figures.steps} of {config.steps} steps "
@@ -379,16 +374,10 @@ def _training_workers(run_dir: Path) -> dict[int, int]:
     return found
 
 
-def _reap(launcher: subprocess.Popen[bytes], run_dir: Path) -> list[int]:
-    """Stop the launcher (it stops its workers), then any worker it left behind."""
-    if launcher.poll() is None:
-        _signal_group(launcher.pid, signal.SIGTERM)
-        try:
-            launcher.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            _signal_group(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-    _signal_group(launcher.pid, signal.SIGKILL)  # anything left in its group
+def _reap(job: Processes, run_dir: Path) -> list[int]:
+    """Stop the launcher (it stops its workers) and anything left in its group, then any
+    worker it left behind."""
+    job.stop(15, terminate=True)
     pids = [int(r["pid"]) for r in read_journal(run_dir / "started.jsonl")]
     for pid in pids:
         if _ours(pid):
@@ -419,11 +408,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -34,6 +34,7 @@ from torch.utils.data import TensorDataset
 from potluck.data import DataCursor
 from potluck.env import read_worker_env
 from potluck.metrics.journal import Journal
+from potluck_lab.models import mlp
 
 INPUTS, WIDTH, DEPTH = 256, 1024, 4
 
@@ -60,12 +61,7 @@ def workload() -> tuple[nn.Module, TensorDataset]:
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(3072, INPUTS, generator=gen),
                          torch.randn(3072, 1, generator=gen))
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(INPUTS, WIDTH), nn.Tanh()]
-    for _ in range(DEPTH - 1):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    layers.append(nn.Linear(WIDTH, 1))
-    return nn.Sequential(*layers), data
+    return mlp([INPUTS, *[WIDTH] * DEPTH, 1], seed=0), data
 
 
 def train_elastic(args: argparse.Namespace, run_dir: Path) -> None:

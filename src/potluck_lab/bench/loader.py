@@ -29,6 +29,7 @@ import torch
 from potluck.data import DataCursor
 from potluck.data.step_loader import StepLoader
 from potluck_lab.common import at_least, interleaved, median, table, write_json
+from potluck_lab.models import mlp
 
 CONTENDERS = ("in-process", "workers", "dataloader")
 KINDS = ("io", "cpu")
@@ -124,10 +125,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _round(contender: str, dataset: Costly, batch: int, steps: int, workers: int) -> float:
     """Samples a second of one contender's round, after its first ``WARMUP`` steps."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, CLASSES))
+    model = mlp([FEATURES, HIDDEN, HIDDEN, CLASSES], torch.nn.ReLU, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     cursor = DataCursor(len(dataset), batch, seed=0)
     loader: Any

@@ -25,17 +25,15 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import IO, Any
+from types import TracebackType
+from typing import Any
 
 from potluck import env as potluck_env
 from potluck.errors import ConfigError, PotluckError
@@ -48,7 +46,8 @@ from potluck_lab.bench.straggler_job import (
     write_command,
 )
 from potluck_lab.bench.straggler_report import report_json, report_lines
-from potluck_lab.common import interleaved, write_json
+from potluck_lab.common import BenchError, interleaved, sigterm_as_interrupt, write_json
+from potluck_lab.jobs import Processes
 from potluck_lab.machine.cpu_quota import CpuQuota, unavailable
 
 CONTENDERS = ("ddp", "potluck", "balanced")
@@ -60,10 +59,6 @@ _SKIP = 1  # solo: steps left out after a quota change (the one in flight is nev
 # The workers' CPU weight: 16 ordinary processes'. Other work on the machine (tests, a
 # build) then waits while they compute, instead of slowing one of them down at random.
 _SHARES = 16384
-
-
-class BenchError(PotluckError):
-    """A worker failed or a run got stuck; the message says which and where the logs are."""
 
 
 @dataclass(frozen=True)
@@ -161,11 +156,11 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"potluck bench straggler: {exc}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-strag-"))
     try:
         name = f"potluck-straggler-{os.getpid()}"
-        with CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
+        with sigterm_as_interrupt(), \
+                CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
                 CpuQuota(f"{name}-fast", shares=_SHARES) as fast, \
                 Pool(config, logs, quota, fast) as pool:
             results = {**measure(config, pool, quota), "worker_pids": pool.pids}
@@ -178,16 +173,10 @@ def main(args: argparse.Namespace) -> int:
     except PotluckError as exc:  # the logs stay: the message says where
         print(f"potluck bench straggler: {exc}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if not config.logs:
         shutil.rmtree(logs, ignore_errors=True)
     report(config, results, args.json)
     return 0
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM: stop the workers the same way as Ctrl-C
 
 
 Records = dict[int, list[dict[str, Any]]]  # rank -> its step records, in order
@@ -200,8 +189,7 @@ class Pool:
     def __init__(self, config: StragglerConfig, directory: Path, slow: CpuQuota,
                  fast: CpuQuota) -> None:
         self.config, self.directory, self.slow, self.fast = config, directory, slow, fast
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._logs: list[IO[bytes]] = []
+        self._workers = Processes()
         self._runs = 0
 
     def __enter__(self) -> Pool:
@@ -215,10 +203,7 @@ class Pool:
                         "--cpu", str(pool_cpu(rank))]
                 group = self.slow if rank == self.config.slow else self.fast
                 argv += ["--cgroup", str(group.path)]  # it moves itself in, before torch
-                self._logs.append((self.directory / f"worker-{rank}.log").open("wb"))
-                self._procs.append(subprocess.Popen(
-                    argv, env=environ, stdin=subprocess.DEVNULL, stdout=self._logs[-1],
-                    stderr=subprocess.STDOUT, start_new_session=True))
+                self._workers.start(argv, self.directory / f"worker-{rank}.log", env=environ)
             self._wait_for_hellos()
         except BaseException:
             self.close(graceful=False)
@@ -231,7 +216,7 @@ class Pool:
 
     @property
     def pids(self) -> list[int]:
-        return [proc.pid for proc in self._procs]
+        return self._workers.pids
 
     def _wait_for_hellos(self) -> None:
         # Imported once the workers are on their way: potluck.metrics imports torch (3 s).
@@ -277,29 +262,20 @@ class Pool:
         return records, done
 
     def _check_alive(self) -> None:
-        for rank, proc in enumerate(self._procs):
-            if proc.poll() is not None:
-                error = self.directory / f"error-{rank}.txt"
-                why = error.read_text() if error.exists() else "(no traceback written)"
-                raise BenchError(f"worker {rank} (pid {proc.pid}, CPU {pool_cpu(rank)}) exited "
-                                 f"with code {proc.returncode}:\n{why[-3000:].rstrip()}\n"
-                                 f"logs: {self.directory}")
+        for rank in self._workers.ended():
+            proc = self._workers.procs[rank]
+            error = self.directory / f"error-{rank}.txt"
+            why = error.read_text() if error.exists() else "(no traceback written)"
+            raise BenchError(f"worker {rank} (pid {proc.pid}, CPU {pool_cpu(rank)}) exited "
+                             f"with code {proc.returncode}:\n{why[-3000:].rstrip()}\n"
+                             f"logs: {self.directory}")
 
     def close(self, *, graceful: bool = True) -> None:
         """Ask every (idle) worker to leave, then kill and reap those still there; after
         an error or Ctrl-C, kill them at once (one may be in the middle of a run)."""
         with contextlib.suppress(OSError):
             (self.directory / "stop").touch()
-        deadline = time.monotonic() + (10 if graceful else 0)
-        for proc in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for log in self._logs:
-            log.close()
+        self._workers.stop(10 if graceful else 0)
 
 
 def _free_port() -> int:

@@ -117,15 +117,14 @@ def workload(dtype: torch.dtype) -> tuple[nn.Module, TensorDataset]:
     from torch import nn
     from torch.utils.data import TensorDataset
 
+    from potluck_lab.models import mlp
+
     gen = torch.Generator().manual_seed(SEED)
     data = TensorDataset(torch.randn(SAMPLES, TOKENS, FEATURES, generator=gen, dtype=dtype),
                          torch.randn(SAMPLES, TOKENS, generator=gen, dtype=dtype))
-    torch.manual_seed(SEED)
-    layers: list[nn.Module] = [nn.Linear(FEATURES, WIDTH), nn.Tanh()]
-    for _ in range(DEPTH - 1):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    layers += [nn.Linear(WIDTH, 1), nn.Flatten(1)]  # (batch, tokens)
-    return nn.Sequential(*layers).to(dtype), data
+    net = mlp([FEATURES, *[WIDTH] * DEPTH, 1], seed=SEED, dtype=dtype)
+    net.append(nn.Flatten(1))  # (batch, tokens)
+    return net, data
 
 
 class Worker:

@@ -29,10 +29,8 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,8 @@ from potluck_lab.bench.wan_figures import (
     seed_gaps,
     steps_to_target,
 )
-from potluck_lab.common import at_least, table, write_json
+from potluck_lab.common import BenchError, at_least, table, write_json
+from potluck_lab.jobs import Processes
 from potluck_lab.machine.cpu_quota import join
 from potluck_lab.machine.netns import LinkedHosts, NetnsError, unavailable
 
@@ -193,7 +192,7 @@ class Jobs:
         out = self.logs / f"{contender}-{self.port}.json"
         self.logs.mkdir(parents=True, exist_ok=True)
         before = [self.hosts.tx_bytes(h) for h in (0, 1)]
-        procs = []
+        workers = Processes()
         for rank in (0, 1):
             env = {**os.environ, "MASTER_ADDR": self.hosts.addresses[0],
                    "MASTER_PORT": str(self.port), "RANK": str(rank), "LOCAL_RANK": "0",
@@ -205,37 +204,24 @@ class Jobs:
                     "--eval-every", str(self.config.eval_every), "--out", str(out),
                     "--measure-steps", str(measure), "--seed", str(seed),
                     "--lr", str(self.config.lr)]
-            with out.with_name(f"{out.stem}-rank{rank}.log").open("w") as log:
-                procs.append(subprocess.Popen(self.hosts.command(rank, argv), env=env,
-                                              stdout=log, stderr=subprocess.STDOUT, text=True))
+            proc = workers.start(self.hosts.command(rank, argv),
+                                 out.with_name(f"{out.stem}-rank{rank}.log"), env=env,
+                                 session=False)
             if rank == 1 and self.quota_group:  # from out here: `ip netns exec` remounts
                 # /sys, and cgroup.procs moves every thread, those started later too
-                join(Path(self.quota_group), procs[-1].pid)
+                join(Path(self.quota_group), proc.pid)
         try:
-            _wait_all(procs, timeout=1800)
+            workers.wait(timeout=1800)
         finally:
-            for p in procs:
-                if p.poll() is None:  # a peer failed: this one would wait for it for ever
-                    p.kill()
-                    p.wait()
+            workers.stop()  # a peer failed: one still running would wait for it for ever
         outputs = [out.with_name(f"{out.stem}-rank{r}.log").read_text() for r in (0, 1)]
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"{contender}: a worker failed:\n" + "\n".join(
+        if any(p.returncode for p in workers.procs):
+            raise BenchError(f"{contender}: a worker failed:\n" + "\n".join(
                 o[-3000:] for o in outputs))
         after = [self.hosts.tx_bytes(h) for h in (0, 1)]
         ranks = [json.loads(out.with_name(f"{out.stem}-rank{r}.json").read_text())
                  for r in (0, 1)]
         return {"ranks": ranks, "veth_bytes": sum(after) - sum(before)}
-
-
-def _wait_all(procs: list[subprocess.Popen[str]], timeout: float) -> None:
-    """Until every process ended, or one failed, or ``timeout`` s passed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes) or any(c for c in codes):
-            return
-        time.sleep(0.2)
 
 
 def measure(config: WanConfig, hosts: LinkedHosts, jobs: Jobs) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError, PotluckError
-from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import Journal, JournalFollower
 from potluck_lab.demo.chaos_report import (
@@ -52,6 +51,7 @@ from potluck_lab.demo.chaos_report import (
     throughput_rows,
 )
 from potluck_lab.demo.report import sample_block
+from potluck_lab.jobs import run_agent
 from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 
 WORKER_MODULE = "potluck_lab.demo.elastic_worker"
@@ -264,14 +264,8 @@ def main(args: argparse.Namespace) -> int:
     driver = ChaosDriver(config, lambda line: print(line, flush=True))
     code = 1
     try:
-        with (config.run_dir / "workers.log").open("wb") as log:
-            def emit(line: str) -> None:
-                emitted.append(line)
-                log.write(line.encode() + b"\n")
-                log.flush()
-
-            driver.start()
-            code = Agent(launch, emit=emit, stdout=log, stderr=log).run()
+        code = run_agent(launch, config.run_dir / "workers.log", driver, emitted,
+                         append=False)
     except PotluckError as exc:
         print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
     except KeyboardInterrupt:  # before the agent took over the signals, or after

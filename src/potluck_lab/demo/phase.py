@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from potluck.errors import PotluckError
-from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.latency import RoundTrips
 from potluck_lab.demo.progress import Display, MetricsFollower, make_progress
 from potluck_lab.demo.train import TrainConfig, WorkerResult
 from potluck_lab.demo.worker import write_phase
+from potluck_lab.jobs import run_agent
 
 WORKER_MODULE = "potluck_lab.demo.worker"
 
@@ -65,26 +65,6 @@ def run_phase(train: TrainConfig, workers: int, corpus_chars: int, run_dir: Path
         raise PhaseFailed("\n".join(emitted[-40:]) +
                           f"\n(worker output in {run_dir / 'workers.log'})")
     return _load(result)
-
-
-def run_agent(launch: LaunchConfig, log_path: Path, progress: MetricsFollower,
-              emitted: list[str], *, append: bool = True) -> int:
-    """Run the launcher's agent as ``potluck run`` would, the workers' output in
-    ``log_path`` and ``progress`` following their metrics meanwhile; the agent's lines
-    are appended to ``emitted`` (kept when this raises). Returns its exit code."""
-    with log_path.open("ab" if append else "wb") as log:
-        def emit(line: str) -> None:
-            emitted.append(line)
-            log.write(line.encode() + b"\n")
-            log.flush()
-            if "status page at " in line:  # worth seeing while it runs
-                print(line.replace("potluck run: ", "live "), flush=True)
-
-        progress.start()
-        try:
-            return Agent(launch, emit=emit, stdout=log, stderr=log).run()
-        finally:
-            progress.stop()
 
 
 def _load(path: Path) -> WorkerResult:

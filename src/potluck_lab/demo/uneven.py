@@ -29,10 +29,10 @@ from pathlib import Path
 from potluck.errors import ConfigError, PotluckError
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import read_journal
-from potluck_lab.demo.phase import run_agent
 from potluck_lab.demo.progress import MetricsFollower, choose_display, make_progress
 from potluck_lab.demo.report import loss_summary
 from potluck_lab.demo.uneven_report import summarize, summary_lines
+from potluck_lab.jobs import run_agent
 from potluck_lab.machine import cpu_quota
 from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 

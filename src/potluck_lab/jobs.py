@@ -1,0 +1,130 @@
+"""The lab's one job runner: the processes of a bench or a demo, however the run ends.
+
+``Processes`` starts commands, each with its output in a log file, tells which one
+ended, and stops and reaps them all: a process in a session of its own is stopped with
+its whole group (what it started goes too). ``run_agent`` runs the launcher's agent in
+this process, as ``potluck run`` would, while a follower reads the workers' records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from potluck.launch.config import LaunchConfig
+
+_POLL_S = 0.05
+
+
+class Processes:
+    """Processes started for one run; ``stop`` (also on leaving a ``with``) reaps them."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._sessions: list[bool] = []
+        self._logs: list[IO[bytes]] = []
+
+    def start(self, argv: Sequence[str], log: Path, *, env: Mapping[str, str] | None = None,
+              session: bool = True) -> subprocess.Popen[bytes]:
+        """Start ``argv``, its output (and errors) in ``log``; ``session``: in a session
+        and process group of its own, so ``stop`` reaches what it starts."""
+        self._logs.append(log.open("wb"))
+        proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
+                                stdin=subprocess.DEVNULL, stdout=self._logs[-1],
+                                stderr=subprocess.STDOUT, start_new_session=session)
+        self.procs.append(proc)
+        self._sessions.append(session)
+        return proc
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+    def ended(self) -> list[int]:
+        """The indices of the processes that have exited."""
+        return [i for i, proc in enumerate(self.procs) if proc.poll() is not None]
+
+    def wait(self, timeout: float) -> bool:
+        """Until every process exited (True), or one failed, or ``timeout`` s passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = [proc.poll() for proc in self.procs]
+            if all(code is not None for code in codes):
+                return True
+            if any(codes):
+                return False
+            time.sleep(_POLL_S)
+        return False
+
+    def stop(self, grace: float = 0.0, *, terminate: bool = False) -> None:
+        """Stop every process still running and reap them all: SIGTERM first if
+        ``terminate``, up to ``grace`` seconds to exit, then SIGKILL (to the whole group
+        of a process in its own session, even one that has exited)."""
+        if terminate:
+            for proc, session in zip(self.procs, self._sessions, strict=True):
+                if proc.poll() is None:
+                    _signal(proc, session, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc, session in zip(self.procs, self._sessions, strict=True):
+            if proc.poll() is None or session:
+                _signal(proc, session, signal.SIGKILL)
+            proc.wait()
+        for log in self._logs:
+            log.close()
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()
+
+
+def _signal(proc: subprocess.Popen[bytes], session: bool, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if session:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+class Follower(Protocol):
+    """What reads the workers' records while the agent runs (a progress display, the
+    chaos demo's driver)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> object: ...
+
+
+def run_agent(launch: LaunchConfig, log_path: Path, follower: Follower,
+              emitted: list[str], *, append: bool = True) -> int:
+    """Run the launcher's agent as ``potluck run`` would, the workers' output in
+    ``log_path`` and ``follower`` reading their records meanwhile; the agent's lines
+    are appended to ``emitted`` (kept when this raises). Returns its exit code."""
+    from potluck.launch.agent import Agent
+
+    with log_path.open("ab" if append else "wb") as log:
+        def emit(line: str) -> None:
+            emitted.append(line)
+            log.write(line.encode() + b"\n")
+            log.flush()
+            if "status page at " in line:  # worth seeing while it runs
+                print(line.replace("potluck run: ", "live "), flush=True)
+
+        follower.start()
+        try:
+            return Agent(launch, emit=emit, stdout=log, stderr=log).run()
+        finally:
+            follower.stop()
