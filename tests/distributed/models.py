@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -55,3 +57,20 @@ def grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
 
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+TOL = {"rtol": 1e-9, "atol": 1e-12}
+
+
+def assert_close(actual: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        if expected[name] is None:
+            assert actual[name] is None, f"{name}: expected None, got a gradient"
+        else:
+            assert actual[name] is not None, f"{name}: expected a gradient, got None"
+            torch.testing.assert_close(actual[name], expected[name], **TOL, msg=name)
+
+
+def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((out - y) ** 2).mean()

@@ -18,23 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from potluck import DataParallel
 from potluck.testing import run_ranks
 from tests.distributed import models as M
-
-TOL = {"rtol": 1e-9, "atol": 1e-12}
-
-
-def assert_close(actual: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert actual.keys() == expected.keys()
-    for name in expected:
-        if expected[name] is None:
-            assert actual[name] is None, f"{name}: expected None, got a gradient"
-        else:
-            assert actual[name] is not None, f"{name}: expected a gradient, got None"
-            torch.testing.assert_close(actual[name], expected[name], **TOL, msg=name)
-
-
-def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return ((out - y) ** 2).mean()
-
+from tests.distributed.models import assert_close, mse
 
 # --------------------------------------------------------------- one backward, N ranks
 

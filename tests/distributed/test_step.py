@@ -12,7 +12,7 @@ from potluck.errors import ConfigError
 from potluck.step import GuardedOptimizer, accumulate, split_batch
 from potluck.testing import run_ranks
 from tests.distributed import models as M
-from tests.distributed.test_data_parallel import assert_close, mse
+from tests.distributed.models import assert_close, mse
 
 # ---------------------------------------------------------------------------- units
 

@@ -9,6 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils.data import TensorDataset
+
+from potluck import DataCursor
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minimal.py"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -45,3 +50,32 @@ def pids_in(output: str) -> list[int]:
     --elastic) report."""
     return [int(line.split("pid ")[1].split()[0]) for line in output.splitlines()
             if line.startswith(("[rank", "[worker")) and "pid " in line]
+
+
+# examples/elastic.py's job, and what one process makes of it: its elastic runs are
+# checked against that.
+SCRIPT = ROOT / "examples" / "elastic.py"
+EPOCHS = 3
+
+
+def one_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)  # as examples/elastic.py makes them
+    data = TensorDataset(*torch.randn(2, 96, 8, dtype=torch.float64, generator=gen))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                              torch.nn.Linear(32, 8)).double()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    cursor = DataCursor(len(data), 12, seed=3)
+    while cursor.epoch < epochs:
+        x, y = data[cursor.global_indices()]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        cursor.commit()
+    return net.state_dict()
+
+
+def assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
+    final, expected = torch.load(path), one_process(epochs)
+    for name, value in expected.items():
+        torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)

@@ -18,31 +18,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
-from potluck import DataCursor
 from potluck.testing import free_port
-from tests.e2e.helpers import ROOT, kill_leftovers, pid_alive, potluck_run
-
-SCRIPT = ROOT / "examples" / "elastic.py"
-EPOCHS = 3
-
-
-def _one_process(epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)  # as examples/elastic.py makes them
-    data = TensorDataset(*torch.randn(2, 96, 8, dtype=torch.float64, generator=gen))
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
-                              torch.nn.Linear(32, 8)).double()
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    cursor = DataCursor(len(data), 12, seed=3)
-    while cursor.epoch < epochs:
-        x, y = data[cursor.global_indices()]
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
-        opt.step()
-        cursor.commit()
-    return net.state_dict()
+from tests.e2e.helpers import (
+    EPOCHS,
+    ROOT,
+    SCRIPT,
+    assert_equal_to_one_process,
+    kill_leftovers,
+    one_process,
+    pid_alive,
+    potluck_run,
+)
 
 
 @pytest.mark.timeout(150)
@@ -61,13 +48,7 @@ def test_killed_worker_is_restarted_and_rejoins_with_live_state(tmp_path: Path) 
     assert "joined at step 4 with the cohort's live state" in result.stderr
     assert "below min_workers=3: waiting" in result.stderr
     assert "s3cret" not in result.stdout + result.stderr  # the token is never printed
-    final, expected = torch.load(out), _one_process(epochs)
-    for name, value in expected.items():
-        torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
-
-
-def assert_equal_to_one_process(path: Path, epochs: int = EPOCHS) -> None:
-    final, expected = torch.load(path), _one_process(epochs)
+    final, expected = torch.load(out), one_process(epochs)
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=1e-9, atol=1e-12)
 

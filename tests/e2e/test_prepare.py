@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from potluck.testing import free_port
-from tests.e2e.helpers import ROOT, potluck_run
-from tests.e2e.test_elastic_run import SCRIPT, assert_equal_to_one_process
+from tests.e2e.helpers import ROOT, SCRIPT, assert_equal_to_one_process, potluck_run
 
 EPOCHS = 2
 ARGS = ("--epochs", str(EPOCHS), "--step-time", "0")

@@ -48,13 +48,16 @@ def test_another_node_gives_up_at_the_join_timeout_with_one_message(
 def test_something_that_is_not_the_store_fails_at_once() -> None:
     """As an HTTP proxy at the address answers: what a wrong --master-addr met here."""
     with socket.create_server(("127.0.0.1", 0)) as server:
-        threading.Thread(target=_answer_http, args=(server,), daemon=True).start()
+        answering = threading.Thread(target=_answer_http, args=(server,), daemon=True)
+        answering.start()
         config = LaunchConfig(script="x.py", nnodes=2, node_rank=1,
                               master_port=server.getsockname()[1], join_timeout=60.0)
         started = time.monotonic()
         with pytest.raises(RendezvousError, match="is not a potluck job's store"):
             join_store(config, stopping=lambda: False)
         assert time.monotonic() - started < 15  # not the 60 s join timeout
+        server.shutdown(socket.SHUT_RDWR)  # (its accept() returns: the thread ends)
+    answering.join(timeout=5)
 
 
 def _answer_http(server: socket.socket) -> None:

@@ -88,7 +88,8 @@ def test_bad_arguments_are_named_not_a_traceback(kwargs: dict[str, object],
 
 def test_a_numpy_integer_is_a_whole_number() -> None:
     assert whole_number("global_batch", np.int64(8), "8") == 8
-    _prepare(global_batch=np.int64(8), seed=np.int64(3))
+    _, opt, _ = _prepare(global_batch=np.int64(8), seed=np.int64(3))  # type: ignore[misc]
+    opt.finish()
     assert potluck.MinimumSize(np.int64(2), 60).workers == 2
 
 
@@ -147,6 +148,7 @@ def test_resume_from_a_missing_directory_says_so(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     _, opt, _ = _prepare(checkpoint_dir=tmp_path / "typo", resume=True)
     assert opt.steps == 0  # type: ignore[attr-defined]
+    opt.finish()  # type: ignore[attr-defined]
     assert "no checkpoint in" in caplog.text and "starting from step 0" in caplog.text
     assert "no such directory" in caplog.text
     assert not (tmp_path / "typo").exists()  # a typo is not made a directory
@@ -156,6 +158,7 @@ def _saved(directory: Path) -> None:
     """A live state as prepare's jobs save it: the returned optimizer's state_dict."""
     _, opt, _ = _prepare()
     potluck.CheckpointManager(directory).save(3, opt.state_dict())  # type: ignore[attr-defined]
+    opt.finish()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("other", "message"), [
@@ -205,6 +208,7 @@ def test_a_parameter_unfrozen_after_prepare_is_refused_at_the_next_step() -> Non
     torch.nn.functional.mse_loss(model(x), y).backward()
     with pytest.raises(ConfigError, match=r"\['0.bias', '0.weight'\] changed requires_grad"):
         opt.step()
+    opt.finish()
 
 
 def test_compressed_sum_refuses_a_codec_class() -> None:

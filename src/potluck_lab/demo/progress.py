@@ -115,6 +115,9 @@ class ProgressBar:
     shares, with a line above the bar for every far move)."""
 
     def __init__(self, total: int, label: str, *, shares: bool = False) -> None:
+        # (no monitor thread: the bar is updated every step, and tqdm's monitor would
+        # outlive it for the rest of the process)
+        tqdm.monitor_interval = 0
         self._bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
         self._shares = ShareWatch() if shares else None
 
