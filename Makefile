@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 # torch==2.13.0 is installed first and on its own: the local CPU build satisfies the
 # range in pyproject.toml, so the project install never pulls a newer CUDA build.
@@ -26,6 +26,10 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q
+
+# The edit-run loop: the pure and in-process tests (tests/unit), about a minute.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
