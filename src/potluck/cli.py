@@ -145,6 +145,8 @@ def did_you_mean(word: str, known: Iterable[str]) -> str | None:
     """The known flag closest to ``word`` (``--flag`` or ``--flag=value``), spelled as the
     user spells flags (dashes or torchrun's underscores); None when none is close."""
     flag = word.split("=", 1)[0]
+    if not flag.startswith("--") or len(flag.lstrip("-")) < 3:
+        return None  # (a short option such as -n: too short to be near a long flag)
     dashed = sorted({_dashes(k) for k in known})
     wanted = _dashes(flag)
     starts = [k for k in dashed if k.startswith(wanted)]

@@ -46,6 +46,8 @@ def _run_flags() -> list[str]:
     ("--elastc", "--elastic"),
     ("--max-restart", "--max-restarts"),
     ("--zzz", None),
+    ("-n", None),  # a short option: no long flag is near it (difflib said --token)
+    ("--n", None),
 ])
 def test_a_typod_flag_gets_the_closest_known_one(typed: str, meant: str | None) -> None:
     assert potluck_cli.did_you_mean(typed, _run_flags()) == meant
