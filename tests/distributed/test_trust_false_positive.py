@@ -15,14 +15,14 @@ from potluck.testing import free_port, run_ranks
 from potluck_lab.bench import byzantine_lm
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # (three jobs of about 10-25 s each, 90 s at most)
 def test_honest_small_batches_of_a_transformer_are_never_quarantined() -> None:
     # Under the rule of two far strikes within Rules.memory, seed 2 quarantined an
     # honest worker (far at steps 7 and 24).
     far_steps = 0
     for seed in (0, 2, 3):
         result = run_ranks(byzantine_lm.run_rank, 4, free_port(), seed, init_group=False,
-                           timeout=120)[0]
+                           timeout=90)[0]
         assert result["steps"] == byzantine_lm.STEPS
         assert result["quarantined"] == [], (seed, result)
         far_steps += len(result["far"])
