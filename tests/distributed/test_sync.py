@@ -49,7 +49,9 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     from potluck.compress import Int8Blockwise
 
     cohort = join(rank, world_size, port)
-    net = Slow(tiny_mlp(), 0.002 if rank == 1 and kind == "slow" else 0.0)
+    # (10 ms a sample: a gap that contention on a loaded 2-core machine does not close;
+    # with 2 ms, rank 0 slowed by other jobs measured slower in a round now and then)
+    net = Slow(tiny_mlp(), 0.01 if rank == 1 and kind == "slow" else 0.0)
     momentum = 0.0 if kind == "local" else 0.9
     inner = torch.optim.SGD(net.parameters(), lr=LR, momentum=momentum)
     sync = {"local": LocalSGD(1, adaptive=False),
