@@ -36,6 +36,41 @@ def whole_number(name: str, value: Any, example: str) -> int:
     return int(value)
 
 
+def check_call(model: Any, optimizer: Any, dataset: Any, global_batch: Any, seed: Any,
+               drop_last: Any, data_parallel: dict[str, Any]) -> tuple[int, int]:
+    """``prepare``'s model, optimizer and step arguments: the global batch and seed as
+    ints, or the refusal that names the bad value and the fix."""
+    from potluck.reducer import DataParallel
+
+    if not isinstance(model, nn.Module) or isinstance(model, DataParallel):
+        raise ConfigError(
+            f"prepare() takes the plain model (an nn.Module), got {type(model).__name__}; "
+            "pass the module itself: prepare wraps it in potluck.DataParallel")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"prepare() takes a torch.optim.Optimizer over the model's parameters, got "
+            f"{type(optimizer).__name__}")
+    check_optimizer(model, optimizer)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"prepare() got a model ({type(model).__name__}) with no parameter "
+                          "that requires a gradient: there is nothing to train or sync; set "
+                          "requires_grad=True on the parameters to train before prepare()")
+    global_batch = whole_number("global_batch", global_batch, "global_batch=64")
+    if global_batch < 1:
+        raise ConfigError(f"global_batch={global_batch!r} must be a positive int (samples "
+                          "per step, all workers together), e.g. global_batch=64")
+    if not isinstance(drop_last, bool):
+        raise ConfigError(f"drop_last={drop_last!r} must be True or False (leave out an "
+                          "epoch's last, shorter step)")
+    for name in ("group", "process_group", "on_failure", "init_sync", "sync_gradients",
+                 "clock", "contribution"):
+        if name in data_parallel:
+            raise ConfigError(f"prepare() sets DataParallel's {name}= itself (from the "
+                              f"cohort, sync= and balance=); drop {name}= (or build "
+                              "DataParallel yourself)")
+    return global_batch, whole_number("seed", seed, "seed=0")
+
+
 def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Every parameter ``optimizer`` updates is one of ``model``'s: a parameter outside
     the model is never averaged across ranks (the replicas would drift apart), and an

@@ -33,6 +33,7 @@ from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
 from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch
+from potluck.data.handout import Handout
 from potluck.data.memory import MemoryCap
 from potluck.data.permutation import epoch_permutation
 from potluck.data.split import check_rank, equal_shares, split_block, split_counts
@@ -65,7 +66,8 @@ class StepLoader:
                  redone: Callable[[], int] | None = None,
                  workers: int = 0, prefetch: int = 2, read_timeout: float | None = None,
                  place: Callable[[Any], Any] | None = None,
-                 sitting_out: Callable[[int], Collection[int]] | None = None) -> None:
+                 sitting_out: Callable[[int], Collection[int]] | None = None,
+                 handout: Handout | None = None) -> None:
         """``contribution`` hears each step's part (samples, or ``weight(batch)`` units
         such as real tokens) for the exact average; ``memory`` is this rank's micro-batch
         cap (``loader.memory``; ``loader.micro_batches``: how many its part takes);
@@ -80,7 +82,8 @@ class StepLoader:
         ``sitting_out(world_size)``: ranks whose gradients count for nothing (quarantined
         by trust on a fixed cohort): the others share the whole step, so every sample is
         still trained once, and such a rank reads the step's first sample only, so its
-        loop still runs the step's collectives."""
+        loop still runs the step's collectives. ``handout``: where it writes what it
+        handed out (the split, the batches), for parts built before it."""
         check_workers(workers, prefetch, read_timeout)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
@@ -94,9 +97,8 @@ class StepLoader:
         self.memory = memory or MemoryCap()
         self._inner_of, self._segments_of = inner_steps, segments
         self._part = 1  # samples of this rank's part of the step last handed out
-        self.split: list[int] = []  # samples per rank last handed out (a step, a segment)
+        self.handout = handout or Handout()
         self.segment = 0  # under a sync strategy: which segment of its round (from 0)
-        self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
         self._handed: tuple[CursorState, Sequence[float]] | None = None  # its cursor state, shares
         self.stop = stop or (lambda: False)  # e.g. lambda: optimizer.left
         self.collate = collate or default_collate
@@ -108,6 +110,16 @@ class StepLoader:
         self._place = place or (lambda batch: batch)
         self._sitting_out = sitting_out or (lambda world_size: ())
         self._later: tuple[tuple[int, int], torch.Tensor] | None = None  # another epoch's order
+
+    @property
+    def split(self) -> list[int]:
+        """Samples per rank of the step (or round segment) last handed out."""
+        return self.handout.split
+
+    @property
+    def batches(self) -> int:
+        """Batches handed out so far (a ``step()`` without one is a loop bug)."""
+        return self.handout.batches
 
     @property
     def micro_batches(self) -> int:
@@ -175,8 +187,8 @@ class StepLoader:
             rank, world_size = self.membership()
             start, stop = state.block
             shares = self._shares_for(stop - start, world_size)
-            self.split = split_counts(stop - start, shares)
             self._handed = (state, shares)
+            self.handout.handed(split_counts(stop - start, shares), self.part_of)
             check_rank(rank, world_size)
             part = split_block(start, stop, shares)[rank]
             if not part and stop > start and rank in self._sitting_out(world_size):
@@ -197,7 +209,7 @@ class StepLoader:
             self._part = len(part)
             if self.contribution is not None:
                 self._contribute(batch, self.split[rank], stop - start)
-            self.batches += 1
+            self.handout.batch()
             yield batch
 
     def part_of(self, rank: int) -> Any:
@@ -223,7 +235,8 @@ class StepLoader:
         for k, (start, stop) in enumerate(self._segments_of(state.block)):
             if k:
                 shares = self._shares_for(stop - start, world_size)
-            self.split, self.segment = split_counts(stop - start, shares), k
+            self.handout.segment(split_counts(stop - start, shares))
+            self.segment = k
             part = split_block(start, stop, shares)[rank]
             if part.stop <= part.start:
                 raise CursorError(
@@ -238,7 +251,7 @@ class StepLoader:
                        for first, count in zip(firsts, counts, strict=False)]
             for j, count in enumerate(counts):
                 self._part = count
-                self.batches += 1
+                self.handout.batch()
                 ahead = batches[j + 1:j + 1 + self.prefetch] if self.workers else []
                 yield self._fetch(batches[j], ahead)
 

@@ -1,0 +1,52 @@
+"""``Handout``: what the step loader handed out last, for the parts that read it.
+
+The loader writes it each time it hands out a step (or a segment of a round); the step
+transaction, the balancer, the observer and trust read it. It is made before any of
+them, so none of them needs the loader itself: the loader is built last, from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from potluck.errors import CursorError
+
+ReadPart = Callable[[int], Any]  # rank -> that rank's batch of the step handed out
+
+
+class Handout:
+    """The split of the step last handed out, how many batches so far, and a way to read
+    any rank's part of that step again (a spot check recomputes it)."""
+
+    def __init__(self) -> None:
+        self.split: list[int] = []  # samples per rank of the step (or segment) last handed out
+        self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
+        self._read: ReadPart | None = None
+
+    def handed(self, split: Sequence[int], read: ReadPart) -> None:
+        """The loader hands out a step split so (``read(rank)``: that rank's batch)."""
+        self.split, self._read = list(split), read
+
+    def segment(self, split: Sequence[int]) -> None:
+        """The loader hands out a segment of a round split so."""
+        self.split = list(split)
+
+    def batch(self) -> None:
+        """The loader yields one more batch."""
+        self.batches += 1
+
+    def step_samples(self) -> int:
+        """Samples of the step last handed out, all ranks together."""
+        return sum(self.split)
+
+    def samples_of(self, rank: int) -> tuple[int, int] | None:
+        """``rank``'s samples and the step's, last handed out (None: no such rank)."""
+        split = self.split
+        return (split[rank], sum(split)) if 0 <= rank < len(split) else None
+
+    def part_of(self, rank: int) -> Any:
+        """``rank``'s batch of the step last handed out (what it trained on)."""
+        if self._read is None:
+            raise CursorError("part_of(): no step was handed out yet")
+        return self._read(rank)
