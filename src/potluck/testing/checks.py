@@ -33,6 +33,7 @@ class SampleLedger:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] = self.path.open("a")
 
     def record(self, epoch: int, samples: Iterable[int]) -> None:

@@ -56,6 +56,30 @@ def join(rank: int, world_size: int, port: int, *, timeout: float = 30.0) -> Coh
     return init(env=env, timeout=timeout)
 
 
+def join_elastic(worker_id: str, port: int, *, expected: int, timeout: float = 30.0,
+                 heartbeat_timeout: float = 1.5, token: str = "potluck-test") -> Cohort:
+    """Join (or found) the elastic cohort of ``expected`` founders that meets on the
+    store a test hosts on loopback ``port`` (``torch.distributed.TCPStore(...,
+    is_master=True)`` in the test process, as ``potluck run --elastic``'s agent hosts
+    it: it outlives every worker). A worker that joins after the founders started is
+    admitted at the cohort's next step boundary. ``timeout`` bounds every collective:
+    a peer silent that long is given up on; one whose heartbeats stop for
+    ``heartbeat_timeout`` seconds is lost at once."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from potluck.cohort import GroupSpec
+    from potluck.cohort import join_elastic as join_store
+    from potluck.rendezvous import RendezvousConfig
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout))
+    config = RendezvousConfig(token=token, expected=expected, heartbeat_interval=0.2,
+                              heartbeat_timeout=heartbeat_timeout, settle_timeout=10.0,
+                              join_timeout=60.0)
+    return join_store(store, worker_id, config, GroupSpec("gloo", timeout, "127.0.0.1"))
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
