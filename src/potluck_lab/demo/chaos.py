@@ -50,6 +50,16 @@ from potluck_lab.demo.chaos_report import (
     steps_line,
     throughput_rows,
 )
+from potluck_lab.demo.presets import (
+    CHAOS_FULL,
+    CHAOS_QUICK,
+    Preset,
+    check_seed,
+    check_several_workers,
+    refuse_resume,
+    sized,
+    worker_argv,
+)
 from potluck_lab.demo.report import sample_block
 from potluck_lab.jobs import run_agent
 from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
@@ -62,31 +72,10 @@ CHAOS_METRICS = Path("runs/demo-chaos/metrics.jsonl")
 
 
 @dataclass(frozen=True)
-class ChaosPreset:
-    """Sizes for the chaos demo: enough steps after the kill for a restarted worker
-    (a fresh Python importing torch: several seconds) to rejoin before the end."""
-
-    steps: int
-    global_batch: int
-    corpus_chars: int
-    context: int
-    d_model: int
-    n_layers: int
-    sample_chars: int
-    warmup_steps: int  # left out of the throughput medians
-
-
-CHAOS_FULL = ChaosPreset(steps=600, global_batch=32, corpus_chars=2_000_000, context=64,
-                         d_model=128, n_layers=2, sample_chars=300, warmup_steps=10)
-CHAOS_QUICK = ChaosPreset(steps=360, global_batch=16, corpus_chars=200_000, context=64,
-                          d_model=64, n_layers=2, sample_chars=80, warmup_steps=10)
-
-
-@dataclass(frozen=True)
 class ChaosConfig:
     workers: int
     seed: int
-    preset: ChaosPreset
+    preset: Preset
     kill_at: int  # the victim stops once this many steps have committed, and is killed
     rejoin_by: int  # a cohort still short of the restarted worker waits for it here
     run_dir: Path
@@ -96,21 +85,15 @@ class ChaosConfig:
 
 def config_from_args(args: argparse.Namespace) -> ChaosConfig:
     """Validate the demo's flags for a chaos run; ConfigError names value, rule and fix."""
-    preset = CHAOS_QUICK if args.quick else CHAOS_FULL
-    steps = preset.steps if args.steps is None else args.steps
-    batch = preset.global_batch if args.batch_size is None else args.batch_size
-    workers = args.workers
-    if workers < 2:
-        raise ConfigError(
-            f"--chaos with --workers {workers}: the chaos demo kills a worker and the "
-            "others must train on without it, so it needs at least 2 workers; use "
-            "--chaos --workers 2"
-        )
+    preset = sized(args, CHAOS_FULL, CHAOS_QUICK)
+    steps, batch, workers = preset.steps, preset.global_batch, args.workers
+    check_several_workers("chaos", workers, "the chaos demo kills a worker and the others "
+                                            "must train on without it")
     if steps < 3:
         raise ConfigError(
             f"--chaos with --steps {steps}: the kill comes a third of the way through and "
             f"the run must go on after it, so it needs at least 3 steps; use e.g. --steps "
-            f"{preset.steps}"
+            f"{(CHAOS_QUICK if args.quick else CHAOS_FULL).steps}"
         )
     if batch < workers or batch % workers or batch % (workers - 1):
         fits = workers * (workers - 1) * max(1, batch // (workers * (workers - 1)))
@@ -119,19 +102,13 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
             f"batch is split evenly over {workers} workers, and over the {workers - 1} left "
             f"after the kill, so it must be a multiple of both; use e.g. --batch-size {fits}"
         )
-    if args.seed < 0:
-        raise ConfigError(f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
-    if args.resume:
-        raise ConfigError(
-            "--resume with --chaos: the chaos demo keeps no checkpoints (a restarted worker "
-            "receives the live state from the others); drop --resume or --chaos"
-        )
+    check_seed(args.seed)
+    refuse_resume(args.resume, "chaos", " (a restarted worker receives the live state from "
+                                        "the others)")
     kill_at = max(1, steps // 3)
     metrics = CHAOS_METRICS if args.metrics is None else args.metrics
     return ChaosConfig(
-        workers=workers, seed=args.seed,
-        preset=ChaosPreset(steps, batch, preset.corpus_chars, preset.context, preset.d_model,
-                           preset.n_layers, preset.sample_chars, preset.warmup_steps),
+        workers=workers, seed=args.seed, preset=preset,
         kill_at=kill_at, rejoin_by=max(kill_at, min(2 * steps // 3, steps - 2)),
         # A directory of its own: the driver reads every *.jsonl there as the run's records.
         run_dir=metrics.parent / "records",
@@ -141,13 +118,9 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
 
 def launch_config(config: ChaosConfig, token: str) -> LaunchConfig:
     """What ``potluck run --elastic --max-restarts 1 --token T -m <worker>`` would build."""
-    p = config.preset
     worker_args = (
-        "--run-dir", str(config.run_dir), "--steps", str(p.steps),
-        "--batch-size", str(p.global_batch), "--seed", str(config.seed),
-        "--corpus-chars", str(p.corpus_chars), "--context", str(p.context),
-        "--d-model", str(p.d_model), "--n-layers", str(p.n_layers),
-        "--sample-chars", str(p.sample_chars), "--victim", str(VICTIM),
+        "--run-dir", str(config.run_dir), *worker_argv(config.preset, config.seed),
+        "--sample-chars", str(config.preset.sample_chars), "--victim", str(VICTIM),
         "--kill-at", str(config.kill_at), "--rejoin-by", str(config.rejoin_by),
         "--rejoin-timeout", f"{REJOIN_TIMEOUT_S:g}",
     )
@@ -249,12 +222,9 @@ class ChaosDriver:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the chaos demo: 0 on success, 2 on a bad flag, 1 on failure, 130 on Ctrl-C."""
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck demo: error: {exc}", file=sys.stderr)
-        return 2
+    """Run the chaos demo: 0 on success, 1 on failure, 130 on Ctrl-C; a bad flag
+    raises ``ConfigError`` (``cli.main`` exits 2)."""
+    config = config_from_args(args)
     started = time.perf_counter()
     _prepare(config.run_dir)
     token = secrets.token_hex(16)  # admission secret for this run only; never printed
