@@ -23,7 +23,6 @@ import contextlib
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import Journal, JournalFollower
 from potluck_lab.demo.chaos_report import (
@@ -50,10 +49,10 @@ from potluck_lab.demo.chaos_report import (
     steps_line,
     throughput_rows,
 )
+from potluck_lab.demo.launched import LaunchedConfig, ended_badly, model_line, run_workers
 from potluck_lab.demo.presets import (
     CHAOS_FULL,
     CHAOS_QUICK,
-    Preset,
     check_seed,
     check_several_workers,
     refuse_resume,
@@ -61,8 +60,6 @@ from potluck_lab.demo.presets import (
     worker_argv,
 )
 from potluck_lab.demo.report import sample_block
-from potluck_lab.jobs import run_agent
-from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 
 WORKER_MODULE = "potluck_lab.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
@@ -72,15 +69,10 @@ CHAOS_METRICS = Path("runs/demo-chaos/metrics.jsonl")
 
 
 @dataclass(frozen=True)
-class ChaosConfig:
-    workers: int
-    seed: int
-    preset: Preset
+class ChaosConfig(LaunchedConfig):
     kill_at: int  # the victim stops once this many steps have committed, and is killed
     rejoin_by: int  # a cohort still short of the restarted worker waits for it here
     run_dir: Path
-    metrics: Path
-    progress: bool
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosConfig:
@@ -230,30 +222,17 @@ def main(args: argparse.Namespace) -> int:
     token = secrets.token_hex(16)  # admission secret for this run only; never printed
     launch = launch_config(config, token)
     _print_header(config, launch)
-    emitted: list[str] = []
     driver = ChaosDriver(config, lambda line: print(line, flush=True))
-    code = 1
     try:
-        code = run_agent(launch, config.run_dir / "workers.log", driver, emitted,
-                         append=False)
-    except PotluckError as exc:
-        print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
-    except KeyboardInterrupt:  # before the agent took over the signals, or after
-        code = 130
+        code, emitted = run_workers(launch, config.run_dir / "workers.log", driver)
     finally:
         run = driver.stop()
-    if code >= 128:
-        print(f"\npotluck demo: interrupted; every worker was stopped (worker output in "
-              f"{config.run_dir / 'workers.log'})", file=sys.stderr)
-        return code
-    _write_metrics(config, run)
-    if code != 0 or run.final_steps < config.preset.steps:
-        for line in emitted[-40:]:
-            print(line, file=sys.stderr)
-        print(f"potluck demo: the chaos run failed after {run.final_steps} of "
-              f"{config.preset.steps} steps; worker output is in "
-              f"{config.run_dir / 'workers.log'}", file=sys.stderr)
-        return 1
+    if code < 128:
+        _write_metrics(config, run)
+    failed = ended_badly(code, emitted, run.final_steps, config.preset.steps, "chaos",
+                         config.run_dir / "workers.log")
+    if failed is not None:
+        return failed
     _print_report(config, run)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}; worker output in {config.run_dir / 'workers.log'}")
@@ -268,11 +247,7 @@ def _prepare(run_dir: Path) -> None:
 
 def _print_header(config: ChaosConfig, launch: LaunchConfig) -> None:
     p = config.preset
-    text = load_corpus(p.corpus_chars, config.seed)
-    vocab = Vocabulary.from_text(text)
-    print(f"potluck demo --chaos: a {p.n_layers}-layer character transformer (d_model "
-          f"{p.d_model}, context {p.context}) on {len(text):,} characters of Python stdlib "
-          f"source from {stdlib_dir()} ({vocab.size} distinct characters)")
+    print(model_line("potluck demo --chaos", p, config.seed))
     print(f"{config.workers} elastic workers, global batch {p.global_batch}, {p.steps} steps, "
           f"seed {config.seed}, started as:")
     print(f"  potluck run --elastic --max-restarts {launch.max_restarts} --token <random> "

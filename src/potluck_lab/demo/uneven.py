@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import read_journal
+from potluck_lab.demo.launched import LaunchedConfig, ended_badly, model_line, run_workers
 from potluck_lab.demo.presets import (
     UNEVEN_FULL,
     UNEVEN_QUICK,
-    Preset,
     check_seed,
     check_several_workers,
     refuse_resume,
@@ -42,9 +42,7 @@ from potluck_lab.demo.presets import (
 from potluck_lab.demo.progress import MetricsFollower, choose_display, make_progress
 from potluck_lab.demo.report import loss_summary
 from potluck_lab.demo.uneven_report import summarize, summary_lines
-from potluck_lab.jobs import run_agent
 from potluck_lab.machine import cpu_quota
-from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 
 WORKER_MODULE = "potluck_lab.demo.uneven_worker"
 SLOW_RANK = 1  # the worker slowed (launch rank); rank 0 writes the metrics
@@ -56,14 +54,9 @@ UNEVEN_METRICS = Path("runs/demo-uneven/metrics.jsonl")
 
 
 @dataclass(frozen=True)
-class UnevenConfig:
-    workers: int
-    seed: int
-    preset: Preset
+class UnevenConfig(LaunchedConfig):
     slow_by: str  # "auto": a CPU quota where possible, else sleeps; "cgroup"; "sleep"
     fraction: float  # of one core, for the slowed worker
-    metrics: Path
-    progress: bool
 
 
 @dataclass(frozen=True)
@@ -177,18 +170,13 @@ def main(args: argparse.Namespace) -> int:
     finally:
         throttled = _remove(slowdown)
     run_dir = config.metrics.parent
-    if code >= 128:
-        print(f"\npotluck demo: interrupted; every worker was stopped (worker output in "
-              f"{run_dir / 'workers.log'})", file=sys.stderr)
-        return code
-    records = [r for r in read_journal(config.metrics) if r.get("kind") == "step"]
-    total = config.preset.steps + config.preset.equal_steps
-    if code != 0 or len(records) < total:
-        for line in emitted[-40:]:
-            print(line, file=sys.stderr)
-        print(f"potluck demo: the uneven run failed after {len(records)} of {total} steps; "
-              f"worker output is in {run_dir / 'workers.log'}", file=sys.stderr)
-        return 1
+    records = [] if code >= 128 else [r for r in read_journal(config.metrics)
+                                      if r.get("kind") == "step"]
+    failed = ended_badly(code, emitted, len(records),
+                         config.preset.steps + config.preset.equal_steps, "uneven",
+                         run_dir / "workers.log")
+    if failed is not None:
+        return failed
     _print_report(config, records, throttled)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics (with each "
           f"step's shares) in {config.metrics}; worker output in {run_dir / 'workers.log'}")
@@ -207,15 +195,7 @@ def _train(config: UnevenConfig, slowdown: Slowdown) -> tuple[int, list[str]]:
     total = config.preset.steps + config.preset.equal_steps
     progress = MetricsFollower(config.metrics, make_progress(
         display, total, f"{config.workers} workers", sys.stdout, shares=True))
-    emitted: list[str] = []
-    try:
-        return run_agent(launch, run_dir / "workers.log", progress, emitted,
-                         append=False), emitted
-    except PotluckError as exc:
-        print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
-        return 1, emitted
-    except KeyboardInterrupt:  # before the agent took over the signals, or after
-        return 130, emitted
+    return run_workers(launch, run_dir / "workers.log", progress)
 
 
 def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
@@ -234,11 +214,7 @@ def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
 def _print_header(config: UnevenConfig, launch: LaunchConfig, slowdown: Slowdown,
                   cores: list[int]) -> None:
     p = config.preset
-    text = load_corpus(p.corpus_chars, config.seed)
-    vocab = Vocabulary.from_text(text)
-    print(f"potluck demo --uneven: a {p.n_layers}-layer character transformer (d_model "
-          f"{p.d_model}, context {p.context}) on {len(text):,} characters of Python stdlib "
-          f"source from {stdlib_dir()} ({vocab.size} distinct characters)")
+    print(model_line("potluck demo --uneven", p, config.seed))
     print(f"{config.workers} workers x 1 thread on Gloo, global batch {p.global_batch} "
           f"shared by measured speed, {p.steps} steps, then {p.equal_steps} on equal shares "
           f"to compare, seed {config.seed}, started as:")
