@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -53,9 +53,9 @@ class Bench(Generic[C, R]):
 
 def drive(bench: Bench[C, R], args: argparse.Namespace) -> int:
     """Run ``bench`` with the parsed flags ``args``; the process's exit code."""
+    config = bench.configure(args)
     if bench.unavailable is not None and (problem := bench.unavailable()) is not None:
         raise ConfigError(problem)
-    config = bench.configure(args)
     kept = bench.logs(config)
     logs = Path(kept) if kept else Path(tempfile.mkdtemp(prefix=f"potluck-{bench.name}-"))
     if bench.header is not None:
@@ -106,6 +106,12 @@ def by_contender(runs: Sequence[Run[T]]) -> dict[str, list[T]]:
     for run in runs:
         out.setdefault(run.contender, []).append(run.result)
     return out
+
+
+def given(config: C, **flags: object) -> C:
+    """``config`` with every flag that was given (not None) in place of its value."""
+    return replace(config, **{name: value for name, value in flags.items()  # type: ignore[type-var]
+                              if value is not None})
 
 
 def ratio(a: float, b: float) -> float:
