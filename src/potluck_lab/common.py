@@ -73,7 +73,7 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     """``payload`` as JSON, a NaN (a figure with nothing to measure) as null."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(finite(payload), indent=2, allow_nan=False) + "\n")
+    target.write_text(json.dumps(finite(payload), indent=2) + "\n")
 
 
 def finite(value: Any) -> Any:

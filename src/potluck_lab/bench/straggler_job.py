@@ -270,6 +270,8 @@ class _StepTimer:
 
     def step(self, model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> None:
         """One training step on the batch just loaded, its parts marked."""
+        import torch
+
         self.mark("loaded")
         optimizer.zero_grad()
         out = model(x)
