@@ -16,12 +16,11 @@ from tests.e2e.helpers import ROOT, pid_alive
 KILLED = ("potluck+kills", "torchrun+kills")
 FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
           "whole_median_s", "wall_s", "steps_per_s", "goodput")
-STEPS = 50
-KILL_EVERY = 1
-# A kill lands after KILL_EVERY s of training and not within 2 s (end_margin) of the
-# expected end, so every job must last well over 3 s whatever the machine's speed: 50
-# steps of at least 0.08 s (a sleep per step) last at least 4 s. Without the floor a fast
-# run of torchrun's job ended before any kill was due (kills 0).
+STEPS = 70
+# A kill lands after 2 s of training and not within 2 s (end_margin) of the expected
+# end, so every job must last well over 4 s whatever the machine's speed: 70 steps of at
+# least 0.08 s (a sleep per step) last at least 5.6 s. Without the floor a fast run of
+# torchrun's job ended before any kill was due (kills 0).
 STEP_PAUSE = 0.08
 CHECKPOINT_EVERY = 5
 # One kill a run: each kill of torchrun's job restarts every worker (6-7 s here), and
@@ -39,14 +38,13 @@ def test_quick_run_reports_the_contenders_asked_for_and_leaves_nothing_behind(
         tmp_path: Path) -> None:
     """The two runs with kills (the runs without them are the same jobs, kill-free)."""
     out = tmp_path / "faults.json"
-    result = bench("--quick", "--workers", "2", "--steps", str(STEPS), "--kill-every",
-                   str(KILL_EVERY),
+    result = bench("--quick", "--workers", "2", "--steps", str(STEPS), "--kill-every", "2",
                    "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-pause", str(STEP_PAUSE),
                    "--max-kills", str(MAX_KILLS), "--contenders", ",".join(KILLED),
                    "--json", str(out), timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert result.stdout.startswith(f"potluck bench faults: 2 workers, gloo, kill every "
-                                    f"{KILL_EVERY} s (at most 1 a run)")
+    assert result.stdout.startswith("potluck bench faults: 2 workers, gloo, kill every 2 s "
+                                    "(at most 1 a run)")
     report = json.loads(out.read_text())
     assert sorted(report["contenders"]) == sorted(KILLED)
     for name in KILLED:
