@@ -38,7 +38,8 @@ BENCH = Command("bench", "potluck_lab.commands", "side-by-side benchmarks", orde
 def main(args: argparse.Namespace) -> int:
     """Run one bench. A bad flag exits 2, as argparse's own errors do: the ``--json``
     path is checked here for every bench, before it runs (not after, when its results
-    would be lost), and a bench's own checks raise ``ConfigError``."""
+    would be lost), and a bench's own checks raise ``ConfigError`` (``driver.drive``:
+    a bad flag, or a machine that cannot run the bench)."""
     from potluck.errors import ConfigError
     from potluck_lab.common import check_json_path
 

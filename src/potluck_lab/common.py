@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -69,9 +70,21 @@ def check_json_path(path: str | None) -> None:
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """``payload`` as JSON, a NaN (a figure with nothing to measure) as null."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(payload, indent=2) + "\n")
+    target.write_text(json.dumps(finite(payload), indent=2) + "\n")
+
+
+def finite(value: Any) -> Any:
+    """NaN becomes None, recursively, and keys become strings: valid JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 @contextlib.contextmanager

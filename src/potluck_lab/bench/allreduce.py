@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +20,8 @@ import torch.distributed as dist
 
 from potluck.errors import ConfigError
 from potluck.testing import run_ranks
-from potluck_lab.common import at_least, interleaved, median, table, write_json
+from potluck_lab.common import at_least, interleaved, median, table
+from potluck_lab.driver import Bench, drive
 
 _DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
@@ -56,37 +59,51 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * nbytes / seconds
 
 
-def check_args(args: argparse.Namespace) -> list[int]:
-    """The sizes in bytes; raises ConfigError (exit 2) naming a bad flag."""
+@dataclass(frozen=True)
+class AllreduceConfig:
+    sizes: tuple[int, ...]  # bytes
+    world_size: int
+    rounds: int
+
+
+def check_args(args: argparse.Namespace) -> AllreduceConfig:
+    """Flags -> config; raises ConfigError (exit 2) naming a bad flag."""
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes:
         raise ConfigError(f"--sizes {args.sizes!r} names no size; use e.g. --sizes 4K,1M")
     at_least("--world-size", args.world_size, 2, "2")
     at_least("--rounds", args.rounds, 1, "6")
-    return sizes
+    return AllreduceConfig(tuple(sizes), args.world_size, 3 if args.quick else args.rounds)
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = check_args(args)
-    rounds = 3 if args.quick else args.rounds
-    per_rank = run_ranks(_rank_main, args.world_size, sizes, rounds, timeout=600)
-    rows, results = [], []
-    for size in sizes:
+    return drive(BENCH, args)
+
+
+def measure(config: AllreduceConfig, logs: Path) -> list[dict[str, Any]]:
+    """Per size: the median time of each way and its bus bandwidth."""
+    per_rank = run_ranks(_rank_main, config.world_size, list(config.sizes), config.rounds,
+                         timeout=600)
+    results = []
+    for size in config.sizes:
         ours = median(per_rank[0][size]["potluck"])
         raw = median(per_rank[0][size]["raw"])
-        bw_ours = bus_bandwidth(size, ours, args.world_size) / 1e9
-        bw_raw = bus_bandwidth(size, raw, args.world_size) / 1e9
+        bw_ours = bus_bandwidth(size, ours, config.world_size) / 1e9
+        bw_raw = bus_bandwidth(size, raw, config.world_size) / 1e9
         results.append({"bytes": size, "potluck_s": ours, "raw_s": raw,
                         "potluck_busbw_gbs": bw_ours, "raw_busbw_gbs": bw_raw,
                         "ratio": bw_ours / bw_raw})
-        rows.append([_human(size), ours * 1e3, raw * 1e3, bw_ours, bw_raw, bw_ours / bw_raw])
-    print(f"potluck bench allreduce: {args.world_size} ranks, gloo, float32, "
-          f"median of {rounds} interleaved rounds")
-    print(table(["size", "reducer (ms)", "raw (ms)", "reducer busbw (GB/s)",
-                 "raw busbw (GB/s)", "bw ratio reducer/raw"], rows))
-    if args.json:
-        write_json(args.json, {"world_size": args.world_size, "results": results})
-    return 0
+    return results
+
+
+def report_lines(config: AllreduceConfig, results: list[dict[str, Any]]) -> list[str]:
+    return [f"potluck bench allreduce: {config.world_size} ranks, gloo, float32, "
+            f"median of {config.rounds} interleaved rounds",
+            table(["size", "reducer (ms)", "raw (ms)", "reducer busbw (GB/s)",
+                   "raw busbw (GB/s)", "bw ratio reducer/raw"],
+                  [[_human(r["bytes"]), r["potluck_s"] * 1e3, r["raw_s"] * 1e3,
+                    r["potluck_busbw_gbs"], r["raw_busbw_gbs"], r["ratio"]]
+                   for r in results])]
 
 
 def _human(nbytes: int) -> str:
@@ -125,3 +142,7 @@ def _rank_main(rank: int, world_size: int, sizes: list[int], rounds: int) -> dic
         out[size] = {k: v[1:] for k, v in times.items()}  # first of each is warm-up
         reducer.remove_hooks()
     return out
+
+
+BENCH = Bench("allreduce", check_args, measure, report_lines,
+              lambda config, results: {"world_size": config.world_size, "results": results})

@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from potluck.testing import free_port, run_ranks
@@ -30,7 +32,8 @@ from potluck_lab.attacks import ATTACKS, GROSS
 from potluck_lab.bench import byzantine_lm
 from potluck_lab.bench.byzantine_floor import run_floor
 from potluck_lab.bench.byzantine_job import ATTACKER, SPOT_EVERY, WIDE, run_rank
-from potluck_lab.common import interleaved, median, table, write_json
+from potluck_lab.common import interleaved, median, table
+from potluck_lab.driver import Bench, drive
 
 WORKERS = 4
 SEEDS = 3  # per attack (1 with --quick)
@@ -53,16 +56,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the figures here")
 
 
-def main(args: argparse.Namespace) -> int:
-    attacks = tuple(args.attack or ATTACKS)
+@dataclass(frozen=True)
+class ByzantineConfig:
+    attacks: tuple[str, ...]
+    steps: int
+    clean_runs: int  # the MLP's clean runs with trust (false quarantines)
+    rounds: int  # of the overhead's timing
+    seeds: int  # per attack
+    lm_runs: int  # the small-batch transformer's clean runs
+    quick: bool
+
+
+def config_from_args(args: argparse.Namespace) -> ByzantineConfig:
     steps, clean_runs, rounds = (30, 4, 2) if args.quick else (60, 20, 4)
-    seeds = range(1 if args.quick else SEEDS)
+    return ByzantineConfig(tuple(args.attack or ATTACKS), steps, clean_runs, rounds,
+                           1 if args.quick else SEEDS, 2 if args.quick else LM_RUNS,
+                           bool(args.quick))
+
+
+def main(args: argparse.Namespace) -> int:
+    return drive(BENCH, args)
+
+
+def measure(config: ByzantineConfig, logs: Path) -> dict[str, Any]:
+    """Each attack's runs, the clean runs, the overheads; a line per attack as it ends."""
+    steps, seeds = config.steps, range(config.seeds)
     started = time.monotonic()
     baselines = [_run("none", False, seed, steps)["loss"] for seed in seeds]
     print(f"clean runs (plain mean, no attacker): held-out loss "
           f"{', '.join(f'{b:.4f}' for b in baselines)} (seeds {', '.join(map(str, seeds))})")
     results: dict[str, dict[str, Any]] = {}
-    for attack in attacks:
+    for attack in config.attacks:
         ratios: dict[str, list[float]] = {"plain": [], "trust": []}
         caught: list[int | None] = []
         for seed in seeds:
@@ -82,82 +106,102 @@ def main(args: argparse.Namespace) -> int:
               f"{row['trust_worst_seed']:.4g}x), quarantined after {caught} step(s)",
               flush=True)
     false = 0
-    for seed in range(clean_runs):
+    for seed in range(config.clean_runs):
         run = _run("none", True, seed, steps, spot=SPOT_EVERY)
         false += any(e["event"] == "quarantine" for e in run["events"])
-    lm_runs = 2 if args.quick else LM_RUNS
     lm_false, lm_far = 0, 0
-    for seed in range(lm_runs):  # the transformer's honest copies are now and then far
+    for seed in range(config.lm_runs):  # the transformer's honest copies are now and then far
         lm = run_ranks(byzantine_lm.run_rank, WORKERS, free_port(), seed, init_group=False,
                        timeout=600)[0]
         lm_false += bool(lm["quarantined"])
         lm_far += len(lm["far"])
-    overhead = _overhead(rounds, steps)
-    worst = max((r["trust"] for r in results.values()), default=math.nan)
-    gross = [r["steps_to_quarantine"] for a, r in results.items() if a in GROSS]
-    max_steps = max((math.inf if s is None else s for s in gross), default=math.nan)
-    print()
-    print(table(["attack", "plain mean loss / clean", "trust loss / clean",
-                 "trust, worst seed", "steps to quarantine (most)"],
-                [[a, r["plain"], r["trust"], r["trust_worst_seed"],
-                  "-" if r["steps_to_quarantine"] is None else r["steps_to_quarantine"]]
-                 for a, r in results.items()]))
-    figures = {"worst_loss_ratio": worst, "max_steps_to_quarantine": max_steps,
-               "false_quarantines": false + lm_false, "clean_overhead": overhead["overhead"]}
-    print()
-    print(f"worst_loss_ratio {worst:.4f} (goal <= {GOALS['worst_loss_ratio']}; the worst "
-          f"attack's median over {len(seeds)} seed(s))")
-    print(f"max_steps_to_quarantine {max_steps} (goal <= {GOALS['max_steps_to_quarantine']}"
-          f", over {', '.join(a for a in attacks if a in GROSS) or 'no gross attack'})")
-    print(f"false_quarantines {false + lm_false} of {clean_runs + lm_runs} clean runs (goal 0): "
-          f"the MLP {false} of {clean_runs}; a char transformer, one sample a worker a "
-          f"step, {lm_false} of {lm_runs} ({lm_far} honest far steps in all)")
-    print(f"clean_overhead {overhead['overhead']:+.3f} (step {overhead['trust_ms']:.2f} ms "
-          f"with trust vs {overhead['plain_ms']:.2f} ms without; goal <= "
-          f"{GOALS['clean_overhead']})")
-    print(f"  without spot checks (Trust()): {overhead['overhead_no_spot']:+.3f} (step "
-          f"{overhead['no_spot_ms']:.2f} ms)")
-    print(f"  without audits either (Trust(audit_every=0)): "
-          f"{overhead['overhead_no_audit']:+.3f} (step {overhead['no_audit_ms']:.2f} ms)")
-    print(f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
-          f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
-          f"{overhead['wide_plain_ms']:.2f} ms)")
-    print(f"  the same step in raw torch (byzantine_floor.py: no potluck code), with one "
-          f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, with trust's two all-to-alls "
-          f"{overhead['floor_alltoall_ms']:.2f} ms "
-          f"({overhead['floor_alltoall_ms'] / overhead['floor_allreduce_ms'] - 1:+.3f})")
+    return {"baselines": baselines, "attacks": results, "false": false, "lm_false": lm_false,
+            "lm_far": lm_far, "overhead": _overhead(config.rounds, steps),
+            "seconds": time.monotonic() - started}
+
+
+def figures(config: ByzantineConfig, results: dict[str, Any]) -> dict[str, Any]:
+    """The four figures the goals are for."""
+    attacks = results["attacks"]
+    gross = [r["steps_to_quarantine"] for a, r in attacks.items() if a in GROSS]
+    return {"worst_loss_ratio": max((r["trust"] for r in attacks.values()), default=math.nan),
+            "max_steps_to_quarantine": max((math.inf if s is None else s for s in gross),
+                                           default=math.nan),
+            "false_quarantines": results["false"] + results["lm_false"],
+            "clean_overhead": results["overhead"]["overhead"]}
+
+
+def report_lines(config: ByzantineConfig, results: dict[str, Any]) -> list[str]:
+    """The attacks' table, the figures against their goals, the overheads."""
+    attacks, overhead = results["attacks"], results["overhead"]
+    worst, max_steps = (figures(config, results)[k]
+                        for k in ("worst_loss_ratio", "max_steps_to_quarantine"))
+    false, lm_false = results["false"], results["lm_false"]
     design = {k: f"{overhead[f'design_{k}_ms']:.2f} ms ({overhead[f'design_{k}']:+.3f})"
               for k in ("spot3", "audit", "robust", "spot1")}
-    print(f"  trust's design in raw torch (byzantine_floor.py: its checks' work, none of "
-          f"potluck's bookkeeping), added to that all-reduce's step (and over potluck's "
-          f"plain step): with the spot checks above {design['spot3']}, Trust()'s checks "
-          f"{design['audit']}, without audits {design['robust']}; spot checks by one "
-          f"checker instead of three {design['spot1']}")
-    print(f"({time.monotonic() - started:.0f} s)")
-    if args.json:
-        write_json(args.json, {**figures, "goals": GOALS, "attacks": results,
-                               "clean_loss": baselines, "seeds": len(seeds),
-                               "clean_runs": clean_runs,
-                               "false_quarantines_by_workload": {
-                                   "mlp": [false, clean_runs],
-                                   "char_transformer": [lm_false, lm_runs]},
-                               "honest_far_steps_char_transformer": lm_far,
-                               "steps": steps, "workers": WORKERS, "attacker_rank": ATTACKER,
-                               "clean_overhead_without_spot_checks":
-                                   overhead["overhead_no_spot"], "spot_every": SPOT_EVERY,
-                               "clean_overhead_wide_model": overhead["overhead_wide"],
-                               "clean_overhead_without_audits":
-                                   overhead["overhead_no_audit"],
-                               "design_floor": {k.removeprefix("design_"): overhead[k]
-                                                for k in overhead
-                                                if k.startswith("design_")},
-                               "step_ms": {k: overhead[k] for k in
-                                           ("plain_ms", "trust_ms", "no_spot_ms",
-                                            "no_audit_ms", "wide_plain_ms",
-                                            "wide_trust_ms", "floor_allreduce_ms",
-                                            "floor_alltoall_ms")},
-                               "quick": bool(args.quick)})
-    return 0
+    return [
+        "",
+        table(["attack", "plain mean loss / clean", "trust loss / clean",
+               "trust, worst seed", "steps to quarantine (most)"],
+              [[a, r["plain"], r["trust"], r["trust_worst_seed"],
+                "-" if r["steps_to_quarantine"] is None else r["steps_to_quarantine"]]
+               for a, r in attacks.items()]),
+        "",
+        f"worst_loss_ratio {worst:.4f} (goal <= {GOALS['worst_loss_ratio']}; the worst "
+        f"attack's median over {config.seeds} seed(s))",
+        f"max_steps_to_quarantine {max_steps} (goal <= {GOALS['max_steps_to_quarantine']}"
+        f", over {', '.join(a for a in config.attacks if a in GROSS) or 'no gross attack'})",
+        f"false_quarantines {false + lm_false} of {config.clean_runs + config.lm_runs} clean "
+        f"runs (goal 0): the MLP {false} of {config.clean_runs}; a char transformer, one "
+        f"sample a worker a step, {lm_false} of {config.lm_runs} ({results['lm_far']} honest "
+        "far steps in all)",
+        f"clean_overhead {overhead['overhead']:+.3f} (step {overhead['trust_ms']:.2f} ms "
+        f"with trust vs {overhead['plain_ms']:.2f} ms without; goal <= "
+        f"{GOALS['clean_overhead']})",
+        f"  without spot checks (Trust()): {overhead['overhead_no_spot']:+.3f} (step "
+        f"{overhead['no_spot_ms']:.2f} ms)",
+        f"  without audits either (Trust(audit_every=0)): "
+        f"{overhead['overhead_no_audit']:+.3f} (step {overhead['no_audit_ms']:.2f} ms)",
+        f"  a model {WIDE} wide (1.1M parameters), without spot checks: "
+        f"{overhead['overhead_wide']:+.3f} (step {overhead['wide_trust_ms']:.2f} ms vs "
+        f"{overhead['wide_plain_ms']:.2f} ms)",
+        f"  the same step in raw torch (byzantine_floor.py: no potluck code), with one "
+        f"all-reduce {overhead['floor_allreduce_ms']:.2f} ms, with trust's two all-to-alls "
+        f"{overhead['floor_alltoall_ms']:.2f} ms "
+        f"({overhead['floor_alltoall_ms'] / overhead['floor_allreduce_ms'] - 1:+.3f})",
+        f"  trust's design in raw torch (byzantine_floor.py: its checks' work, none of "
+        f"potluck's bookkeeping), added to that all-reduce's step (and over potluck's "
+        f"plain step): with the spot checks above {design['spot3']}, Trust()'s checks "
+        f"{design['audit']}, without audits {design['robust']}; spot checks by one "
+        f"checker instead of three {design['spot1']}",
+        f"({results['seconds']:.0f} s)",
+    ]
+
+
+def report_json(config: ByzantineConfig, results: dict[str, Any]) -> dict[str, Any]:
+    overhead = results["overhead"]
+    return {**figures(config, results), "goals": GOALS, "attacks": results["attacks"],
+            "clean_loss": results["baselines"], "seeds": config.seeds,
+            "clean_runs": config.clean_runs,
+            "false_quarantines_by_workload": {
+                "mlp": [results["false"], config.clean_runs],
+                "char_transformer": [results["lm_false"], config.lm_runs]},
+            "honest_far_steps_char_transformer": results["lm_far"],
+            "steps": config.steps, "workers": WORKERS, "attacker_rank": ATTACKER,
+            "clean_overhead_without_spot_checks": overhead["overhead_no_spot"],
+            "spot_every": SPOT_EVERY,
+            "clean_overhead_wide_model": overhead["overhead_wide"],
+            "clean_overhead_without_audits": overhead["overhead_no_audit"],
+            "design_floor": {k.removeprefix("design_"): overhead[k]
+                             for k in overhead if k.startswith("design_")},
+            "step_ms": {k: overhead[k] for k in
+                        ("plain_ms", "trust_ms", "no_spot_ms", "no_audit_ms",
+                         "wide_plain_ms", "wide_trust_ms", "floor_allreduce_ms",
+                         "floor_alltoall_ms")},
+            "quick": config.quick}
+
+
+BENCH = Bench("byzantine", config_from_args, measure, report_lines, report_json)
 
 
 def _run(attack: str, trust: bool, seed: int, steps: int, wrap: bool = True,

@@ -22,7 +22,6 @@ import argparse
 import os
 import random
 import signal
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -32,8 +31,9 @@ from typing import Any
 
 import torch
 
-from potluck.testing import RankFailed, exactly_once_problems, free_port, run_ranks
-from potluck_lab.common import at_least, write_json
+from potluck.testing import Faults, RankFailed, exactly_once_problems, free_port, run_ranks
+from potluck_lab.common import at_least
+from potluck_lab.driver import Bench, drive
 from potluck_lab.elastic_job import (
     ElasticJob,
     leftover_processes,
@@ -46,7 +46,6 @@ from potluck_lab.elastic_job import (
 
 FOUNDERS = 3
 FAULTS = ("kill", "stop", "leave")
-_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "leave": signal.SIGTERM}
 JOB = ElasticJob(epochs=6, token="chaos", collective_timeout=4.0, step_pause=0.15)
 RTOL, ATOL = 1e-9, 1e-12
 
@@ -68,6 +67,15 @@ class ChaosPlan:
         return cls(seed=seed, victim=rng.randrange(FOUNDERS), fault=rng.choice(FAULTS),
                    at=rng.randint(2, 10), joiner=rng.choice(["late", "replacement"]),
                    join_after=round(rng.uniform(0.5, 2.5), 2))
+
+    def faults(self) -> Faults:
+        """The kill or the freeze for good, as ``potluck.testing`` injects them. A leave
+        is a SIGTERM the worker answers by leaving: ``Faults`` has no such kind."""
+        if self.fault == "kill":
+            return Faults().kill(self.victim, self.at)
+        if self.fault == "stop":
+            return Faults().freeze(self.victim, self.at)
+        return Faults()
 
     def describe(self) -> str:
         joiner = (f"joiner after {self.join_after:g} s" if self.joiner == "late"
@@ -181,17 +189,16 @@ def _train_rank(rank: int, port: int, directory: Path, plan: ChaosPlan,
 
     worker = start_worker(job, f"worker-{rank}", "127.0.0.1", port,
                           before_join=arrive if rank == FOUNDERS else None)
-    struck = False
+    inject = plan.faults().injector(rank)
 
     def fault(steps: int) -> None:
-        nonlocal struck
-        if rank != plan.victim or steps != plan.at or struck:
+        if rank != plan.victim or steps != plan.at or (directory / "fault").exists():
             return
-        struck = True
-        if plan.fault == "leave":
+        (directory / "fault").write_text(plan.fault)  # the replacement's cue
+        if plan.fault == "leave":  # a graceful leave: the worker finishes its step first
             worker.optimizer.leave_on_sigterm()
-        (directory / "fault").write_text(plan.fault)
-        os.kill(os.getpid(), _SIGNALS[plan.fault])
+            os.kill(os.getpid(), signal.SIGTERM)
+        inject(steps)
 
     return train(worker, job, directory / f"rank{rank}.jsonl", fault)
 
@@ -228,23 +235,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ChaosBenchConfig:
+    trials: int
+    seed: int  # the first trial's; trial i uses seed + i
+
+
+def config_from_args(args: argparse.Namespace) -> ChaosBenchConfig:
     at_least("--trials", args.trials, 1, "4")
-    print(f"potluck bench chaos: {args.trials} trial(s) from seed {args.seed}; "
-          f"{FOUNDERS} founders + 1 joiner, gloo, {JOB.epochs} epochs of "
-          f"{JOB.samples // JOB.global_batch} steps, collective timeout "
-          f"{JOB.collective_timeout:g} s", flush=True)
+    return ChaosBenchConfig(args.trials, args.seed)
+
+
+def main(args: argparse.Namespace) -> int:
+    return drive(BENCH, args)
+
+
+def run_trials(config: ChaosBenchConfig, logs: Path) -> list[TrialResult]:
+    """Every trial in turn, each line printed as it ends."""
     trials = []
-    with tempfile.TemporaryDirectory(prefix="potluck-chaos-") as tmp:
-        for i in range(args.trials):
-            trial = run_trial(args.seed + i, Path(tmp, f"trial{i}"))
-            trials.append(trial)
-            print(f"trial {i + 1}/{args.trials} {trial.line()}", flush=True)
-            for problem in trial.problems:
-                print(f"    {problem}", flush=True)
-    passed = sum(t.passed for t in trials)
-    print(f"{passed}/{len(trials)} trials passed")
-    if args.json:
-        write_json(args.json, {"job": asdict(JOB), "passed": passed,
-                               "trials": [t.as_dict() for t in trials]})
-    return 0 if passed == len(trials) else 1
+    for i in range(config.trials):
+        trial = run_trial(config.seed + i, logs / f"trial{i}")
+        trials.append(trial)
+        print(f"trial {i + 1}/{config.trials} {trial.line()}", flush=True)
+        for problem in trial.problems:
+            print(f"    {problem}", flush=True)
+    return trials
+
+
+def _header(config: ChaosBenchConfig) -> str:
+    return (f"potluck bench chaos: {config.trials} trial(s) from seed {config.seed}; "
+            f"{FOUNDERS} founders + 1 joiner, gloo, {JOB.epochs} epochs of "
+            f"{JOB.samples // JOB.global_batch} steps, collective timeout "
+            f"{JOB.collective_timeout:g} s")
+
+
+def _passed(trials: list[TrialResult]) -> int:
+    return sum(t.passed for t in trials)
+
+
+BENCH = Bench("chaos", config_from_args, run_trials,
+              lambda config, trials: [f"{_passed(trials)}/{len(trials)} trials passed"],
+              lambda config, trials: {"job": asdict(JOB), "passed": _passed(trials),
+                                      "trials": [t.as_dict() for t in trials]},
+              header=_header,
+              exit_code=lambda trials: 0 if _passed(trials) == len(trials) else 1)

@@ -12,9 +12,10 @@ thread): the ratio observed / plain is the instrumentation's cost.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +29,8 @@ from potluck.reducer.clock import ComputeClock
 from potluck.reducer.reducer import PassStats
 from potluck.testing import run_ranks
 from potluck_lab import models
-from potluck_lab.common import at_least, interleaved, median, table, write_json
+from potluck_lab.common import at_least, interleaved, median, table
+from potluck_lab.driver import Bench, drive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
 
-def check_args(args: argparse.Namespace) -> list[str]:
-    """The models to run; raises ConfigError (exit 2) naming a bad flag."""
+@dataclass(frozen=True)
+class DdpConfig:
+    models: tuple[str, ...]
+    world_size: int
+    rounds: int
+    steps: int
+    bucket_cap_mb: float
+
+
+def check_args(args: argparse.Namespace) -> DdpConfig:
+    """Flags -> config; raises ConfigError (exit 2) naming a bad flag."""
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(names) - set(_WORKLOADS))
     if unknown or not names:
@@ -58,36 +69,40 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if not args.bucket_cap_mb > 0:
         raise ConfigError(f"--bucket-cap-mb {args.bucket_cap_mb:g} must be a positive size "
                           "in MB; use e.g. --bucket-cap-mb 25")
-    return names
+    rounds, steps = (4, 2) if args.quick else (args.rounds, args.steps)
+    return DdpConfig(tuple(names), args.world_size, rounds, steps, args.bucket_cap_mb)
 
 
 def main(args: argparse.Namespace) -> int:
-    names = check_args(args)
-    rounds, steps = (4, 2) if args.quick else (args.rounds, args.steps)
+    return drive(BENCH, args)
+
+
+def measure(config: DdpConfig, logs: Path) -> list[dict[str, Any]]:
+    """Per model: the three contenders' median step times and their ratios."""
     results = []
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the agent's
-    with tempfile.TemporaryDirectory(prefix="potluck-bench-ddp-") as journals:
-        for name in names:
-            per_rank = run_ranks(_rank_main, args.world_size, name, rounds, steps,
-                                 args.bucket_cap_mb, store.port, journals, timeout=600)
-            times = per_rank[0]
-            ours, theirs = median(times["potluck"]), median(times["torch"])
-            observed = median(times["observed"])
-            results.append({"model": name, "params_m": times["params"] / 1e6,
-                            "potluck_step_s": ours, "torch_step_s": theirs,
-                            "ratio": ours / theirs, "observed_step_s": observed,
-                            "observe_ratio": observed / ours,
-                            "steps_each": len(times["potluck"])})
+    for name in config.models:
+        per_rank = run_ranks(_rank_main, config.world_size, name, config.rounds, config.steps,
+                             config.bucket_cap_mb, store.port, str(logs), timeout=600)
+        times = per_rank[0]
+        ours, theirs = median(times["potluck"]), median(times["torch"])
+        observed = median(times["observed"])
+        results.append({"model": name, "params_m": times["params"] / 1e6,
+                        "potluck_step_s": ours, "torch_step_s": theirs,
+                        "ratio": ours / theirs, "observed_step_s": observed,
+                        "observe_ratio": observed / ours,
+                        "steps_each": len(times["potluck"])})
     del store
-    print(f"potluck bench ddp: {args.world_size} ranks, gloo, 1 thread per rank, "
-          f"{rounds} interleaved rounds x {steps} steps")
-    print(table(["model", "params (M)", "potluck step (s)", "torch step (s)",
-                 "ratio potluck/torch", "observed step (s)", "ratio observed/plain"],
-                [[r["model"], r["params_m"], r["potluck_step_s"], r["torch_step_s"],
-                  r["ratio"], r["observed_step_s"], r["observe_ratio"]] for r in results]))
-    if args.json:
-        write_json(args.json, {"world_size": args.world_size, "results": results})
-    return 0
+    return results
+
+
+def report_lines(config: DdpConfig, results: list[dict[str, Any]]) -> list[str]:
+    return [f"potluck bench ddp: {config.world_size} ranks, gloo, 1 thread per rank, "
+            f"{config.rounds} interleaved rounds x {config.steps} steps",
+            table(["model", "params (M)", "potluck step (s)", "torch step (s)",
+                   "ratio potluck/torch", "observed step (s)", "ratio observed/plain"],
+                  [[r["model"], r["params_m"], r["potluck_step_s"], r["torch_step_s"],
+                    r["ratio"], r["observed_step_s"], r["observe_ratio"]] for r in results])]
 
 
 def _mlp_workload() -> tuple[nn.Module, Any]:
@@ -174,3 +189,7 @@ def _observer(rank: int, world_size: int, store_port: int, journals: str,
                                      observer.worker, position=observer.position,
                                      where=where).start())
     return observer
+
+
+BENCH = Bench("ddp", check_args, measure, report_lines,
+              lambda config, results: {"world_size": config.world_size, "results": results})

@@ -23,27 +23,20 @@ import math
 import os
 import random
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from potluck import env as potluck_env
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck.metrics.journal import Journal, read_journal
 from potluck_lab.bench.faults_figures import RunFigures, run_figures, summarize
-from potluck_lab.common import (
-    BenchError,
-    interleaved,
-    sigterm_as_interrupt,
-    table,
-    write_json,
-)
+from potluck_lab.common import BenchError, table
+from potluck_lab.driver import Bench, Run, drive, ratio, run_interleaved
 from potluck_lab.jobs import Processes
 
 CONTENDERS = ("potluck", "potluck+kills", "torchrun", "torchrun+kills")
@@ -52,6 +45,7 @@ _POLL = 0.05
 _FINISH_GRACE_S = 4.0  # after "done": a restarted worker may wait for a finished cohort
 _MAX_RESTARTS = 50
 _STALL_S = 120.0  # no new step for this long: the job is stuck
+Runs = list[Run[dict[str, Any]]]  # each run's figures, job_s and pids
 
 
 @dataclass(frozen=True)
@@ -153,101 +147,87 @@ def config_from_args(args: argparse.Namespace) -> FaultsConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck bench faults: {exc}", file=sys.stderr)
-        return 2
-    logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-faults-"))
-    try:
-        with sigterm_as_interrupt():
-            runs = run_all(config, logs)
-    except KeyboardInterrupt:
-        print("potluck bench faults: interrupted; every job was stopped", file=sys.stderr)
-        return 130
-    except PotluckError as exc:
-        print(f"potluck bench faults: {exc}", file=sys.stderr)
-        return 1
-    if not config.logs:
-        shutil.rmtree(logs, ignore_errors=True)
-    report(config, runs, args.json)
-    return 0
+    return drive(BENCH, args)
 
 
-def report(config: FaultsConfig, runs: list[dict[str, Any]], json_path: str | None) -> None:
-    """The table, the ratio lines, and the JSON (every run's figures too)."""
-    figures = {name: [r["figures"] for r in runs if r["contender"] == name]
+def summaries(config: FaultsConfig, runs: Runs) -> dict[str, dict[str, Any]]:
+    """Each contender's figures over its rounds (goodput against its run without kills)."""
+    figures = {name: [r.result["figures"] for r in runs if r.contender == name]
                for name in CONTENDERS}
-    summary = {name: summarize(figures[name], figures[name.split("+")[0]]
-                               if name.endswith("+kills") else ())
-               for name in CONTENDERS if name in config.contenders}
-    absent = summarize([], [])  # a contender not run: every figure "-"
+    return {name: summarize(figures[name], figures[name.split("+")[0]]
+                            if name.endswith("+kills") else ())
+            for name in CONTENDERS if name in config.contenders}
+
+
+def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """potluck over torchrun, with kills and without (NaN: a contender not run)."""
+    absent = summarize([], [])  # every figure NaN
     ours, theirs = (summary.get(name, absent) for name in ("potluck+kills", "torchrun+kills"))
     calm = {name: summary.get(name, absent) for name in ("potluck", "torchrun")}
-    cap = f" (at most {config.max_kills} a run)" if config.max_kills else ""
-    print(f"potluck bench faults: {config.workers} workers, gloo, kill every "
-          f"{config.kill_every:g} s{cap}, {config.steps} steps of {config.global_batch} samples, "
-          f"torchrun checkpoint every {config.checkpoint_every} steps, "
-          f"{config.rounds} interleaved round(s)")
-    print(table(["contender", "kills", "steps lost", "redone", "recovery (s)",
-                 "max (s)", f"back to {config.workers} (s)", "wall (s)", "steps/s",
-                 "goodput"],
-                [[name, s["kills"], s["steps_lost"], s["redone"], s["recovery_median_s"],
-                  s["recovery_max_s"], s["whole_median_s"], s["wall_s"], s["steps_per_s"],
-                  s["goodput"]] for name, s in summary.items()]))
-    ratios = {
-        "goodput_potluck_over_torchrun": _ratio(ours["goodput"], theirs["goodput"]),
-        "recovery_potluck_over_torchrun": _ratio(ours["recovery_median_s"],
-                                                 theirs["recovery_median_s"]),
-        "steps_per_s_potluck_over_torchrun_kills": _ratio(ours["steps_per_s"],
-                                                          theirs["steps_per_s"]),
-        "steps_per_s_potluck_over_torchrun_no_kills": _ratio(
+    return {
+        "goodput_potluck_over_torchrun": ratio(ours["goodput"], theirs["goodput"]),
+        "recovery_potluck_over_torchrun": ratio(ours["recovery_median_s"],
+                                                theirs["recovery_median_s"]),
+        "steps_per_s_potluck_over_torchrun_kills": ratio(ours["steps_per_s"],
+                                                         theirs["steps_per_s"]),
+        "steps_per_s_potluck_over_torchrun_no_kills": ratio(
             calm["potluck"]["steps_per_s"], calm["torchrun"]["steps_per_s"]),
     }
-    print(f"with kills, potluck/torchrun: goodput {_fmt(ratios['goodput_potluck_over_torchrun'])}"
-          f", recovery time {_fmt(ratios['recovery_potluck_over_torchrun'])}, steps/s "
-          f"{_fmt(ratios['steps_per_s_potluck_over_torchrun_kills'])}")
-    print(f"without kills, potluck/torchrun: steps/s "
-          f"{_fmt(ratios['steps_per_s_potluck_over_torchrun_no_kills'])}")
-    if json_path:
-        write_json(json_path, _finite({
-            "config": {**asdict(config), "global_batch": config.global_batch},
-            "contenders": summary, "ratios": ratios,
-            "runs": [{"contender": r["contender"], "round": r["round"], "job_s": r["job_s"],
-                      "launcher_pid": r["launcher_pid"], "worker_pids": r["worker_pids"],
-                      **asdict(r["figures"]), "steps_per_s": r["figures"].steps_per_s}
-                     for r in runs]}))
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+def report_lines(config: FaultsConfig, runs: Runs) -> list[str]:
+    """The header, the table and the ratio lines."""
+    summary = summaries(config, runs)
+    ratio_of = {key: _fmt(value) for key, value in ratios(summary).items()}
+    cap = f" (at most {config.max_kills} a run)" if config.max_kills else ""
+    return [
+        f"potluck bench faults: {config.workers} workers, gloo, kill every "
+        f"{config.kill_every:g} s{cap}, {config.steps} steps of {config.global_batch} samples, "
+        f"torchrun checkpoint every {config.checkpoint_every} steps, "
+        f"{config.rounds} interleaved round(s)",
+        table(["contender", "kills", "steps lost", "redone", "recovery (s)", "max (s)",
+               f"back to {config.workers} (s)", "wall (s)", "steps/s", "goodput"],
+              [[name, s["kills"], s["steps_lost"], s["redone"], s["recovery_median_s"],
+                s["recovery_max_s"], s["whole_median_s"], s["wall_s"], s["steps_per_s"],
+                s["goodput"]] for name, s in summary.items()]),
+        f"with kills, potluck/torchrun: goodput {ratio_of['goodput_potluck_over_torchrun']}"
+        f", recovery time {ratio_of['recovery_potluck_over_torchrun']}, steps/s "
+        f"{ratio_of['steps_per_s_potluck_over_torchrun_kills']}",
+        f"without kills, potluck/torchrun: steps/s "
+        f"{ratio_of['steps_per_s_potluck_over_torchrun_no_kills']}",
+    ]
+
+
+def report_json(config: FaultsConfig, runs: Runs) -> dict[str, Any]:
+    """The config, each contender's figures, the ratios, and every run's figures."""
+    summary = summaries(config, runs)
+    return {"config": {**asdict(config), "global_batch": config.global_batch},
+            "contenders": summary, "ratios": ratios(summary),
+            "runs": [{"contender": r.contender, "round": r.round, "job_s": r.result["job_s"],
+                      "launcher_pid": r.result["launcher_pid"],
+                      "worker_pids": r.result["worker_pids"],
+                      **asdict(r.result["figures"]),
+                      "steps_per_s": r.result["figures"].steps_per_s}
+                     for r in runs]}
 
 
 def _fmt(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3g}"
 
 
-def _finite(value: Any) -> Any:
-    """NaN (a figure with nothing to measure) becomes null: valid JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def run_all(config: FaultsConfig, logs: Path) -> list[dict[str, Any]]:
-    """Every contender ``rounds`` times, interleaved; one dict per run."""
-    runs = []
-    for index, name in enumerate(interleaved(config.contenders, config.rounds)):
-        round_ = index // len(config.contenders)
+def run_all(config: FaultsConfig, logs: Path) -> Runs:
+    """Every contender ``rounds`` times, interleaved."""
+    def run(name: str, round_: int) -> dict[str, Any]:
         run_dir = logs / f"{round_}-{name.replace('+', '-')}"
         victims = random.Random(config.seed * 1000 + round_)  # same sequence per system
         figures, pids = run_contender(name, config, run_dir, victims)
-        runs.append({"contender": name, "round": round_, "figures": figures, **pids})
-    return runs
+        return {"figures": figures, **pids}
+
+    return run_interleaved(config.contenders, config.rounds, run)
+
+
+BENCH = Bench("faults", config_from_args, run_all, report_lines, report_json,
+              logs=lambda config: config.logs)
 
 
 def run_contender(name: str, config: FaultsConfig, run_dir: Path,

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from potluck.data import DataCursor
 from potluck.data.step_loader import StepLoader
-from potluck_lab.common import at_least, interleaved, median, table, write_json
+from potluck_lab.common import at_least, median, table
+from potluck_lab.driver import Bench, by_contender, drive, run_interleaved
 from potluck_lab.models import mlp
 
 CONTENDERS = ("in-process", "workers", "dataloader")
@@ -84,43 +87,73 @@ def calibrate(ms: float) -> int:
     return max(1, round(ms / 1e3 / each))
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class LoaderConfig:
+    workers: int
+    batch: int
+    sample_ms: float
+    steps: int
+    rounds: int
+
+
+def config_from_args(args: argparse.Namespace) -> LoaderConfig:
     at_least("--workers", args.workers, 1, "2")
     at_least("--batch", args.batch, 1, "32")
     at_least("--steps", args.steps, WARMUP + 1, "30")
     at_least("--rounds", args.rounds, 1, "4")
     at_least("--sample-ms", args.sample_ms, 0.01, "0.5")
+    return LoaderConfig(args.workers, args.batch, args.sample_ms,
+                        max(WARMUP + 5, args.steps // 2) if args.quick else args.steps,
+                        2 if args.quick else args.rounds)
+
+
+def main(args: argparse.Namespace) -> int:
+    return drive(BENCH, args)
+
+
+def measure(config: LoaderConfig, logs: Path) -> dict[str, dict[str, Any]]:
+    """Per kind of read: each contender's median samples/s and the two ratios."""
     torch.set_num_threads(1)
-    steps = max(WARMUP + 5, args.steps // 2) if args.quick else args.steps
-    rounds = 2 if args.quick else args.rounds
-    work = calibrate(args.sample_ms)
-    rows: list[list[Any]] = []
-    results: dict[str, dict[str, Any]] = {}
-    for kind in KINDS:
-        dataset = Costly(args.batch * (steps + 1) * 2, args.sample_ms, kind, work)
-        rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-        for contender in interleaved(CONTENDERS, rounds):
-            rates[contender].append(_round(contender, dataset, args.batch, steps, args.workers))
-        mid = {c: median(v) for c, v in rates.items()}
-        results[kind] = {"samples_per_s": mid,
-                         "workers_vs_in_process": mid["workers"] / mid["in-process"],
-                         "workers_vs_dataloader": mid["workers"] / mid["dataloader"]}
+    work = calibrate(config.sample_ms)
+    return {kind: _measure_kind(config, kind, work) for kind in KINDS}
+
+
+def _measure_kind(config: LoaderConfig, kind: str, work: int) -> dict[str, Any]:
+    dataset = Costly(config.batch * (config.steps + 1) * 2, config.sample_ms, kind, work)
+    runs = run_interleaved(CONTENDERS, config.rounds, lambda contender, _: _round(
+        contender, dataset, config.batch, config.steps, config.workers))
+    mid = {c: median(rates) for c, rates in by_contender(runs).items()}
+    return {"samples_per_s": mid,
+            "workers_vs_in_process": mid["workers"] / mid["in-process"],
+            "workers_vs_dataloader": mid["workers"] / mid["dataloader"]}
+
+
+def _worst(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each ratio's lower value of the two kinds of read."""
+    return {key: min(float(results[k][key]) for k in KINDS)
+            for key in ("workers_vs_in_process", "workers_vs_dataloader")}
+
+
+def report_lines(config: LoaderConfig, results: dict[str, dict[str, Any]]) -> list[str]:
+    rows = []
+    for kind, result in results.items():
+        mid = result["samples_per_s"]
         rows.append([kind, mid["in-process"], mid["workers"], mid["dataloader"],
-                     f"{mid['workers'] / mid['in-process']:.2f}x",
-                     f"{mid['workers'] / mid['dataloader']:.2f}x"])
-    print(f"loader: {args.batch} samples a step, {args.sample_ms:g} ms a sample to read, "
-          f"{args.workers} worker(s), {steps} steps x {rounds} rounds (samples/s, medians)")
-    print(table(["read", "in-process", "workers", "dataloader", "workers/in-process",
-                 "workers/dataloader"], rows))
-    worst = {key: min(float(results[k][key]) for k in KINDS)
-             for key in ("workers_vs_in_process", "workers_vs_dataloader")}
-    for key, value in worst.items():
-        print(f"{key} {value:.3f} (the lower of io and cpu)")
-    if args.json:
-        write_json(args.json, {**worst, "kinds": results, "workers": args.workers,
-                               "batch": args.batch, "sample_ms": args.sample_ms,
-                               "steps": steps, "rounds": rounds})
-    return 0
+                     f"{result['workers_vs_in_process']:.2f}x",
+                     f"{result['workers_vs_dataloader']:.2f}x"])
+    return [f"loader: {config.batch} samples a step, {config.sample_ms:g} ms a sample to "
+            f"read, {config.workers} worker(s), {config.steps} steps x {config.rounds} rounds "
+            "(samples/s, medians)",
+            table(["read", "in-process", "workers", "dataloader", "workers/in-process",
+                   "workers/dataloader"], rows),
+            *(f"{key} {value:.3f} (the lower of io and cpu)"
+              for key, value in _worst(results).items())]
+
+
+def report_json(config: LoaderConfig, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {**_worst(results), "kinds": results, "workers": config.workers,
+            "batch": config.batch, "sample_ms": config.sample_ms, "steps": config.steps,
+            "rounds": config.rounds}
 
 
 def _round(contender: str, dataset: Costly, batch: int, steps: int, workers: int) -> float:
@@ -154,3 +187,6 @@ def _round(contender: str, dataset: Costly, batch: int, steps: int, workers: int
             loader.close()
         else:
             del loader  # (its workers stop with their iterator)
+
+
+BENCH = Bench("loader", config_from_args, measure, report_lines, report_json)

@@ -24,10 +24,7 @@ import argparse
 import contextlib
 import math
 import os
-import shutil
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -36,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from potluck import env as potluck_env
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck_lab.bench import straggler_figures as fig
 from potluck_lab.bench.straggler_job import (
     Command,
@@ -46,7 +43,8 @@ from potluck_lab.bench.straggler_job import (
     write_command,
 )
 from potluck_lab.bench.straggler_report import report_json, report_lines
-from potluck_lab.common import BenchError, interleaved, sigterm_as_interrupt, write_json
+from potluck_lab.common import BenchError, interleaved
+from potluck_lab.driver import Bench, drive, given
 from potluck_lab.jobs import Processes
 from potluck_lab.machine.cpu_quota import CpuQuota, unavailable
 
@@ -139,44 +137,20 @@ def config_from_args(args: argparse.Namespace) -> StragglerConfig:
                          contenders=("ddp", "balanced"), solo_after=False)
     elif args.quick:
         config = replace(config, rounds=2, steps=6, solo_steps=6, phase_steps=10)
-    if args.rounds is not None:
-        config = replace(config, rounds=args.rounds)
-    if args.steps is not None:
-        config = replace(config, steps=args.steps)
-    return config.validated()
+    return given(config, rounds=args.rounds, steps=args.steps).validated()
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = unavailable()
-    if problem is not None:
-        print(f"potluck bench straggler: {problem}", file=sys.stderr)
-        return 2
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck bench straggler: {exc}", file=sys.stderr)
-        return 2
-    logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-strag-"))
-    try:
-        name = f"potluck-straggler-{os.getpid()}"
-        with sigterm_as_interrupt(), \
-                CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
-                CpuQuota(f"{name}-fast", shares=_SHARES) as fast, \
-                Pool(config, logs, quota, fast) as pool:
-            results = {**measure(config, pool, quota), "worker_pids": pool.pids}
-    except KeyboardInterrupt:
-        print("potluck bench straggler: interrupted; every worker was stopped",
-              file=sys.stderr)
-        if not config.logs:
-            shutil.rmtree(logs, ignore_errors=True)
-        return 130
-    except PotluckError as exc:  # the logs stay: the message says where
-        print(f"potluck bench straggler: {exc}", file=sys.stderr)
-        return 1
-    if not config.logs:
-        shutil.rmtree(logs, ignore_errors=True)
-    report(config, results, args.json)
-    return 0
+    return drive(BENCH, args)
+
+
+def measure_pool(config: StragglerConfig, logs: Path) -> dict[str, Any]:
+    """The workers' cgroups and pool, every run on them, and the workers' pids."""
+    name = f"potluck-straggler-{os.getpid()}"
+    with CpuQuota(name, period_us=config.period_us, shares=_SHARES) as quota, \
+            CpuQuota(f"{name}-fast", shares=_SHARES) as fast, \
+            Pool(config, logs, quota, fast) as pool:
+        return {**measure(config, pool, quota), "worker_pids": pool.pids}
 
 
 Records = dict[int, list[dict[str, Any]]]  # rank -> its step records, in order
@@ -235,8 +209,9 @@ class Pool:
         """One run on every worker: (step records, done records) by rank. ``watch`` sees
         each poll's new records and may stop the run (``solo`` runs stop that way)."""
         from potluck.metrics.journal import JournalFollower
+        from potluck.testing import free_port
 
-        command = Command(self._runs, contender, _free_port(), steps, batch, dtype, check,
+        command = Command(self._runs, contender, free_port(), steps, batch, dtype, check,
                           self.config.smoothing, self.config.min_gain)
         self._runs += 1
         folder = run_dir(self.directory, command.index)
@@ -276,12 +251,6 @@ class Pool:
         with contextlib.suppress(OSError):
             (self.directory / "stop").touch()
         self._workers.stop(10 if graceful else 0)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def measure(config: StragglerConfig, pool: Pool, quota: CpuQuota) -> dict[str, Any]:
@@ -392,11 +361,9 @@ def check_run(config: StragglerConfig, pool: Pool, quota: CpuQuota) -> dict[str,
             "shares_moved": any(s != splits[0] for s in splits)}
 
 
-def report(config: StragglerConfig, results: dict[str, Any], json_path: str | None) -> None:
-    """The header, the throughput table, where the time goes, the figure lines, JSON."""
-    print("\n".join(report_lines(config, results, [pool_cpu(r) for r in range(config.workers)])))
-    if json_path:
-        write_json(json_path, report_json(config, results))
+def _lines(config: StragglerConfig, results: dict[str, Any]) -> list[str]:
+    """The header, the throughput table, where the time goes, the figure lines."""
+    return report_lines(config, results, [pool_cpu(r) for r in range(config.workers)])
 
 
 def pool_cpu(rank: int) -> int:
@@ -404,3 +371,8 @@ def pool_cpu(rank: int) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     return cpus[rank % len(cpus)]
 
+
+
+BENCH = Bench("straggler", config_from_args, measure_pool, _lines, report_json,
+              unavailable=unavailable, logs=lambda config: config.logs,
+              stopped="every worker was stopped")

@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from potluck_lab.common import finite as finite  # re-exported: JSON-safe figures
+
 Span = tuple[float, float]  # (begin, end) of one step, wall-clock seconds
 TOLERANCE, HOLD = 0.1, 2  # rebalanced: HOLD steps in a row within 10% of the new ideal
 
@@ -173,13 +175,3 @@ def time_rows(rounds: Sequence[Mapping[str, Any]], contenders: Sequence[str], wo
                          median(s["cpu_per_wall"] for s in splits)])
     return rows
 
-
-def finite(value: Any) -> Any:
-    """NaN (a figure with nothing to measure) becomes None, recursively: valid JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value

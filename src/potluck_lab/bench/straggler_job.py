@@ -192,13 +192,7 @@ class Worker:
         timer = _StepTimer(next(net.parameters()))
         while opt.steps < command.steps and not (solo and stop.exists()):
             for x, y in loader:
-                timer.mark("loaded")
-                opt.zero_grad()
-                out = model(x)
-                timer.mark("forward")
-                torch.nn.functional.mse_loss(out, y).backward()  # type: ignore[no-untyped-call]
-                timer.mark("backward")
-                opt.step()
+                timer.step(model, opt, x, y)
                 speeds = None if balancer is None else balancer.speeds
                 journal.write("step", step=opt.steps - 1, rank=self.rank, split=loader.split,
                               speeds=list(speeds) if speeds else None, **timer.done())
@@ -231,13 +225,7 @@ class Worker:
         for step in range(command.steps):
             indices = cursor.rank_indices(self.rank, world_size=self.world_size)
             x, y = default_collate([data[i] for i in indices])
-            timer.mark("loaded")
-            sgd.zero_grad()
-            out = model(x)
-            timer.mark("forward")
-            torch.nn.functional.mse_loss(out, y).backward()  # type: ignore[no-untyped-call]
-            timer.mark("backward")
-            sgd.step()
+            timer.step(model, sgd, x, y)
             cursor.commit()
             journal.write("step", step=step, rank=self.rank, split=split, speeds=None,
                           **timer.done())
@@ -279,6 +267,18 @@ class _StepTimer:
 
     def mark(self, name: str) -> None:
         self._marks[name] = time.perf_counter()
+
+    def step(self, model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One training step on the batch just loaded, its parts marked."""
+        import torch
+
+        self.mark("loaded")
+        optimizer.zero_grad()
+        out = model(x)
+        self.mark("forward")
+        torch.nn.functional.mse_loss(out, y).backward()  # type: ignore[no-untyped-call]
+        self.mark("backward")
+        optimizer.step()
 
     def done(self) -> dict[str, float]:
         now, cpu, marks = time.perf_counter(), time.process_time(), self._marks

@@ -80,10 +80,8 @@ def report_json(config: StragglerConfig, results: dict[str, Any]) -> dict[str, A
                 "fraction_of_ideal": top.pop("fraction_of_ideal"),
                 "rebalance_steps": change["rebalance_steps"],
                 "max_param_diff": check["max_param_diff"]}
-    payload: dict[str, Any] = fig.finite({
-        **headline, **top, "config": asdict(config), "rounds": results["rounds"],
-        "quota_change": change, "check": check, "worker_pids": results["worker_pids"]})
-    return payload
+    return {**headline, **top, "config": asdict(config), "rounds": results["rounds"],
+            "quota_change": change, "check": check, "worker_pids": results["worker_pids"]}
 
 
 def _fmt(value: float | None) -> str:

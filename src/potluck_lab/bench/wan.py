@@ -30,7 +30,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,8 @@ from potluck_lab.bench.wan_figures import (
     seed_gaps,
     steps_to_target,
 )
-from potluck_lab.common import BenchError, at_least, table, write_json
+from potluck_lab.common import BenchError, at_least, table
+from potluck_lab.driver import Bench, drive, given
 from potluck_lab.jobs import Processes
 from potluck_lab.machine.cpu_quota import join
 from potluck_lab.machine.netns import LinkedHosts, NetnsError, unavailable
@@ -151,16 +151,12 @@ def config_from_args(args: argparse.Namespace) -> WanConfig:
                        lr=getattr(args, "lr", LR))
     if args.quick:
         config = replace(config, batches=60, inner_steps=20, eval_every=10, seeds=1)
-    if args.batches is not None:
-        config = replace(config, batches=args.batches)
-    if args.inner_steps is not None:
-        config = replace(config, inner_steps=args.inner_steps)
+    config = given(config, batches=args.batches, inner_steps=args.inner_steps)
     if args.quota is not None:
         # the busy fraction's run: its loss gap is the plain run's figure, one seed here
         config = replace(config, contenders=("ddp", "diloco", "streaming-int8", "diloco-fixed"),
                          seeds=1)
-    if getattr(args, "seeds", None) is not None:
-        config = replace(config, seeds=args.seeds)
+    config = given(config, seeds=getattr(args, "seeds", None))
     if getattr(args, "contenders", None):
         config = replace(config, contenders=_contenders(args.contenders))
     return config.validated()
@@ -346,41 +342,34 @@ def _whose(key: str, results: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck bench wan: {exc}", file=sys.stderr)
-        return 2
-    problem = unavailable()
-    if problem is not None:
-        print(f"potluck bench wan: {problem}", file=sys.stderr)
-        return 2
-    logs = Path(config.logs) if config.logs else Path(tempfile.mkdtemp(prefix="potluck-wan-"))
-    print(f"potluck bench wan: 2 workers on two hosts, {config.bandwidth} each way, "
-          f"global batch {config.global_batch}, S={config.batches}, H={config.inner_steps}, "
-          f"AdamW lr {config.lr}",
-          flush=True)
-    try:
-        results = _measure_on_hosts(config, logs)
-    except NetnsError as exc:  # ip's or tc's words, not a traceback
-        print(f"potluck bench wan: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:  # first: a report that fails must not lose the run
-        write_json(args.json, {**results, "config": config.__dict__})
-    print(report(config, results))
-    return 0
+    return drive(BENCH, args)
+
+
+def _header(config: WanConfig) -> str:
+    return (f"potluck bench wan: 2 workers on two hosts, {config.bandwidth} each way, "
+            f"global batch {config.global_batch}, S={config.batches}, "
+            f"H={config.inner_steps}, AdamW lr {config.lr}")
 
 
 def _measure_on_hosts(config: WanConfig, logs: Path) -> dict[str, Any]:
     """Build the two hosts (and worker 1's quota), measure, and take them down again."""
-    with LinkedHosts("pl-wan") as hosts:
-        quota = None
-        if config.quota is not None:
-            from potluck_lab.machine.cpu_quota import CpuQuota
-            quota = CpuQuota(f"potluck-wan-{os.getpid()}").create(config.quota)
-        try:
-            jobs = Jobs(hosts, config, logs, str(quota.path) if quota else None)
-            return measure(config, hosts, jobs)
-        finally:
-            if quota is not None:
-                quota.remove()
+    try:
+        with LinkedHosts("pl-wan") as hosts:
+            quota = None
+            if config.quota is not None:
+                from potluck_lab.machine.cpu_quota import CpuQuota
+                quota = CpuQuota(f"potluck-wan-{os.getpid()}").create(config.quota)
+            try:
+                jobs = Jobs(hosts, config, logs, str(quota.path) if quota else None)
+                return measure(config, hosts, jobs)
+            finally:
+                if quota is not None:
+                    quota.remove()
+    except NetnsError as exc:  # ip's or tc's words (their first line), not a traceback
+        raise BenchError(str(exc).splitlines()[0]) from None
+
+
+BENCH = Bench("wan", config_from_args, _measure_on_hosts,
+              lambda config, results: [report(config, results)],
+              lambda config, results: {**results, "config": config.__dict__},
+              header=_header, unavailable=unavailable, logs=lambda config: config.logs)

@@ -23,7 +23,6 @@ import contextlib
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import Journal, JournalFollower
 from potluck_lab.demo.chaos_report import (
@@ -50,9 +49,17 @@ from potluck_lab.demo.chaos_report import (
     steps_line,
     throughput_rows,
 )
+from potluck_lab.demo.launched import LaunchedConfig, ended_badly, model_line, run_workers
+from potluck_lab.demo.presets import (
+    CHAOS_FULL,
+    CHAOS_QUICK,
+    check_seed,
+    check_several_workers,
+    refuse_resume,
+    sized,
+    worker_argv,
+)
 from potluck_lab.demo.report import sample_block
-from potluck_lab.jobs import run_agent
-from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 
 WORKER_MODULE = "potluck_lab.demo.elastic_worker"
 VICTIM = 1  # launch rank 1; cohort ranks follow join order, so it may be the cohort's rank 0
@@ -62,55 +69,23 @@ CHAOS_METRICS = Path("runs/demo-chaos/metrics.jsonl")
 
 
 @dataclass(frozen=True)
-class ChaosPreset:
-    """Sizes for the chaos demo: enough steps after the kill for a restarted worker
-    (a fresh Python importing torch: several seconds) to rejoin before the end."""
-
-    steps: int
-    global_batch: int
-    corpus_chars: int
-    context: int
-    d_model: int
-    n_layers: int
-    sample_chars: int
-    warmup_steps: int  # left out of the throughput medians
-
-
-CHAOS_FULL = ChaosPreset(steps=600, global_batch=32, corpus_chars=2_000_000, context=64,
-                         d_model=128, n_layers=2, sample_chars=300, warmup_steps=10)
-CHAOS_QUICK = ChaosPreset(steps=360, global_batch=16, corpus_chars=200_000, context=64,
-                          d_model=64, n_layers=2, sample_chars=80, warmup_steps=10)
-
-
-@dataclass(frozen=True)
-class ChaosConfig:
-    workers: int
-    seed: int
-    preset: ChaosPreset
+class ChaosConfig(LaunchedConfig):
     kill_at: int  # the victim stops once this many steps have committed, and is killed
     rejoin_by: int  # a cohort still short of the restarted worker waits for it here
     run_dir: Path
-    metrics: Path
-    progress: bool
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosConfig:
     """Validate the demo's flags for a chaos run; ConfigError names value, rule and fix."""
-    preset = CHAOS_QUICK if args.quick else CHAOS_FULL
-    steps = preset.steps if args.steps is None else args.steps
-    batch = preset.global_batch if args.batch_size is None else args.batch_size
-    workers = args.workers
-    if workers < 2:
-        raise ConfigError(
-            f"--chaos with --workers {workers}: the chaos demo kills a worker and the "
-            "others must train on without it, so it needs at least 2 workers; use "
-            "--chaos --workers 2"
-        )
+    preset = sized(args, CHAOS_FULL, CHAOS_QUICK)
+    steps, batch, workers = preset.steps, preset.global_batch, args.workers
+    check_several_workers("chaos", workers, "the chaos demo kills a worker and the others "
+                                            "must train on without it")
     if steps < 3:
         raise ConfigError(
             f"--chaos with --steps {steps}: the kill comes a third of the way through and "
             f"the run must go on after it, so it needs at least 3 steps; use e.g. --steps "
-            f"{preset.steps}"
+            f"{(CHAOS_QUICK if args.quick else CHAOS_FULL).steps}"
         )
     if batch < workers or batch % workers or batch % (workers - 1):
         fits = workers * (workers - 1) * max(1, batch // (workers * (workers - 1)))
@@ -119,19 +94,13 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
             f"batch is split evenly over {workers} workers, and over the {workers - 1} left "
             f"after the kill, so it must be a multiple of both; use e.g. --batch-size {fits}"
         )
-    if args.seed < 0:
-        raise ConfigError(f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
-    if args.resume:
-        raise ConfigError(
-            "--resume with --chaos: the chaos demo keeps no checkpoints (a restarted worker "
-            "receives the live state from the others); drop --resume or --chaos"
-        )
+    check_seed(args.seed)
+    refuse_resume(args.resume, "chaos", " (a restarted worker receives the live state from "
+                                        "the others)")
     kill_at = max(1, steps // 3)
     metrics = CHAOS_METRICS if args.metrics is None else args.metrics
     return ChaosConfig(
-        workers=workers, seed=args.seed,
-        preset=ChaosPreset(steps, batch, preset.corpus_chars, preset.context, preset.d_model,
-                           preset.n_layers, preset.sample_chars, preset.warmup_steps),
+        workers=workers, seed=args.seed, preset=preset,
         kill_at=kill_at, rejoin_by=max(kill_at, min(2 * steps // 3, steps - 2)),
         # A directory of its own: the driver reads every *.jsonl there as the run's records.
         run_dir=metrics.parent / "records",
@@ -141,13 +110,9 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
 
 def launch_config(config: ChaosConfig, token: str) -> LaunchConfig:
     """What ``potluck run --elastic --max-restarts 1 --token T -m <worker>`` would build."""
-    p = config.preset
     worker_args = (
-        "--run-dir", str(config.run_dir), "--steps", str(p.steps),
-        "--batch-size", str(p.global_batch), "--seed", str(config.seed),
-        "--corpus-chars", str(p.corpus_chars), "--context", str(p.context),
-        "--d-model", str(p.d_model), "--n-layers", str(p.n_layers),
-        "--sample-chars", str(p.sample_chars), "--victim", str(VICTIM),
+        "--run-dir", str(config.run_dir), *worker_argv(config.preset, config.seed),
+        "--sample-chars", str(config.preset.sample_chars), "--victim", str(VICTIM),
         "--kill-at", str(config.kill_at), "--rejoin-by", str(config.rejoin_by),
         "--rejoin-timeout", f"{REJOIN_TIMEOUT_S:g}",
     )
@@ -249,41 +214,25 @@ class ChaosDriver:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the chaos demo: 0 on success, 2 on a bad flag, 1 on failure, 130 on Ctrl-C."""
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck demo: error: {exc}", file=sys.stderr)
-        return 2
+    """Run the chaos demo: 0 on success, 1 on failure, 130 on Ctrl-C; a bad flag
+    raises ``ConfigError`` (``cli.main`` exits 2)."""
+    config = config_from_args(args)
     started = time.perf_counter()
     _prepare(config.run_dir)
     token = secrets.token_hex(16)  # admission secret for this run only; never printed
     launch = launch_config(config, token)
     _print_header(config, launch)
-    emitted: list[str] = []
     driver = ChaosDriver(config, lambda line: print(line, flush=True))
-    code = 1
     try:
-        code = run_agent(launch, config.run_dir / "workers.log", driver, emitted,
-                         append=False)
-    except PotluckError as exc:
-        print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
-    except KeyboardInterrupt:  # before the agent took over the signals, or after
-        code = 130
+        code, emitted = run_workers(launch, config.run_dir / "workers.log", driver)
     finally:
         run = driver.stop()
-    if code >= 128:
-        print(f"\npotluck demo: interrupted; every worker was stopped (worker output in "
-              f"{config.run_dir / 'workers.log'})", file=sys.stderr)
-        return code
-    _write_metrics(config, run)
-    if code != 0 or run.final_steps < config.preset.steps:
-        for line in emitted[-40:]:
-            print(line, file=sys.stderr)
-        print(f"potluck demo: the chaos run failed after {run.final_steps} of "
-              f"{config.preset.steps} steps; worker output is in "
-              f"{config.run_dir / 'workers.log'}", file=sys.stderr)
-        return 1
+    if code < 128:
+        _write_metrics(config, run)
+    failed = ended_badly(code, emitted, run.final_steps, config.preset.steps, "chaos",
+                         config.run_dir / "workers.log")
+    if failed is not None:
+        return failed
     _print_report(config, run)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics in "
           f"{config.metrics}; worker output in {config.run_dir / 'workers.log'}")
@@ -298,11 +247,7 @@ def _prepare(run_dir: Path) -> None:
 
 def _print_header(config: ChaosConfig, launch: LaunchConfig) -> None:
     p = config.preset
-    text = load_corpus(p.corpus_chars, config.seed)
-    vocab = Vocabulary.from_text(text)
-    print(f"potluck demo --chaos: a {p.n_layers}-layer character transformer (d_model "
-          f"{p.d_model}, context {p.context}) on {len(text):,} characters of Python stdlib "
-          f"source from {stdlib_dir()} ({vocab.size} distinct characters)")
+    print(model_line("potluck demo --chaos", p, config.seed))
     print(f"{config.workers} elastic workers, global batch {p.global_batch}, {p.steps} steps, "
           f"seed {config.seed}, started as:")
     print(f"  potluck run --elastic --max-restarts {launch.max_restarts} --token <random> "

@@ -10,6 +10,7 @@ speedup, scaling efficiency, sync latency and a sample of generated text.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from potluck.errors import ConfigError
 from potluck.metrics.figures import scaling_figures
 from potluck_lab.demo.chaos import CHAOS_METRICS
 from potluck_lab.demo.phase import PhaseFailed, run_phase
+from potluck_lab.demo.presets import FULL, QUICK, Preset, check_seed, sized
 from potluck_lab.demo.progress import choose_display
 from potluck_lab.demo.report import (
     equivalence_line,
@@ -40,29 +42,6 @@ METRICS = Path("runs/demo/metrics.jsonl")  # the plain demo's; the chaos demo ha
 CHECKPOINTS = Path("runs/demo/checkpoints")  # the plain demo's; the others keep none
 CHECKPOINT_EVERY = 100
 SEED = 0
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Sizes that fit a time budget on 2 CPU cores."""
-
-    steps: int
-    global_batch: int
-    baseline_steps: int
-    warmup_steps: int  # excluded from the timing medians
-    corpus_chars: int
-    context: int
-    d_model: int
-    n_layers: int
-    sample_chars: int
-
-
-FULL = Preset(steps=600, global_batch=32, baseline_steps=40, warmup_steps=10,
-              corpus_chars=2_000_000, context=64, d_model=128, n_layers=2, sample_chars=300)
-# The full demo's model and batch, cut short. A smaller model is quicker, but its step
-# is mostly the all-reduce and the step's fixed costs: 2 workers ran slower than 1.
-QUICK = replace(FULL, steps=40, baseline_steps=25, warmup_steps=4, corpus_chars=200_000,
-                sample_chars=80)
 
 
 @dataclass(frozen=True)
@@ -136,14 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """Validate the flags; raises ConfigError naming the value, the rule and the fix."""
-    preset = QUICK if args.quick else FULL
-    preset = replace(
-        preset,
-        steps=preset.steps if args.steps is None else args.steps,
-        global_batch=preset.global_batch if args.batch_size is None else args.batch_size,
-        baseline_steps=(preset.baseline_steps if args.baseline_steps is None
-                        else args.baseline_steps),
-    )
+    preset = sized(args, FULL, QUICK)
+    if args.baseline_steps is not None:
+        preset = replace(preset, baseline_steps=args.baseline_steps)
     _require(args.workers >= 1,
              f"--workers {args.workers}: need at least 1 worker; use e.g. --workers 2")
     _require(preset.steps >= 1,
@@ -156,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
              f"global batch {preset.global_batch} (--batch-size) does not split evenly over "
              f"--workers {args.workers}: the global batch must be a positive multiple of the "
              f"worker count; use e.g. --batch-size {args.workers * per_worker}")
-    _require(args.seed >= 0, f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
+    check_seed(args.seed)
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
     _require(every >= 0, f"--checkpoint-every {every}: must be >= 0 (0: only at the end); "
                          f"use e.g. --checkpoint-every {CHECKPOINT_EVERY}")
@@ -258,32 +232,31 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# The other demos, each a module with ``main(args) -> int``.
+_DEMOS = {"uneven": "potluck_lab.demo.uneven", "chaos": "potluck_lab.demo.chaos",
+          "wan": "potluck_lab.demo.wan"}
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the demo; 0 on success, 2 on a bad flag, 1 if a worker failed, 130 on Ctrl-C."""
+    """Run the chosen demo; 0 on success, 2 on a bad flag (a ``ConfigError`` from any
+    demo), 1 if a worker failed, 130 on Ctrl-C."""
     try:
         check_demo_flags(args)
         if not args.wan:
             check_metrics_path(metrics_path(args))
+        chosen = next((module for name, module in _DEMOS.items() if getattr(args, name)),
+                      None)
+        if chosen is not None:
+            result: int = importlib.import_module(chosen).main(args)
+            return result
+        return _plain(config_from_args(args))
     except ConfigError as exc:
         print(f"potluck demo: error: {exc}", file=sys.stderr)
         return 2
-    if args.uneven:
-        from potluck_lab.demo import uneven
 
-        return uneven.main(args)
-    if args.chaos:
-        from potluck_lab.demo import chaos
 
-        return chaos.main(args)
-    if args.wan:
-        from potluck_lab.demo import wan
-
-        return wan.main(args)
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck demo: error: {exc}", file=sys.stderr)
-        return 2
+def _plain(config: DemoConfig) -> int:
+    """The plain demo: N workers, then the 1-worker baseline, then the report."""
     started = time.perf_counter()
     preset = config.preset
     text = load_corpus(preset.corpus_chars, config.seed)

@@ -25,6 +25,7 @@ from potluck.cohort import Cohort
 from potluck.env import read_worker_env
 from potluck.metrics.journal import Journal
 from potluck.step import StepTransaction
+from potluck_lab.demo.presets import worker_parser
 from potluck_lab.demo.train import learning_rate
 from potluck_lab.models import CharTransformer, ModelConfig, generate, language_model_loss
 from potluck_lab.text import Vocabulary, batch_offsets, load_corpus
@@ -82,15 +83,8 @@ class StepWatch:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="potluck_lab.demo.elastic_worker")
+    parser = worker_parser("potluck_lab.demo.elastic_worker")
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True, help="global batch")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--corpus-chars", type=int, required=True)
-    parser.add_argument("--context", type=int, required=True)
-    parser.add_argument("--d-model", type=int, required=True)
-    parser.add_argument("--n-layers", type=int, required=True)
     parser.add_argument("--sample-chars", type=int, default=0)
     parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
     parser.add_argument("--victim", type=int, default=None,

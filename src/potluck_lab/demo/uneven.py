@@ -23,18 +23,26 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from potluck.errors import ConfigError, PotluckError
+from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
 from potluck.metrics.journal import read_journal
+from potluck_lab.demo.launched import LaunchedConfig, ended_badly, model_line, run_workers
+from potluck_lab.demo.presets import (
+    UNEVEN_FULL,
+    UNEVEN_QUICK,
+    check_seed,
+    check_several_workers,
+    refuse_resume,
+    sized,
+    worker_argv,
+)
 from potluck_lab.demo.progress import MetricsFollower, choose_display, make_progress
 from potluck_lab.demo.report import loss_summary
 from potluck_lab.demo.uneven_report import summarize, summary_lines
-from potluck_lab.jobs import run_agent
 from potluck_lab.machine import cpu_quota
-from potluck_lab.text import Vocabulary, load_corpus, stdlib_dir
 
 WORKER_MODULE = "potluck_lab.demo.uneven_worker"
 SLOW_RANK = 1  # the worker slowed (launch rank); rank 0 writes the metrics
@@ -46,32 +54,9 @@ UNEVEN_METRICS = Path("runs/demo-uneven/metrics.jsonl")
 
 
 @dataclass(frozen=True)
-class UnevenPreset:
-    steps: int
-    global_batch: int
-    corpus_chars: int
-    context: int
-    d_model: int
-    n_layers: int
-    warmup_steps: int  # left out of the throughput medians
-    equal_steps: int  # then trained on equal shares, to measure what balancing gained
-
-
-UNEVEN_FULL = UnevenPreset(steps=240, global_batch=32, corpus_chars=2_000_000, context=64,
-                           d_model=128, n_layers=2, warmup_steps=10, equal_steps=30)
-UNEVEN_QUICK = UnevenPreset(steps=40, global_batch=32, corpus_chars=200_000, context=64,
-                            d_model=128, n_layers=2, warmup_steps=5, equal_steps=16)
-
-
-@dataclass(frozen=True)
-class UnevenConfig:
-    workers: int
-    seed: int
-    preset: UnevenPreset
+class UnevenConfig(LaunchedConfig):
     slow_by: str  # "auto": a CPU quota where possible, else sleeps; "cgroup"; "sleep"
     fraction: float  # of one core, for the slowed worker
-    metrics: Path
-    progress: bool
 
 
 @dataclass(frozen=True)
@@ -95,37 +80,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> UnevenConfig:
     """Validate the demo's flags for an uneven run; ConfigError names value, rule, fix."""
-    preset = UNEVEN_QUICK if args.quick else UNEVEN_FULL
-    steps = preset.steps if args.steps is None else args.steps
-    batch = preset.global_batch if args.batch_size is None else args.batch_size
+    preset = sized(args, UNEVEN_FULL, UNEVEN_QUICK)
+    steps, batch = preset.steps, preset.global_batch
     if args.chaos:
         raise ConfigError("--uneven with --chaos: they are two demos; run one, then the other")
-    if args.workers < 2:
-        raise ConfigError(f"--uneven with --workers {args.workers}: one worker is slowed and "
-                          "the others take up its slack, so it needs at least 2 workers; "
-                          "use --uneven --workers 2")
+    check_several_workers("uneven", args.workers, "one worker is slowed and the others take "
+                                                  "up its slack")
     if steps < 1:
         raise ConfigError(f"--steps {steps}: need at least 1 step; use e.g. --steps "
-                          f"{preset.steps}")
+                          f"{(UNEVEN_QUICK if args.quick else UNEVEN_FULL).steps}")
     if batch < 2 * args.workers:
         raise ConfigError(f"--uneven with global batch {batch} (--batch-size) and --workers "
                           f"{args.workers}: every worker keeps at least one sample a step, so "
                           "the split can only move with at least 2 per worker; use e.g. "
                           f"--batch-size {16 * args.workers}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed {args.seed}: seeds must be >= 0; use e.g. --seed 0")
+    check_seed(args.seed)
     if not 0.01 <= args.slow_fraction < 1.0:
         raise ConfigError(f"--slow-fraction {args.slow_fraction}: the slowed worker's part of "
                           f"a core, from 0.01 to below 1; use e.g. --slow-fraction "
                           f"{SLOW_FRACTION}")
-    if args.resume:
-        raise ConfigError("--resume with --uneven: the uneven demo keeps no checkpoints; "
-                          "drop --resume or --uneven")
+    refuse_resume(args.resume, "uneven", "")
     return UnevenConfig(
         workers=args.workers, seed=args.seed,
-        preset=UnevenPreset(steps, batch, preset.corpus_chars, preset.context,
-                            preset.d_model, preset.n_layers, preset.warmup_steps,
-                            min(preset.equal_steps, steps)),
+        preset=replace(preset, equal_steps=min(preset.equal_steps, steps)),
         slow_by=args.slow_by, fraction=args.slow_fraction,
         metrics=UNEVEN_METRICS if args.metrics is None else args.metrics,
         progress=not args.no_progress,
@@ -166,13 +143,9 @@ def set_up_slowdown(slow_by: str, fraction: float) -> Slowdown:
 
 def launch_config(config: UnevenConfig, slowdown: Slowdown, cores: list[int]) -> LaunchConfig:
     """What ``potluck run --balance --nproc-per-node W -m <worker> ...`` would build."""
-    p = config.preset
     worker_args = [
-        "--metrics", str(config.metrics), "--steps", str(p.steps),
-        "--batch-size", str(p.global_batch), "--seed", str(config.seed),
-        "--corpus-chars", str(p.corpus_chars), "--context", str(p.context),
-        "--d-model", str(p.d_model), "--n-layers", str(p.n_layers),
-        "--equal-steps", str(p.equal_steps),
+        "--metrics", str(config.metrics), *worker_argv(config.preset, config.seed),
+        "--equal-steps", str(config.preset.equal_steps),
         "--cores", ",".join(str(core) for core in cores), "--slow-rank", str(SLOW_RANK),
     ]
     if slowdown.quota is not None:
@@ -185,13 +158,10 @@ def launch_config(config: UnevenConfig, slowdown: Slowdown, cores: list[int]) ->
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the uneven demo: 0 on success, 2 on a bad flag, 1 on failure, 130 on Ctrl-C."""
-    try:
-        config = config_from_args(args)
-        slowdown = set_up_slowdown(config.slow_by, config.fraction)
-    except ConfigError as exc:
-        print(f"potluck demo: error: {exc}", file=sys.stderr)
-        return 2
+    """Run the uneven demo: 0 on success, 1 on failure, 130 on Ctrl-C; a bad flag
+    raises ``ConfigError`` (``cli.main`` exits 2)."""
+    config = config_from_args(args)
+    slowdown = set_up_slowdown(config.slow_by, config.fraction)
     started = time.perf_counter()
     try:
         code, emitted = _train(config, slowdown)
@@ -200,18 +170,13 @@ def main(args: argparse.Namespace) -> int:
     finally:
         throttled = _remove(slowdown)
     run_dir = config.metrics.parent
-    if code >= 128:
-        print(f"\npotluck demo: interrupted; every worker was stopped (worker output in "
-              f"{run_dir / 'workers.log'})", file=sys.stderr)
-        return code
-    records = [r for r in read_journal(config.metrics) if r.get("kind") == "step"]
-    total = config.preset.steps + config.preset.equal_steps
-    if code != 0 or len(records) < total:
-        for line in emitted[-40:]:
-            print(line, file=sys.stderr)
-        print(f"potluck demo: the uneven run failed after {len(records)} of {total} steps; "
-              f"worker output is in {run_dir / 'workers.log'}", file=sys.stderr)
-        return 1
+    records = [] if code >= 128 else [r for r in read_journal(config.metrics)
+                                      if r.get("kind") == "step"]
+    failed = ended_badly(code, emitted, len(records),
+                         config.preset.steps + config.preset.equal_steps, "uneven",
+                         run_dir / "workers.log")
+    if failed is not None:
+        return failed
     _print_report(config, records, throttled)
     print(f"done in {time.perf_counter() - started:.1f} s; per-step metrics (with each "
           f"step's shares) in {config.metrics}; worker output in {run_dir / 'workers.log'}")
@@ -230,15 +195,7 @@ def _train(config: UnevenConfig, slowdown: Slowdown) -> tuple[int, list[str]]:
     total = config.preset.steps + config.preset.equal_steps
     progress = MetricsFollower(config.metrics, make_progress(
         display, total, f"{config.workers} workers", sys.stdout, shares=True))
-    emitted: list[str] = []
-    try:
-        return run_agent(launch, run_dir / "workers.log", progress, emitted,
-                         append=False), emitted
-    except PotluckError as exc:
-        print(f"potluck demo: the launcher failed: {exc}", file=sys.stderr)
-        return 1, emitted
-    except KeyboardInterrupt:  # before the agent took over the signals, or after
-        return 130, emitted
+    return run_workers(launch, run_dir / "workers.log", progress)
 
 
 def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
@@ -257,11 +214,7 @@ def _remove(slowdown: Slowdown) -> cpu_quota.Throttling | None:
 def _print_header(config: UnevenConfig, launch: LaunchConfig, slowdown: Slowdown,
                   cores: list[int]) -> None:
     p = config.preset
-    text = load_corpus(p.corpus_chars, config.seed)
-    vocab = Vocabulary.from_text(text)
-    print(f"potluck demo --uneven: a {p.n_layers}-layer character transformer (d_model "
-          f"{p.d_model}, context {p.context}) on {len(text):,} characters of Python stdlib "
-          f"source from {stdlib_dir()} ({vocab.size} distinct characters)")
+    print(model_line("potluck demo --uneven", p, config.seed))
     print(f"{config.workers} workers x 1 thread on Gloo, global batch {p.global_batch} "
           f"shared by measured speed, {p.steps} steps, then {p.equal_steps} on equal shares "
           f"to compare, seed {config.seed}, started as:")

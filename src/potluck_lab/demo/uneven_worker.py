@@ -36,6 +36,7 @@ from potluck.env import read_worker_env
 from potluck.metrics.journal import Journal
 from potluck.step import StepTransaction
 from potluck_lab.demo.elastic_worker import Windows
+from potluck_lab.demo.presets import worker_parser
 from potluck_lab.demo.train import learning_rate
 from potluck_lab.machine import cpu_quota
 from potluck_lab.models import CharTransformer, ModelConfig, language_model_loss
@@ -45,15 +46,8 @@ PEAK_LR, WARMUP_STEPS = 3e-3, 20
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="potluck_lab.demo.uneven_worker")
+    parser = worker_parser("potluck_lab.demo.uneven_worker")
     parser.add_argument("--metrics", type=Path, required=True, help="rank 0's step records")
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True, help="global batch")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--corpus-chars", type=int, required=True)
-    parser.add_argument("--context", type=int, required=True)
-    parser.add_argument("--d-model", type=int, required=True)
-    parser.add_argument("--n-layers", type=int, required=True)
     parser.add_argument("--cores", default="",
                         help="comma-separated cores, one per local rank ('': no pinning)")
     parser.add_argument("--slow-rank", type=int, default=None, help="the launch rank slowed")

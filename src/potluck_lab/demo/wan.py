@@ -66,11 +66,9 @@ def config_from_args(args: argparse.Namespace) -> WanDemo:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        demo = config_from_args(args)
-    except ConfigError as exc:
-        print(f"potluck demo: error: {exc}", file=sys.stderr)
-        return 2
+    """Run the WAN demo: 0 on success, 1 if ip or tc failed, 2 without root; a bad flag
+    raises ``ConfigError`` (``cli.main`` exits 2)."""
+    demo = config_from_args(args)
     problem = unavailable()
     if problem is not None:
         print(f"potluck demo --wan: {problem}: it builds two hosts (network namespaces "
