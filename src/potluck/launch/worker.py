@@ -240,7 +240,9 @@ UNUSED_AFTER = 60.0  # s of a script without potluck.prepare before rank 0 says 
 _LOST = {"--status-port": "the status page shows no worker and no step (a model wrapped "
                           "in potluck.DataParallel shows its step times; torch DDP reports "
                           "nothing)",
-         "--metrics-dir": "no metrics are written to {metrics_dir}",
+         "--metrics-dir": "no metrics are written to {metrics_dir} (a model wrapped in "
+                          "potluck.DataParallel writes its step times; torch DDP writes "
+                          "nothing)",
          "--balance": "every worker keeps an equal share"}
 # ... and what each does not do for a potluck.DataParallel without potluck.prepare.
 _PARTIAL = {"--status-port": "the page shows its step times, not its samples/s, shares "
