@@ -128,7 +128,8 @@ def test_a_failing_factory_or_watch_never_stops_training() -> None:
 
 
 def test_plain_models_journal_one_record_per_step_without_samples(tmp_path: Path) -> None:
-    plain = PlainModels(WorkerEnv(metrics_dir=str(tmp_path))).start()
+    # (prepared: this test process may have run potluck.prepare in another test)
+    plain = PlainModels(WorkerEnv(metrics_dir=str(tmp_path)), prepared=lambda: False).start()
     try:
         model = DataParallel(nn.Linear(3, 1))
         other = DataParallel(nn.Linear(3, 1))  # a second model: not observed
@@ -147,6 +148,16 @@ def test_plain_models_journal_one_record_per_step_without_samples(tmp_path: Path
     after = DataParallel(nn.Linear(3, 1))  # closed: no longer watching
     _step(after)
     assert len(read_journal(journal)) == len(records)
+
+
+def test_a_process_that_ran_prepare_is_not_watched_again(tmp_path: Path) -> None:
+    plain = PlainModels(WorkerEnv(metrics_dir=str(tmp_path)), prepared=lambda: True).start()
+    try:
+        _step(DataParallel(nn.Linear(3, 1)))
+        assert not plain.watched
+    finally:
+        plain.close()
+    assert not (tmp_path / "ranks").exists()
 
 
 def test_the_page_says_which_ranks_count_no_samples() -> None:

@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 
 class PlainModels:
     """Observes the first ``DataParallel`` built without ``clock=`` from ``start()`` on,
-    with the sinks ``worker`` asks for, until ``close()``."""
+    with the sinks ``worker`` asks for, until ``close()``; none once ``prepared()`` (this
+    process's ``potluck.prepare`` made its observer)."""
 
-    def __init__(self, worker: WorkerEnv) -> None:
-        self._worker = worker
+    def __init__(self, worker: WorkerEnv, *,
+                 prepared: Callable[[], bool] = observed) -> None:
+        self._worker, self._prepared = worker, prepared
         self._lock = threading.Lock()
         self._observer: StepObserver | None = None
         self._watched = self._on_cohort = False
@@ -66,7 +68,7 @@ class PlainModels:
 
     def _watch(self, model: DataParallel) -> StepObserver | None:
         with self._lock:
-            if self._observer is not None or observed():
+            if self._observer is not None or self._prepared():
                 return None  # one observer per process: they would share a worker name
             self._observer = self._observe(model)
             self._watched = True
