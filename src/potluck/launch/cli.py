@@ -63,13 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="serve a live status page of the cohort on PORT (0: a free one; node 0 "
               "only): who computes, who waits, the slowest rank and why, events, loss "
               "and throughput; /api/status (JSON) and /metrics (Prometheus) beside it "
-              "(scripts on potluck.prepare)")
+              "(scripts on potluck.prepare; on potluck.DataParallel alone: step times, "
+              "not samples)")
     flag("status-host", default="127.0.0.1", metavar="ADDR",
          help="the address the status page listens on (default 127.0.0.1; 0.0.0.0 for "
               "every interface)")
     flag("metrics-dir", default=None, metavar="DIR",
          help="every worker writes its per-step figures to DIR/ranks/*.jsonl, for "
-              "`potluck plot DIR` (scripts on potluck.prepare)")
+              "`potluck plot DIR` (scripts on potluck.prepare; on potluck.DataParallel "
+              "alone: step times, not samples)")
     flag("token", default=None, metavar="SECRET",
          help="the job's shared secret, at least 8 characters: a worker must prove it to "
               "join an elastic cohort. Visible in ps: prefer $POTLUCK_TOKEN or --token-file")

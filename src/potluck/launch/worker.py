@@ -15,10 +15,12 @@ reported as that, and never restarts a completed training. It also asks the kern
 kill this worker if the launcher dies, so no worker outlives its agent. An uncaught
 potluck error (``report.brief_error``) prints one line, not its traceback.
 
-``--status-port``, ``--metrics-dir`` and ``--balance`` take effect in
-``potluck.prepare`` only. A script that does not call it (torch DDP, or
-``potluck.DataParallel`` alone) would get nothing from them, in silence: rank 0 says
-so once (``UnusedFlags``), after ``UNUSED_AFTER`` seconds or at the script's end.
+With ``--status-port`` or ``--metrics-dir`` the bootstrap watches for a
+``potluck.DataParallel`` the script builds itself (``metrics.plain``): a script without
+``potluck.prepare`` then shows its step times, though not its samples. ``--balance``
+takes effect in ``potluck.prepare`` only, and a torch DDP model reports nothing. What a
+flag does not do for this script, rank 0 says once (``UnusedFlags``), after
+``UNUSED_AFTER`` seconds or at the script's end.
 
 A warm spare (``POTLUCK_STANDBY_FD`` set: the agent of an elastic job starts one ahead
 of a restart) first imports what every worker imports, at the lowest CPU priority (its
@@ -40,6 +42,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from potluck import env
 from potluck.errors import (
@@ -56,6 +59,9 @@ from potluck.launch.report import (
     write_finished_file,
     write_stop_file,
 )
+
+if TYPE_CHECKING:
+    from potluck.metrics.plain import PlainModels
 
 _PR_SET_PDEATHSIG = 1
 
@@ -81,7 +87,8 @@ def main(argv: list[str]) -> None:
     die_with_agent()
     if not _wait_as_spare():
         return  # not needed after all
-    flags = UnusedFlags.for_this_worker()
+    plain = _watch_plain_models()
+    flags = UnusedFlags.for_this_worker(plain)
     target = argv[0]
     sys.argv = list(argv)
     if not module:
@@ -93,7 +100,7 @@ def main(argv: list[str]) -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
-            _record_finished(flags)
+            _record_finished(flags, plain)
         else:  # the report says how it ended: not "died without raising"
             _record_error(exc)
         raise
@@ -123,7 +130,7 @@ def main(argv: list[str]) -> None:
             # script: re-raised, it would gain this bootstrap's and runpy's frames again.
             sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)  # what an uncaught exception exits with
-    _record_finished(flags)
+    _record_finished(flags, plain)
 
 
 def _wait_as_spare() -> bool:
@@ -198,64 +205,117 @@ def _record_error(exc: BaseException) -> None:
         write_error_file(path, exc)
 
 
-def _record_finished(flags: UnusedFlags | None = None) -> None:
-    """The script is done; whatever kills the process from here on is teardown."""
+def _record_finished(flags: UnusedFlags | None = None,
+                     plain: PlainModels | None = None) -> None:
+    """The script is done; whatever kills the process from here on is teardown. The
+    plain model's observer sends its last steps (a failed script's does not: its rank
+    then shows as silent, as it is)."""
     path = env.finished_file()
     if path is not None:
         write_finished_file(path)
+    if plain is not None:
+        plain.close()
     if flags is not None:
         flags.finished()
+
+
+def _watch_plain_models() -> PlainModels | None:
+    """Observe the first ``potluck.DataParallel`` the script builds itself, when the
+    launcher asked for the status page or a metrics directory; else None. (This imports
+    torch before the script does: only then.)"""
+    try:
+        worker = env.read_worker_env()
+    except ConfigError:  # the script meets the same error and says it
+        return None
+    if not (worker.status or worker.metrics_dir):
+        return None
+    from potluck.metrics.plain import PlainModels
+
+    return PlainModels(worker).start()
 
 
 UNUSED_AFTER = 60.0  # s of a script without potluck.prepare before rank 0 says so
 
 # What each flag that only potluck.prepare reads does not do without it.
-_LOST = {"--status-port": "the status page shows no worker and no step",
-         "--metrics-dir": "no metrics are written to {metrics_dir}",
+_LOST = {"--status-port": "the status page shows no worker and no step (a model wrapped "
+                          "in potluck.DataParallel shows its step times; torch DDP reports "
+                          "nothing)",
+         "--metrics-dir": "no metrics are written to {metrics_dir} (a model wrapped in "
+                          "potluck.DataParallel writes its step times; torch DDP writes "
+                          "nothing)",
          "--balance": "every worker keeps an equal share"}
+# ... and what each does not do for a potluck.DataParallel without potluck.prepare.
+_PARTIAL = {"--status-port": "the page shows its step times, not its samples/s, shares "
+                             "or loss",
+            "--metrics-dir": "the journals in {metrics_dir} hold step times, not samples: "
+                             "`potluck plot` draws no throughput or shares",
+            "--balance": "nothing: every worker keeps an equal share",
+            "--elastic": "a lost worker restarts with all the others, as under torchrun "
+                         "(it never joined a cohort), and no loader keeps each sample "
+                         "trained exactly once"}
+
+# Which model the script trains, seen from the bootstrap: None (no potluck.DataParallel
+# was observed), "plain" (one on a torch process group) or "cohort" (on potluck.init()).
+Front = Callable[[], "str | None"]
 
 
 def prepare_flags(worker: env.WorkerEnv) -> list[str]:
-    """The flags of ``potluck run`` this worker was started with that only
-    ``potluck.prepare`` reads."""
+    """The flags of ``potluck run`` this worker was started with that need
+    ``potluck.prepare`` to take full effect."""
     given = (("--status-port", worker.status), ("--metrics-dir", bool(worker.metrics_dir)),
-             ("--balance", worker.balance))
+             ("--balance", worker.balance), ("--elastic", worker.elastic))
     return [flag for flag, on in given if on]
+
+
+def _listed(flags: list[str]) -> str:
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
 
 
 def unused_flags_line(flags: list[str], metrics_dir: str | None,
                       after: float | None = None) -> str:
     """One line: ``flags`` did nothing, since the script did not call ``potluck.prepare``
-    (in its first ``after`` seconds; None: at all)."""
-    named = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+    (in its first ``after`` seconds; None: at all) nor built a ``potluck.DataParallel``."""
     when = ("which this script did not call" if after is None
             else f"which this script has not called in its first {after:g} s")
     lost = "; ".join(_LOST[flag].format(metrics_dir=metrics_dir) for flag in flags)
-    return (f"potluck: {named} {'takes' if len(flags) == 1 else 'take'} effect only in "
-            f"potluck.prepare(...), {when}: {lost} (torch DDP or potluck.DataParallel "
-            "alone reports nothing); call potluck.prepare(model, optimizer, dataset, "
-            f"global_batch=...) or drop {'it' if len(flags) == 1 else 'them'}")
+    return (f"potluck: {_listed(flags)} {'takes' if len(flags) == 1 else 'take'} effect "
+            f"only in potluck.prepare(...), {when}: {lost}; call potluck.prepare(model, "
+            f"optimizer, dataset, global_batch=...) or drop "
+            f"{'it' if len(flags) == 1 else 'them'}")
+
+
+def partial_flags_line(flags: list[str], metrics_dir: str | None) -> str:
+    """One line: what ``flags`` do not do for a ``potluck.DataParallel`` the script
+    built itself, without ``potluck.prepare``."""
+    lost = "; ".join(f"{flag} ({_PARTIAL[flag].format(metrics_dir=metrics_dir)})"
+                     for flag in flags)
+    return (f"potluck: this script trains a potluck.DataParallel without "
+            f"potluck.prepare(...), so it gets less from {lost}. For those, call "
+            "potluck.prepare(model, optimizer, dataset, global_batch=...)")
 
 
 class UnusedFlags:
-    """Says once that ``flags`` did nothing, if the script has not called
+    """Says once what ``flags`` did not do, if the script has not called
     ``potluck.prepare`` (``prepared()``) ``after`` seconds from ``start()``, or when it
-    ends (``finished()``) without having called it."""
+    ends (``finished()``) without having called it. ``front()`` says whether a
+    ``potluck.DataParallel`` of the script is observed, which the status page and the
+    journals see without ``potluck.prepare``."""
 
     def __init__(self, flags: list[str], metrics_dir: str | None, *,
                  prepared: Callable[[], bool], say: Callable[[str], None],
-                 after: float = UNUSED_AFTER) -> None:
+                 after: float = UNUSED_AFTER, front: Front = lambda: None) -> None:
         self._flags, self._metrics_dir = flags, metrics_dir
         self._prepared, self._say, self._after = prepared, say, after
+        self._front = front
         self._lock = threading.Lock()
         self._said = False
         self._timer = threading.Timer(after, self._check, args=(after,))
         self._timer.daemon = True
 
     @classmethod
-    def for_this_worker(cls) -> UnusedFlags | None:
+    def for_this_worker(cls, plain: PlainModels | None = None) -> UnusedFlags | None:
         """Rank 0's watch over the flags it was started with; None elsewhere, or when
-        none was given."""
+        none was given. ``plain``: the bootstrap's observer of a plain model."""
         try:
             worker = env.read_worker_env()
         except ConfigError:  # the script meets the same error and says it
@@ -263,7 +323,8 @@ class UnusedFlags:
         flags = prepare_flags(worker)
         if worker.rank != 0 or not flags:
             return None
-        return cls(flags, worker.metrics_dir, prepared=_prepared, say=_say).start()
+        return cls(flags, worker.metrics_dir, prepared=_prepared, say=_say,
+                   front=lambda: _front(plain)).start()
 
     def start(self) -> UnusedFlags:
         self._timer.start()
@@ -273,12 +334,30 @@ class UnusedFlags:
         self._timer.cancel()
         self._check(None)
 
+    def line(self, after: float | None) -> str | None:
+        """What to say now that ``potluck.prepare`` was not called; None: nothing."""
+        front = self._front()
+        if front is None:  # (--elastic: the launcher says it if a worker is lost)
+            unused = [flag for flag in self._flags if flag in _LOST]
+            return unused_flags_line(unused, self._metrics_dir, after) if unused else None
+        partial = [flag for flag in self._flags
+                   if flag != "--elastic" or front == "plain"]  # init() cohorts rejoin
+        return partial_flags_line(partial, self._metrics_dir) if partial else None
+
     def _check(self, after: float | None) -> None:
         with self._lock:
             if self._said or self._prepared():
                 return
             self._said = True
-        self._say(unused_flags_line(self._flags, self._metrics_dir, after))
+        line = self.line(after)
+        if line is not None:
+            self._say(line)
+
+
+def _front(plain: PlainModels | None) -> str | None:
+    if plain is None or not plain.watched:
+        return None
+    return "cohort" if plain.on_cohort else "plain"
 
 
 def _prepared() -> bool:

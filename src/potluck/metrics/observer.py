@@ -26,7 +26,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any, Protocol
 
 from potluck import events
@@ -70,7 +71,9 @@ class StepFigures:
 
     def record(self) -> dict[str, Any]:
         """The fields that have a finite value (a NaN loss is left out: JSON has none)."""
-        fields = {k: v for k, v in asdict(self).items() if _finite(v)}
+        # (not asdict: it deep-copies every value, a tenth of a millisecond a step)
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)
+                  if _finite(getattr(self, f.name))}
         if _finite(self.samples_per_s):
             fields["samples_per_s"] = self.samples_per_s
         return fields

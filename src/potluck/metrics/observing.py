@@ -4,7 +4,9 @@ asked for: a ``rank_step`` journal under ``metrics_dir`` (``prepare(metrics_dir=
 installed), and pulses for the status page (``potluck run
 --status-port``). Timing itself is always on: it costs a few clock reads a step.
 ``observed()`` says whether this process made one: ``potluck run``'s worker bootstrap
-asks, since those flags (and ``--balance``) take effect in ``potluck.prepare`` only.
+asks, since ``--balance`` takes effect in ``potluck.prepare`` only, and a script without
+it shows step times but no samples (``metrics.plain`` observes such a script's model).
+``make_observer`` builds both kinds.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from potluck.cohort import Cohort
-from potluck.metrics.observer import Samples, StepObserver, StepSink
+from potluck.env import WorkerEnv
+from potluck.metrics.observer import Samples, StepObserver, StepSink, Where
 from potluck.metrics.publisher import (
     JournalSink,
     StorePublisher,
@@ -38,26 +42,46 @@ def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
                  samples: Samples | None = None, inner: LocalClock | None = None,
                  metrics_dir: str | Path | None = None) -> StepObserver:
     _made.set()
+    return cohort_observer(cohort, passes, samples=samples, inner=inner,
+                           metrics_dir=metrics_dir)
+
+
+def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats], *,
+                    samples: Samples | None = None, inner: LocalClock | None = None,
+                    metrics_dir: str | Path | None = None) -> StepObserver:
+    """The observer of a worker on ``cohort``, its sinks as its launch asked."""
 
     def where() -> tuple[int, int, int]:
         return cohort.rank, cohort.world_size, cohort.generation
 
-    directory = metrics_dir if metrics_dir is not None else cohort.env.metrics_dir
+    # A fixed job's restart starts every worker again; an elastic one's restarted worker
+    # is a new member of the same run.
+    return make_observer(ComputeClock(cohort.device), where, passes, cohort.env,
+                         samples=samples, inner=inner, metrics_dir=metrics_dir,
+                         events=lambda: list(cohort.events), member=cohort.worker_id,
+                         attempt=0 if cohort.elastic else cohort.env.restart_count)
+
+
+def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassStats],
+                  env: WorkerEnv, *, samples: Samples | None = None,
+                  inner: LocalClock | None = None, metrics_dir: str | Path | None = None,
+                  events: Callable[[], list[dict[str, Any]]] = list,
+                  member: str | None = None, attempt: int = 0) -> StepObserver:
+    """A step observer with the sinks ``env`` asks for (``metrics_dir`` wins over its
+    directory). Without ``samples`` the pulses say that samples are not counted."""
+    directory = metrics_dir if metrics_dir is not None else env.metrics_dir
     sinks: list[StepSink] = []
     if directory:
         sinks.append(JournalSink(directory))
         board = tensorboard_sink(directory)  # when TensorBoard is installed
         if board is not None:
             sinks.append(board)
-    observer = StepObserver(ComputeClock(cohort.device), where, passes, samples=samples,
-                            inner=inner, sinks=sinks)
-    env = cohort.env
+    observer = StepObserver(clock, where, passes, samples=samples, inner=inner,
+                            sinks=sinks)
     if env.status and env.master_addr is not None and env.master_port is not None:
         observer.add_sink(StorePublisher(
             store_client(env.master_addr, env.master_port), env.run_id,
             f"{observer.host}:{os.getpid()}", position=observer.position, where=where,
-            events=lambda: list(cohort.events), member=cohort.worker_id,
-            # A fixed job's restart starts every worker again; an elastic one's restarted
-            # worker is a new member of the same run.
-            attempt=0 if cohort.elastic else env.restart_count).start())
+            events=events, member=member, attempt=attempt,
+            counts_samples=samples is not None).start())
     return observer

@@ -4,7 +4,7 @@ Reads RUN_DIR/*.jsonl and RUN_DIR/ranks/*.jsonl (potluck.metrics.journal records
 writes loss.png, throughput.png, compute_wait.png, shares.png and events.png to
 RUN_DIR/plots (or --out); a plot whose data the run did not record is skipped. A
 RUN_DIR without records is named with what it holds and what writes records: workers
-whose script calls ``potluck.prepare``.
+whose script calls ``potluck.prepare`` or wraps its model in ``potluck.DataParallel``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def no_records(run_dir: Path, shown: int = 6) -> str:
     holds = f"holds {', '.join(names)}{more}" if names else "is empty"
     looked = ", ".join(str(run_dir / pattern) for pattern in PATTERNS)
     return (f"no journal records in {looked}: {run_dir} {holds}. Records come from "
-            "workers whose script calls potluck.prepare(...): `potluck run --metrics-dir "
-            f"{run_dir}` (or prepare(metrics_dir=...)) has each of them write "
-            f"{run_dir / 'ranks'}/rank-<pid>.jsonl; a script on torch DDP or "
-            "potluck.DataParallel alone writes none")
+            "workers whose script calls potluck.prepare(...) or wraps its model in "
+            f"potluck.DataParallel: `potluck run --metrics-dir {run_dir}` (or "
+            f"prepare(metrics_dir=...)) has each of them write "
+            f"{run_dir / 'ranks'}/rank-<pid>.jsonl; a script on torch DDP writes none")

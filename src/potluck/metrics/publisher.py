@@ -80,12 +80,15 @@ class StorePublisher:
                  position: Callable[[], Position], where: Where,
                  events: Callable[[], list[dict[str, Any]]] = list,
                  member: str | None = None, attempt: int = 0,
-                 interval: float = 0.5) -> None:
+                 counts_samples: bool = True, interval: float = 0.5) -> None:
         """``member``: this worker's id in the cohort (trust notes name it); ``attempt``:
-        the launcher's restart of a fixed job (its workers all start again)."""
+        the launcher's restart of a fixed job (its workers all start again);
+        ``counts_samples``: False when the steps carry no samples (a script without
+        ``potluck.prepare``), so the page says why samples/s is blank."""
         self._connect, self._run_id, self._worker = connect, run_id, worker
         self._position, self._where, self._events = position, where, events
         self._member, self._attempt = member, attempt
+        self._counts_samples = counts_samples
         self._interval = interval
         self._lock = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=KEPT_STEPS)
@@ -127,6 +130,7 @@ class StorePublisher:
         self._seq += 1
         return {"seq": self._seq, "worker": self._worker, "pid": os.getpid(),
                 "member": self._member, "attempt": self._attempt,
+                "counts_samples": self._counts_samples,
                 "rank": rank, "world_size": world_size, "generation": generation,
                 "phase": describe(position), "phase_s": time.perf_counter() - position.since,
                 "steps": steps, "events": self._events()[-MAX_EVENTS_PER_PULSE:],

@@ -17,12 +17,19 @@ Also what code written for torch DDP touches: ``require_backward_grad_sync`` (wh
 (``torch_hooks``), torch's ``Join`` for uneven inputs (``join``), and DDP's read-only
 attributes (``process_group``, ``find_unused_parameters``, ``static_graph``,
 ``gradient_as_bucket_view``, ``bucket_bytes_cap``) with the values that hold here.
+
+A model built without ``clock=`` may still be timed: ``watch_models`` lets a layer above
+(``potluck run``'s worker bootstrap, through ``potluck.metrics.plain``) hand it a
+``StepWatch``. A plain loop has no step transaction, so the model tells the watch where
+a step ends: when a backward that averages gradients has settled its collectives.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -47,6 +54,8 @@ from potluck.reducer.options import (
 from potluck.reducer.reducer import AnyHook, Reducer, ReducerConfig
 from potluck.reducer.torch_hooks import hook_name, is_torch_hook
 
+log = logging.getLogger(__name__)
+
 _MB = 1024 * 1024
 
 
@@ -58,6 +67,57 @@ class LocalClock(Protocol):
     def backward_done(self, waited: float = 0.0) -> None:
         """``waited``: seconds of the pass this rank spent blocked in its collectives
         (a communication hook that waits, as trust's does), not computing."""
+
+
+class StepWatch(LocalClock, Protocol):
+    """Times the steps of a model that no step transaction drives (a plain loop).
+
+    ``committed``: a backward that averages gradients has settled its collectives (the
+    step's end). ``abandoned``: that backward failed, its step is void."""
+
+    def committed(self) -> object: ...
+
+    def abandoned(self) -> None: ...
+
+
+# The one who times models built without clock=, if any (``watch_models``).
+WatchFactory = Callable[["DataParallel"], "StepWatch | None"]
+_watch_lock = threading.Lock()
+_watchers: list[WatchFactory] = []
+
+
+def watch_models(factory: WatchFactory) -> Callable[[], None]:
+    """Hand each ``DataParallel`` built from now on without ``clock=`` to ``factory``.
+
+    The watch it returns times that model's steps; None leaves the model alone. This is
+    how a layer above the reducer sees a plain script's steps without the reducer
+    importing it. Returns the call that stops watching."""
+    with _watch_lock:
+        _watchers.append(factory)
+
+    def stop() -> None:
+        with _watch_lock:
+            if factory in _watchers:
+                _watchers.remove(factory)
+
+    return stop
+
+
+def _watch_for(model: DataParallel) -> StepWatch | None:
+    """The first watch a factory gives ``model``. A factory that fails is logged and
+    skipped: seeing the run must never stop it."""
+    with _watch_lock:
+        factories = list(_watchers)
+    for factory in factories:
+        try:
+            watch = factory(model)
+        except Exception:
+            log.warning("a step watch could not be made; this model is not timed",
+                        exc_info=True)
+            continue
+        if watch is not None:
+            return watch
+    return None
 
 
 class DataParallel(nn.Module, Joinable):
@@ -159,6 +219,11 @@ class DataParallel(nn.Module, Joinable):
         )
         if comm_hook is not None:
             self.register_comm_hook(comm_state, comm_hook)
+        # Built by hand (no clock=): a watch from above may time its steps.
+        self._watch = _watch_for(self) if clock is None else None
+        self._watch_queued = False
+        if self._watch is not None:
+            self._clock = self._watch
 
     # ------------------------------------------------------------------- properties
 
@@ -313,9 +378,15 @@ class DataParallel(nn.Module, Joinable):
         grad_enabled = torch.is_grad_enabled()
         active = grad_enabled and self.world_size > 1
         timed = grad_enabled and self._clock is not None
+        if self._watch is not None and self._watch_queued:
+            self._watch_queued = False  # the last backward raised before its step ended
+            self._tell_watch(self._watch.abandoned)
         if self._clock is not None and grad_enabled:
             self._clock.forward_started()
             self._clock_queued = False  # a backward that raised never ran its callback
+        # Under a watch, the backward of this forward ends a step if it averages.
+        ends_step = (self._watch is not None and grad_enabled
+                     and self.require_backward_grad_sync and self._sync_gradients)
         if active:
             sync, buffer_src = self.require_backward_grad_sync and self._sync_gradients, 0
             if self._join_config.enable:
@@ -328,22 +399,44 @@ class DataParallel(nn.Module, Joinable):
         if synced or timed:
             for tensor in _tensors_requiring_grad(output):
                 tensor.register_hook(  # type: ignore[no-untyped-call]
-                    lambda grad: self._on_output_grad(synced))
+                    lambda grad: self._on_output_grad(synced, ends_step))
         return output
 
-    def _on_output_grad(self, synced: bool) -> None:
+    def _on_output_grad(self, synced: bool, ends_step: bool = False) -> None:
         """Backward reached the output. The clock's callback is queued before the
-        reducer's, so it runs when the local work is done, before the wait for peers."""
+        reducer's, so it runs when the local work is done, before the wait for peers;
+        a watch's after it, so it runs once the collectives settled."""
+        engine = torch.autograd.Variable._execution_engine
         if self._clock is not None and not self._clock_queued:
             self._clock_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            engine.queue_callback(self._backward_done)
         if synced:
             self.reducer.on_backward_start()
+        if ends_step and not self._watch_queued:
+            self._watch_queued = True
+            engine.queue_callback(self._step_ended)
 
     def _backward_done(self) -> None:
         self._clock_queued = False
         if self._clock is not None:
             self._clock.backward_done(self.reducer.blocked_in_pass)
+
+    def _step_ended(self) -> None:
+        """A backward that averages ran to its end (its collectives settled, or failed
+        under ``on_failure="abandon"``): the end of a step of a plain loop."""
+        self._watch_queued = False
+        if self._watch is not None:
+            self._tell_watch(self._watch.abandoned if self.step_failed
+                             else self._watch.committed)
+
+    def _tell_watch(self, call: Callable[[], object]) -> None:
+        """Seeing the run must never stop it: a watch that fails is dropped."""
+        try:
+            call()
+        except Exception:
+            log.warning("the step watch failed; this model's steps are no longer timed",
+                        exc_info=True)
+            self._clock = self._watch = None  # (the watch was the clock)
 
     def _notify_join(self, sync: bool) -> int:
         """Under torch's Join: say this rank still trains, and whether it synchronizes

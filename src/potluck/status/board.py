@@ -132,6 +132,7 @@ class StatusBoard:
                            "loss": [p.get("loss") for _, p in curve],
                            "samples_per_s": [p.get("samples_per_s") for _, p in curve]},
                 "efficiency": self._efficiency(members),
+                "notices": notices([w.pulse for w in members]),
             }
 
     # --------------------------------------------------------------- internals
@@ -285,6 +286,19 @@ class StatusBoard:
             member = note.get("member")
             if member is not None and attempt == self._attempt:
                 self._standing[str(member)] = _standing(note)
+
+
+def notices(pulses: list[dict[str, Any]]) -> list[str]:
+    """What the page cannot show for these members, and why, in words."""
+    blind = sorted(int(p.get("rank", 0)) for p in pulses if p.get("counts_samples") is False)
+    if not blind:
+        return []
+    who = (f"rank {blind[0]} trains" if len(blind) == 1
+           else f"ranks {', '.join(map(str, blind))} train")
+    return [f"{who} a potluck.DataParallel without potluck.prepare: its steps are timed, "
+            "but the samples of a step are not known, so samples/s, shares and the "
+            "throughput curve stay blank and no loss is reported; potluck.prepare(model, "
+            "optimizer, dataset, global_batch=...) shows them"]
 
 
 def _standing(note: Mapping[str, Any]) -> str:
