@@ -145,15 +145,14 @@ def prepare(
         contribution = Contribution() if strategy is None and hook_kind(
             data_parallel) != "own" else None
         clock = ComputeClock(cohort.device) if choice.balance else None
+        observer = observer_for(  # (the transaction hands it each step's pass)
+            cohort, metrics_dir=metrics_dir, inner=clock,
+            samples=(lambda: handout.samples_of(cohort.rank)) if strategy is None else None)
         wrapped = DataParallel(model, group=cohort.group,
                                on_failure="abandon" if cohort.elastic and not strategy else "raise",
                                init_sync=not cohort.joined_late, contribution=contribution,
-                               sync_gradients=strategy is None, **data_parallel)
+                               sync_gradients=strategy is None, clock=observer, **data_parallel)
         guard = aggregator(trust, cohort, wrapped, handout)
-        observer = observer_for(
-            cohort, lambda: wrapped.reducer.last_pass, metrics_dir=metrics_dir, inner=clock,
-            samples=(lambda: handout.samples_of(cohort.rank)) if strategy is None else None)
-        wrapped.watch(observer)
         policy = strategy or share_policy(choice, shares, cohort, global_batch, contribution,
                                           clock, handout)
         # A finiteness vote only under a custom hook (the built-in all-reduce hooks give

@@ -42,6 +42,7 @@ def test_flags_a_script_never_uses_are_named_once(tmp_path: Path) -> None:
     said = [line for line in result.stderr.splitlines() if "take effect only in" in line]
     assert said == [f"[rank0]: potluck: --metrics-dir and --balance take effect only in "
                     f"potluck.prepare(...), which this script did not call: no metrics are "
-                    f"written to {metrics}; every worker keeps an equal share (torch DDP or "
-                    "potluck.DataParallel alone reports nothing); call potluck.prepare(model, "
-                    "optimizer, dataset, global_batch=...) or drop them"], result.stderr
+                    f"written to {metrics} (a model wrapped in potluck.DataParallel writes "
+                    "its step times; torch DDP writes nothing); every worker keeps an equal "
+                    "share; call potluck.prepare(model, optimizer, dataset, global_batch=...) "
+                    "or drop them"], result.stderr

@@ -103,7 +103,8 @@ class Position:
 class StepObserver:
     """Times each step of this rank; ``DataParallel``'s clock, the transaction's observer."""
 
-    def __init__(self, clock: ComputeClock, where: Where, passes: Callable[[], PassStats],
+    def __init__(self, clock: ComputeClock, where: Where,
+                 passes: Callable[[], PassStats] | None = None,
                  *, samples: Samples | None = None, inner: LocalClock | None = None,
                  sinks: Sequence[StepSink] = (), worker: str | None = None) -> None:
         self._clock, self._where, self._passes = clock, where, passes
@@ -161,16 +162,20 @@ class StepObserver:
         if "loss" in figures:
             self._loss = float(figures["loss"])
 
-    def committed(self, step: int | None = None) -> StepFigures | None:
+    def committed(self, step: int | None = None,
+                  last: PassStats | None = None) -> StepFigures | None:
         """The step in progress is done (applied, or a local step of a round). Its
         figures go to the sinks once its compute time can be read: at once on the CPU
-        (and returned), on a GPU at a later step, when its kernels ran (None here)."""
+        (and returned), on a GPU at a later step, when its kernels ran (None here).
+        ``last``: the model's last pass (default: ``passes()``, if given)."""
         now = time.perf_counter()
         rank, world_size, generation = self._where()
-        last = self._passes()
+        if last is None and self._passes is not None:
+            last = self._passes()
         reading = self._clock.take_reading()
         wait = comm = None
-        if last.settled_at is not None and self._backward_done_at is not None \
+        if last is not None and last.settled_at is not None \
+                and self._backward_done_at is not None \
                 and last.settled_at >= self._backward_done_at:
             wait = last.settled_at - self._backward_done_at
             comm = last.settled_at - (last.launched_at or last.settled_at)
@@ -181,7 +186,8 @@ class StepObserver:
             step=self._step if step is None else step, rank=rank, world_size=world_size,
             generation=generation, worker=self.worker, host=self.host, compute_s=None,
             wait_s=wait, comm_s=comm, step_s=now - self._last_end,
-            bytes=last.bytes if last.settled_at is not None and wait is not None else 0,
+            bytes=last.bytes if last is not None and last.settled_at is not None
+            and wait is not None else 0,
             samples=counts[0] if counts else None,
             share=counts[0] / counts[1] if counts and counts[1] else None, loss=self._loss)
         self._step = figures.step + 1

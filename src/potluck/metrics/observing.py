@@ -38,15 +38,17 @@ def observed() -> bool:
     return _made.is_set()
 
 
-def observer_for(cohort: Cohort, passes: Callable[[], PassStats], *,
+def observer_for(cohort: Cohort, passes: Callable[[], PassStats] | None = None, *,
                  samples: Samples | None = None, inner: LocalClock | None = None,
                  metrics_dir: str | Path | None = None) -> StepObserver:
+    """A prepared worker's observer (``passes``: None when the step transaction hands
+    each committed step its model's last pass)."""
     _made.set()
     return cohort_observer(cohort, passes, samples=samples, inner=inner,
                            metrics_dir=metrics_dir)
 
 
-def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats], *,
+def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats] | None, *,
                     samples: Samples | None = None, inner: LocalClock | None = None,
                     metrics_dir: str | Path | None = None) -> StepObserver:
     """The observer of a worker on ``cohort``, its sinks as its launch asked."""
@@ -62,7 +64,7 @@ def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats], *,
                          attempt=0 if cohort.elastic else cohort.env.restart_count)
 
 
-def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassStats],
+def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassStats] | None,
                   env: WorkerEnv, *, samples: Samples | None = None,
                   inner: LocalClock | None = None, metrics_dir: str | Path | None = None,
                   events: Callable[[], list[dict[str, Any]]] = list,

@@ -248,12 +248,6 @@ class DataParallel(nn.Module, Joinable):
         """True after a backward whose collectives failed (``on_failure="abandon"``)."""
         return self.reducer.step_failed
 
-    def watch(self, clock: LocalClock) -> None:
-        """Time this rank's passes with ``clock`` from the next forward on (what
-        ``clock=`` does at construction: ``potluck.prepare`` builds its observer over
-        this model's reducer, then hands it here)."""
-        self._clock, self._clock_queued = clock, False
-
     def register_comm_hook(self, state: Any, hook: AnyHook) -> None:
         """Reduce each bucket with ``hook(state, bucket) -> Future``: a potluck hook (gets a
         ``potluck.reducer.Bucket``) or one of torch DDP's (gets a ``GradBucket``)."""

@@ -224,7 +224,7 @@ class StepTransaction:
         if self._sync is not None:
             if not self._sync.after_inner_step():
                 if observer is not None:  # a local step of the round: it commits at its end
-                    observer.committed()
+                    observer.committed(last=self.model.reducer.last_pass)
                 return result
             started = time.perf_counter()
             synced = self._synchronize()
@@ -233,10 +233,10 @@ class StepTransaction:
             if synced is None:  # the round starts again from the committed state
                 return self._round_again(result)
             if observer is not None:
-                observer.committed()
+                observer.committed(last=self.model.reducer.last_pass)
             lost = synced
         elif observer is not None:
-            observer.committed(self.progress.steps)
+            observer.committed(self.progress.steps, self.model.reducer.last_pass)
         self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
         if self.cursor.state.owed:  # part of a round is still to train: not whole yet

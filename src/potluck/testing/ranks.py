@@ -67,7 +67,7 @@ def join_elastic(worker_id: str, port: int, *, expected: int, timeout: float = 3
     ``heartbeat_timeout`` seconds is lost at once."""
     from datetime import timedelta
 
-    from torch.distributed import TCPStore
+    from torch._C._distributed_c10d import TCPStore
 
     from potluck.cohort import GroupSpec
     from potluck.cohort import join_elastic as join_store
