@@ -30,14 +30,7 @@ from potluck.data.handout import Handout
 from potluck.data.step_loader import StepLoader, check_workers
 from potluck.env import read_worker_env
 from potluck.metrics.observing import observer_for
-from potluck.prepare_checks import (
-    agree_everywhere,
-    check_arguments,
-    check_call,
-    check_setup,
-    check_split,
-    signature,
-)
+from potluck.prepare_checks import agree, check_arguments, check_call, check_setup
 from potluck.reducer import DataParallel
 from potluck.reducer.clock import ComputeClock
 from potluck.reducer.contribution import Contribution
@@ -127,23 +120,17 @@ def prepare(
     cohort = cohort or joined
     assert cohort is not None
     with _closed_on_error(joined):  # a refusal from here on leaves no cohort open
-        agreed = signature(len(dataset), global_batch, seed, drop_last, {
+        rounds = sync.inner_steps if sync is not None else 1
+        agreed = agree(cohort, len(dataset), global_batch, seed, drop_last, rounds, {
             "sync": sync, "balance": choice.agreed_balance, "trust": trust, "shares": shares,
             "weight": weight, "clip_grad_norm": clip_grad_norm, "minimum": minimum,
             "DataParallel options": {k: v for k, v in data_parallel.items() if k not in PER_RANK}})
-        if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
-            # alike below. (A joiner compares its settings with the live state's, which the
-            # founders agreed on here: ``LiveState.receive``.)
-            agree_everywhere(cohort.group, agreed, cohort.device)
-        rounds = sync.inner_steps if sync is not None else 1
-        check_split(len(dataset), global_batch, cohort.world_size, drop_last, rounds)
         model.to(cohort.device)
         handout = Handout()  # what the loader, built last, hands out: read by the parts
         strategy = reconciler(choice, model, cohort, global_batch)
         # Each rank's gradient weighs its part of the step, unless the user's own hook
         # decides (under trust the slice owners weigh the copies by the split).
-        contribution = Contribution() if strategy is None and hook_kind(
-            data_parallel) != "own" else None
+        contribution = None if strategy or hook_kind(data_parallel) == "own" else Contribution()
         clock = ComputeClock(cohort.device) if choice.balance else None
         observer = observer_for(  # (the transaction hands it each step's pass)
             cohort, metrics_dir=metrics_dir, inner=clock,
@@ -155,9 +142,8 @@ def prepare(
         guard = aggregator(trust, cohort, wrapped, handout)
         policy = strategy or share_policy(choice, shares, cohort, global_batch, contribution,
                                           clock, handout)
-        # A finiteness vote only under a custom hook (the built-in all-reduce hooks give
-        # every rank the same bits); none under trust (every rank holds the same
-        # aggregates, and a vote one attacker decides would stall the cohort) or rounds.
+        # A finiteness vote only under a custom hook (the built-in ones give every rank the
+        # same bits); none under trust (one attacker would decide it) or rounds.
         guarded = GuardedOptimizer(optimizer, clip_grad_norm=clip_grad_norm, scaler=scaler,
                                    group=cohort.group, recoverable=cohort.elastic,
                                    agree=(lambda: not wrapped.reducer.agreed_result)

@@ -220,6 +220,18 @@ def check_split(dataset_len: int, global_batch: int, world_size: int, drop_last:
         f"dataset length whose last {what} has at least {world_size} samples")
 
 
+def agree(cohort: Cohort, dataset_len: int, global_batch: int, seed: int, drop_last: bool,
+          steps_per_block: int, settings: dict[str, Any]) -> dict[str, int | str]:
+    """What every rank must agree on (``signature``), agreed by the founders; then the
+    split of every step checked for this world size. A joiner compares its settings with
+    the live state's, which the founders agreed on here (``LiveState.receive``)."""
+    agreed = signature(dataset_len, global_batch, seed, drop_last, settings)
+    if cohort.world_size > 1 and not cohort.joined_late:  # first: every rank then fails
+        agree_everywhere(cohort.group, agreed, cohort.device)  # alike below
+    check_split(dataset_len, global_batch, cohort.world_size, drop_last, steps_per_block)
+    return agreed
+
+
 def agree_everywhere(group: GroupHandle, values: dict[str, int | str],
                      device: torch.device) -> None:
     """Every rank passed the same ``values`` (one all-gather of one word: the hash of

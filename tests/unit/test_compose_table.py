@@ -71,3 +71,39 @@ def test_choose_raises_the_first_row_that_forbids_the_call() -> None:
                     weight=None, trust=None, elastic=True, max_micro_batch=None,
                     data_parallel={})
     assert chosen.modes.split == "balanced" and chosen.balance is None
+
+
+def _prepare() -> ast.FunctionDef:
+    tree = ast.parse((ROOT / "src" / "potluck" / "preparation.py").read_text())
+    return next(node for node in tree.body
+                if isinstance(node, ast.FunctionDef) and node.name == "prepare")
+
+
+def test_prepare_wires_the_parts_in_about_sixty_lines() -> None:
+    prepare = _prepare()
+    doc_end = prepare.body[0].end_lineno
+    assert doc_end is not None and prepare.end_lineno is not None
+    assert prepare.end_lineno - doc_end <= 60
+
+
+def test_no_lambda_in_prepare_reaches_an_object_built_after_it() -> None:
+    """Each name a lambda in ``prepare`` reads is bound before the lambda's line: an
+    argument, or a local assigned above (never one the lambda would find later)."""
+    prepare = _prepare()
+    bound: dict[str, int] = {a.arg: prepare.lineno for a in
+                             [*prepare.args.args, *prepare.args.kwonlyargs]}
+    for node in ast.walk(prepare):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AnnAssign, ast.NamedExpr)) else [])
+        for target in targets:
+            for name in ast.walk(target):
+                if isinstance(name, ast.Name):
+                    bound.setdefault(name.id, node.lineno)
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+            bound.setdefault(node.optional_vars.id, node.context_expr.lineno)
+    lambdas = [node for node in ast.walk(prepare) if isinstance(node, ast.Lambda)]
+    assert lambdas  # (the check below would pass vacuously without any)
+    late = [(name.id, node.lineno) for node in lambdas for name in ast.walk(node.body)
+            if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Load)
+            and name.id in bound and bound[name.id] >= node.lineno]
+    assert late == [], f"lambdas reading names bound at or after their line: {late}"
