@@ -461,6 +461,11 @@ class DiLoCoSync:
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)
 
+    @property
+    def applied(self) -> int:
+        """Fragments of the round under way applied so far (Streaming DiLoCo)."""
+        return self._applied
+
     def unsynced(self) -> int:
         return self._done if self._due else 0
 
