@@ -105,9 +105,6 @@ REFUSED = {
        for c in CELLS if c.rounds and c.aggregate != "mean"},
     **{c.name: "trust aggregates each step's gradients by its own exchange"
        for c in CELLS if c.reconcile == "codec" and c.aggregate != "mean"},
-    **{c.name: "the fragments already applied holding its samples"
-       for c in CELLS if c.reconcile == "streaming" and c.membership == "elastic"
-       and c.aggregate == "mean"},
 }
 
 

@@ -74,11 +74,6 @@ TABLE: tuple[Rule, ...] = (
          lambda m: m.rounds and m.split == "balanced" and not m.planned,
          "balanced rounds follow each worker's measured speed, which a fixed plan refuses",
          "use DiLoCo(adaptive=True) (the default) without split=, or drop balancing"),
-    Rule("sync=StreamingDiLoCo(...) on an elastic cohort (potluck run --elastic, minimum=)",
-         lambda m: m.reconcile == "streaming" and m.elastic,
-         "a member lost mid-round would leave the fragments already applied holding its "
-         "samples, so the round could not be owed exactly",
-         "use DiLoCo(...) (one fragment) there, or a fixed cohort"),
     Rule("shares= with balancing (balance= or potluck run --balance)",
          lambda m: m.shares and m.split == "balanced",
          "balancing is a share policy: the step has one",

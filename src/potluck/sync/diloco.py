@@ -21,6 +21,12 @@ round a rank runs ``synchronize``:
 A member lost mid-round makes a collective fail on the others before anything changed:
 on an elastic cohort the transaction forms the next generation and calls
 ``synchronize`` again; the survivors commit the round, weighted among themselves.
+Under Streaming DiLoCo the fragments applied mid-round hold the lost member's samples:
+there a loss voids the round instead. The loss is raised at the round's sync (a
+fragment's collective that failed mid-round is held until then, as a failed speed
+exchange is), the survivors form the next generation, and the retried sync rolls the
+global parameters, the outer optimizer and the error feedback back to the round's start
+(``rollback.RoundStart``) and returns None: every member abandoned the round.
 
 Its state (global parameters, outer optimizer, plan, speeds, error feedback) travels in
 the live state and checkpoints under ``name``.
@@ -48,6 +54,7 @@ from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
 from potluck.sync.config import DiLoCo
 from potluck.sync.fragments import Summed, by_kind, deal, outer_step, pseudo_gradient
+from potluck.sync.rollback import RoundStart, VoidedRound
 from potluck.sync.round_plan import (
     agreed_lost,
     fragment_points,
@@ -87,9 +94,11 @@ class DiLoCoSync:
         lost in the mid-round speed exchange (the cohort's ``mark_step_failed``); the
         round's sync then raises the loss before any collective, and the transaction
         forms the next generation as for any loss in a sync. None (a fixed cohort): the
-        loss is raised where it happens."""
+        loss is raised where it happens. With fragments, ``on_lost`` also means a loss
+        voids the round (see the module doc)."""
         self.config, self.module, self.group = config, module, group
         self._on_lost = on_lost
+        self._voids = on_lost is not None and config.fragments > 1
         self._rank = group.rank()  # whose error feedback this is (on_membership renumbers)
         self.device = device or torch.device("cpu")  # NCCL talks in device tensors
         self.global_batch = global_batch
@@ -117,7 +126,15 @@ class DiLoCoSync:
         self._block: Range = (0, 0)
         self._segments: tuple[Range, ...] = ()
         self._parts: list[Range] = []
-        self._lost: PeerLostError | None = None  # the speed exchange's, raised at the sync
+        # A loss mid-round (the speed exchange's; a fragment's when the round voids),
+        # raised at the sync.
+        self._lost: PeerLostError | None = None
+        # Where a round can be voided: its start, and the loss that voids it (set when
+        # the loss leaves synchronize; the retry in the next generation voids the round).
+        self._start: RoundStart | None = None
+        self._voiding: VoidedRound | None = None
+        self._applied = 0  # fragments applied in the round under way
+        self.voided: list[VoidedRound] = []
         self._started = 0.0
         self._warm = 0.0  # when the round's first local step ended (its speed leaves it out)
         self._exchanged = 0.0  # seconds in the mid-round speed exchange (waiting, mostly)
@@ -158,6 +175,9 @@ class DiLoCoSync:
                 for value, param in zip(self._global, self._params, strict=True):
                     value.copy_(param)
             self._global_set = True
+        self._start = RoundStart.take(self._global, self._outer, self.feedback) \
+            if self._voids else None
+        self._lost, self._voiding, self._applied = None, None, 0
         config, world_size = self.config, self.group.size()
         unplanned = (config.adaptive and config.split is None and world_size > 1
                      and (self.plan is None or len(self.plan) != world_size))
@@ -204,12 +224,14 @@ class DiLoCoSync:
         self._done += 1
         if self._done == 1:
             self._warm = time.perf_counter()
-        while self._next < len(self._points) and self._points[self._next] <= self._done:
+        while self._lost is None and self._next < len(self._points) \
+                and self._points[self._next] <= self._done:
             self._send_fragment()
         if self._done < self._due:
             return False
         if len(self._parts) < len(self._segments):  # a measuring start ends here
-            self._exchange_speeds()
+            if self._lost is None:  # (after a loss the group is broken: the rest is even)
+                self._exchange_speeds()
             return False
         return True
 
@@ -235,8 +257,7 @@ class DiLoCoSync:
                 raise
             log.warning("round %d: the speeds after its even start could not be exchanged "
                         "(%s); the rest of the round stays even", self.rounds + 1, exc)
-            self._lost = exc
-            self._on_lost()
+            self._hold(exc)
         else:
             self.speeds = [float(v) for v in table.cpu().tolist()]
             self.plan = plan_round(self.speeds, self.config.inner_steps,
@@ -245,14 +266,35 @@ class DiLoCoSync:
         self._blocked += spent
         self._exchanged += spent
 
+    def _hold(self, exc: PeerLostError) -> None:
+        """A loss mid-round on an elastic cohort: the members are told at once (so none
+        waits for a collective that cannot complete), and it is raised at the round's
+        sync, where every survivor forms the next generation at about the same time.
+        Until then this rank sends nothing more of the round."""
+        self._lost, self._pending = exc, None
+        assert self._on_lost is not None
+        self._on_lost()
+
     # ------------------------------------------------------------ streaming
 
     def _send_fragment(self) -> None:
         """Streaming DiLoCo: finish the fragment in flight (its outer step and merge),
         then send the next one's pseudo-gradient and go on training meanwhile."""
         began = time.perf_counter()
-        self._finish_fragment()
-        index = self._next
+        try:
+            self._finish_fragment()
+            index = self._next
+            self._next = index + 1
+            self._pending = (index, self._start_fragment(index))
+        except PeerLostError as exc:
+            if not self._voids:
+                raise
+            log.warning("round %d: a fragment's sum failed (%s); the round is void, and "
+                        "the loss is raised at its sync", self.rounds + 1, exc)
+            self._hold(exc)
+        self._blocked += time.perf_counter() - began
+
+    def _start_fragment(self, index: int) -> list[tuple[list[int], Future[torch.Tensor]]]:
         share = weight(self._samples, self._block[1] - self._block[0])
         works = []
         with torch.no_grad():
@@ -267,8 +309,7 @@ class DiLoCoSync:
                         f"fragment {index}'s pseudo-gradient", exc, rank=self.group.rank(),
                         generation=self.group.generation) from exc
                 works.append((members, future))
-        self._pending, self._next = (index, works), index + 1
-        self._blocked += time.perf_counter() - began
+        return works
 
     def _finish_fragment(self) -> None:
         if self._pending is None:
@@ -279,21 +320,34 @@ class DiLoCoSync:
                 for members, future in works]
         if not outer_step(self._global, self._params, self._outer, sums, self.config.mixing):
             self._skip(f"fragment {index}")
+        self._applied += 1
 
     def synchronize(self) -> tuple[Range, ...] | None:
         """The round's collectives, then the outer step. Every collective comes before
         anything changes here, so a lost peer (``PeerLostError``) leaves this rank's
         replica, global parameters and error feedback as they were: the survivors call
-        it again in the next generation and commit the round among themselves. (With
-        fragments, the earlier ones are already applied: Streaming DiLoCo runs on fixed
-        cohorts.) None: the members split the round differently, and every member
-        abandoned it (the same table everywhere, so the same decision)."""
+        it again in the next generation and commit the round among themselves. With
+        fragments on an elastic cohort, the earlier fragments were applied already: the
+        retry voids the round instead (``_void``). None: every member abandoned the
+        round, the same decision everywhere (the members split it differently, which
+        they all see in the same table; or a loss voided it, which every survivor
+        raised here)."""
         if self._compute_s is None:  # a retry after a loss keeps the first measurement
             self._compute_s = time.perf_counter() - self._started - self._blocked
-        compute_s = self._compute_s
-        if self._lost is not None:  # found in the speed exchange: the group is broken
-            failure, self._lost = self._lost, None
-            raise failure
+        if self._voiding is not None:  # the retry in the next generation
+            self._void()
+            return None
+        try:
+            if self._lost is not None:  # held since mid-round: the group is broken
+                failure, self._lost = self._lost, None
+                raise failure
+            return self._sync(self._compute_s)
+        except PeerLostError as exc:
+            if self._voids:
+                self._voiding = VoidedRound(self.rounds + 1, self._applied, str(exc))
+            raise
+
+    def _sync(self, compute_s: float) -> tuple[Range, ...] | None:
         began = time.perf_counter()
         self._finish_fragment()  # the one sent last, still in flight
         group, rank, world_size = self.group, self.group.rank(), self.group.size()
@@ -309,14 +363,15 @@ class DiLoCoSync:
         rows = table.cpu().tolist()
         lost = agreed_lost(self._block, [(int(r[c]), int(r[c + 1])) for r in rows
                                          for c in (2, 4)])
-        if lost is None:
-            if len(self._fragments) > 1:  # not reached: streaming runs on fixed cohorts
+        if lost is None or (lost and len(self._fragments) > 1):
+            if len(self._fragments) > 1 and self._start is None:
+                # Not reached: only a loss splits a round differently or loses a part of
+                # it, and a fixed cohort raises a loss (an elastic one voids the round).
                 raise ConfigError(
                     f"round {self.rounds + 1} of StreamingDiLoCo(fragments="
-                    f"{len(self._fragments)}): the members split it differently, and its "
-                    "first fragments were applied already, so it cannot start again; "
-                    "Streaming DiLoCo runs on fixed cohorts (prepare refuses it on an "
-                    "elastic one)")
+                    f"{len(self._fragments)}): the members' parts of it {rows} do not "
+                    "cover its block once, and its first fragments were applied already, "
+                    "so it cannot start again on a fixed cohort")
             log.warning("round %d: the members split it differently (a member was lost "
                         "while they exchanged speeds); every member starts it again",
                         self.rounds + 1)
@@ -351,7 +406,7 @@ class DiLoCoSync:
         if self.config.adaptive:
             self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
                                    min_gain=self.config.min_gain)
-        self._due, self._segments, self._parts = 0, (), []
+        self._due, self._segments, self._parts, self._start = 0, (), [], None
         if lost:
             log.warning("round %d committed without positions %s of its block %s (members "
                         "lost mid-round): they are handed out again", self.rounds,
@@ -380,14 +435,36 @@ class DiLoCoSync:
                     "parameters stay, every replica restarts from them (%d skipped)",
                     self.rounds + 1, what, self.skipped)
 
+    def _void(self) -> None:
+        """A loss voided the round (Streaming DiLoCo, elastic): every survivor gets here
+        in the next generation, whatever it saw of the round's fragments."""
+        assert self._voiding is not None
+        self.voided.append(self._voiding)
+        log.warning("round %d is void: a member was lost after %d of its %d fragments were "
+                    "applied here (%s); they are rolled back, every replica restarts from "
+                    "the round's start, and the whole round is handed out again",
+                    self._voiding.index, self._voiding.applied, len(self._fragments),
+                    self._voiding.cause)
+        self.abandon_round()
+
     def abandon_round(self) -> None:
-        """The round under way is dropped: the replica restarts from the global
+        """The round under way is dropped: the global parameters, the outer optimizer
+        and the error feedback go back to the round's start where it was kept (the
+        fragments applied are undone), the replica restarts from the global
         parameters, and the loader hands the round out again."""
-        self._due, self._pending, self._next = 0, None, 0
-        self._segments, self._parts, self._lost = (), [], None
+        start, self._start = self._start, None
+        if start is not None:
+            start.restore(self._global, self._outer, self.feedback)
+        self._due, self._pending, self._next, self._applied = 0, None, 0, 0
+        self._segments, self._parts, self._lost, self._voiding = (), [], None, None
         with torch.no_grad():
             for param, value in zip(self._params, self._global, strict=True):
                 param.copy_(value)
+
+    @property
+    def applied(self) -> int:
+        """Fragments of the round under way applied so far (Streaming DiLoCo)."""
+        return self._applied
 
     def unsynced(self) -> int:
         return self._done if self._due else 0
@@ -401,12 +478,19 @@ class DiLoCoSync:
         self.plan, self.speeds, self._rank = None, [None] * world_size, rank
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.config.strategy, "global": [g.detach().clone()
-                                                           for g in self._global],
-                "outer": self._outer.state_dict(), "plan": self.plan,
+        """The committed state: mid-round, where the round's start is kept, that start
+        (the fragments applied since are not committed)."""
+        start = self._start
+        global_ = start.global_ if start is not None else self._global
+        outer = start.outer_state() if start is not None else self._outer.state_dict()
+        feedback = {} if self.feedback is None else self.feedback.state_dict()
+        if start is not None and start.feedback is not None:
+            feedback = {key: value.cpu() for key, value in start.feedback.items()}
+        return {"policy": self.config.strategy,
+                "global": [g.detach().clone() for g in global_],
+                "outer": outer, "plan": self.plan,
                 "speeds": list(self.speeds), "rounds": self.rounds,
-                "feedback": self.feedback.state_dict() if self.feedback else {},
-                "feedback_rank": self._rank}
+                "feedback": feedback, "feedback_rank": self._rank}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("policy") != self.config.strategy:
@@ -414,6 +498,7 @@ class DiLoCoSync:
                 f"the live state was made with sync {state.get('policy')!r}, but this worker "
                 f"runs {self.config.strategy!r}: every worker of a job must run the same "
                 "script with the same potluck.prepare(...) arguments")
+        self._start = None  # what is loaded replaces this rank's round, its start too
         with torch.no_grad():
             for mine, saved in zip(self._global, state["global"], strict=True):
                 mine.copy_(saved)
