@@ -13,7 +13,8 @@ Under a sync strategy (DiLoCo) a step of the loop is a local step and the cursor
 is a round. A member lost mid-round fails the round's sync: the survivors recover the
 same way, then sync again among themselves and commit the round without the lost
 member's part, which the cursor owes (hands out again) so that every sample reaches
-the global model exactly once.
+the global model exactly once. (Under Streaming DiLoCo, whose earlier fragments were
+applied mid-round, the strategy voids the round instead: it is trained again.)
 
 The transaction is built of parts, each in its own module: ``live_state`` (capture,
 send, receive, realign, save, resume), ``boundary`` (vote, admission, leave, minimum)
@@ -349,8 +350,8 @@ class StepTransaction:
             except PeerLostError:
                 if not self.cohort.elastic:
                     raise
-                log.warning("[rank %d] round %d: a member was lost in its sync; the survivors "
-                            "commit it", self.cohort.rank, self.progress.steps + 1)
+                log.warning("[rank %d] round %d: a member was lost in it; the survivors sync "
+                            "again among themselves", self.cohort.rank, self.progress.steps + 1)
                 # No minimum hold (and so no admission) here: mid-round, the live state
                 # is no committed one. It waits for the round's boundary.
                 self.cohort.mark_step_failed()
