@@ -300,3 +300,73 @@ def test_an_elastic_cell_loses_a_rank_takes_a_restart_and_trains_each_sample_onc
     assert results[VICTIM] is None and results[3] is not None  # dead, and its restart done
     problems = _problems(cell, [r for r in results if r is not None], tmp_path)
     assert not problems, "\n".join(problems)
+
+
+class _Masked(torch.utils.data.Dataset[Any]):
+    """``(index, x, y, mask)``: sample i has ``1 + i % 4`` of its 4 outputs real."""
+
+    def __init__(self) -> None:
+        self.data = _Indexed()
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        mask = (torch.arange(4) <= i % 4).to(torch.float64)
+        return (*self.data[i], mask)
+
+
+def _token_loss(model: Any, batch: Any) -> torch.Tensor:
+    """The mean over the batch's real outputs (its units), as ``weight=`` asks."""
+    _, x, y, mask = batch
+    return (((model(x) - y) ** 2) * mask).sum() / mask.sum()
+
+
+def _units(batch: Any) -> float:
+    return float(batch[3].sum())
+
+
+def _tokens(rank: int, world_size: int, port: int, trust: bool,
+            balance: bool) -> dict[str, torch.Tensor]:
+    from potluck import Trust, prepare
+
+    cohort = join(rank, world_size, port)
+    try:
+        net = _net()
+        model, opt, loader = prepare(
+            net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), _Masked(),
+            global_batch=GLOBAL_BATCH, seed=5, cohort=cohort, weight=_units,
+            trust=Trust() if trust else None, balance=balance)
+        while loader.epoch < EPOCHS:
+            for batch in loader:
+                opt.zero_grad()
+                _token_loss(model, batch).backward()
+                opt.step()
+        return {n: p.detach().clone() for n, p in model.module.named_parameters()}
+    finally:
+        cohort.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("trust, balance", [(False, False), (True, False), (True, True)],
+                         ids=["mean", "trust", "trust-balanced"])
+def test_token_weights_weigh_each_rank_by_its_units_with_trust_too(
+        trust: bool, balance: bool) -> None:
+    """``weight=`` (real outputs as units) on 3 ranks equals one process's mean over the
+    global batch's units; under trust each rank's copy weighs its units too, read from
+    its batch by every owner (within the clipping's 1e-6)."""
+    from potluck.data import DataCursor
+
+    replicas = run_ranks(_tokens, 3, free_port(), trust, balance, init_group=False,
+                         timeout=100)
+    net, data = _net(), _Masked()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    cursor = DataCursor(SAMPLES, GLOBAL_BATCH, seed=5)
+    for _ in range(EPOCHS * SAMPLES // GLOBAL_BATCH):
+        batch = torch.utils.data.default_collate([data[int(i)] for i in cursor.global_indices()])
+        sgd.zero_grad()
+        _token_loss(net, batch).backward()
+        sgd.step()
+        cursor.commit()
+    reference = {n: p.detach().clone() for n, p in net.named_parameters()}
+    assert_replicas_equal(replicas, reference=reference, **(CLIPPED if trust else EXACT))

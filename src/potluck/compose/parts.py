@@ -115,13 +115,16 @@ def share_policy(choice: Choice, shares: SharePolicy | None, cohort: Cohort,
 
 
 def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
-               handout: Handout) -> TrustPart | None:
-    """Trust's step part, its exchange registered as the model's hook (None: the mean)."""
+               handout: Handout, weight: Callable[[Any], float] | None) -> TrustPart | None:
+    """Trust's step part, its exchange registered as the model's hook (None: the mean).
+    Each copy weighs its rank's part of the step: its samples, or under ``weight=`` its
+    units, which every rank reads from that rank's batch itself."""
     if trust is None:
         return None
     from potluck.trust import TrustPart
 
-    part = TrustPart(trust, cohort, wrapped.module, lambda: handout.split, handout.part_of,
+    parts = (lambda: handout.split) if weight is None else handout.weighed(weight)
+    part = TrustPart(trust, cohort, wrapped.module, parts, handout.part_of,
                      lambda: wrapped.reducer.last_pass)
     wrapped.register_comm_hook(None, part.exchange)
     return part

@@ -89,11 +89,6 @@ TABLE: tuple[Rule, ...] = (
          "trust aggregates each step's gradients by its own exchange, which sends each "
          "copy as it is",
          "drop comm_hook="),
-    Rule("trust=Trust(...) with weight=",
-         lambda m: m.aggregate != "mean" and m.tokens,
-         "trust weighs each rank's copy by its assigned samples; it does not yet carry "
-         "each rank's units",
-         "drop weight="),
     Rule("trust=Trust(spot_check=...) with a memory cap (max_micro_batch=)",
          lambda m: m.aggregate == "spot checks" and m.micro_batches,
          "a spot check recomputes a rank's part in one pass, which micro-batches need not "

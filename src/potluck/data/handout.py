@@ -23,10 +23,12 @@ class Handout:
         self.split: list[int] = []  # samples per rank of the step (or segment) last handed out
         self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
         self._read: ReadPart | None = None
+        self._steps = 0  # steps handed out (a step handed out again counts again)
 
     def handed(self, split: Sequence[int], read: ReadPart) -> None:
         """The loader hands out a step split so (``read(rank)``: that rank's batch)."""
         self.split, self._read = list(split), read
+        self._steps += 1
 
     def segment(self, split: Sequence[int]) -> None:
         """The loader hands out a segment of a round split so."""
@@ -44,6 +46,21 @@ class Handout:
         """``rank``'s samples and the step's, last handed out (None: no such rank)."""
         split = self.split
         return (split[rank], sum(split)) if 0 <= rank < len(split) else None
+
+    def weighed(self, weight: Callable[[Any], float]) -> Callable[[], list[float]]:
+        """Each rank's units of the step last handed out, ``weight`` of its batch, read
+        here again: what its gradient weighs, never a number the rank claimed (trust
+        under ``prepare(weight=...)``). A rank with no sample weighs 0. Read once a
+        step: the function keeps its last answer until the next hand-out."""
+        kept: list[Any] = [None, []]
+
+        def units() -> list[float]:
+            if kept[0] != self._steps:
+                kept[:] = [self._steps, [float(weight(self.part_of(rank))) if count else 0.0
+                                         for rank, count in enumerate(self.split)]]
+            return list(kept[1])
+
+        return units
 
     def part_of(self, rank: int) -> Any:
         """``rank``'s batch of the step last handed out (what it trained on)."""

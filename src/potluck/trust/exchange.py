@@ -66,10 +66,11 @@ if TYPE_CHECKING:
     from potluck.trust.audit import AuditPlan
 
 
-def assigned(split: Sequence[int] | None, ranks: Iterable[int]) -> list[int]:
-    """Each rank's assigned samples of the step (``split``: the loader's; 1 each where
-    it is unknown): the weight its copy gets, never a number it claimed."""
-    return [int(split[r]) if split is not None and r < len(split) else 1 for r in ranks]
+def assigned(split: Sequence[float] | None, ranks: Iterable[int]) -> list[float]:
+    """Each rank's assigned part of the step (``split``: the loader's samples, or the
+    units ``weight=`` reads from each rank's batch; 1 each where it is unknown): the
+    weight its copy gets, never a number it claimed."""
+    return [float(split[r]) if split is not None and r < len(split) else 1.0 for r in ranks]
 
 
 @dataclass
@@ -158,7 +159,7 @@ class RobustExchange:
     carries_bitmap = True  # the unused-parameter bitmap rides on the two all-to-alls
 
     def __init__(self, aggregator: Aggregator, ledger: Ledger,
-                 samples: Callable[[], Sequence[int] | None],
+                 samples: Callable[[], Sequence[float] | None],
                  trusted: Callable[[int], Sequence[int]],
                  fingerprint: Callable[[], int]) -> None:
         self.aggregator, self.ledger = aggregator, ledger
@@ -169,7 +170,7 @@ class RobustExchange:
         self._replays = ReplayWatch()  # (as an owner: each sender's last copies' sums)
         self._print = 0
         self._scratch = Scratch()
-        self._weighed: tuple[tuple[tuple[int, ...], torch.device], torch.Tensor] | None = None
+        self._weighed: tuple[tuple[tuple[float, ...], torch.device], torch.Tensor] | None = None
         self._scattered: _Scattered | None = None  # a bucket awaiting its aggregation
 
     def plan_audit(self, plan: AuditPlan | None) -> None:
@@ -349,7 +350,7 @@ class RobustExchange:
         if scattered is not None and not scattered.result.done():
             scattered.result.set_exception(RuntimeError(f"trust's exchange: {why}"))  # type: ignore[arg-type]
 
-    def _weights(self, parts: list[int], device: torch.device) -> torch.Tensor:
+    def _weights(self, parts: list[float], device: torch.device) -> torch.Tensor:
         """The senders' weights as a tensor, made again only when they change (never
         written to: the kept buckets and audit plans share it)."""
         key = (tuple(parts), device)

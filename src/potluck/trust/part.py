@@ -74,7 +74,7 @@ class TrustPart:
     name = "trust"
 
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
-                 samples: Callable[[], Sequence[int] | None],
+                 samples: Callable[[], Sequence[float] | None],
                  part_of: Callable[[int], Any] | None = None,
                  synced: Callable[[], object] | None = None) -> None:
         """``samples()``: the step's split; ``part_of(rank)``: that rank's batch of the

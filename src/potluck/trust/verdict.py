@@ -204,7 +204,7 @@ class Reports:
     replayed: Sequence[Sequence[float]] = ()  # [owner][sender]: 1 if a copy was a replay
 
 
-def judge(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
+def judge(reports: Reports, samples: Sequence[float], trusted: Sequence[int],
           rules: Rules, excused: Collection[int] = (),
           handed: tuple[list[Finding], set[int]] | None = None) -> list[Finding]:
     """Each piece of evidence in one step (``Finding``); ``trusted`` are
@@ -390,7 +390,7 @@ def audited(reports: Reports, trusted: Sequence[int],
     return found
 
 
-def far_scores(reports: Reports, samples: Sequence[int], trusted: Sequence[int],
+def far_scores(reports: Reports, samples: Sequence[float], trusted: Sequence[int],
                owners: Sequence[int]) -> dict[int, float]:
     """Each sender's distance ratio, by the median over owners."""
     per_owner: dict[int, list[float]] = {i: [] for i in trusted}
