@@ -155,7 +155,7 @@ def test_honest_ranks_through_int8_stay_equal_near_plain_trust_with_fewer_bytes(
     start = torch.cat([p.detach().reshape(-1) for p in _initial()])
     # The codec's error is fed back, so the run lands where plain trust does, up to a
     # small part of how far training moved the parameters.
-    assert float((got - ref).norm()) <= 0.02 * float((ref - start).norm())
+    assert float((got - ref).norm()) <= 0.01 * float((ref - start).norm())  # (0.0015)
     assert math.isclose(coded[0]["loss"], plain[0]["loss"], rel_tol=0.02)
     # Copies travel as int8, the aggregates as they are, and an audited step (every
     # step but the first, at audit_every=1) carries the audited owner's copies, encoded:
