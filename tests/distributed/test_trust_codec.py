@@ -15,7 +15,7 @@ from torch import nn
 from potluck.compress import ErrorFeedback, Fp16, Int8Blockwise
 from potluck.errors import ConfigError
 from potluck.testing import free_port, run_ranks
-from potluck.trust.lanes import Coded, lanes_for, laid_out
+from potluck.trust.lanes import Coded, laid_out, lanes_for
 
 STEPS = 40
 
@@ -97,6 +97,37 @@ def test_a_codec_whose_size_depends_on_the_data_is_refused_with_the_rule() -> No
     with pytest.raises(ConfigError, match="depends only on the number of values"):
         lanes_for(Sparse())  # type: ignore[arg-type]
     assert lanes_for(Fp16()).coded and not lanes_for(None).coded
+
+
+def _refusal(trust: Any, hook: Any) -> str | None:
+    from potluck.compose.parts import choose
+
+    try:
+        choose(sync=None, balance=False, launcher_balance=False, shares=None, weight=None,
+               trust=trust, elastic=False, max_micro_batch=None,
+               data_parallel={"comm_hook": hook})
+    except ConfigError as refused:
+        return str(refused)
+    return None
+
+
+def test_the_table_lets_only_a_compressed_sum_through_and_no_spot_checks_with_it() -> None:
+    from potluck import Trust
+    from potluck.compress import CompressedSum
+    from potluck.trust import SpotCheck
+
+    class Summing:  # a summing hook of the user's own
+        prescaled = True
+
+        def __call__(self, state: Any, bucket: Any) -> Any:
+            raise AssertionError("never called")
+
+    assert _refusal(Trust(), CompressedSum(Int8Blockwise())) is None
+    other = _refusal(Trust(), Summing())
+    assert other is not None and "other than CompressedSum(codec)" in other
+    spot = _refusal(Trust(spot_check=SpotCheck(lambda model, batch: model(batch).sum())),
+                    CompressedSum(Int8Blockwise()))
+    assert spot is not None and "residual only the sender holds" in spot
 
 
 # ------------------------------------------------------------------ 4 ranks on Gloo
