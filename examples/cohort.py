@@ -6,9 +6,9 @@
 - uneven: each worker's share of a step (`--balance`), or of a round, follows its speed;
 - far apart: `--far` trains DiLoCo rounds whose pseudo-gradients travel as int8;
   without it every step's gradients travel as int8 (both keep the error per worker);
-- untrusted: every step's copies are aggregated robustly, with spot checks, and a
-  worker caught sending bad ones is quarantined. (Trust with DiLoCo rounds is refused
-  for now: `--far` drops it and says so.)
+- untrusted: every step's int8 copies are aggregated robustly and audited, and a worker
+  caught sending bad ones is quarantined. (Spot checks need the copies as sent, and
+  trust does not check DiLoCo rounds yet: `--far` drops it and says so.)
 """
 import argparse
 
@@ -16,7 +16,6 @@ import torch
 
 import potluck
 from potluck.compress import CompressedSum, Int8Blockwise
-from potluck.trust import SpotCheck
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
@@ -40,8 +39,7 @@ def loss_of(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
 if args.far:  # speed-planned rounds (adaptive), pseudo-gradients as int8
     modes = {"sync": potluck.DiLoCo(inner_steps=args.rounds, codec=Int8Blockwise())}
 else:
-    modes = {"comm_hook": CompressedSum(Int8Blockwise()),
-             "trust": potluck.Trust(spot_check=SpotCheck(loss_of, every=4))}
+    modes = {"comm_hook": CompressedSum(Int8Blockwise()), "trust": potluck.Trust()}
 opt_inner = torch.optim.AdamW(net.parameters(), lr=3e-3)
 model, opt, loader = potluck.prepare(net, opt_inner, data, global_batch=48, timeout=20,
                                      checkpoint_dir=args.checkpoint_dir, **modes)
@@ -49,13 +47,15 @@ opt.leave_on_sigterm()
 if args.far and opt.cohort.rank == 0:
     print("cohort.py --far: trust is off (it does not check DiLoCo rounds yet)", flush=True)
 while loader.epoch < args.epochs and not opt.left:
+    losses = []
     for batch in loader:
         opt.zero_grad()
         loss = loss_of(model, batch)
         loss.backward()
         opt.step()
         opt.report(loss=loss.item())
-    if opt.cohort.rank == 0 and not opt.left:
-        print(f"epoch {loader.epoch - 1}: loss {loss.item():.4f}, {opt.steps} steps, "
-              f"{opt.cohort.world_size} workers", flush=True)
+        losses.append(loss.item())
+    if opt.cohort.rank == 0 and not opt.left:  # (the mean of this worker's batches)
+        print(f"epoch {loader.epoch - 1}: loss {sum(losses) / len(losses):.4f}, "
+              f"{opt.steps} steps, {opt.cohort.world_size} workers", flush=True)
 opt.finish()

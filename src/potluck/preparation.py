@@ -96,7 +96,9 @@ def prepare(
     where its checkpoint goes. Each step is timed (``docs/status.md``): ``metrics_dir``
     (default: ``potluck run --metrics-dir``) gets every rank's ``rank_step`` journal for
     ``potluck plot``. ``trust=potluck.Trust()`` aggregates gradients robustly and
-    quarantines workers caught sending bad ones (``docs/trust.md``).
+    quarantines workers caught sending bad ones (``docs/trust.md``; with
+    ``comm_hook=CompressedSum(codec)`` the copies travel through the codec). What cannot
+    go together is one table (``potluck.compose.table``; ``docs/design.md``).
     ``max_micro_batch`` is this rank's memory cap, samples per forward
     (``loader.micro_batches``; ``potluck.fit_backward`` lowers it when a micro-batch
     runs out of memory; ``BalanceConfig(max_micro_batch=...)`` says the same).
@@ -139,7 +141,7 @@ def prepare(
                                on_failure="abandon" if cohort.elastic and not strategy else "raise",
                                init_sync=not cohort.joined_late, contribution=contribution,
                                sync_gradients=strategy is None, clock=observer, **data_parallel)
-        guard = aggregator(trust, cohort, wrapped, handout, weight)
+        guard = aggregator(trust, cohort, wrapped, handout, weight, data_parallel.get("comm_hook"))
         policy = strategy or share_policy(choice, shares, cohort, global_batch, contribution,
                                           clock, handout)
         # A finiteness vote only under a custom hook (the built-in ones give every rank the

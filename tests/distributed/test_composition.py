@@ -67,8 +67,11 @@ class Cell:
 
     @property
     def exact(self) -> bool:
-        """Whether the result is one process's on the same global batches."""
-        return self.reconcile == "every step"
+        """Whether the result is one process's on the same global batches. Not under
+        trust with balancing: shares follow timing, and CenteredClip clips an honest
+        copy of a small part more often (1e-3 off the mean was seen)."""
+        return self.reconcile == "every step" and (
+            self.aggregate == "mean" or self.split == "equal")
 
     @property
     def tolerance(self) -> dict[str, float]:
@@ -103,8 +106,8 @@ CELLS = [Cell(*values) for values in itertools.product(
 REFUSED = {
     **{c.name: "does not yet check a round's pseudo-gradients"
        for c in CELLS if c.rounds and c.aggregate != "mean"},
-    **{c.name: "trust aggregates each step's gradients by its own exchange"
-       for c in CELLS if c.reconcile == "codec" and c.aggregate != "mean"},
+    **{c.name: "through a lossy codec that copy is the codec's rounding"
+       for c in CELLS if c.reconcile == "codec" and c.aggregate == "spot checks"},
 }
 
 
@@ -348,13 +351,14 @@ def _tokens(rank: int, world_size: int, port: int, trust: bool,
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("trust, balance", [(False, False), (True, False), (True, True)],
-                         ids=["mean", "trust", "trust-balanced"])
+@pytest.mark.parametrize("trust, balance", [(False, False), (False, True), (True, False)],
+                         ids=["mean", "mean-balanced", "trust"])
 def test_token_weights_weigh_each_rank_by_its_units_with_trust_too(
         trust: bool, balance: bool) -> None:
-    """``weight=`` (real outputs as units) on 3 ranks equals one process's mean over the
-    global batch's units; under trust each rank's copy weighs its units too, read from
-    its batch by every owner (within the clipping's 1e-6)."""
+    """``weight=`` (real outputs as units) on 3 ranks, equal or balanced shares, equals
+    one process's mean over the global batch's units; under trust each rank's copy
+    weighs its units too, read from its batch by every owner (within the clipping's
+    1e-6; equal shares: balanced ones follow timing, see ``Cell.exact``)."""
     from potluck.data import DataCursor
 
     replicas = run_ranks(_tokens, 3, free_port(), trust, balance, init_group=False,

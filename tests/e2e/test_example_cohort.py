@@ -1,5 +1,5 @@
 """``examples/cohort.py`` runs as written under ``potluck run --elastic``: every mode at
-once (elastic, balanced shares, int8 gradients, trust with spot checks), and with
+once (elastic, balanced shares, int8 gradients, trust), and with
 ``--far`` speed-planned DiLoCo rounds with int8 pseudo-gradients."""
 
 from __future__ import annotations

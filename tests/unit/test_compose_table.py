@@ -28,7 +28,8 @@ def test_the_default_choice_and_the_consumer_cohorts_compose() -> None:
     assert refusals(Modes()) == []
     assert refusals(Modes(reconcile="rounds", split="balanced", elastic=True)) == []
     assert refusals(Modes(split="balanced", aggregate="spot checks", elastic=True)) == []
-    assert refusals(Modes(hook="summing", split="balanced", elastic=True)) == []
+    assert refusals(Modes(hook="codec", split="balanced", elastic=True)) == []
+    assert refusals(Modes(hook="codec", aggregate="robust", elastic=True)) == []
 
 
 @pytest.mark.parametrize("modes, refused", [

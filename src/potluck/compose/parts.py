@@ -83,11 +83,16 @@ def choose(*, sync: Any, balance: Any, launcher_balance: bool, shares: SharePoli
 
 
 def hook_kind(data_parallel: dict[str, Any]) -> Hook:
-    """The user's ``comm_hook=``: none, one that sums (keeps potluck's weights), or one
-    that does its own weighting."""
+    """The user's ``comm_hook=``: none, ``CompressedSum(codec)``, another one that sums
+    (keeps potluck's weights), or one that does its own weighting."""
     if "comm_hook" not in data_parallel:
         return "none"
-    return "summing" if sums_prescaled(data_parallel["comm_hook"]) else "own"
+    hook = data_parallel["comm_hook"]
+    from potluck.compress import CompressedSum  # (a hook was given: maybe one of these)
+
+    if isinstance(hook, CompressedSum):
+        return "codec"
+    return "summing" if sums_prescaled(hook) else "own"
 
 
 def reconciler(choice: Choice, model: nn.Module, cohort: Cohort,
@@ -115,17 +120,25 @@ def share_policy(choice: Choice, shares: SharePolicy | None, cohort: Cohort,
 
 
 def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
-               handout: Handout, weight: Callable[[Any], float] | None) -> TrustPart | None:
+               handout: Handout, weight: Callable[[Any], float] | None,
+               comm_hook: Any) -> TrustPart | None:
     """Trust's step part, its exchange registered as the model's hook (None: the mean).
     Each copy weighs its rank's part of the step: its samples, or under ``weight=`` its
-    units, which every rank reads from that rank's batch itself."""
+    units, which every rank reads from that rank's batch itself. A ``comm_hook=
+    CompressedSum(codec)`` gives its codec and error feedback setting to the exchange,
+    which takes its place."""
     if trust is None:
         return None
+    from potluck.compress import CompressedSum
     from potluck.trust import TrustPart
 
     parts = (lambda: handout.split) if weight is None else handout.weighed(weight)
+    codec = comm_hook if isinstance(comm_hook, CompressedSum) else None  # (the table
+    # lets only a CompressedSum through with trust)
     part = TrustPart(trust, cohort, wrapped.module, parts, handout.part_of,
-                     lambda: wrapped.reducer.last_pass)
+                     lambda: wrapped.reducer.last_pass,
+                     codec=codec.codec if codec is not None else None,
+                     error_feedback=codec is None or codec.feedback is not None)
     wrapped.register_comm_hook(None, part.exchange)
     return part
 

@@ -16,7 +16,9 @@ from typing import Literal
 Reconcile = Literal["every step", "rounds", "streaming"]
 Split = Literal["equal", "balanced"]  # balanced: by measured speed
 Aggregate = Literal["mean", "robust", "spot checks"]  # spot checks: robust, and recomputed
-Hook = Literal["none", "summing", "own"]  # summing: keeps potluck's weights (a codec)
+# summing: keeps potluck's weights; codec: CompressedSum(codec), a summing hook whose
+# codec trust's exchange can carry the copies through
+Hook = Literal["none", "summing", "codec", "own"]
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,17 @@ TABLE: tuple[Rule, ...] = (
          "weighs by itself would undo",
          "drop one, or use a summing hook (potluck.compress.CompressedSum) that keeps the "
          "weights"),
-    Rule("trust=Trust(...) with comm_hook=",
-         lambda m: m.aggregate != "mean" and m.hook != "none",
-         "trust aggregates each step's gradients by its own exchange, which sends each "
-         "copy as it is",
-         "drop comm_hook="),
+    Rule("trust=Trust(...) with a comm_hook= other than CompressedSum(codec)",
+         lambda m: m.aggregate != "mean" and m.hook in ("summing", "own"),
+         "trust aggregates each step's gradients by its own exchange, which can send the "
+         "copies through a codec but runs no other hook",
+         "pass comm_hook=potluck.compress.CompressedSum(codec), or drop comm_hook="),
+    Rule("trust=Trust(spot_check=...) with comm_hook=CompressedSum(codec)",
+         lambda m: m.aggregate == "spot checks" and m.hook == "codec",
+         "a spot check compares a rank's recomputed gradient with the copy it sent, and "
+         "through a lossy codec that copy is the codec's rounding plus an error-feedback "
+         "residual only the sender holds, so an honest copy would not match",
+         "drop spot_check= (the robust aggregation and the audits stay), or comm_hook="),
     Rule("trust=Trust(spot_check=...) with a memory cap (max_micro_batch=)",
          lambda m: m.aggregate == "spot checks" and m.micro_batches,
          "a spot check recomputes a rank's part in one pass, which micro-batches need not "

@@ -34,6 +34,10 @@ class ErrorFeedback:
     def residual(self, key: str) -> torch.Tensor | None:
         return self._residuals.get(key)
 
+    def forget(self, key: str) -> None:
+        """Drop the residual kept under ``key`` (one that is not finite, say)."""
+        self._residuals.pop(key, None)
+
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The residuals as they are (no copy: ``remember`` replaces, never changes one),
         for ``restore`` after an attempt whose payload never arrived."""

@@ -17,6 +17,10 @@ pick when it sent its copies or handed out its aggregates. Then:
    different copies (a sender that carried one thing to some and another to others)
    still reach one verdict.
 
+With a codec the copies are the encoded ones, as they were sent (``lanes.py``): the
+digests are of the bytes, and the auditors decode the carried copies as the owner
+decoded the ones it received, so they aggregate the owner's inputs bit for bit.
+
 A sender that carries another copy than the one it sent cannot make an honest owner's
 aggregate look wrong: the copy's digest differs from the owner's, so the result is a
 dispute between the two (each gets a strike; one of them lied and nobody else can tell
@@ -148,7 +152,7 @@ def carried_in_full(plan: AuditPlan, carried: dict[int, Kept]) -> bool:
         later = carried.get(index)
         if (later is None or later.owners != audited.owners
                 or later.mine.dtype != audited.copy.dtype
-                or later.audit_copies().shape[1] != audited.piece):
+                or later.audit_copies().shape[1] != audited.copy.numel()):
             return False
     return bool(plan.buckets)
 
@@ -172,7 +176,8 @@ def audit_difference(plan: AuditPlan, carried: dict[int, Kept], aggregator: Aggr
     worst = 0.0
     for index, audited in plan.buckets.items():
         later = carried[index]
-        expected = aggregator.aggregate(later.audit_copies().float(), audited.weights)
+        copies = later.lanes.copies(later.audit_copies(), audited.piece)  # (decoded)
+        expected = aggregator.aggregate(copies, audited.weights)
         worst = max(worst, beyond_rounding(audited.given, expected))
     return worst
 

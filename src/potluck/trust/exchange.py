@@ -40,6 +40,11 @@ so does the reducer's unused-parameter bitmap: a clean step has no other collect
   with the owner and step it believes were picked (``wire.audit_tag``), so every rank
   holds all of them.
 
+With a codec (``prepare(trust=..., comm_hook=CompressedSum(codec))``) the first
+all-to-all carries each copy encoded, with its sender's error feedback, and the owner
+aggregates the decoded copies (``lanes.py``); the aggregates travel as they are.
+``traffic`` counts the bytes this rank puts on the wire in both.
+
 A quarantined member of a fixed cohort still takes part but owns no slice and sends
 nothing that counts. What this rank received goes into a ``Ledger``.
 """
@@ -54,11 +59,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from potluck.collectives import wait_for
+from potluck.compress.exchange import Traffic
 from potluck.errors import PotluckError
 from potluck.reducer.hook_failure import hook_error, is_backend_failure
 from potluck.reducer.hooks import Bucket
 from potluck.trust import wire
 from potluck.trust.aggregate import Aggregator, aggregate_measured
+from potluck.trust.lanes import PLAIN, Lanes, laid_out
 from potluck.trust.replay import ReplayWatch
 from potluck.trust.verdict import AuditResult, Handed, SpotResult
 
@@ -77,12 +84,13 @@ def assigned(split: Sequence[float] | None, ranks: Iterable[int]) -> list[float]
 class Kept:
     """One bucket of the step as this rank saw it. ``mine`` is its copy, ``[owners,
     piece]`` (owner k's slice in row k, zeros past the bucket's end; rows of the send
-    buffer, so maybe strided); ``received`` holds, per
+    buffer, so maybe strided; with a codec each row is the encoded copy, as ``lanes``
+    sent it); ``received`` holds, per
     owner, ``stride`` values: its aggregate (``piece``), its report (``report`` values),
     its bitmap (``bits`` values; none but in the pass's last bucket) and the audit copy
-    it sent with its tag (the rest: ``piece`` values and one word, or nothing). As an
-    owner, ``copies`` are the senders' copies of its slice (``[senders, piece]``; empty
-    otherwise)."""
+    it sent with its tag (the rest: a copy as ``mine`` holds it and one word, or
+    nothing). As an owner, ``copies`` are the senders' copies of its slice as they
+    travelled (``[senders, piece]``, or encoded; empty otherwise)."""
 
     mine: torch.Tensor
     received: torch.Tensor
@@ -94,6 +102,7 @@ class Kept:
     copies: torch.Tensor
     parameters: tuple[torch.nn.Parameter, ...]
     bits: int = 0
+    lanes: Lanes = PLAIN
     stride: int = field(init=False)
     _rows: torch.Tensor = field(init=False, repr=False)
 
@@ -113,7 +122,7 @@ class Kept:
         return self.rows()[self.owners.index(owner), :self.piece]
 
     def copy_of(self, owner: int) -> torch.Tensor:
-        """This rank's copy of ``owner``'s slice."""
+        """This rank's copy of ``owner``'s slice (as it was sent)."""
         return self.mine[self.owners.index(owner)]
 
     def report_of(self, owner: int) -> torch.Tensor:
@@ -126,7 +135,8 @@ class Kept:
         return wire.to_words(block).view(len(self.owners), -1)
 
     def audit_copies(self) -> torch.Tensor:
-        """``[owners, values]``: each owner's copy of the audited slice."""
+        """``[owners, values]``: each owner's copy of the audited slice (as it was sent:
+        ``lanes.copies`` decodes them)."""
         block = self.rows()[:, self.piece + self.report + self.bits:]
         return block[:, :max(0, block.shape[1] - wire.per_word(block.dtype))]
 
@@ -153,7 +163,8 @@ class Ledger:
 
 class RobustExchange:
     """The hook (``DataParallel(comm_hook=...)``; ``state`` is unused). ``fingerprint()``
-    is called at each step's first bucket (0: not compared this step)."""
+    is called at each step's first bucket (0: not compared this step). ``lanes``: how
+    the copies travel (``lanes.Coded``: through a codec)."""
 
     prescaled = False  # each rank's plain gradient: the owner weighs the copies
     carries_bitmap = True  # the unused-parameter bitmap rides on the two all-to-alls
@@ -161,8 +172,9 @@ class RobustExchange:
     def __init__(self, aggregator: Aggregator, ledger: Ledger,
                  samples: Callable[[], Sequence[float] | None],
                  trusted: Callable[[int], Sequence[int]],
-                 fingerprint: Callable[[], int]) -> None:
-        self.aggregator, self.ledger = aggregator, ledger
+                 fingerprint: Callable[[], int], lanes: Lanes = PLAIN) -> None:
+        self.aggregator, self.ledger, self.lanes = aggregator, ledger, lanes
+        self.traffic = Traffic()  # bytes this rank sent to others, in both all-to-alls
         self._samples, self._trusted, self._fingerprint = samples, trusted, fingerprint
         self._plan: AuditPlan | None = None
         self._next = _Said()  # what the next step's reports say of this one
@@ -196,9 +208,15 @@ class RobustExchange:
         """Nothing planned or found so far rides in the next step: a new generation
         renumbered the ranks, or a step had no synced backward to judge."""
         self._plan, self._next = None, _Said()
+        self.lanes.rollback()
         self._drop_scattered("the exchange was reset (a new generation, or no synced pass)")
         self._replays.forget()
         self._scratch.clear()
+
+    def committed(self) -> None:
+        """The last pass's step committed (its sends count: a codec's error feedback
+        keeps what they left out)."""
+        self.lanes.commit()
 
     def __call__(self, state: Any, bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
         """Launches ``bucket``'s first all-to-all. The rest of a bucket (waiting for its
@@ -209,6 +227,7 @@ class RobustExchange:
         if bucket.index == 0:
             self._drop_scattered("a new pass began before its aggregation")
             self.ledger.reset(bucket.world_size, self._plan)
+            self.lanes.begin()
             self._plan, self._print = None, self._fingerprint()
             self._said, self._next = self._next, _Said()
         else:
@@ -253,33 +272,37 @@ class RobustExchange:
         owner, sending = me in owners, me in senders
         produced = bucket.produced
         marks = 0 if produced is None else wire.words_for(produced.numel())
-        lane = piece + (1 + marks) * word
+        width = self.lanes.width(piece, dtype)  # (piece, without a codec)
+        lane = width + (1 + marks) * word
         if sending:
             send = take("send", len(owners) * lane)
             lanes = send.view(len(owners), lane)
-            mine = _laid_out(flat, lanes[:, :piece])
-            lanes[:, piece:] = wire.to_values(_header(self._print, produced, marks),
+            mine = self.lanes.lay_out(bucket.index, flat, lanes[:, :width], piece, take)
+            lanes[:, width:] = wire.to_values(_header(self._print, produced, marks),
                                               dtype).to(flat.device)
         else:
             send = torch.empty(0, dtype=dtype, device=flat.device)
-            mine = _laid_out(flat, take("mine", piece * len(owners)).view(len(owners), piece))
+            mine = self.lanes.idle(flat, take("mine", width * len(owners)).view(len(owners),
+                                                                               width))
         to_each = [lane if sending and r in owners else 0 for r in range(n)]
         from_each = [lane if owner and r in senders else 0 for r in range(n)]
+        self.traffic.sent += (sum(to_each) - to_each[me]) * flat.element_size()
+        self.traffic.exchanges += 1
         received = take("received", sum(from_each))
         work = group.alltoall_base(received, send, from_each, to_each)  # type: ignore[attr-defined]
         # (a future of the bucket's device, so that waiting for it syncs the streams the
         # aggregates were copied on, as the chained future it is completed with does)
         devices: list[int | str | torch.device] | None = (
             None if flat.device.type == "cpu" else [flat.device])
-        return _Scattered(bucket, work, received, mine, owners, weights, piece, lane, marks,
-                          take, torch.futures.Future(devices=devices))
+        return _Scattered(bucket, work, received, mine, owners, weights, piece, width, lane,
+                          marks, take, torch.futures.Future(devices=devices))
 
     def _gathered(self, scattered: _Scattered) -> torch.futures.Future[torch.Tensor]:
         """2. Once the copies are in: every rank gets every owner's aggregate, its
         report, its bitmap and any audit copy (the second all-to-all, launched here);
         the bucket's reduced gradient when it is done."""
         s = scattered
-        bucket, owners, piece, buffer = s.bucket, s.owners, s.piece, s.take
+        bucket, owners, piece, width, buffer = s.bucket, s.owners, s.piece, s.width, s.take
         senders = owners  # (as in _scatter: the trusted ranks)
         group, n, me = bucket.group, bucket.world_size, bucket.rank
         flat = bucket.buffer.view(-1)
@@ -291,9 +314,9 @@ class RobustExchange:
         stride = piece + report + bits + audited.numel()
         if owner:
             rows = s.received.view(len(senders), s.lane)
-            copies = rows[:, :piece].float()
+            copies = self.lanes.copies(rows[:, :width], piece)  # (decoded, with a codec)
             value, d2, finite = aggregate_measured(self.aggregator, copies, s.weights)
-            headers = wire.to_words(rows[:, piece:]).view(len(senders), 1 + marks).tolist()
+            headers = wire.to_words(rows[:, width:]).view(len(senders), 1 + marks).tolist()
             prints = [h[0] for h in headers]
             audit = self.ledger.audit
             digests = (audit.received_digests(senders) if audit is not None and audit.owner == me
@@ -301,7 +324,7 @@ class RobustExchange:
             words = wire.encode_report(
                 piece, finite, d2,
                 prints, self._said.spot, self._said.audit, digests, self._said.handed,
-                senders, self._replays.check(bucket.index, senders, rows[:, :piece],
+                senders, self._replays.check(bucket.index, senders, rows[:, :width],
                                              s.weights))
             outgoing = buffer("outgoing", n * stride)
             handed = outgoing.view(n, stride)  # the same row for every rank
@@ -315,13 +338,14 @@ class RobustExchange:
         else:
             rows = s.received.view(0, s.lane)
             outgoing = torch.empty(0, dtype=dtype, device=flat.device)
+        self.traffic.sent += outgoing.numel() // n * (n - 1) * flat.element_size()
         result = buffer("result", stride * len(owners))
         work = group.alltoall_base(  # type: ignore[attr-defined]
             result, outgoing, [stride if r in owners else 0 for r in range(n)],
             [stride if owner else 0] * n)
         self.ledger.buckets[bucket.index] = Kept(s.mine, result, piece, report, owners,
-                                                 senders, s.weights, rows[:, :piece],
-                                                 bucket.parameters, bits)
+                                                 senders, s.weights, rows[:, :width],
+                                                 bucket.parameters, bits, self.lanes)
         numel = flat.numel()
 
         def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
@@ -370,17 +394,7 @@ class RobustExchange:
         return torch.cat([audited.copy, wire.to_values(tag, like.dtype).to(like.device)])
 
 
-def _laid_out(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``flat`` written into ``rows`` (``[owners, piece]``, maybe strided), owner k's
-    slice in row k, zeros past its end; returns ``rows``."""
-    piece = rows.shape[1]
-    whole, rest = divmod(flat.numel(), piece)
-    rows[:whole] = flat[:whole * piece].view(whole, piece)
-    if whole < rows.shape[0]:
-        rows[whole, :rest] = flat[whole * piece:]
-        rows[whole, rest:] = 0
-        rows[whole + 1:] = 0
-    return rows
+_laid_out = laid_out  # (where the wire's unit tests find it)
 
 
 def _header(fingerprint: int, produced: torch.Tensor | None, marks: int) -> torch.Tensor:
@@ -445,8 +459,8 @@ class _Said:
 class _Scattered:
     """A bucket whose copies are on their way to the owners (its first all-to-all,
     ``work``, into ``received``; the work holds its tensors), with what its aggregation
-    needs (the senders are the owners); ``result`` is the future the reducer was handed
-    for it."""
+    needs (the senders are the owners; a copy is ``width`` values in a ``lane``);
+    ``result`` is the future the reducer was handed for it."""
 
     bucket: Bucket
     work: Any
@@ -455,6 +469,7 @@ class _Scattered:
     owners: tuple[int, ...]
     weights: torch.Tensor
     piece: int
+    width: int
     lane: int
     marks: int
     take: Callable[[str, int], torch.Tensor]

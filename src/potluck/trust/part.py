@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,7 @@ from potluck.trust.audit import AuditPlan, digest, outcome, voting
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import Fingerprints, keyed_digest
+from potluck.trust.lanes import lanes_for
 from potluck.trust.spot import (
     buffer_copy,
     in_slices,
@@ -65,6 +66,9 @@ from potluck.trust.verdict import (
 )
 from potluck.trust.wire import decode_reports
 
+if TYPE_CHECKING:
+    from potluck.compress import Codec
+
 log = logging.getLogger(__name__)
 
 
@@ -76,11 +80,17 @@ class TrustPart:
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
                  samples: Callable[[], Sequence[float] | None],
                  part_of: Callable[[int], Any] | None = None,
-                 synced: Callable[[], object] | None = None) -> None:
+                 synced: Callable[[], object] | None = None, *,
+                 codec: Codec | None = None, error_feedback: bool = True) -> None:
         """``samples()``: the step's split; ``part_of(rank)``: that rank's batch of the
         step (the loader's, for spot checks); ``synced()``: the reducer's last synced
-        pass (a new object each pass), to tell a step whose hook was not trust's."""
+        pass (a new object each pass), to tell a step whose hook was not trust's;
+        ``codec``: the copies travel encoded, each sender's error feedback its own
+        (``lanes.py``; ``prepare(comm_hook=CompressedSum(codec))``)."""
         _check_dtypes(module)
+        lanes = lanes_for(codec, error_feedback)
+        if lanes.coded and config.spot_check is not None:
+            raise ConfigError(SPOT_WITH_CODEC)
         if cohort.world_size < 3:
             log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
                         "needs at least 3 (an honest majority) to tell a bad gradient from "
@@ -101,7 +111,7 @@ class TrustPart:
         self.strikes = Strikes(config.rules)
         self.events: list[dict[str, Any]] = []  # quarantines and repairs, with evidence
         self.exchange = RobustExchange(config.aggregator, self.ledger, samples, self.trusted,
-                                       self._fingerprint)
+                                       self._fingerprint, lanes)
         self._removals: list[tuple[str, str]] = []  # (member, why) for this boundary
         self._steps = 0  # committed steps: the exchange's step is the next one
         # members handed other aggregates since the fingerprints were last compared
@@ -149,6 +159,7 @@ class TrustPart:
 
     def on_commit(self, steps: int) -> None:
         self._steps = steps
+        self.exchange.committed()
         cohort, ledger = self._cohort, self.ledger
         n = cohort.group.size()
         passed = self._synced() if self._synced is not None else None
@@ -447,6 +458,15 @@ class TrustPart:
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module
         return [p.data for p in module.parameters()] + [b for b in module.buffers()]
+
+
+SPOT_WITH_CODEC = (
+    "trust=Trust(spot_check=...) with comm_hook=CompressedSum(codec): a spot check "
+    "recomputes a rank's gradient and compares it with the copy the rank sent, but "
+    "through a lossy codec that copy is the codec's rounding of the gradient plus the "
+    "sender's error-feedback residual, which only the sender holds, so an honest copy "
+    "would not match; drop spot_check= (robust aggregation, audits and the other "
+    "checks stay), or drop comm_hook=")
 
 
 def _name(loss: Callable[..., Any]) -> str:
