@@ -165,6 +165,7 @@ def _balanced(rank: int, world_size: int, port: int) -> dict[str, Any]:
             "splits": splits, "resumed_splits": resumed, "recorded": state["parts"]["shares"]}
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 def test_balance_moves_samples_to_the_fast_rank_and_stays_exact() -> None:
     results = run_ranks(_balanced, 2, free_port(), init_group=False, timeout=100)
@@ -202,6 +203,7 @@ def _balanced_under_trust(rank: int, world_size: int, port: int) -> list[list[in
     return [split[:3] for split in splits]
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 def test_balance_under_trust_measures_compute_not_the_hooks_wait() -> None:
     """Trust's hook waits in backward for every rank's copies: timed as compute, the

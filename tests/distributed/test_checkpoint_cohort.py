@@ -9,19 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-import potluck
 from potluck.checkpoint import CheckpointManager, DistributedRng
 from potluck.cohort.current import current
-from potluck.env import WorkerEnv
-from potluck.testing import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 
 
 def _save_and_restore(rank: int, world_size: int, port: int, directory: str) -> dict[str, Any]:
     import torch.distributed as dist
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=60.0)
+    cohort = join(rank, world_size, port, timeout=60.0)
     assert current() is cohort and not dist.is_initialized()
     torch.manual_seed(100 + rank)  # each rank's own stream
     manager = CheckpointManager(directory)  # rank=None: the cohort's

@@ -14,7 +14,7 @@ import torch
 import potluck
 from potluck.env import WorkerEnv
 from potluck.errors import ConfigError, RendezvousError
-from potluck.testing import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 
 
 def test_without_launcher_variables_is_one_process() -> None:
@@ -47,9 +47,7 @@ def test_unreachable_store_names_address_and_fix() -> None:
 
 
 def _train(rank: int, world_size: int, port: int) -> dict[str, torch.Tensor]:
-    env = WorkerEnv(rank=rank, world_size=world_size, local_rank=rank,
-                    local_world_size=world_size, master_addr="127.0.0.1", master_port=port)
-    with potluck.init(timeout=20, env=env) as cohort:  # no agent: rank 0 hosts the store
+    with join(rank, world_size, port, timeout=20) as cohort:  # no agent: rank 0 hosts the store
         model = _model()
         ddp = potluck.DataParallel(model, group=cohort.group)
         _steps(ddp, cohort.rank, cohort.world_size)
@@ -101,9 +99,7 @@ def _gloo_threads() -> list[str]:
 
 def _train_then_close(rank: int, world_size: int,
                       port: int) -> tuple[list[str], list[str], str]:
-    env = WorkerEnv(rank=rank, world_size=world_size, local_rank=rank,
-                    local_world_size=world_size, master_addr="127.0.0.1", master_port=port)
-    cohort = potluck.init(timeout=20, env=env)
+    cohort = join(rank, world_size, port, timeout=20)
     ddp = potluck.DataParallel(_model(), group=cohort.group)  # holds the group from here on
     _steps(ddp, rank, world_size)
     cohort.barrier()

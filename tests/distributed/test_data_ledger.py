@@ -1,12 +1,13 @@
-"""Exactly-once data across real Gloo ranks: every rank keeps a ledger of the samples it
-trained on, through a real DataLoader with worker processes, and the test process checks
-that the ledgers cover the epoch exactly once and in the same global order whatever the
-world size, the shares, or a change of both mid-epoch.
+"""Exactly-once data across real Gloo ranks: every rank writes a ``SampleLedger`` of the
+samples it trained on, through a real DataLoader with worker processes. The test process
+reads the ledgers back. They must cover the epoch exactly once and in the same global
+order whatever the world size, the shares, or a change of both mid-epoch.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from potluck.data import DataCursor
-from potluck.testing import run_ranks
+from potluck.testing import SampleLedger, assert_exactly_once, read_ledgers, run_ranks
 
 N, GLOBAL_BATCH, SEED = 53, 8, 5  # 53 = 6 * 8 + 5: a remainder of 5
 
@@ -40,37 +41,41 @@ def allow_worker_processes() -> None:
 
 
 def _train(cursor: DataCursor, rank: int, shares: list[float] | None, world_size: int,
-           steps: int | None, num_workers: int) -> list[list[int]]:
-    """Run up to ``steps`` committed steps (None: to the end of the epoch); a ledger."""
+           steps: int | None, num_workers: int, ledger_dir: Path) -> None:
+    """Run up to ``steps`` committed steps (None: to the end of the epoch). Each committed
+    step's samples go to this rank's ledger, ``ledger_dir/rank<r>/ids.jsonl``."""
     allow_worker_processes()
     loader = cursor.loader(IndexDataset(), rank=rank, shares=shares, world_size=world_size,
                            num_workers=num_workers, prefetch_factor=2,
                            multiprocessing_context="fork")
-    ledger: list[list[int]] = []
-    for batch in loader:
-        mine = [] if batch is None else batch.tolist()
-        count = torch.tensor([len(mine)])
-        dist.all_reduce(count)  # stands in for the step's gradient all-reduce
-        assert int(count) == len(cursor.global_indices())
-        ledger.append(mine)
-        cursor.commit()
-        if steps is not None and len(ledger) == steps:
-            break
-    return ledger
+    (ledger_dir / f"rank{rank}").mkdir(exist_ok=True)
+    with SampleLedger(ledger_dir / f"rank{rank}" / "ids.jsonl") as ledger:
+        for done, batch in enumerate(loader, start=1):
+            mine = [] if batch is None else batch.tolist()
+            count = torch.tensor([len(mine)])
+            dist.all_reduce(count)  # stands in for the step's gradient all-reduce
+            assert int(count) == len(cursor.global_indices())
+            ledger.record(cursor.epoch, mine)
+            cursor.commit()
+            if steps is not None and done == steps:
+                break
 
 
 def _epoch(rank: int, world_size: int, shares: list[float] | None, drop_last: bool,
-           num_workers: int) -> dict[str, Any]:
+           num_workers: int, ledger_dir: Path) -> dict[str, Any]:
     cursor = DataCursor(N, GLOBAL_BATCH, seed=SEED, drop_last=drop_last)
-    ledger = _train(cursor, rank, shares, world_size, None, num_workers)
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, ledger)
-    return {"ledgers": gathered, "state": cursor.state_dict()}
+    _train(cursor, rank, shares, world_size, None, num_workers, ledger_dir)
+    return cursor.state_dict()
 
 
-def global_stream(ledgers: list[list[list[int]]]) -> list[int]:
+def ledgers(ledger_dir: Path, world_size: int) -> list[list[tuple[int, list[int]]]]:
+    """Each rank's ledger, in rank order: an ``(epoch, ids)`` record per step."""
+    return [read_ledgers(ledger_dir / f"rank{rank}") for rank in range(world_size)]
+
+
+def global_stream(ledgers: list[list[tuple[int, list[int]]]]) -> list[int]:
     """Step by step, the ranks' parts in rank order."""
-    return [i for step in zip(*ledgers, strict=True) for part in step for i in part]
+    return [i for step in zip(*ledgers, strict=True) for _, part in step for i in part]
 
 
 def expected_stream(drop_last: bool) -> list[int]:
@@ -85,41 +90,42 @@ def expected_stream(drop_last: bool) -> list[int]:
      (3, [1.0, 2.0, 3.0], False, 1), (3, [1.0, 2.0, 3.0], True, 2), (3, [0.0, 1.0, 1.0], True, 1)],
 )
 def test_every_sample_exactly_once_same_global_order(
-    world_size: int, shares: list[float] | None, drop_last: bool, num_workers: int
+    world_size: int, shares: list[float] | None, drop_last: bool, num_workers: int,
+    tmp_path: Path,
 ) -> None:
-    results = run_ranks(_epoch, world_size, shares, drop_last, num_workers)
-    ledgers = results[0]["ledgers"]
-    assert all(r["ledgers"] == ledgers for r in results)  # all_gather agrees everywhere
-    stream = global_stream(ledgers)
-    assert stream == expected_stream(drop_last)  # same order as one process
-    assert len(set(stream)) == len(stream)  # exactly once
-    dropped = set(range(N)) - set(stream)
-    tail = expected_stream(drop_last=False)[N - N % GLOBAL_BATCH:]
-    assert dropped == (set(tail) if drop_last else set())  # exactly the remainder
+    states = run_ranks(_epoch, world_size, shares, drop_last, num_workers, tmp_path)
+    per_rank = ledgers(tmp_path, world_size)
+    assert global_stream(per_rank) == expected_stream(drop_last)  # same order as one process
+    # Exactly once; under drop_last, exactly the remainder of the permutation is left out.
+    assert_exactly_once([record for ledger in per_rank for record in ledger],
+                        expected_stream(drop_last))
     if shares == [0.0, 1.0, 1.0]:
-        assert all(part == [] for part in ledgers[0])
-    assert all(r["state"]["epoch"] == 1 and r["state"]["cursor"] == 0 for r in results)
+        assert all(part == [] for _, part in per_rank[0])
+    assert all(state["epoch"] == 1 and state["cursor"] == 0 for state in states)
 
 
-def _first_part(rank: int, world_size: int, steps: int) -> dict[str, Any]:
+def _first_part(rank: int, world_size: int, steps: int, ledger_dir: Path) -> dict[str, Any]:
     cursor = DataCursor(N, GLOBAL_BATCH, seed=SEED)
-    ledger = _train(cursor, rank, None, world_size, steps, 1)
-    return {"ledger": ledger, "state": cursor.state_dict()}
+    _train(cursor, rank, None, world_size, steps, 1, ledger_dir)
+    return cursor.state_dict()
 
 
 def _second_part(rank: int, world_size: int, saved: dict[str, int],
-                 shares: list[float]) -> list[list[int]]:
+                 shares: list[float], ledger_dir: Path) -> None:
     cursor = DataCursor(N, GLOBAL_BATCH)  # seed and position come from the saved state
     cursor.load_state_dict(saved)
-    return _train(cursor, rank, shares, world_size, None, 1)
+    _train(cursor, rank, shares, world_size, None, 1, ledger_dir)
 
 
 @pytest.mark.timeout(90)
-def test_world_size_and_shares_change_mid_epoch() -> None:
-    first = run_ranks(_first_part, 2, 3)
-    saved = first[0]["state"]
-    assert saved == first[1]["state"] and saved["cursor"] == 3 * GLOBAL_BATCH
-    second = run_ranks(_second_part, 3, saved, [1.0, 2.0, 3.0])
-    stream = global_stream([r["ledger"] for r in first]) + global_stream(second)
-    assert stream == expected_stream(drop_last=False)
-    assert sorted(stream) == list(range(N))
+def test_world_size_and_shares_change_mid_epoch(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    states = run_ranks(_first_part, 2, 3, first)
+    saved = states[0]
+    assert saved == states[1] and saved["cursor"] == 3 * GLOBAL_BATCH
+    run_ranks(_second_part, 3, saved, [1.0, 2.0, 3.0], second)
+    before, after = ledgers(first, 2), ledgers(second, 3)
+    assert global_stream(before) + global_stream(after) == expected_stream(drop_last=False)
+    assert_exactly_once([record for ledger in before + after for record in ledger], N)

@@ -119,6 +119,7 @@ def test_a_rank_short_of_memory_finds_its_cap_and_the_run_equals_one_process() -
             torch.testing.assert_close(result["params"][name], value, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 def test_with_balancing_a_growing_share_is_retried_smaller_and_stays_exact() -> None:
     results = run_ranks(_train, 2, free_port(), True, init_group=False, timeout=100)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from potluck.testing import free_port, run_ranks
+from potluck.testing import free_port, join, run_ranks
 
 SIZE = 48
 
@@ -31,11 +31,8 @@ class Noisy(torch.utils.data.Dataset[Any]):
 
 def _train(rank: int, world_size: int, port: int, workers: int, rounds: bool) -> dict[str, Any]:
     import potluck
-    from potluck.env import WorkerEnv
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=30.0)
+    cohort = join(rank, world_size, port, timeout=30.0)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     rounds_of = potluck.DiLoCo(inner_steps=3, adaptive=False)

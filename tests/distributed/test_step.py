@@ -10,7 +10,7 @@ import torch
 from potluck import DataParallel
 from potluck.errors import ConfigError
 from potluck.step import GuardedOptimizer, accumulate, split_batch
-from potluck.testing import run_ranks
+from potluck.testing import join, run_ranks
 from tests.distributed import models as M
 from tests.distributed.models import assert_close, mse
 
@@ -195,12 +195,9 @@ def _prepared_nan(rank: int, world_size: int, port: int, hook: str) -> dict[str,
     from unittest import mock
 
     import potluck
-    from potluck.env import WorkerEnv
     from potluck.step import guard
 
-    cohort = potluck.init(env=WorkerEnv(rank=rank, world_size=world_size,
-                                        master_addr="127.0.0.1", master_port=port,
-                                        source="torchrun"), timeout=20.0)
+    cohort = join(rank, world_size, port, timeout=20.0)
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 2)
     data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randn(40, 2))

@@ -158,6 +158,7 @@ def test_local_sgd_with_one_local_step_equals_one_process() -> None:
         _close(result["params"], params(net))
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 def test_uneven_local_steps_are_weighted_by_samples_exactly() -> None:
     results = run_ranks(_train, 2, free_port(), "slow", init_group=False, timeout=110)

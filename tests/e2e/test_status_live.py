@@ -63,6 +63,7 @@ def named_ms(change: dict[str, Any] | None) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_slowed_and_stopped_ranks_are_named(tmp_path: Path) -> None:
     order = schedule(TRIALS, 3)
