@@ -16,6 +16,7 @@ WHY_NOT = cpu_quota.unavailable()
 
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=f"potluck bench straggler: {WHY_NOT}")
+@pytest.mark.serial  # its verdict follows measured speeds: alone, after the parallel part
 @pytest.mark.timeout(90)
 def test_tiny_run_reports_the_four_figures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "straggler.json"

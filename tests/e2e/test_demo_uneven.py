@@ -24,6 +24,7 @@ STEPS, BATCH = 24, 32  # --quick's global batch; a few steps are enough for a mo
 EQUAL = 16  # --quick's steps on equal shares after the balanced ones
 
 
+@pytest.mark.serial  # its verdict follows measured speeds: alone, after the parallel part
 @pytest.mark.timeout(60)
 def test_uneven_demo_moves_the_shares_to_the_fast_worker(tmp_path: Path) -> None:
     demo = subprocess.Popen(  # the default paths, as a user runs it
