@@ -190,7 +190,7 @@ def _elastic(rank: int, world_size: int, port: int, cell: Cell, ledgers: str) ->
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     if rank == 3:
         store.wait(["killed"])
-    cohort = join_elastic(f"worker-{rank}", port, expected=3, timeout=5.0)
+    cohort = join_elastic(f"worker-{rank}", port, expected=3, timeout=20.0)
     waited = {"done": False}
 
     def at_step(steps: int, cohort: Any) -> None:
