@@ -80,6 +80,11 @@ class Processes:
             if proc.poll() is None or session:
                 _signal(proc, session, signal.SIGKILL)
             proc.wait()
+        # A SIGKILL is delivered at once but the killed die when next scheduled: a
+        # session's grandchildren (not ours to wait for) may still run a moment.
+        for proc, session in zip(self.procs, self._sessions, strict=True):
+            if session:
+                _wait_gone(proc.pid)
         for log in self._logs:
             log.close()
 
@@ -89,6 +94,27 @@ class Processes:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.stop()
+
+
+def _wait_gone(group: int, limit: float = 10.0) -> None:
+    """Until no process of the process group ``group`` runs (a zombie has ended; its new
+    parent reaps it), at most ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while _running_in(group) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running_in(group: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # (the command may hold spaces and parentheses: fields follow the last ")")
+            state, _, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue  # it ended while we looked
+        if int(pgrp) == group and state != "Z":
+            return True
+    return False
 
 
 def _signal(proc: subprocess.Popen[bytes], session: bool, sig: signal.Signals) -> None:
