@@ -24,7 +24,7 @@ from torch import nn
 
 from potluck.balance import BalanceConfig
 from potluck.cohort import Cohort, init
-from potluck.compose.parts import aggregator, choose, hook_kind, reconciler, share_policy, untrusted
+from potluck.compose.parts import aggregator, choose, reconciler, share_policy, untrusted
 from potluck.data import DataCursor
 from potluck.data.handout import Handout
 from potluck.data.step_loader import StepLoader, check_workers
@@ -132,7 +132,7 @@ def prepare(
         strategy = reconciler(choice, model, cohort, global_batch)
         # Each rank's gradient weighs its part of the step, unless the user's own hook
         # decides (under trust the slice owners weigh the copies by the split).
-        contribution = None if strategy or hook_kind(data_parallel) == "own" else Contribution()
+        contribution = None if strategy or choice.modes.hook == "own" else Contribution()
         clock = ComputeClock(cohort.device) if choice.balance else None
         observer = observer_for(  # (the transaction hands it each step's pass)
             cohort, metrics_dir=metrics_dir, inner=clock,

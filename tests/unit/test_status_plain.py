@@ -196,3 +196,28 @@ def test_the_launcher_says_what_each_flag_does_not_do_for_a_plain_model() -> Non
     assert nothing == worker.unused_flags_line(everything[:3], "runs/m")
     assert nothing is not None and "wrapped" in nothing and "in potluck.DataParallel" in nothing
     assert _line(["--elastic"], None) is None
+
+
+def test_only_a_plain_models_pulses_say_they_count_no_samples(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prepared run without per-step samples (DiLoCo's local steps) is no plain
+    script: its page must not say "without potluck.prepare"."""
+    from potluck.metrics import observing
+    from potluck.reducer.clock import ComputeClock
+
+    said: list[bool] = []
+
+    class Publisher:
+        def __init__(self, *args: object, counts_samples: bool, **kwargs: object) -> None:
+            said.append(counts_samples)
+
+        def start(self) -> Publisher:
+            return self
+
+    monkeypatch.setattr(observing, "StorePublisher", Publisher)
+    monkeypatch.setattr(observing, "store_client", lambda addr, port: None)
+    env = WorkerEnv(status=True, master_addr="127.0.0.1", master_port=1)
+    for prepared in (True, False):
+        observing.make_observer(ComputeClock(torch.device("cpu")), lambda: (0, 1, 0), None,
+                                env, samples=None, prepared=prepared)
+    assert said == [True, False]

@@ -7,10 +7,11 @@ them, so none of them needs the loader itself: the loader is built last, from th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from potluck.errors import CursorError
+from potluck.errors import ConfigError, CursorError
 
 ReadPart = Callable[[int], Any]  # rank -> that rank's batch of the step handed out
 
@@ -56,7 +57,7 @@ class Handout:
 
         def units() -> list[float]:
             if kept[0] != self._steps:
-                kept[:] = [self._steps, [float(weight(self.part_of(rank))) if count else 0.0
+                kept[:] = [self._steps, [units_of(weight, self.part_of(rank)) if count else 0.0
                                          for rank, count in enumerate(self.split)]]
             return list(kept[1])
 
@@ -67,3 +68,18 @@ class Handout:
         if self._read is None:
             raise CursorError("part_of(): no step was handed out yet")
         return self._read(rank)
+
+
+def units_of(weight: Callable[[Any], float], batch: Any) -> float:
+    """``weight(batch)``, a batch's units (``prepare(weight=...)``), or the refusal that
+    says what it must return."""
+    try:
+        units = float(weight(batch))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"weight(batch) must return a number (e.g. the count of real tokens in "
+            f"the batch), but it raised {type(exc).__name__}: {exc}") from exc
+    if not (math.isfinite(units) and units >= 0):
+        raise ConfigError(f"weight(batch) returned {units!r}: a batch's units must be a "
+                          "finite number >= 0 (e.g. the count of real tokens in it)")
+    return units

@@ -33,7 +33,7 @@ from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
 from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch
-from potluck.data.handout import Handout
+from potluck.data.handout import Handout, units_of
 from potluck.data.memory import MemoryCap
 from potluck.data.permutation import epoch_permutation
 from potluck.data.split import check_rank, equal_shares, split_block, split_counts
@@ -309,13 +309,7 @@ class StepLoader:
         if self.weight is None:
             self.contribution(samples, float(samples), float(block))
             return
-        try:
-            units = float(self.weight(batch))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"weight(batch) must return a number (e.g. the count of real tokens in "
-                f"the batch), but it raised {type(exc).__name__}: {exc}") from exc
-        self.contribution(samples, units, None)
+        self.contribution(samples, units_of(self.weight, batch), None)
 
     def _epoch_done(self) -> bool:
         return not self.cursor.global_indices()

@@ -50,8 +50,10 @@ def observer_for(cohort: Cohort, passes: Callable[[], PassStats] | None = None, 
 
 def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats] | None, *,
                     samples: Samples | None = None, inner: LocalClock | None = None,
-                    metrics_dir: str | Path | None = None) -> StepObserver:
-    """The observer of a worker on ``cohort``, its sinks as its launch asked."""
+                    metrics_dir: str | Path | None = None,
+                    prepared: bool = True) -> StepObserver:
+    """The observer of a worker on ``cohort``, its sinks as its launch asked
+    (``prepared``: False for a plain script's model, whose steps count no samples)."""
 
     def where() -> tuple[int, int, int]:
         return cohort.rank, cohort.world_size, cohort.generation
@@ -61,16 +63,20 @@ def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats] | None, *,
     return make_observer(ComputeClock(cohort.device), where, passes, cohort.env,
                          samples=samples, inner=inner, metrics_dir=metrics_dir,
                          events=lambda: list(cohort.events), member=cohort.worker_id,
-                         attempt=0 if cohort.elastic else cohort.env.restart_count)
+                         attempt=0 if cohort.elastic else cohort.env.restart_count,
+                         prepared=prepared)
 
 
 def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassStats] | None,
                   env: WorkerEnv, *, samples: Samples | None = None,
                   inner: LocalClock | None = None, metrics_dir: str | Path | None = None,
                   events: Callable[[], list[dict[str, Any]]] = list,
-                  member: str | None = None, attempt: int = 0) -> StepObserver:
+                  member: str | None = None, attempt: int = 0,
+                  prepared: bool = True) -> StepObserver:
     """A step observer with the sinks ``env`` asks for (``metrics_dir`` wins over its
-    directory). Without ``samples`` the pulses say that samples are not counted."""
+    directory). ``prepared``: False for a plain script's model (no ``prepare``): its
+    pulses say that samples are not counted. (A prepared run under a sync strategy
+    counts none a local step either, but its page needs no notice.)"""
     directory = metrics_dir if metrics_dir is not None else env.metrics_dir
     sinks: list[StepSink] = []
     if directory:
@@ -85,5 +91,5 @@ def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassSt
             store_client(env.master_addr, env.master_port), env.run_id,
             f"{observer.host}:{os.getpid()}", position=observer.position, where=where,
             events=events, member=member, attempt=attempt,
-            counts_samples=samples is not None).start())
+            counts_samples=prepared).start())
     return observer

@@ -80,13 +80,14 @@ class PlainModels:
         cohort = current()
         if cohort is not None and model.group is cohort.group:
             self._on_cohort = True
-            observer = cohort_observer(cohort, lambda: model.reducer.last_pass)
+            observer = cohort_observer(cohort, lambda: model.reducer.last_pass,
+                                       prepared=False)
         else:
             # A torch process group: its rank and size never change.
             place = (model.rank, model.world_size, 0)
             observer = make_observer(ComputeClock(model.join_device), lambda: place,
                                      lambda: model.reducer.last_pass, self._worker,
-                                     attempt=self._worker.restart_count)
+                                     attempt=self._worker.restart_count, prepared=False)
         observer.hear_notes()  # a CheckpointManager's saves, on the page and in the journal
         return observer
 

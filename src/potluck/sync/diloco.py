@@ -367,7 +367,7 @@ class DiLoCoSync:
             if len(self._fragments) > 1 and self._start is None:
                 # Not reached: only a loss splits a round differently or loses a part of
                 # it, and a fixed cohort raises a loss (an elastic one voids the round).
-                raise ConfigError(
+                raise RuntimeError(
                     f"round {self.rounds + 1} of StreamingDiLoCo(fragments="
                     f"{len(self._fragments)}): the members' parts of it {rows} do not "
                     "cover its block once, and its first fragments were applied already, "
