@@ -33,6 +33,7 @@ from potluck.testing import (
     assert_exactly_once,
     assert_replicas_equal,
     free_port,
+    hosted_store,
     join,
     join_elastic,
     run_ranks,
@@ -290,16 +291,9 @@ ELASTIC = [c for c in CELLS if c.membership == "elastic" and c.name not in REFUS
 @pytest.mark.parametrize("cell", ELASTIC, ids=[c.id for c in ELASTIC])
 def test_an_elastic_cell_loses_a_rank_takes_a_restart_and_trains_each_sample_once(
         tmp_path: Path, cell: Cell) -> None:
-    from torch.distributed import TCPStore
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=60))
-    try:
+    with hosted_store() as (port, _):
         results = run_ranks(_elastic, 4, port, cell, str(tmp_path), init_group=False,
                             may_die={VICTIM}, timeout=100)
-    finally:
-        del store
     assert results[VICTIM] is None and results[3] is not None  # dead, and its restart done
     problems = _problems(cell, [r for r in results if r is not None], tmp_path)
     assert not problems, "\n".join(problems)

@@ -33,7 +33,7 @@ from potluck.testing import (
     SampleLedger,
     assert_exactly_once,
     assert_replicas_equal,
-    free_port,
+    hosted_store,
     join_elastic,
     run_ranks,
 )
@@ -112,17 +112,10 @@ def _arm(strategy: Any, when: str, store: Any) -> None:
 
 
 def _run(tmp_path: Path, when: str) -> list[dict[str, Any]]:
-    from torch.distributed import TCPStore
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=60))
-    try:
+    with hosted_store() as (port, store):
         results = run_ranks(_worker, 3, port, when, str(tmp_path), init_group=False,
                             may_die={VICTIM}, timeout=100)
         victim_applied = int(store.get("applied"))
-    finally:
-        del store
     assert results[VICTIM] is None
     survivors = [r for r in results if r is not None]
     assert len(survivors) == 2

@@ -2,7 +2,8 @@
 
 - ``run_ranks(fn, world_size, *args)``: ``fn(rank, world_size, *args)`` in N local
   processes on real Gloo; ``free_port()``; ``join(rank, world_size, port)``, a rank's
-  fixed cohort; ``join_elastic(worker_id, port, expected=N)``, a worker's elastic one;
+  fixed cohort; ``join_elastic(worker_id, port, expected=N)``, a worker's elastic one, on a store
+  ``hosted_store()`` serves from the test;
   ``RankFailed`` carries a rank's traceback.
 - ``Faults``: kill, freeze, a failed collective or a slow rank, at a rank and step;
   the loop calls ``faults.injector(rank, group=...)`` once a step.
@@ -21,7 +22,14 @@ from potluck.testing.checks import (
     read_ledgers,
 )
 from potluck.testing.faults import Fault, Faults, Injector
-from potluck.testing.ranks import RankFailed, free_port, join, join_elastic, run_ranks
+from potluck.testing.ranks import (
+    RankFailed,
+    free_port,
+    hosted_store,
+    join,
+    join_elastic,
+    run_ranks,
+)
 
 __all__ = [
     "Fault",
@@ -33,6 +41,7 @@ __all__ = [
     "assert_replicas_equal",
     "exactly_once_problems",
     "free_port",
+    "hosted_store",
     "join",
     "join_elastic",
     "read_ledgers",

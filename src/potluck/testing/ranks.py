@@ -8,6 +8,7 @@ that rank's traceback. This is not the user-facing launcher (``potluck run``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
@@ -16,7 +17,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,20 @@ def join(rank: int, world_size: int, port: int, *, timeout: float = 30.0) -> Coh
                     local_world_size=world_size, master_addr="127.0.0.1", master_port=port,
                     source="torchrun")
     return init(env=env, timeout=timeout)
+
+
+@contextlib.contextmanager
+def hosted_store(timeout: float = 60.0) -> Iterator[tuple[int, Any]]:
+    """A store on a free loopback port, hosted by this process while the block runs, as
+    ``potluck run --elastic``'s agent hosts one: it outlives every worker, so ranks that
+    ``join_elastic`` on it may die. Yields ``(port, store)``; the store serves until
+    its last reference goes."""
+    from torch._C._distributed_c10d import TCPStore
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=timeout))
+    yield port, store
 
 
 def join_elastic(worker_id: str, port: int, *, expected: int, timeout: float = 30.0,
