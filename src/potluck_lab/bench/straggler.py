@@ -133,7 +133,7 @@ def config_from_args(args: argparse.Namespace) -> StragglerConfig:
                              smoothing=args.smoothing, min_gain=args.min_gain)
     if args.tiny:
         config = replace(config, rounds=1, warmup=3, steps=3, global_batch=128,
-                         solo_steps=3, phase_steps=6, check_steps=5, check_batch=64,
+                         solo_steps=3, phase_steps=6, check_steps=8, check_batch=256,
                          contenders=("ddp", "balanced"), solo_after=False)
     elif args.quick:
         config = replace(config, rounds=2, steps=6, solo_steps=6, phase_steps=10)
