@@ -98,17 +98,16 @@ def _die(strategy: Any, store: Any) -> None:
 def _arm(strategy: Any, when: str, store: Any) -> None:
     """``in the last sum``: die inside round 1's sum of its last fragment, after the
     round's table of speeds and parts went through."""
-    import potluck.sync.diloco as diloco
+    if when != "in the last sum":
+        return
+    summed, last = strategy.round_sum, strategy.config.fragments - 1
 
-    summed = diloco.reduce_sum
-
-    def dying(*args: Any, **kwargs: Any) -> Any:
-        if strategy.rounds == KILL_ROUND:
+    def dying(piece: Any, group: Any) -> Any:
+        if strategy.rounds == KILL_ROUND and piece.fragment == last:
             _die(strategy, store)
-        return summed(*args, **kwargs)
+        return summed(piece, group)
 
-    if when == "in the last sum":
-        diloco.reduce_sum = dying
+    strategy.register_round_sum(dying)
 
 
 def _run(tmp_path: Path, when: str) -> list[dict[str, Any]]:

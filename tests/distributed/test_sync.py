@@ -47,6 +47,7 @@ class Slow(nn.Module):
 def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     from potluck import DiLoCo, LocalSGD, prepare
     from potluck.compress import Int8Blockwise
+    from potluck.errors import ConfigError
 
     cohort = join(rank, world_size, port)
     # (10 ms a sample: a gap that contention on a loaded 2-core machine does not close;
@@ -57,9 +58,25 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     sync = {"local": LocalSGD(1, adaptive=False),
             "slow": DiLoCo(inner_steps=4, min_gain=0.0, measure=0.25),
             "int8": DiLoCo(inner_steps=4, adaptive=False, codec=Int8Blockwise(block=64)),
-            "plain": DiLoCo(inner_steps=4, adaptive=False)}[kind]
+            "plain": DiLoCo(inner_steps=4, adaptive=False),
+            "round sum": DiLoCo(inner_steps=4, adaptive=False)}[kind]
     model, opt, loader = prepare(net, inner, Indexed(SAMPLES), cohort=cohort,
                                  global_batch=GLOBAL_BATCH, seed=SEED, sync=sync)
+    pieces: list[tuple[int, int, float]] = []
+    refused = ""
+    if kind == "round sum":  # the seam: a round sum that wraps the default one
+        strategy = opt.part(type(opt.parts[0]))
+        inner_sum = strategy.round_sum
+
+        def recording(piece: Any, group: Any) -> Any:
+            pieces.append((piece.round, piece.fragment, piece.share))
+            return inner_sum(piece, group)
+
+        strategy.register_round_sum(recording)
+        try:
+            strategy.register_round_sum(42)
+        except ConfigError as exc:
+            refused = str(exc)
     # round by round, its segments: samples per rank, and this rank's local steps
     rounds: list[list[tuple[list[int], int]]] = [[]]
     while opt.cursor.epoch < 2:
@@ -78,7 +95,8 @@ def _train(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
     strategy = opt.part(type(opt.parts[0]))
     cohort.close()
     return {"params": params(net.inner), "rounds": rounds,
-            "sent": strategy.traffic.sent if strategy else 0, "steps": opt.steps}
+            "sent": strategy.traffic.sent if strategy else 0, "steps": opt.steps,
+            "pieces": pieces, "refused": refused}
 
 
 def _replay(rounds: list[list[list[tuple[list[int], int]]]], *, inner_steps: int,
@@ -221,6 +239,19 @@ def _one_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
+def test_a_registered_round_sum_gets_every_round_and_wrapping_the_default_changes_nothing(
+        ) -> None:
+    plain = run_ranks(_train, 2, free_port(), "plain", init_group=False, timeout=80)
+    wrapped = run_ranks(_train, 2, free_port(), "round sum", init_group=False, timeout=80)
+    for a, b in zip(plain, wrapped, strict=True):
+        for name, value in a["params"].items():
+            assert torch.equal(value, b["params"][name]), name
+    rounds = SAMPLES * 2 // (4 * GLOBAL_BATCH)  # two epochs of rounds of 4 global batches
+    for result in wrapped:  # one piece a round (one dtype, one fragment), half the samples
+        assert result["pieces"] == [(r, 0, 0.5) for r in range(1, rounds + 1)]
+        assert "pass a RoundSum" in result["refused"]
+
+
 def test_one_worker_keeps_weights_loaded_after_prepare_and_refuses_a_skipped_step() -> None:
     result = run_ranks(_one_worker, 1, free_port(), init_group=False, timeout=50)[0]
     assert result["kept"] and result["rounds"] == 1

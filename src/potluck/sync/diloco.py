@@ -11,10 +11,11 @@ round a rank runs ``synchronize``:
    samples and parts of the round's block (who takes part: what a lost member took
    with it is the rest, which the cursor owes; parts that overlap mean the members
    split the round differently, and every member starts it again);
-2. per (device, dtype): the pseudo-gradient ``global - local``, weighted by the rank's
-   samples over the participants' (``round_plan.weight``), flattened into one buffer
-   and summed through the codec (``potluck.compress``: one collective for the whole
-   model, not one per tensor); buffers come from rank 0;
+2. per (device, dtype): the pseudo-gradient ``global - local``, flattened into one
+   buffer and handed to the round sum (``round_sum.py``) with the rank's weight, its
+   samples over the participants' (``round_plan.weight``). The default sums the
+   weighted buffers through the codec (``potluck.compress``: one collective for the
+   whole model, not one per tensor); buffers come from rank 0;
 3. only then, with nothing left to fail, the outer optimizer steps the global
    parameters with the sum and every replica takes them.
 
@@ -46,9 +47,8 @@ from torch import nn
 from torch.futures import Future
 
 from potluck.collectives import broadcast_coalesced, settle, wait_for
-from potluck.compress import ErrorFeedback, Identity, Traffic, reduce_sum
+from potluck.compress import ErrorFeedback, Identity, Traffic
 from potluck.compress.codec import Codec
-from potluck.compress.exchange import start_sum
 from potluck.data.state import Range
 from potluck.errors import ConfigError, PeerLostError
 from potluck.group import GroupHandle
@@ -63,6 +63,7 @@ from potluck.sync.round_plan import (
     segments,
     weight,
 )
+from potluck.sync.round_sum import CodecSum, Piece, RoundSum
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class DiLoCoSync:
         self.codec: Codec = config.codec or Identity()
         self.feedback = ErrorFeedback() if config.error_feedback and config.codec else None
         self.traffic = Traffic()
+        self._round_sum: RoundSum = CodecSum(self.codec, self.feedback, self.traffic)
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._fragments = deal(len(self._params), config.fragments)
         # The global parameters: what the replicas hold at the start of a round. Taken
@@ -296,20 +298,36 @@ class DiLoCoSync:
 
     def _start_fragment(self, index: int) -> list[tuple[list[int], Future[torch.Tensor]]]:
         share = weight(self._samples, self._block[1] - self._block[0])
-        works = []
+        return [(members, self._issue(members, share, index, f"/{index}"))
+                for members in by_kind(self._params, self._fragments[index])]
+
+    def _issue(self, members: list[int], share: float, fragment: int,
+               suffix: str) -> Future[torch.Tensor]:
+        """This rank's pseudo-gradient of ``members`` handed to the round sum."""
         with torch.no_grad():
-            for members in by_kind(self._params, self._fragments[index]):
-                flat = pseudo_gradient(self._global, self._params, members, share)
-                try:
-                    future = start_sum(flat, self.codec, self.group, feedback=self.feedback,
-                                       key=f"{flat.device}/{flat.dtype}/{index}",
-                                       traffic=self.traffic)
-                except RuntimeError as exc:
-                    raise PeerLostError.from_failure(
-                        f"fragment {index}'s pseudo-gradient", exc, rank=self.group.rank(),
-                        generation=self.group.generation) from exc
-                works.append((members, future))
-        return works
+            delta = pseudo_gradient(self._global, self._params, members)
+        piece = Piece(delta, share, f"{delta.device}/{delta.dtype}{suffix}", fragment,
+                      self.rounds + 1, tuple(members))
+        try:
+            with torch.no_grad():
+                return self._round_sum(piece, self.group)
+        except RuntimeError as exc:  # a backend that already knows a peer is gone
+            raise PeerLostError.from_failure(
+                f"fragment {fragment}'s pseudo-gradient", exc, rank=self.group.rank(),
+                generation=self.group.generation) from exc
+
+    @property
+    def round_sum(self) -> RoundSum:
+        """What combines the members' pseudo-gradients (``round_sum.py``)."""
+        return self._round_sum
+
+    def register_round_sum(self, round_sum: RoundSum) -> None:
+        """Combine the pseudo-gradients with ``round_sum`` from the next one sent on
+        (every member registers the same kind, before its first round)."""
+        if not callable(round_sum):
+            raise ConfigError(f"register_round_sum({round_sum!r}): pass a RoundSum, a "
+                              "callable (piece, group) -> Future (potluck.sync.round_sum)")
+        self._round_sum = round_sum
 
     def _finish_fragment(self) -> None:
         if self._pending is None:
@@ -414,20 +432,14 @@ class DiLoCoSync:
         return lost
 
     def _sum_pseudo_gradients(self, share: float, fragment: list[int]) -> Summed:
-        """Per (device, dtype): this rank's weighted pseudo-gradient of ``fragment``,
-        summed over the ranks through the codec (one collective each)."""
-        sums = []
-        with torch.no_grad():
-            for members in by_kind(self._params, fragment):
-                flat = pseudo_gradient(self._global, self._params, members, share)
-                key = f"{flat.device}/{flat.dtype}"
-                if len(self._fragments) > 1:
-                    key += f"/{len(self._fragments) - 1}"
-                summed = reduce_sum(flat, self.codec, self.group, feedback=self.feedback,
-                                    key=key, traffic=self.traffic,
-                                    what="the round's pseudo-gradient")
-                sums.append((members, summed))
-        return sums
+        """Per (device, dtype): this rank's pseudo-gradient of ``fragment``, combined
+        over the ranks by the round sum (one collective each)."""
+        last = len(self._fragments) - 1
+        suffix = f"/{last}" if last else ""
+        works = [(members, self._issue(members, share, last, suffix))
+                 for members in by_kind(self._params, fragment)]
+        return [(members, wait_for(future, self.group, "the round's pseudo-gradient"))
+                for members, future in works]
 
     def _skip(self, what: str) -> None:
         self.skipped += 1

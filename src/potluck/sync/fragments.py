@@ -35,9 +35,9 @@ def by_kind(params: Sequence[torch.Tensor], members: Sequence[int]) -> list[list
 
 
 def pseudo_gradient(global_: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
-                    members: Sequence[int], share: float) -> torch.Tensor:
-    """``share * (global - local)`` of ``members``, flattened into one new tensor."""
-    return torch.cat([(global_[i] - params[i]).reshape(-1) for i in members]).mul_(share)
+                    members: Sequence[int]) -> torch.Tensor:
+    """``global - local`` of ``members``, flattened into one new tensor."""
+    return torch.cat([(global_[i] - params[i]).reshape(-1) for i in members])
 
 
 def outer_step(global_: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
