@@ -107,8 +107,6 @@ CELLS = [Cell(*values) for values in itertools.product(
 REFUSED = {
     **{c.name: "does not yet check a round's pseudo-gradients"
        for c in CELLS if c.rounds and c.aggregate != "mean"},
-    **{c.name: "through a lossy codec that copy is the codec's rounding"
-       for c in CELLS if c.reconcile == "codec" and c.aggregate == "spot checks"},
 }
 
 
