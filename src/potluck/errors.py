@@ -71,6 +71,19 @@ class RendezvousError(CommunicationError):
     """The workers could not meet: the store was unreachable or a peer never joined."""
 
 
+class StoreLostError(RendezvousError):
+    """The connection to the job's store broke: its host (node 0's ``potluck run``, or
+    rank 0 without a launcher) was killed or cut off."""
+
+    def __init__(self, where: str, what: str, cause: str) -> None:
+        super().__init__(
+            f"the job's store at {where} is gone ({what}: {cause}): its host, node 0's "
+            "`potluck run` (rank 0 without a launcher), was lost or cut off, and every "
+            "worker meets the cohort through it, so this worker stops here; restart the "
+            "job on the hosts still up (their checkpoints resume it)")
+        self.where, self.what, self.cause = where, what, cause
+
+
 class AdmissionError(RendezvousError):
     """A worker was refused entry to the cohort: it lacks the job's token or holds another."""
 

@@ -28,6 +28,7 @@ from potluck.cohort.membership import FixedMembership, RendezvousMembership
 from potluck.cohort.store import connect_store, local_address
 from potluck.env import WorkerEnv, read_worker_env
 from potluck.errors import ConfigError, RendezvousError
+from potluck.relay import RelayStore
 from potluck.rendezvous import RendezvousConfig
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,9 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
             "with `potluck run --elastic --token SECRET ...`"
         )
     try:
-        return TCPStore(env.master_addr, env.master_port, is_master=False,
-                        timeout=timedelta(seconds=timeout))
+        return RelayStore(TCPStore(env.master_addr, env.master_port, is_master=False,
+                                   timeout=timedelta(seconds=timeout)),
+                          f"{env.master_addr}:{env.master_port}")
     except RuntimeError as exc:
         raise RendezvousError(
             f"cannot reach the job's store at {env.master_addr}:{env.master_port} ({exc}); "

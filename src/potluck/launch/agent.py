@@ -33,6 +33,7 @@ from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
 from potluck.launch.policy import Action, Outcome, next_action, not_to_restart
+from potluck.launch.quiet import Quieter
 from potluck.launch.report import (
     WorkerResult,
     describe_exit,
@@ -118,6 +119,7 @@ class Agent:
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        potluck_env.quiet_cpp_warnings()  # the agent's own store client; not its workers'
         try:
             return self._run()
         except RendezvousError:
@@ -422,14 +424,16 @@ class Agent:
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes,
               log: str | None) -> None:
-        """Copy a worker's lines to ``sink`` (prefixed; None: not shown) and to ``log``."""
+        """Copy a worker's lines to ``sink`` (prefixed, without c10d's C++ stack traces:
+        ``quiet.py``; None: not shown) and to ``log`` (every line)."""
+        quieter = Quieter()
         with contextlib.ExitStack() as files:
             copy = files.enter_context(open(log, "ab")) if log else None
             for line in iter(stream.readline, b""):
                 if copy is not None:
                     copy.write(line)
                     copy.flush()
-                if sink is not None:
+                if sink is not None and quieter.shown(line.removeprefix(prefix)):
                     # torch's own excepthook prefixes a traceback's lines with the same
                     # "[rankN]: " when the script set up torch's default group: once is enough.
                     shown = line if line.startswith(prefix) else prefix + line
@@ -569,9 +573,12 @@ class Agent:
     def _report_lost(self, worker: _Worker) -> None:
         self._post_exit(_result(worker))
         self._reported.add(worker.proc.pid)
-        self._emit(format_report([_result(worker)], host=socket.gethostname(),
+        result = _result(worker)
+        store_lost = result.error is not None and result.error.exc_type == "StoreLostError"
+        self._emit(format_report([result], host=socket.gethostname(),
                                  node_rank=self.config.node_rank,
-                                 title="a worker was lost (elastic: the cohort goes on)"))
+                                 title="a worker lost the job's store" if store_lost else
+                                 "a worker was lost (elastic: the cohort goes on)"))
 
     def _plain_torch_group(self, store: TCPStore, worker: _Worker) -> bool:
         """The dead worker never joined the elastic cohort, none ever formed, and the

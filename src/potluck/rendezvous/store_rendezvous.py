@@ -30,10 +30,11 @@ import logging
 import time
 from collections.abc import Collection
 
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch._C._distributed_c10d import Store
 
 from potluck import keys
 from potluck.errors import ConfigError, JobFinishedError, RendezvousError
+from potluck.relay import prefixed
 from potluck.rendezvous import admission
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
@@ -60,7 +61,7 @@ class StoreRendezvous:
         self.worker_id = worker_id
         self.seat = seat or worker_id
         self.config = config
-        self._store: Store = PrefixStore(config.prefix, store)
+        self._store: Store = prefixed(store, config.prefix)
         self._heartbeat: Heartbeat | None = None
         self._boundary = 0  # step boundaries passed in the current generation
         self.membership: Membership | None = None
