@@ -89,9 +89,12 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
 
 
 def _trust_events(opt: Any) -> list[dict[str, Any]]:
-    """Trust's quarantines and repairs; none where no trust part is there."""
-    from potluck import trust
+    """Trust's quarantines and repairs; none where no trust part is there. The part is
+    ``TrustPart`` or, under rounds, whichever part is named "trust" (the rounds' part
+    need not be a ``TrustPart``)."""
+    import potluck.trust
 
-    kind = getattr(trust, "TrustPart", None)
-    part = opt.part(kind) if kind is not None else None
+    part = opt.part(potluck.trust.TrustPart)
+    if part is None:
+        part = next((p for p in opt.parts if getattr(p, "name", None) == "trust"), None)
     return list(getattr(part, "events", None) or [])
