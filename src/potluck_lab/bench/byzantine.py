@@ -16,6 +16,8 @@ bookkeeping: ``byzantine_floor``). One
 seed made the figures for the attacks that only a spot check catches a lottery: its
 target is one rank of four every second step, so the time to catch one ranged from 2
 to 25 steps between runs.
+
+``--sync diloco`` runs the rounds variant instead (``byzantine_rounds.py``).
 """
 
 from __future__ import annotations
