@@ -105,7 +105,8 @@ def _attack(config: RoundsConfig, attack: str, contenders: tuple[str, ...],
     row = fig.attack_row(ratios["plain"], ratios["trust"] if trust else None,
                          caught if trust else None, honest)
     said = (f"trust {row['trust']:.4g}x (worst seed {row['trust_worst_seed']:.4g}x), "
-            f"quarantined after {caught} round(s)" if trust else "trust not available")
+            f"quarantined after {caught} round(s), {honest} honest member(s) quarantined"
+            if trust else "trust not available")
     print(f"  {attack}: plain DiLoCo {row['plain']:.4g}x, {said}", flush=True)
     return row
 
