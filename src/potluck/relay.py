@@ -1,13 +1,19 @@
-"""``RelayStore``: the job's store as a worker holds it, one object between it and c10d.
+"""``RelayStore``: the job's store as a worker or agent holds it, one object between it
+and c10d.
 
-Every store call of a worker (the rendezvous, heartbeats, the failure watch, status
-pulses, the process groups' own rendezvous) goes through it to a ``TCPStore`` client. It
-is a ``torch.distributed.Store`` itself, so a process group is built on it as on the
-client. What it adds: a lost connection to the store (its host's process killed, its
-link cut) is ``StoreLostError``, one line that says what happened, where c10d raises a
-``DistNetworkError`` from deep inside, and ``clone()`` gives a relay too (the threads
-that poll keep their own connections). The relay is also where a cohort that outlives
-its store's host will switch to a new one.
+Every store call (the rendezvous, heartbeats, the failure watch, status pulses, the
+process groups' own rendezvous, an agent's roll) goes through a relay to a ``TCPStore``
+client. It is a ``torch.distributed.Store`` itself, so a process group is built on it as
+on the client. A lost connection to the store (its host's process killed, its link
+cut) is, where c10d raises a ``DistNetworkError`` from deep inside:
+
+- with a ``Succession`` (a multi-node elastic job): the store moved to a successor
+  (``succession.py``); the relay connects there and makes the call again;
+- otherwise, or when no successor takes it: ``StoreLostError``, one line.
+
+``clone()`` gives a relay on a new connection (the threads that poll keep their own),
+and ``prefixed`` one under a prefix that stays clonable (c10d's ``PrefixStore.clone()``
+cannot clone a store written in Python).
 """
 
 from __future__ import annotations
@@ -20,27 +26,50 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import StoreLostError
+from potluck.succession import Succession
 
 T = TypeVar("T")
 
 
 class RelayStore(Store):
-    """``inner``'s calls, its lost connections raised as ``StoreLostError``; ``where``:
-    the store's address, as the error names it."""
+    """``inner``'s calls (the store at ``where``, under ``prefix``); a lost connection
+    moves to the succession's next host, or is ``StoreLostError``."""
 
-    def __init__(self, inner: Store, where: str) -> None:
+    def __init__(self, inner: Store, where: str, *, succession: Succession | None = None,
+                 prefix: str = "") -> None:
         super().__init__()
         self._inner, self.where = inner, where
+        self._succession, self._prefix = succession, prefix
         Store.set_timeout(self, getattr(inner, "timeout"))  # noqa: B009  (stubs lack it)
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
         try:
             return call()
         except dist.DistNetworkError as exc:
-            raise StoreLostError(self.where, what, _first_line(exc)) from None
+            cause = _first_line(exc)
+            if self._succession is None:
+                raise StoreLostError(self.where, what, cause) from None
+        where = self._succession.moved(self.where, what, cause)  # (or StoreLostError)
+        client = self._succession.client()
+        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
+        self.where = where
+        try:
+            return call()  # (a loop's read or write: the same call on the new store)
+        except dist.DistNetworkError as exc:
+            raise StoreLostError(where, what, _first_line(exc)) from None
 
     def set(self, key: str, value: str) -> None:
-        self._call("set", lambda: self._inner.set(key, value))
+        if self._succession is None:
+            self._call("set", lambda: self._inner.set(key, value))
+            return
+        # c10d's set gets no reply: one written into a dead host's socket is lost
+        # without a word. Where the store can move, a check (answered) confirms it, and
+        # a set the old host never confirmed is made again on the new one.
+        self._call("set", lambda: self._confirmed_set(key, value))
+
+    def _confirmed_set(self, key: str, value: str) -> None:
+        self._inner.set(key, value)
+        self._inner.check([key])
 
     def get(self, key: str) -> bytes:
         return self._call("get", lambda: self._inner.get(key))
@@ -72,14 +101,22 @@ class RelayStore(Store):
     def clone(self) -> RelayStore:
         """A relay on a new connection to the same store."""
         inner = self._call("connect", lambda: getattr(self._inner, "clone")())  # noqa: B009
-        return RelayStore(inner, self.where)
+        return RelayStore(inner, self.where, succession=self._succession, prefix=self._prefix)
+
+
+def succession_of(store: Store) -> Succession | None:
+    """The succession a relay moves with (None: not a relay, or it has none)."""
+    return store._succession if isinstance(store, RelayStore) else None
 
 
 def prefixed(store: Store, prefix: str) -> Store:
     """``store``'s keys under ``prefix``: a ``PrefixStore``, or for a relay a relay over
-    one (c10d's ``PrefixStore.clone()`` cannot clone a store written in Python)."""
+    one (it stays clonable, and moves with the store)."""
     if isinstance(store, RelayStore):
-        return RelayStore(PrefixStore(prefix, store._inner), store.where)
+        # PrefixStore(p, PrefixStore(q, s)) keys "q/p/key": the same as one of "q/p"
+        whole = f"{store._prefix}/{prefix}" if store._prefix else prefix
+        return RelayStore(PrefixStore(prefix, store._inner), store.where,
+                          succession=store._succession, prefix=whole)
     return PrefixStore(prefix, store)
 
 
