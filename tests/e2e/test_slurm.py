@@ -48,7 +48,7 @@ def test_the_sbatch_example_trains_on_two_workers_with_srun_s_node_and_job(
     assert job is not None, submitted.stdout
     assert ("potluck run: from the scheduler: --nnodes 1 (SLURM_STEP_NUM_NODES=1), "
             "--node-rank 0 (SLURM_NODEID=0), --master-addr localhost "
-            "(SLURM_STEP_NODELIST=localhost (first host)), "
+            "(first host of SLURM_STEP_NODELIST=localhost), "
             f"--run-id {job.group(1)} (SLURM_JOB_ID={job.group(1)})") in text, text
     assert re.search(r"\[rank0\]: final loss \d+\.\d+ after 20 steps on 2 rank\(s\)",
                      text), text

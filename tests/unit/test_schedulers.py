@@ -55,8 +55,8 @@ def test_srun_one_task_per_node_gives_nodes_rank_first_host_and_job_id() -> None
                                      "run_id": "4242"}
     assert summary(resolved) == (
         "from the scheduler: --nnodes 2 (SLURM_STEP_NUM_NODES=2), --node-rank 1 "
-        "(SLURM_NODEID=1), --master-addr gpu07 (SLURM_STEP_NODELIST=gpu[07-08] (first "
-        "host)), --run-id 4242 (SLURM_JOB_ID=4242)")
+        "(SLURM_NODEID=1), --master-addr gpu07 (first host of "
+        "SLURM_STEP_NODELIST=gpu[07-08]), --run-id 4242 (SLURM_JOB_ID=4242)")
 
 
 def test_srun_variables_without_the_step_ones_fall_back_to_the_job_ones() -> None:
@@ -159,8 +159,8 @@ def test_flags_win_and_a_disagreeing_scheduler_is_named_once() -> None:
     assert resolved.values["master_addr"] == "10.1.1.1"
     assert resolved.origins["master_addr"] == "flag"
     assert resolved.notes == (  # nnodes, node rank and run id agree: nothing said of them
-        "--master-addr 10.1.1.1 from the flag is used; SLURM_STEP_NODELIST=gpu[07-08] "
-        "(first host) (SLURM) said otherwise",)
+        "--master-addr 10.1.1.1 from the flag is used; first host of "
+        "SLURM_STEP_NODELIST=gpu[07-08] (SLURM) said otherwise",)
     assert summary(resolved) is None  # every value the scheduler has was given
 
 
@@ -170,8 +170,8 @@ def test_two_schedulers_that_disagree_slurm_over_a_pytorchjobs_variables() -> No
     assert resolved.values["master_addr"] == "gpu07"  # SLURM comes first in READERS
     assert resolved.values["master_port"] == 12345  # only the torch variable has a port
     assert resolved.notes == (
-        "--master-addr gpu07 from SLURM_STEP_NODELIST=gpu[07-08] (first host) is used; "
-        "MASTER_ADDR=10.9.9.9 (Kubeflow PyTorchJob (torch's variables)) said otherwise",)
+        "--master-addr gpu07 from first host of SLURM_STEP_NODELIST=gpu[07-08] is used; "
+        "MASTER_ADDR=10.9.9.9 (Kubeflow PyTorchJob) said otherwise",)
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -124,10 +124,10 @@ def skypilot(env: Env) -> Reading:
             "sets one IP a line for each node; unset or fix the one exported by hand, or "
             "pass --nnodes and --master-addr")
     if ips and nodes is None:
-        nodes = Hint("nnodes", str(len(ips)), f"SKYPILOT_NODE_IPS ({len(ips)} lines)", name)
+        nodes = Hint("nnodes", str(len(ips)), f"{len(ips)} lines of SKYPILOT_NODE_IPS", name)
     head = None
     if ips:
-        head = Hint("master_addr", ips[0], f"SKYPILOT_NODE_IPS (first line {ips[0]})", name)
+        head = Hint("master_addr", ips[0], "first line of SKYPILOT_NODE_IPS", name)
     gpus = _number(env, "SKYPILOT_NUM_GPUS_PER_NODE", "nproc_per_node", name, minimum=0)
     if gpus is not None and gpus.value == 0:  # a CPU cluster: --nproc-per-node's default
         gpus = None
@@ -141,7 +141,7 @@ def pytorchjob(env: Env) -> Reading:
     """A Kubeflow PyTorchJob sets torch's ``MASTER_ADDR``/``MASTER_PORT`` and counts
     nodes in ``WORLD_SIZE`` and ``RANK``. Under a launcher's worker (``LOCAL_RANK`` or
     ``GROUP_RANK`` set) these count processes instead, so they are left alone then."""
-    name = "Kubeflow PyTorchJob (torch's variables)"
+    name = "Kubeflow PyTorchJob"
     if any(key in env for key in ("LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")):
         return Reading()
     nodes = _number(env, "WORLD_SIZE", "nnodes", name, minimum=1)
@@ -231,7 +231,7 @@ def _slurm_host(env: Env, scheduler: str) -> Hint | None:
         raise ConfigError(
             f"{variable}={nodelist!r} names no host: SLURM sets a node list such as "
             "gpu[01-04]; pass --master-addr with node 0's hostname") from None
-    return Hint("master_addr", host, f"{variable}={nodelist} (first host)", scheduler)
+    return Hint("master_addr", host, f"first host of {variable}={nodelist}", scheduler)
 
 
 def _first_set(env: Env, *names: str) -> str | None:
