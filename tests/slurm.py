@@ -30,6 +30,7 @@ INSTALL_TIMEOUT_S = 150.0  # each of apt-get update and install
 START_TIMEOUT_S = 30.0
 BINARIES = ("slurmctld", "slurmd", "srun", "sbatch", "sinfo", "squeue", "scancel")
 _INSTALL_LOCK = Path("/tmp/potluck-slurm-install.lock")  # two test workers, one dpkg
+_UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
 
 
 def why_no_slurm() -> str | None:
@@ -65,6 +66,21 @@ def cluster(root: Path, cpus: int = 2) -> Iterator[dict[str, str]]:
         yield env
     finally:
         _stop(env, conf, daemons)
+
+
+def wait_job(env: Mapping[str, str], job: str, timeout: float) -> tuple[str, str]:
+    """A batch job's final state and exit code, e.g. ("COMPLETED", "0:0"). Polled twice
+    a second: ``sbatch --wait`` backs off to tens of seconds between its own polls."""
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
+                               capture_output=True, text=True, timeout=10, check=False)
+        fields = dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
+        if fields.get("JobState", "PENDING") not in _UNFINISHED:
+            return fields["JobState"], fields.get("ExitCode", "?")
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job} still {fields.get('JobState')} after {timeout:.0f} s")
 
 
 def logs(root: Path) -> str:

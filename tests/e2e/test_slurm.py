@@ -40,12 +40,13 @@ def test_the_sbatch_example_trains_on_two_workers_with_srun_s_node_and_job(
         cluster: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "job.out"
     env = cluster | {"NPROC_PER_NODE": "2"}
-    submitted = _run(["sbatch", "--wait", "--nodes=1", "--cpus-per-task=2", "--output",
-                      str(out), str(SBATCH)], env)
-    text = out.read_text() if out.is_file() else "(no output file)"
-    assert submitted.returncode == 0, f"{submitted.stderr}\n{text}"
+    submitted = _run(["sbatch", "--nodes=1", "--cpus-per-task=2", "--output", str(out),
+                      str(SBATCH)], env)
     job = re.search(r"Submitted batch job (\d+)", submitted.stdout)
-    assert job is not None, submitted.stdout
+    assert job is not None, f"{submitted.stdout}{submitted.stderr}"
+    state = slurm.wait_job(env, job.group(1), timeout=180)
+    text = out.read_text() if out.is_file() else "(no output file)"
+    assert state == ("COMPLETED", "0:0"), text
     assert ("potluck run: from the scheduler: --nnodes 1 (SLURM_STEP_NUM_NODES=1), "
             "--node-rank 0 (SLURM_NODEID=0), --master-addr localhost "
             "(first host of SLURM_STEP_NODELIST=localhost), "
