@@ -87,6 +87,7 @@ def test_srun_with_several_tasks_a_node_is_refused_with_the_fix() -> None:
 @pytest.mark.parametrize(("variable", "bad", "rule"), [
     ("SLURM_NODEID", "one", "whole number of at least 0"),
     ("SLURM_STEP_NUM_NODES", "0", "whole number of at least 1"),
+    ("SLURM_STEP_NUM_TASKS", "2x", "whole number of at least 1"),
     ("SLURM_STEP_NODELIST", "[", "names no host"),
     ("SKYPILOT_NODE_RANK", "-1", "whole number of at least 0"),
     ("SKYPILOT_NUM_GPUS_PER_NODE", "8.0", "whole number of at least 0"),
@@ -103,7 +104,7 @@ def test_a_malformed_variable_is_refused_with_its_value_the_rule_and_the_fix(
         resolve(NOTHING, base | {variable: bad})
     message = str(caught.value)
     assert f"{variable}={bad!r}" in message or f"{variable}={bad}" in message
-    assert rule in message and ("pass --" in message)
+    assert rule in message and ("pass --" in message or "srun --ntasks-per-node=1" in message)
 
 
 def test_rank_not_below_the_node_count_is_refused_naming_both_variables() -> None:
@@ -171,7 +172,7 @@ def test_two_schedulers_that_disagree_slurm_over_a_pytorchjobs_variables() -> No
     assert resolved.values["master_port"] == 12345  # only the torch variable has a port
     assert resolved.notes == (
         "--master-addr gpu07 from first host of SLURM_STEP_NODELIST=gpu[07-08] is used; "
-        "MASTER_ADDR=10.9.9.9 (Kubeflow PyTorchJob) said otherwise",)
+        "MASTER_ADDR=10.9.9.9 (PyTorchJob/torch) said otherwise",)
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -99,10 +99,11 @@ def slurm(env: Env) -> Reading:
                 "node only; to use every node: srun --ntasks-per-node=1 potluck run ...",))
         return Reading(_present(hints))
     tasks_var = _first_set(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    tasks = _number(env, tasks_var, "nnodes", name, minimum=1)
-    if tasks is not None and nodes is not None and tasks.value != nodes.value:
+    tasks = _whole(env, tasks_var, name, minimum=1,
+                   fix="or start one task per node: srun --ntasks-per-node=1")
+    if tasks is not None and nodes is not None and tasks != nodes.value:
         raise ConfigError(
-            f"srun started {tasks.value} task(s) on {nodes.value} node(s) ({tasks.variable}, "
+            f"srun started {tasks} task(s) on {nodes.value} node(s) ({tasks_var}={tasks}, "
             f"{nodes.variable}): potluck run is one task per node and starts that node's "
             "workers itself; use srun --ntasks-per-node=1 potluck run --nproc-per-node N "
             "..., or srun -n N python script.py without potluck run")
@@ -141,7 +142,7 @@ def pytorchjob(env: Env) -> Reading:
     """A Kubeflow PyTorchJob sets torch's ``MASTER_ADDR``/``MASTER_PORT`` and counts
     nodes in ``WORLD_SIZE`` and ``RANK``. Under a launcher's worker (``LOCAL_RANK`` or
     ``GROUP_RANK`` set) these count processes instead, so they are left alone then."""
-    name = "Kubeflow PyTorchJob"
+    name = "PyTorchJob/torch"
     if any(key in env for key in ("LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")):
         return Reading()
     nodes = _number(env, "WORLD_SIZE", "nnodes", name, minimum=1)
@@ -202,14 +203,16 @@ def _check_resolved_rank(values: Mapping[str, Value | None], origins: Mapping[st
         return  # LaunchConfig.validated names the two flags itself
     most = nnodes.rpartition(":")[2]
     if most.isdigit() and rank >= int(most):
-        def said(flag: str) -> str:
-            origin = origins[flag]
-            return {"flag": f"{FLAGS[flag]}", "default": f"{FLAGS[flag]}'s default"}.get(
-                origin, origin)
         raise ConfigError(
-            f"node rank {rank} (from {said('node_rank')}) is not below the node count "
-            f"{nnodes} (from {said('nnodes')}): node ranks count from 0; pass --nnodes with "
-            "the job's node count (a Kubernetes Job's completions, say)")
+            f"node rank {rank} (from {_origin('node_rank', origins)}) is not below the node "
+            f"count {nnodes} (from {_origin('nnodes', origins)}): node ranks count from 0; "
+            "pass --nnodes with the job's node count (a Kubernetes Job's completions, say)")
+
+
+def _origin(flag: str, origins: Mapping[str, str]) -> str:
+    """Where a flag's value came from, as a message says it."""
+    origin = origins[flag]
+    return {"flag": FLAGS[flag], "default": f"{FLAGS[flag]}'s default"}.get(origin, origin)
 
 
 def _check_rank(rank: Hint | None, nodes: Hint | None) -> None:
@@ -250,15 +253,22 @@ def _present(hints: list[Hint | None]) -> tuple[Hint, ...]:
 
 def _number(env: Env, variable: str | None, flag: str, scheduler: str, *, minimum: int
             ) -> Hint | None:
+    value = _whole(env, variable, scheduler, minimum=minimum,
+                   fix=f"or pass {FLAGS[flag]}")
+    return None if value is None else Hint(flag, value, f"{variable}={value}", scheduler)
+
+
+def _whole(env: Env, variable: str | None, scheduler: str, *, minimum: int, fix: str
+           ) -> int | None:
+    """The variable's whole number (None: unset or empty); ``fix`` ends the refusal."""
     raw = env.get(variable, "").strip() if variable else ""
     if not variable or not raw:
         return None
     if not re.fullmatch(r"\d+", raw) or int(raw) < minimum:
         raise ConfigError(
             f"{variable}={env[variable]!r} is not a whole number of at least {minimum}: "
-            f"{scheduler} sets it for {FLAGS[flag]}; unset or fix the one exported by hand, "
-            f"or pass {FLAGS[flag]}")
-    return Hint(flag, int(raw), f"{variable}={raw}", scheduler)
+            f"{scheduler} sets one; unset or fix the one exported by hand, {fix}")
+    return int(raw)
 
 
 def _port(env: Env, variable: str, scheduler: str) -> Hint | None:
