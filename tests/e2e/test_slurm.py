@@ -6,7 +6,9 @@ a user submits it (one ``potluck run`` a node, reading srun's variables), and
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,8 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, str]]:
         pytest.skip(f"no SLURM to run jobs on: {why}")
     root = tmp_path / "slurm"
     with slurm.cluster(root, cpus=2) as env:
+        if shutil.which("potluck", path=env["PATH"]) is None:
+            pytest.skip(f"no `potluck` command beside {sys.executable}: pip install -e .")
         yield env
 
 
@@ -59,12 +63,12 @@ def test_the_sbatch_example_trains_on_two_workers_with_srun_s_node_and_job(
 def test_srun_one_task_per_worker_and_potluck_run_per_task_is_refused(
         cluster: dict[str, str]) -> None:
     env = cluster | {"MASTER_PORT": str(free_port())}  # else torch's 29500 on a shared host
-    direct = _run(["srun", "-n", "2", "python", str(EXAMPLE), "--steps", "5"], env)
+    direct = _run(["srun", "-n", "2", sys.executable, str(EXAMPLE), "--steps", "5"], env)
     assert direct.returncode == 0, direct.stderr
     assert re.search(r"^final loss \d+\.\d+ after 5 steps on 2 rank\(s\)$", direct.stdout,
                      re.MULTILINE), direct.stdout
-    doubled = _run(["srun", "-n", "2", "python", "-m", "potluck", "run", "--nproc-per-node",
-                    "1", str(EXAMPLE)], env)
+    doubled = _run(["srun", "-n", "2", sys.executable, "-m", "potluck", "run",
+                    "--nproc-per-node", "1", str(EXAMPLE)], env)
     assert doubled.returncode != 0
     assert doubled.stderr.count("srun started 2 task(s) on 1 node(s)") == 2, doubled.stderr
     assert "srun --ntasks-per-node=1 potluck run" in doubled.stderr
