@@ -18,6 +18,7 @@ cannot clone a store written in Python).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -29,6 +30,12 @@ from potluck.errors import StoreLostError
 from potluck.succession import Succession
 
 T = TypeVar("T")
+
+SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
+
+
+class _Silent(Exception):
+    """The store did not answer in time."""
 
 
 class RelayStore(Store):
@@ -42,10 +49,12 @@ class RelayStore(Store):
         self._succession, self._prefix = succession, prefix
         Store.set_timeout(self, getattr(inner, "timeout"))  # noqa: B009  (stubs lack it)
 
-    def _call(self, what: str, call: Callable[[], T]) -> T:
+    def _call(self, what: str, call: Callable[[], T], *, blocking: bool = False) -> T:
+        """``call`` on the store; ``blocking``: it may wait for a key (``get``,
+        ``wait``), so no deadline but the store's own."""
         try:
-            return call()
-        except dist.DistNetworkError as exc:
+            return self._answered(call, blocking)
+        except (dist.DistNetworkError, _Silent) as exc:
             cause = _first_line(exc)
             if self._succession is None:
                 raise StoreLostError(self.where, what, cause) from None
@@ -54,9 +63,33 @@ class RelayStore(Store):
         self._inner = PrefixStore(self._prefix, client) if self._prefix else client
         self.where = where
         try:
-            return call()  # (a loop's read or write: the same call on the new store)
-        except dist.DistNetworkError as exc:
+            return self._answered(call, blocking)  # (a loop's read or write, again)
+        except (dist.DistNetworkError, _Silent) as exc:
             raise StoreLostError(where, what, _first_line(exc)) from None
+
+    def _answered(self, call: Callable[[], T], blocking: bool) -> T:
+        """``call``'s answer. Where the store can move, a call that gets no answer in
+        ``SILENT_S`` (a cut link drops packets: c10d's client then waits on its socket
+        for good) is ``_Silent``: it runs on a thread of its own, left behind."""
+        if self._succession is None or blocking:
+            return call()
+        answer: list[T] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                answer.append(call())
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="potluck-store-call", daemon=True)
+        thread.start()
+        thread.join(SILENT_S)
+        if failure:
+            raise failure[0]
+        if not answer and thread.is_alive():
+            raise _Silent(f"no answer in {SILENT_S:g} s (the link to it is cut?)")
+        return answer[0]
 
     def set(self, key: str, value: str) -> None:
         if self._succession is None:
@@ -72,7 +105,7 @@ class RelayStore(Store):
         self._inner.check([key])
 
     def get(self, key: str) -> bytes:
-        return self._call("get", lambda: self._inner.get(key))
+        return self._call("get", lambda: self._inner.get(key), blocking=True)
 
     def add(self, key: str, amount: int) -> int:
         return self._call("add", lambda: self._inner.add(key, amount))
@@ -85,9 +118,9 @@ class RelayStore(Store):
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         if timeout is None:
-            self._call("wait", lambda: self._inner.wait(keys))
+            self._call("wait", lambda: self._inner.wait(keys), blocking=True)
         else:
-            self._call("wait", lambda: self._inner.wait(keys, timeout))
+            self._call("wait", lambda: self._inner.wait(keys, timeout), blocking=True)
 
     def delete_key(self, key: str) -> bool:
         return self._call("delete_key", lambda: self._inner.delete_key(key))
