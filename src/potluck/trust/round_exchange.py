@@ -97,7 +97,8 @@ class RobustRoundSum:
             rows = received.view(len(owners), width)
             copies = rows if not self.lanes.coded else self.lanes.copies(rows, size)
             value = self.aggregator.aggregate(copies, weights.to(copies.dtype))
-            report = self._report(piece.key, owners, copies, value)
+            report = self._report(piece.key, owners, copies, value,
+                                  [shares[r] for r in owners])
             outgoing = torch.empty(n, stride, dtype=flat.dtype, device=flat.device)
             outgoing[0, :size] = value.to(flat.dtype)
             outgoing[0, size:] = wire.to_values(report.view(-1).view(torch.int64),
@@ -153,11 +154,11 @@ class RobustRoundSum:
         return received, width
 
     def _report(self, key: str, owners: tuple[int, ...], copies: torch.Tensor,
-                value: torch.Tensor) -> torch.Tensor:
+                value: torch.Tensor, shares: list[float]) -> torch.Tensor:
         """This owner's report on its slice; keeps each copy's sketch for the next round."""
         members = [self._member(r) for r in owners]
         previous = [self._sketches.get((key, owners, m)) for m in members]
-        report, sketches = slice_report(copies, value, previous)
+        report, sketches = slice_report(copies, value, previous, shares)
         for m, s in zip(members, sketches, strict=True):
             self._sketches[(key, owners, m)] = s
         return report

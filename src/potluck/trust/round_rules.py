@@ -14,13 +14,15 @@ with an honest majority one lying owner can neither accuse nor acquit anyone.
 The rules, each on ratios to the median sender (so they follow the model's scale):
 
 - **non-finite**: more than half of the owners saw a non-finite value from it;
-- **far from the center**: its distance to the aggregate, over the square root of its
+- **far from the center**: its distance to the aggregate, over its growth with its
   assigned share relative to the median share (a member that ran more local steps
   drifted farther by chance), is over ``Rules.far_ratio`` times the median sender's;
   far rounds quarantine as far steps do (``far.py``: a designed false-positive rate);
-- **free rider**: its norm, over its relative share (a round's drift grows with its
-  local steps), is under ``FREE_RATIO`` times the median sender's: a zero or a
-  scaled-down pseudo-gradient (work not done, or not sent);
+- **free rider**: its norm, over its growth with its relative share, is under
+  ``FREE_RATIO`` times the median sender's: a zero or a scaled-down pseudo-gradient
+  (work not done, or not sent). A pseudo-gradient grows with the local steps between
+  their square root (noise) and linearly (drift); each rule takes the bound that spares
+  an honest member;
 - **copied**: its distance to another sender's copy is under ``COPY_RATIO`` (squared)
   of the median pair's: two members never train the same round alike, so one of the
   two copied the other (or both are one attacker). Nobody can tell which: both are
@@ -66,26 +68,43 @@ def _signs(m: int, device: str) -> torch.Tensor:
     return (torch.randint(0, 2, (m,), generator=gen, dtype=torch.float64) * 2 - 1).to(device)
 
 
-def slice_report(copies: torch.Tensor, value: torch.Tensor, previous: Sequence[torch.Tensor | None]
+def slice_report(copies: torch.Tensor, value: torch.Tensor, previous: Sequence[torch.Tensor | None],
+                 shares: Sequence[float] | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """An owner's report on its slice: ``[senders, FIELDS + senders]`` float64 (the
     columns above; ``REPLAY`` is NaN where ``previous`` has no sketch of that sender),
     and this round's sketch of each copy (kept for the next round's replay check).
-    ``copies`` ``[senders, m]`` are the decoded copies, ``value`` their aggregate."""
+    ``copies`` ``[senders, m]`` are the decoded copies, ``value`` their aggregate,
+    ``shares`` the senders' assigned parts (None: equal). A member's distance is to the
+    aggregate scaled to its part (``expected``): a member that ran fewer local steps
+    drifted less far, honestly."""
     s = copies.shape[0]
     x = copies.to(torch.float64)
     out = torch.zeros(s, FIELDS + s, dtype=torch.float64)
     finite = torch.isfinite(x).all(dim=1)
     out[:, FINITE] = finite.to(torch.float64).cpu()
-    out[:, DISTANCE] = ((x - value.to(torch.float64)) ** 2).sum(dim=1).cpu()
+    scale = torch.tensor(expected(shares if shares is not None else [1.0] * s),
+                         dtype=torch.float64, device=x.device)
+    out[:, DISTANCE] = ((x - scale[:, None] * value.to(torch.float64)) ** 2).sum(dim=1).cpu()
     out[:, NORM] = (x ** 2).sum(dim=1).cpu()
     sketches = [sketch(row) for row in x]
     for i, (now, before) in enumerate(zip(sketches, previous, strict=True)):
         same = before is not None and before.shape == now.shape
         out[i, REPLAY] = float(((now - before) ** 2).sum()) if same else math.nan  # type: ignore[operator]
         out[i, SKETCH_NORM] = float((now ** 2).sum())
-    out[:, FIELDS:] = torch.cdist(x, x).pow(2).cpu() if bool(finite.all()) else math.inf
+    safe = torch.where(finite[:, None], x, torch.zeros_like(x))
+    pairs = torch.cdist(safe, safe).pow(2).cpu()
+    gone = ~finite.cpu()
+    pairs[gone, :], pairs[:, gone] = math.inf, math.inf  # (no pair with a non-finite copy)
+    out[:, FIELDS:] = pairs
     return out, sketches
+
+
+def expected(shares: Sequence[float]) -> list[float]:
+    """Each member's pseudo-gradient over the weighted mean's, were it a drift that
+    grows with the member's part: ``s_i * sum(s) / sum(s ** 2)`` (1 for equal parts)."""
+    total, squares = sum(shares), sum(v * v for v in shares)
+    return [v * total / squares if squares > 0 else 1.0 for v in shares]
 
 
 def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequence[int],
@@ -105,12 +124,17 @@ def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequenc
     good = [i for i in range(s) if i not in bad]
     middle = _median([shares[i] for i in good]) or 1.0
     relative = [max(shares[i] / middle, 1e-12) for i in range(s)]
-    far = _scores(rows, good, lambda r, i: math.sqrt(max(r[i][DISTANCE], 0.0) / relative[i]))
+    # A round's pseudo-gradient grows with its local steps, between their square root
+    # (noise) and linearly (drift): each rule scales by the bound that spares honest
+    # members (the far one by the most growth, the free rider one by the least).
+    more = [max(r, math.sqrt(r)) for r in relative]
+    less = [min(r, math.sqrt(r)) for r in relative]
+    far = _scores(rows, good, lambda r, i: math.sqrt(max(r[i][DISTANCE], 0.0)) / more[i])
     for i, score in far.items():
         if score > rules.far_ratio:
             found.append(Finding(senders[i], FAR, f"{score:.1f}x the median member's distance "
                                  f"from the robust center (limit {rules.far_ratio:g})"))
-    norms = _scores(rows, good, lambda r, i: math.sqrt(max(r[i][NORM], 0.0)) / relative[i])
+    norms = _scores(rows, good, lambda r, i: math.sqrt(max(r[i][NORM], 0.0)) / less[i])
     for i, score in norms.items():
         if score < FREE_RATIO:
             found.append(Finding(senders[i], FREE_RIDER, f"its norm, for its share, is {score:.2f}"
@@ -140,7 +164,7 @@ def _copies(rows: list[list[list[float]]], good: list[int],
         return []
     votes = dict.fromkeys(pairs, 0)
     for r in rows:
-        middle = _median([r[i][FIELDS + j] for i, j in pairs])
+        middle = _median([r[i][FIELDS + j] for i, j in pairs if math.isfinite(r[i][FIELDS + j])])
         for i, j in pairs:
             if middle > 0 and r[i][FIELDS + j] <= COPY_RATIO * middle:  # (0: cannot tell)
                 votes[(i, j)] += 1
