@@ -153,15 +153,24 @@ def test_a_free_rider_with_a_small_share_is_judged_for_its_share() -> None:
     assert (3, FREE_RIDER, -1) in _judge(copies, shares)
 
 
-@pytest.mark.parametrize("noise", [0.0, 1e-3])
-def test_a_copy_of_another_members_is_flagged_with_its_party(noise: float) -> None:
+@pytest.mark.parametrize("noise, n", [(0.0, 3), (0.0, 4), (1e-3, 4), (0.0, 6), (1e-3, 6)])
+def test_a_copy_of_another_members_is_flagged_with_its_party(noise: float, n: int) -> None:
     """Equal, or nearly equal: both members of the pair are flagged (nobody can tell
-    which one copied), each naming the other."""
-    copies, shares = _attacked(1)
+    which one copied), each naming the other. Not a near copy among 3: two nearly alike
+    of 3 are a majority, which the robust center follows (docs/trust.md)."""
+    copies, shares = _attacked(1, n=n)
     copies[2] = copies[0] + noise * torch.randn(DIM, dtype=torch.float64,
                                                 generator=torch.Generator().manual_seed(7))
     found = _judge(copies, shares)
     assert sorted(found) == [(0, COPIED, 2), (2, COPIED, 0)]
+
+
+def test_a_far_attacker_makes_no_honest_pair_look_like_a_copy() -> None:
+    """Half of the pairs hold the attacker (3 of 6 with 4 members): the reference is
+    the members' median distance to the center, not the median pair's."""
+    copies, shares = _attacked(6)
+    copies[3] *= -10
+    assert _judge(copies, shares) == [(3, FAR, -1)]
 
 
 @pytest.mark.parametrize("noise", [0.0, 1e-3])

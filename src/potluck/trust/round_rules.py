@@ -24,7 +24,7 @@ The rules, each on ratios to the median sender (so they follow the model's scale
   their square root (noise) and linearly (drift); each rule takes the bound that spares
   an honest member;
 - **copied**: its distance to another sender's copy is under ``COPY_RATIO`` (squared)
-  of the median pair's: two members never train the same round alike, so one of the
+  of an honest pair's (twice the median member's distance to the center): two members never train the same round alike, so one of the
   two copied the other (or both are one attacker). Nobody can tell which: both are
   flagged, as in a dispute, so a copy costs the copier its own seat;
 - **replayed**: its distance to its own copy of the last round is under
@@ -42,7 +42,7 @@ import torch
 from potluck.trust.verdict import COPIED, FAR, FREE_RIDER, NON_FINITE, REPLAYED, Finding, Rules
 
 FREE_RATIO = 0.3  # honest members' weighted norms are within a few tens of % of each other
-COPY_RATIO = 0.01  # squared: a copy is 10x closer than the median pair, at least
+COPY_RATIO = 0.01  # squared: a copy is 10x closer than an honest pair, at least
 SKETCH = 256  # values in the sketch an owner keeps of each sender's copy
 
 # The columns of a report row: one row per sender, then one column per sender.
@@ -158,13 +158,16 @@ def _scores(rows: list[list[list[float]]], good: list[int],
 
 def _copies(rows: list[list[list[float]]], good: list[int],
             senders: Sequence[int]) -> list[Finding]:
-    """Pairs nearer than ``COPY_RATIO`` of the median pair, for most owners."""
+    """Pairs nearer than ``COPY_RATIO`` of an honest pair, for most owners. An honest
+    pair's squared distance is about the sum of the two members' to the center, so the
+    reference is twice the median member's (an attacker far from the others would move
+    a median over pairs, half of which may hold it, but not this one)."""
     pairs = [(i, j) for a, i in enumerate(good) for j in good[a + 1:]]
     if not pairs:
         return []
     votes = dict.fromkeys(pairs, 0)
     for r in rows:
-        middle = _median([r[i][FIELDS + j] for i, j in pairs if math.isfinite(r[i][FIELDS + j])])
+        middle = 2 * _median([r[i][DISTANCE] for i in good])
         for i, j in pairs:
             if middle > 0 and r[i][FIELDS + j] <= COPY_RATIO * middle:  # (0: cannot tell)
                 votes[(i, j)] += 1
