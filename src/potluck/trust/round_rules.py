@@ -24,9 +24,10 @@ The rules, each on ratios to the median sender (so they follow the model's scale
   their square root (noise) and linearly (drift); each rule takes the bound that spares
   an honest member;
 - **copied**: its distance to another sender's copy is under ``COPY_RATIO`` (squared)
-  of an honest pair's (twice the median member's distance to the center): two members never train the same round alike, so one of the
-  two copied the other (or both are one attacker). Nobody can tell which: both are
-  flagged, as in a dispute, so a copy costs the copier its own seat;
+  of an honest pair's (twice the median member's distance to the center). Two members
+  never train the same round alike, so one of the two copied the other (or both are
+  one attacker). Nobody can tell which: both are flagged, as in a dispute, so a copy
+  costs the copier its own seat;
 - **replayed**: its distance to its own copy of the last round is under
   ``COPY_RATIO`` (squared) of the median sender's round-to-round change.
 """
