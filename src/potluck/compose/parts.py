@@ -122,14 +122,15 @@ def share_policy(choice: Choice, shares: SharePolicy | None, cohort: Cohort,
 
 def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
                handout: Handout, weight: Callable[[Any], float] | None,
-               comm_hook: Any, strategy: DiLoCoSync | None = None
+               data_parallel: dict[str, Any], strategy: DiLoCoSync | None = None
                ) -> TrustPart | RoundTrustPart | None:
     """Trust's step part, its exchange registered as the model's hook (None: the mean).
     Each copy weighs its rank's part of the step: its samples, or under ``weight=`` its
     units, which every rank reads from that rank's batch itself. A ``comm_hook=
-    CompressedSum(codec)`` gives its codec and error feedback setting to the exchange,
-    which takes its place. Under rounds (``strategy``), trust's round sum is registered
-    with the strategy instead, with the round's codec (``DiLoCo(codec=...)``)."""
+    CompressedSum(codec)`` (in ``data_parallel``, DataParallel's options) gives its
+    codec and error feedback setting to the exchange, which takes its place. Under
+    rounds (``strategy``), trust's round sum is registered with the strategy instead,
+    with the round's codec (``DiLoCo(codec=...)``)."""
     if trust is None:
         return None
     if strategy is not None:
@@ -141,6 +142,8 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
                               assigned=lambda: handout.split)
     from potluck.compress import CompressedSum
     from potluck.trust import TrustPart
+
+    comm_hook = data_parallel.get("comm_hook")
 
     parts = (lambda: handout.split) if weight is None else handout.weighed(weight)
     codec = comm_hook if isinstance(comm_hook, CompressedSum) else None  # (the table
