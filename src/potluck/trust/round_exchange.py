@@ -61,15 +61,17 @@ class RobustRoundSum:
     def __init__(self, aggregator: Aggregator, trusted: Callable[[int], list[int]],
                  member: Callable[[int], str], codec: Codec | None = None,
                  error_feedback: bool = True,
-                 assigned: Callable[[], Sequence[float] | None] | None = None) -> None:
+                 assigned: Callable[[], Sequence[float] | None] | None = None,
+                 traffic: Traffic | None = None) -> None:
         """``trusted(world_size)``: the ranks whose copies count; ``member(rank)``: its
         id (replays are compared per member); ``assigned()``: the members' parts of the
         round as the loader split it, for a piece sent mid-round (Streaming DiLoCo's
-        earlier fragments), whose ``Piece.shares`` is empty."""
+        earlier fragments), whose ``Piece.shares`` is empty; ``traffic``: where the bytes
+        sent are counted (the strategy's, so its round records count them)."""
         self.aggregator, self._trusted, self._member = aggregator, trusted, member
         self.lanes = lanes_for(codec, error_feedback)
         self._assigned = assigned or (lambda: None)
-        self.traffic = Traffic()
+        self.traffic = traffic if traffic is not None else Traffic()
         self._keys: dict[str, int] = {}  # a piece's key: its index for the lanes' feedback
         self._sketches: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
         self._round: RoundReports | None = None

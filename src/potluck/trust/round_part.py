@@ -26,6 +26,7 @@ import torch
 
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced, settle
+from potluck.compress import Traffic
 from potluck.errors import PeerLostError
 from potluck.events import note
 from potluck.sync.round_sum import RoundSum
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 class Rounds(Protocol):
     """What trust needs of the sync strategy (``potluck.sync.DiLoCoSync``)."""
+
+    traffic: Traffic
 
     @property
     def global_parameters(self) -> list[torch.Tensor]: ...
@@ -67,7 +70,7 @@ class RoundTrustPart:
         self._removals: list[tuple[str, str]] = []
         self._prints = Fingerprints()
         self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
-                                       codec, error_feedback, assigned)
+                                       codec, error_feedback, assigned, strategy.traffic)
         strategy.register_round_sum(self.exchange)
 
     def trusted(self, world_size: int) -> list[int]:

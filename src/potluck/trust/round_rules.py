@@ -51,22 +51,26 @@ FINITE, DISTANCE, NORM, REPLAY, SKETCH_NORM = range(5)
 FIELDS = 5
 
 
-def sketch(copy: torch.Tensor) -> torch.Tensor:
-    """A count sketch of ``copy`` (1-D): ``SKETCH`` float64 sums of its values, each
-    times a fixed random sign. The squared distance of two sketches is an unbiased
-    estimate of their copies' squared distance, and equal copies sketch alike."""
-    m = copy.numel()
+def sketch(copies: torch.Tensor) -> torch.Tensor:
+    """Count sketches of ``copies`` (``[s, m]``, or one copy ``[m]``): ``SKETCH`` float64
+    sums of each copy's values, each times a fixed random sign. The squared distance of
+    two sketches is an unbiased estimate of their copies' squared distance, and equal
+    copies sketch alike."""
+    rows = copies.reshape(-1, copies.shape[-1])
+    m = rows.shape[1]
     k = min(SKETCH, max(m, 1))
-    signs = _signs(m, str(copy.device))
-    padded = torch.zeros(-(-m // k) * k, dtype=torch.float64, device=copy.device)
-    padded[:m] = copy.to(torch.float64) * signs
-    return padded.view(-1, k).sum(dim=0)
+    signs = _signs(m, rows.dtype, str(rows.device))
+    padded = torch.zeros(rows.shape[0], -(-m // k) * k, dtype=rows.dtype, device=rows.device)
+    padded[:, :m] = rows * signs
+    out = padded.view(rows.shape[0], -1, k).sum(dim=1, dtype=torch.float64)
+    return out if copies.dim() > 1 else out[0]
 
 
 @functools.lru_cache(maxsize=32)
-def _signs(m: int, device: str) -> torch.Tensor:
+def _signs(m: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0x5EED ^ m)
-    return (torch.randint(0, 2, (m,), generator=gen, dtype=torch.float64) * 2 - 1).to(device)
+    signs = torch.randint(0, 2, (m,), generator=gen, dtype=torch.int8) * 2 - 1
+    return signs.to(device=device, dtype=dtype)
 
 
 def slice_report(copies: torch.Tensor, value: torch.Tensor, previous: Sequence[torch.Tensor | None],
@@ -80,21 +84,23 @@ def slice_report(copies: torch.Tensor, value: torch.Tensor, previous: Sequence[t
     aggregate scaled to its part (``expected``): a member that ran fewer local steps
     drifted less far, honestly."""
     s = copies.shape[0]
-    x = copies.to(torch.float64)
+    x = copies if copies.dtype in (torch.float32, torch.float64) else copies.float()
     out = torch.zeros(s, FIELDS + s, dtype=torch.float64)
-    finite = torch.isfinite(x).all(dim=1)
-    out[:, FINITE] = finite.to(torch.float64).cpu()
+    norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64).pow(2)
+    finite = torch.isfinite(norms)  # (a non-finite value makes the norm so; so does an
+    out[:, FINITE] = finite.to(torch.float64).cpu()  # overflow, as bad a copy)
     scale = torch.tensor(expected(shares if shares is not None else [1.0] * s),
-                         dtype=torch.float64, device=x.device)
-    out[:, DISTANCE] = ((x - scale[:, None] * value.to(torch.float64)) ** 2).sum(dim=1).cpu()
-    out[:, NORM] = (x ** 2).sum(dim=1).cpu()
-    sketches = [sketch(row) for row in x]
+                         dtype=x.dtype, device=x.device)
+    off = x - scale[:, None] * value.to(x.dtype)
+    out[:, DISTANCE] = torch.linalg.vector_norm(off, dim=1, dtype=torch.float64).pow(2).cpu()
+    out[:, NORM] = norms.cpu()
+    sketches = list(sketch(x).cpu())
     for i, (now, before) in enumerate(zip(sketches, previous, strict=True)):
         same = before is not None and before.shape == now.shape
         out[i, REPLAY] = float(((now - before) ** 2).sum()) if same else math.nan  # type: ignore[operator]
         out[i, SKETCH_NORM] = float((now ** 2).sum())
     safe = torch.where(finite[:, None], x, torch.zeros_like(x))
-    pairs = torch.cdist(safe, safe).pow(2).cpu()
+    pairs = torch.cdist(safe, safe).to(torch.float64).pow(2).cpu()
     gone = ~finite.cpu()
     pairs[gone, :], pairs[:, gone] = math.inf, math.inf  # (no pair with a non-finite copy)
     out[:, FIELDS:] = pairs
