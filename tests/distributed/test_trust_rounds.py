@@ -125,8 +125,8 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
     """Rank 3 sends its pseudo-gradient x -10 every round: far from the center in each,
     quarantined after round 3 on every member with the evidence of those rounds; the
     global models stay bitwise equal (and the replicas, but under Streaming DiLoCo,
-    which mixes each member's own into its replica), and the final loss is the clean run's within 10%
-    (without trust the same attack leaves it far worse). Under DiLoCo, Local SGD,
+    which mixes each member's own into its replica), and the final loss is the clean
+    run's within 10% (without trust the same attack leaves it far worse). Under DiLoCo, Local SGD,
     Streaming DiLoCo (2 fragments: each round's reports cover both) and through an
     int8 codec (the owners judge the decoded copies)."""
     from potluck import Trust
