@@ -174,3 +174,4 @@ class RobustRoundSum:
             finite = torch.minimum(kept.reports[..., FINITE], reports[..., FINITE])
             kept.reports += reports
             kept.reports[..., FINITE] = finite
+            kept.shares = shares  # (the round's last piece carries the parts of the block)
