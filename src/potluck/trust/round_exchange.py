@@ -98,7 +98,7 @@ class RobustRoundSum:
         if me in owners:
             rows = received.view(len(owners), width)
             copies = rows if not self.lanes.coded else self.lanes.copies(rows, size)
-            value = self.aggregator.aggregate(copies, weights.to(copies.dtype))
+            value = self.aggregator.aggregate(copies, weights.to(copies.device, copies.dtype))
             report = self._report(piece.key, owners, copies, value,
                                   [shares[r] for r in owners])
             outgoing = torch.empty(n, stride, dtype=flat.dtype, device=flat.device)

@@ -123,9 +123,10 @@ class RoundTrustPart:
         """Every member's fingerprint of its global parameters; a diverged one is
         repaired from the majority (and struck)."""
         group, n = self._cohort.group, self._cohort.group.size()
+        device = self._cohort.device  # (NCCL talks in device tensors)
         mine = torch.tensor([self._prints(self._strategy.global_parameters)],
-                            dtype=torch.int64)
-        prints = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+                            dtype=torch.int64, device=device)
+        prints = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
         settle(lambda: group.allgather([prints], [mine]), group, "the replicas' fingerprints")
         values = [int(p.item()) for p in prints]
         trusted = self.trusted(n)
