@@ -17,7 +17,7 @@ exchange does for a bucket:
 A quarantined member sends nothing and owns nothing: its copy has weight 0. Bytes per
 round: the two all-to-alls move what a ring all-reduce moves (each member sends
 ``(N - 1) / N`` of its encoded copy, each owner its aggregate to ``N - 1`` members),
-plus each owner's report, ``8 * s * (5 + s)`` bytes a piece for ``s`` members.
+plus each owner's report, ``8 * s * (4 + s)`` bytes a piece for ``s`` members.
 
 The reports of a round are summed over its pieces and kept (``take``) for the trust
 part, which judges them once the round committed (``round_part.py``).

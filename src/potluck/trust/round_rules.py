@@ -47,8 +47,8 @@ COPY_RATIO = 0.01  # squared: a copy is 10x closer than an honest pair, at least
 SKETCH = 256  # values in the sketch an owner keeps of each sender's copy
 
 # The columns of a report row: one row per sender, then one column per sender.
-FINITE, DISTANCE, NORM, REPLAY, SKETCH_NORM = range(5)
-FIELDS = 5
+FINITE, DISTANCE, NORM, REPLAY = range(4)
+FIELDS = 4
 
 
 def sketch(copies: torch.Tensor) -> torch.Tensor:
@@ -98,7 +98,6 @@ def slice_report(copies: torch.Tensor, value: torch.Tensor, previous: Sequence[t
     for i, (now, before) in enumerate(zip(sketches, previous, strict=True)):
         same = before is not None and before.shape == now.shape
         out[i, REPLAY] = float(((now - before) ** 2).sum()) if same else math.nan  # type: ignore[operator]
-        out[i, SKETCH_NORM] = float((now ** 2).sum())
     safe = torch.where(finite[:, None], x, torch.zeros_like(x))
     pairs = torch.cdist(safe, safe).to(torch.float64).pow(2).cpu()
     gone = ~finite.cpu()
