@@ -23,6 +23,7 @@ Every quarantine and repair is logged with its evidence and kept in ``events``.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -72,8 +73,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TrustPart:
-    """Build with ``prepare(trust=Trust(...))``; ``exchange`` is the reducer's hook."""
+class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a virtual base)
+    """Build with ``prepare(trust=Trust(...))``; ``exchange`` is the reducer's hook.
+    (An ABC only so that trust's part under rounds, ``round_part.RoundTrustPart``, is
+    found by ``opt.part(TrustPart)`` too.)"""
 
     name = "trust"
 

@@ -32,7 +32,7 @@ from potluck.events import note
 from potluck.sync.round_sum import RoundSum
 from potluck.trust.config import Trust
 from potluck.trust.fingerprint import Fingerprints
-from potluck.trust.part import record
+from potluck.trust.part import TrustPart, record
 from potluck.trust.round_exchange import RobustRoundSum
 from potluck.trust.round_rules import judge_round
 from potluck.trust.verdict import DIVERGED, FAR, Evidence, Finding, Strikes, diverged
@@ -163,3 +163,8 @@ class RoundTrustPart:
                 note("quarantine", f"{member}: still quarantined (resumed with the round "
                                    f"{evidence[-1].step} verdict: {evidence[-1].kind})",
                      member=member)
+
+
+# Trust's step part, whatever the sync: ``opt.part(TrustPart)`` finds this one too (its
+# ``events``, ``quarantined``, ``trusted`` and ``removals`` are the same).
+TrustPart.register(RoundTrustPart)
