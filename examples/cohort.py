@@ -6,9 +6,10 @@
 - uneven: each worker's share of a step (`--balance`), or of a round, follows its speed;
 - far apart: `--far` trains DiLoCo rounds whose pseudo-gradients travel as int8;
   without it every step's gradients travel as int8 (both keep the error per worker);
-- untrusted: every step's int8 copies are aggregated robustly and audited, and a worker
-  caught sending bad ones is quarantined. (Spot checks need the copies as sent, and
-  trust does not check DiLoCo rounds yet: `--far` drops it and says so.)
+- untrusted: every step's int8 copies are aggregated robustly and audited, one step in
+  8 a worker's gradient is recomputed by the others (a spot check, allowing the codec's
+  rounding), and a worker caught sending bad ones is quarantined. (Trust does not check
+  DiLoCo rounds yet: `--far` drops it and says so.)
 """
 import argparse
 
@@ -39,7 +40,8 @@ def loss_of(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
 if args.far:  # speed-planned rounds (adaptive), pseudo-gradients as int8
     modes = {"sync": potluck.DiLoCo(inner_steps=args.rounds, codec=Int8Blockwise())}
 else:
-    modes = {"comm_hook": CompressedSum(Int8Blockwise()), "trust": potluck.Trust()}
+    modes = {"comm_hook": CompressedSum(Int8Blockwise()),
+             "trust": potluck.Trust(spot_check=potluck.trust.SpotCheck(loss_of))}
 opt_inner = torch.optim.AdamW(net.parameters(), lr=3e-3)
 model, opt, loader = potluck.prepare(net, opt_inner, data, global_batch=48, timeout=20,
                                      checkpoint_dir=args.checkpoint_dir, **modes)

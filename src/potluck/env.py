@@ -92,9 +92,27 @@ class WorkerEnv:
         return self.world_size > 1
 
 
+CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"  # read once, when torch's C++ library loads
+_QUIETED: list[bool] = []  # quiet_cpp_warnings() set it (the user had not)
+
+
+def quiet_cpp_warnings() -> None:
+    """This process's C++ warnings off, unless the user set ``TORCH_CPP_LOG_LEVEL``:
+    ``potluck run``'s agent, before it imports torch, so its store client's broken
+    connections are not C++ stack traces (the agent says what happened in words). Its
+    workers get the user's setting (``environ_copy``)."""
+    if CPP_LOG_LEVEL not in os.environ:
+        os.environ[CPP_LOG_LEVEL] = "ERROR"
+        _QUIETED.append(True)
+
+
 def environ_copy(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of the environment, the base a launcher extends for its children."""
-    return dict(os.environ if environ is None else environ)
+    """A copy of the environment, the base a launcher extends for its children (without
+    what ``quiet_cpp_warnings`` set for the launcher alone)."""
+    copied = dict(os.environ if environ is None else environ)
+    if _QUIETED and environ is None:
+        copied.pop(CPP_LOG_LEVEL, None)
+    return copied
 
 
 def error_file(environ: Mapping[str, str] | None = None) -> str | None:

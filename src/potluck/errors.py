@@ -71,6 +71,30 @@ class RendezvousError(CommunicationError):
     """The workers could not meet: the store was unreachable or a peer never joined."""
 
 
+class StoreLostError(RendezvousError):
+    """The connection to the job's store broke: its host (node 0's ``potluck run``, or
+    rank 0 without a launcher) was killed or cut off, and no successor took it."""
+
+    def __init__(self, where: str, what: str, cause: str,
+                 tried: list[str] | None = None) -> None:
+        if tried:
+            then = (f"no other node's agent could take the store (tried "
+                    f"{', '.join(tried)}: none answered from here)")
+        else:
+            then = ("no other node's agent can take it (a one-node job, a job without "
+                    "`potluck run --elastic`, or the agents' addresses were not known yet)")
+        super().__init__(
+            f"the job's store at {where} is gone ({what}: {cause}): its host was lost or "
+            f"cut off, and {then}, so this worker stops here; restart the job on the hosts "
+            "still up (their checkpoints resume it)")
+        self.where, self.what, self.cause = where, what, cause
+
+
+class NoQuorumError(RendezvousError):
+    """The survivors of a loss were not a majority of the last generation (a cohort
+    across nodes): the others may go on as a cohort of their own, so these stop."""
+
+
 class AdmissionError(RendezvousError):
     """A worker was refused entry to the cohort: it lacks the job's token or holds another."""
 

@@ -83,6 +83,16 @@ def agents(run_id: str, name: str) -> str:
     return f"potluck/{run_id}/agents/{name}"
 
 
+def successor_count(run_id: str) -> str:
+    """How many agents published a successor socket (``succession.publish``)."""
+    return f"potluck/{run_id}/successor/count"
+
+
+def successor(run_id: str, slot: int) -> str:
+    """An agent's successor socket: "node host port"."""
+    return f"potluck/{run_id}/successor/{slot}"
+
+
 CURRENT = "current"
 FOUNDER = "founder"  # the first joiner to claim it forms generation 0
 JOIN_COUNT = "join/count"

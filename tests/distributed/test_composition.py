@@ -107,8 +107,6 @@ CELLS = [Cell(*values) for values in itertools.product(
 REFUSED = {
     **{c.name: "re-running a stretch of a member's round is not built"
        for c in CELLS if c.rounds and c.aggregate == "spot checks"},
-    **{c.name: "through a lossy codec that copy is the codec's rounding"
-       for c in CELLS if c.reconcile == "codec" and c.aggregate == "spot checks"},
 }
 
 

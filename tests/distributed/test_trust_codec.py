@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from potluck.compress import ErrorFeedback, Fp16, Int8Blockwise
+from potluck.compress import Bf16, ErrorFeedback, Fp16, Int4Blockwise, Int8Blockwise, TopK
 from potluck.errors import ConfigError
 from potluck.testing import free_port, run_ranks
 from potluck.trust.lanes import Coded, laid_out, lanes_for
@@ -111,7 +111,8 @@ def _refusal(trust: Any, hook: Any) -> str | None:
     return None
 
 
-def test_the_table_lets_only_a_compressed_sum_through_and_no_spot_checks_with_it() -> None:
+def test_the_table_lets_only_a_compressed_sum_through_and_spot_checks_with_a_rounding_codec(
+        ) -> None:
     from potluck import Trust
     from potluck.compress import CompressedSum
     from potluck.trust import SpotCheck
@@ -125,31 +126,54 @@ def test_the_table_lets_only_a_compressed_sum_through_and_no_spot_checks_with_it
     assert _refusal(Trust(), CompressedSum(Int8Blockwise())) is None
     other = _refusal(Trust(), Summing())
     assert other is not None and "other than CompressedSum(codec)" in other
-    spot = _refusal(Trust(spot_check=SpotCheck(lambda model, batch: model(batch).sum())),
-                    CompressedSum(Int8Blockwise()))
-    assert spot is not None and "residual only the sender holds" in spot
+    check = Trust(spot_check=SpotCheck(lambda model, batch: model(batch).sum()))
+    assert _refusal(check, CompressedSum(Int8Blockwise())) is None  # (it rounds each value)
+    spot = _refusal(check, CompressedSum(TopK(0.1)))
+    assert spot is not None and "top-k bounds no value's" in spot
 
 
 # ------------------------------------------------------------------ 4 ranks on Gloo
 
 def _run(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec``: codec (bool), attack (a name or "none"), steps."""
+    """``spec``: codec (bool), attack (a name or "none"), steps, spot (a spot check
+    every K steps; 0: none)."""
     import logging
 
     import potluck
     from potluck.compress import CompressedSum
+    from potluck.trust import part as trust_part
     from potluck.trust.fingerprint import fingerprint
     from potluck_lab.attacks import Attack
-    from potluck_lab.bench.byzantine_job import ATTACKER, GLOBAL_BATCH, data, join, model
+    from potluck_lab.bench.byzantine_job import (
+        ATTACKER,
+        GLOBAL_BATCH,
+        data,
+        join,
+        model,
+        spot_loss,
+    )
 
     logging.getLogger("potluck").setLevel(logging.ERROR)
     cohort = join(rank, world_size, port)
     train, (hx, hy) = data(spec["steps"])
     net = model(0)
     hook = {"comm_hook": CompressedSum(Int8Blockwise())} if spec["codec"] else {}
+    every = spec.get("spot", 0)
+    checks: list[float] = []  # this owner's spot checks' differences
+    check = trust_part.TrustPart._spot_check
+
+    def counted(self: Any, *args: Any) -> Any:
+        result = check(self, *args)
+        if result is not None:
+            checks.append(result.difference)
+        return result
+
+    trust_part.TrustPart._spot_check = counted  # type: ignore[method-assign]
+    trust = potluck.Trust(spot_check=potluck.trust.SpotCheck(spot_loss, every=every)
+                          if every else None)
     wrapped, opt, loader = potluck.prepare(
         net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
-        global_batch=GLOBAL_BATCH, seed=0, cohort=cohort, trust=potluck.Trust(), **hook)
+        global_batch=GLOBAL_BATCH, seed=0, cohort=cohort, trust=trust, **hook)
     part = opt.part(potluck.trust.TrustPart)
     assert part is not None and part.exchange.lanes.coded == spec["codec"]
     attack = Attack(part.exchange, spec["attack"], rank == ATTACKER)
@@ -163,13 +187,15 @@ def _run(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
     out = {"params": [p.detach().clone() for p in net.parameters()],
            "fingerprint": fingerprint([p.data for p in net.parameters()]),
            "events": part.events, "loss": loss, "sent": part.exchange.traffic.sent,
-           "strikes": [e.kind for e in part.strikes.evidence], "start": attack.starts_at()}
+           "strikes": [e.kind for e in part.strikes.evidence], "start": attack.starts_at(),
+           "checks": checks}
     opt.finish()
     return out
 
 
-def _ranks(codec: bool, attack: str = "none", steps: int = STEPS) -> list[dict[str, Any]]:
-    spec = {"codec": codec, "attack": attack, "steps": steps}
+def _ranks(codec: bool, attack: str = "none", steps: int = STEPS,
+           spot: int = 0) -> list[dict[str, Any]]:
+    spec = {"codec": codec, "attack": attack, "steps": steps, "spot": spot}
     return run_ranks(_run, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
                      timeout=150)
 
@@ -217,3 +243,42 @@ def test_a_gross_attacker_through_the_codec_is_quarantined_and_the_model_holds(
     assert run["loss"] <= 1.05 * clean, (run["loss"], clean)
     honest = [r["fingerprint"] for i, r in enumerate(results) if i != ATTACKER]
     assert len(set(honest)) == 1
+
+
+@pytest.mark.timeout(300)
+def test_spot_checks_through_int8_clear_honest_copies_and_catch_alie() -> None:
+    # Every step checked (a target picked among 4). An honest copy is off from its
+    # recomputed gradient by the codec's rounding, this step's and the last step's
+    # residual; beyond that allowance only float rounding is left.
+    from potluck_lab.bench.byzantine_job import ATTACKER
+
+    clean = _ranks(True, steps=30, spot=1)
+    assert all(r["events"] == [] for r in clean)
+    checks = [d for r in clean for d in r["checks"]]
+    assert len(checks) >= 40, len(checks)  # (3 owners check each step but the first)
+    assert max(checks) < 1e-5, max(checks)  # the tolerance is 1e-3
+    run = _ranks(True, "alie", steps=30, spot=1)
+    caught = [e for e in run[0]["events"] if e["event"] == "quarantine"]
+    assert [e["member"] for e in caught] == [f"rank{ATTACKER}"]
+    assert caught[0]["evidence"][0]["kind"] == "wrong gradient"
+
+
+@pytest.mark.parametrize("codec", [Int8Blockwise(16), Int4Blockwise(16), Fp16(), Bf16()],
+                         ids=lambda c: c.name)
+def test_a_codec_bounds_each_values_rounding_from_the_decoded_values_alone(codec: Any) -> None:
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(30):
+        flat = torch.randn(500, generator=gen) * 10.0 ** (trial % 9 - 6)
+        flat[::37] *= 100  # outliers: each costs precision in its own block only
+        decoded = codec.decode(codec.encode(flat), 500, torch.float32)
+        assert bool(((flat - decoded).abs() <= codec.rounding(decoded)).all()), trial
+    assert not isinstance(TopK(0.1), __import__("potluck").compress.Bounded)
+
+
+def test_a_payload_whose_scale_claims_more_than_its_codes_use_gains_no_allowance() -> None:
+    codec = Int8Blockwise(block=4)
+    payload = codec.encode(torch.tensor([1.0, 0.5, -0.25, 0.0]))
+    payload[:4] = torch.tensor([1000.0]).view(torch.uint8)  # the scale, inflated
+    payload[4:] = 0  # every code zero: the copy claims nothing was sent
+    decoded = codec.decode(payload, 4, torch.float32)
+    assert torch.equal(codec.rounding(decoded), torch.zeros(4))

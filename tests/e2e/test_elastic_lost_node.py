@@ -71,3 +71,42 @@ def test_the_end_does_not_wait_for_a_node_killed_outright(tmp_path: Path) -> Non
     # Node 0 waits for no agent that stopped beating (5 s), nor for --join-timeout.
     assert ended - finished < 15, f"ended {ended - finished:.1f} s after\n{text[-3000:]}"
     assert not any(pid_alive(w) for w in workers)
+
+
+@pytest.mark.timeout(90)
+def test_a_half_that_lost_the_stores_host_stops_in_one_line_not_cpp_traces(
+        tmp_path: Path) -> None:
+    # Node 0 hosts the store: killed outright, it takes the store with it. The store
+    # moves to node 1, but node 1's worker is half of the cohort without its first
+    # member: it cannot tell a lost node 0 from a partition, so it stops, in one line
+    # (NoQuorumError), and neither it nor its agent prints c10d's warnings with their
+    # C++ stack traces (the worker's log keeps them).
+    port = free_port()
+    log0, log1 = tmp_path / "node0.log", tmp_path / "node1.log"
+    nodes = [_node(0, port, 1, log0), _node(1, port, 1, log1)]
+    try:
+        while "epoch 0 done" not in log0.read_text():
+            assert nodes[0].poll() is None, log0.read_text()[-3000:]
+            time.sleep(0.1)
+        lost = _children(nodes[0].pid)  # node 0's worker (and any warm spare)
+        workers = lost + _children(nodes[1].pid)
+        nodes[0].kill()  # the whole node, the store's host with it
+        for worker in lost:
+            os.kill(worker, signal.SIGKILL)
+        nodes[0].wait()
+        killed = time.monotonic()
+        while nodes[1].poll() is None:  # (the test's timeout bounds it)
+            time.sleep(0.1)
+        took = time.monotonic() - killed
+    finally:
+        kill_leftovers(nodes)
+    text = log1.read_text()
+    assert nodes[1].returncode == 1, text[-3000:]
+    assert "it moved to node 1 at 127.0.0.1:" in text, text[-3000:]
+    assert "NoQuorumError: generation 1 could not form: only 1 of the generation's 2 " \
+        "members" in text, text[-3000:]
+    assert "potluck run: a worker stopped: its side of the cohort is not a majority" in text
+    for noise in ("frame #", "Exception raised from", "TCPStore.cpp", "Traceback"):
+        assert noise not in text, f"{noise!r} on node 1's terminal:\n{text[-3000:]}"
+    assert took < 40, f"node 1 took {took:.1f} s to end\n{text[-3000:]}"  # (settle 10 s)
+    assert not any(pid_alive(w) for w in workers)

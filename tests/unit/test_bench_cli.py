@@ -52,6 +52,12 @@ def test_a_json_path_that_is_a_directory_is_refused(
     (["loader", "--workers", "0"], "--workers 0 must be at least 1; use e.g. --workers 2"),
     (["loader", "--steps", "3"], "--steps 3 must be at least 4"),
     (["loader", "--sample-ms", "0"], "--sample-ms 0 must be at least 0.01"),
+    (["byzantine", "--attack", "ipm"],
+     "--attack ipm attacks a round's pseudo-gradient: add --sync diloco, or choose from "
+     "sign_flip, noise, nan, alie, stale, bit_flip"),
+    (["byzantine", "--sync", "diloco", "--attack", "stale"],
+     "--attack stale attacks each step's gradient, not a round's pseudo-gradient; with "
+     "--sync diloco choose from sign_flip, noise, nan, alie, ipm"),
 ])
 def test_bad_counts_exit_2_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

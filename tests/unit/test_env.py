@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from potluck.env import WorkerEnv, first_host, read_worker_env
@@ -74,3 +76,20 @@ def test_bad_environment_names_the_variable(changes: dict[str, str], needle: str
 def test_rank_without_local_world_size_spreads_over_nodes() -> None:
     env = read_worker_env({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h"})
     assert env.local_world_size == 4 and env.master_port == 29500
+
+
+def test_the_launchers_quiet_cpp_warnings_are_its_own_not_its_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from potluck import env
+
+    monkeypatch.setenv(env.CPP_LOG_LEVEL, "")  # (so that monkeypatch restores it)
+    monkeypatch.delenv(env.CPP_LOG_LEVEL)
+    monkeypatch.setattr(env, "_QUIETED", [])
+    env.quiet_cpp_warnings()
+    assert os.environ[env.CPP_LOG_LEVEL] == "ERROR"
+    assert env.CPP_LOG_LEVEL not in env.environ_copy()  # the workers get the user's setting
+    monkeypatch.setenv(env.CPP_LOG_LEVEL, "INFO")
+    monkeypatch.setattr(env, "_QUIETED", [])
+    env.quiet_cpp_warnings()  # the user's own setting stands, for both
+    assert os.environ[env.CPP_LOG_LEVEL] == "INFO"
+    assert env.environ_copy()[env.CPP_LOG_LEVEL] == "INFO"

@@ -158,6 +158,16 @@ def test_slice_error_compares_the_owned_slice_and_ignores_padding() -> None:
     assert relative([]) == 0.0
 
 
+def test_slice_error_counts_only_what_lies_beyond_the_slack() -> None:
+    flat = torch.tensor([1.0, 2.0, 3.0])
+    copy = torch.tensor([1.1, 1.5, float("nan")])
+    slack = torch.tensor([0.2, 0.2, 10.0])
+    diff, norm = slice_error(flat, copy, 0, slack)
+    assert diff == float("inf") and norm == 14.0  # a NaN is off whatever the slack
+    diff, _ = slice_error(flat[:2], copy[:2], 0, slack[:2])
+    assert diff == pytest.approx(0.3 ** 2)  # 0.1 is within its slack, 0.5 is 0.3 beyond
+
+
 def _spots(results: list[SpotResult | None]) -> Reports:
     n = len(results)
     return Reports(finite=[[1.0] * n] * n, distance=[[1.0] * n] * n, owns=[5.0] * n,

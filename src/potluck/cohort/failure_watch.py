@@ -25,8 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch._C._distributed_c10d import Store
 
+from potluck.relay import prefixed
 from potluck.rendezvous.heartbeat import read_beats
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class FailureWatch:
         self._key, self._generation, self._interval = key, generation, interval
         self._peer, self._heartbeat_timeout = peer, heartbeat_timeout
         # The rendezvous keeps its heartbeats under its own prefix.
-        self._beats: Store = PrefixStore(beats_prefix, self._store) if beats_prefix \
+        self._beats: Store = prefixed(self._store, beats_prefix) if beats_prefix \
             else self._store
         self._next_peer_check = 0.0
         self._waiting_since = self._last_asked = -float("inf")

@@ -28,7 +28,9 @@ from potluck.cohort.membership import FixedMembership, RendezvousMembership
 from potluck.cohort.store import connect_store, local_address
 from potluck.env import WorkerEnv, read_worker_env
 from potluck.errors import ConfigError, RendezvousError
+from potluck.relay import RelayStore, succession_of
 from potluck.rendezvous import RendezvousConfig
+from potluck.succession import Succession
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,16 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
             token=_token(env), expected=env.founders or env.world_size,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             settle_timeout=settle_timeout, join_timeout=join_timeout,
-            prefix=keys.rendezvous_root(env.run_id))
+            prefix=keys.rendezvous_root(env.run_id), quorum=env.num_nodes > 1)
         store = _agent_store(env, timeout)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        # The agent that started this process reports its death under this key.
-        store.set(keys.process(env.run_id, os.getpid()), worker_id)
+        # The agent that started this process reports its death under this key (and
+        # writes it again on a store that moved).
+        mine = keys.process(env.run_id, os.getpid())
+        store.set(mine, worker_id)
+        succession = succession_of(store)
+        if succession is not None:
+            succession.seeder(lambda root: root.set(mine, worker_id))
         # A restarted worker keeps its seat (host, node, local rank), not its id.
         seat = f"{socket.gethostname()}:node{env.node_rank}:local{env.local_rank}"
         cohort = join_elastic(store, worker_id, config, spec, keys.elastic_root(env.run_id),
@@ -117,14 +124,21 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
             "elastic training needs a store that outlives any worker: start the script "
             "with `potluck run --elastic --token SECRET ...`"
         )
+    where = f"{env.master_addr}:{env.master_port}"
+    # Across nodes the store may outlive its host: it moves to another node's agent.
+    succession = Succession(env.run_id, where) if env.num_nodes > 1 else None
     try:
-        return TCPStore(env.master_addr, env.master_port, is_master=False,
-                        timeout=timedelta(seconds=timeout))
+        store = RelayStore(TCPStore(env.master_addr, env.master_port, is_master=False,
+                                    timeout=timedelta(seconds=timeout)),
+                           where, succession=succession)
     except RuntimeError as exc:
         raise RendezvousError(
             f"cannot reach the job's store at {env.master_addr}:{env.master_port} ({exc}); "
             "is the launcher's agent on node 0 still running?"
         ) from exc
+    if succession is not None:
+        succession.learn(store)
+    return store
 
 
 def _device(backend: str, env: WorkerEnv, wanted: str | None = None) -> torch.device:

@@ -16,6 +16,7 @@ from torch._C._distributed_c10d import HashStore, Store, TCPStore
 
 from potluck.env import WorkerEnv
 from potluck.errors import ConfigError, RendezvousError
+from potluck.relay import RelayStore
 
 
 def connect_store(env: WorkerEnv, timeout: float) -> Store:
@@ -25,10 +26,10 @@ def connect_store(env: WorkerEnv, timeout: float) -> Store:
     host, port = _address(env)
     hosting = not env.agent_store and env.rank == 0
     try:
-        return TCPStore(
+        return RelayStore(TCPStore(
             host, port, env.world_size if hosting else None, hosting,
             timedelta(seconds=timeout), wait_for_workers=False,
-        )
+        ), f"{host}:{port}")
     except (RuntimeError, OSError) as exc:
         if hosting:
             raise ConfigError(

@@ -67,7 +67,8 @@ def choose(*, sync: Any, balance: Any, launcher_balance: bool, shares: SharePoli
                   shares=shares is not None, aggregate=_aggregate(trust), elastic=elastic,
                   hook=hook_kind(data_parallel), tokens=weight is not None,
                   micro_batches=_cap(max_micro_batch, config) is not None,
-                  planned=sync is None or (sync.adaptive and sync.split is None))
+                  planned=sync is None or (sync.adaptive and sync.split is None),
+                  bounded=_bounded(data_parallel))
     refused = refusals(modes)
     if refused:
         raise ConfigError(refused[0].message())
@@ -94,6 +95,15 @@ def hook_kind(data_parallel: dict[str, Any]) -> Hook:
     if isinstance(hook, CompressedSum):
         return "codec"
     return "summing" if sums_prescaled(hook) else "own"
+
+
+def _bounded(data_parallel: dict[str, Any]) -> bool:
+    """Whether a ``comm_hook=CompressedSum(codec)``'s codec bounds each value's rounding
+    (a spot check's allowance through it)."""
+    from potluck.compress import Bounded
+
+    codec = getattr(data_parallel.get("comm_hook"), "codec", None)
+    return codec is None or isinstance(codec, Bounded)
 
 
 def reconciler(choice: Choice, model: nn.Module, cohort: Cohort,

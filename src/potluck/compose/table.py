@@ -34,6 +34,7 @@ class Modes:
     tokens: bool = False  # weight=: each rank weighs by its units, not its samples
     micro_batches: bool = False  # a memory cap (max_micro_batch=)
     planned: bool = True  # rounds only: DiLoCo(adaptive=True) and no split=
+    bounded: bool = True  # hook "codec": its codec bounds each value's rounding (not TopK)
 
     @property
     def rounds(self) -> bool:
@@ -92,12 +93,12 @@ TABLE: tuple[Rule, ...] = (
          "trust aggregates each step's gradients by its own exchange, which can send the "
          "copies through a codec but runs no other hook",
          "pass comm_hook=potluck.compress.CompressedSum(codec), or drop comm_hook="),
-    Rule("trust=Trust(spot_check=...) with comm_hook=CompressedSum(codec)",
-         lambda m: m.aggregate == "spot checks" and m.hook == "codec",
-         "a spot check compares a rank's recomputed gradient with the copy it sent, and "
-         "through a lossy codec that copy is the codec's rounding plus an error-feedback "
-         "residual only the sender holds, so an honest copy would not match",
-         "drop spot_check= (the robust aggregation and the audits stay), or comm_hook="),
+    Rule("trust=Trust(spot_check=...) with comm_hook=CompressedSum(TopK(...))",
+         lambda m: m.aggregate == "spot checks" and m.hook == "codec" and not m.bounded,
+         "a spot check allows a copy its codec's rounding, this step's and the last "
+         "step's, and top-k bounds no value's: a value it drops may be any size",
+         "use a codec that rounds each value (Int8Blockwise, Int4Blockwise, Fp16, Bf16), "
+         "or drop spot_check= (the robust aggregation and the audits stay)"),
     Rule("trust=Trust(spot_check=...) with a memory cap (max_micro_batch=)",
          lambda m: m.aggregate == "spot checks" and m.micro_batches,
          "a spot check recomputes a rank's part in one pass, which micro-batches need not "

@@ -8,7 +8,7 @@ across ranks: all-reduce, all-gather or scatter, by the codec's flags), ``hook.p
 """
 
 from potluck.compress.casts import Bf16, Cast, Fp16
-from potluck.compress.codec import Codec, Identity
+from potluck.compress.codec import Bounded, Codec, Identity
 from potluck.compress.exchange import Traffic, reduce_sum, route, sent_bytes, start_sum
 from potluck.compress.feedback import ErrorFeedback
 from potluck.compress.hook import CompressedSum
@@ -17,7 +17,7 @@ from potluck.compress.int8 import Int8Blockwise
 from potluck.compress.topk import TopK
 
 __all__ = [
-    "Bf16", "Cast", "Codec", "CompressedSum", "ErrorFeedback", "Fp16", "Identity",
+    "Bf16", "Bounded", "Cast", "Codec", "CompressedSum", "ErrorFeedback", "Fp16", "Identity",
     "Int4Blockwise", "Int8Blockwise", "TopK", "Traffic", "reduce_sum", "route", "sent_bytes",
     "start_sum",
 ]

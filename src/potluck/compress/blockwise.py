@@ -40,3 +40,16 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, block: int,
     """The values ``codes`` (float32 integers) stand for under their blocks' ``scale``."""
     per_value = scale.repeat_interleave(block)[:codes.numel()]
     return (codes * per_value).to(dtype)
+
+
+def half_step(decoded: torch.Tensor, block: int, levels: int) -> torch.Tensor:
+    """Per value, half its block's step: how far rounding to nearest can have moved it.
+    Read from the decoded values: a block's largest magnitude is ``levels`` steps (its
+    own code), so a payload whose scale claims more than its codes use gains nothing.
+    A sliver over the half step covers the float rounding of the scale and of the
+    product ``code * scale``."""
+    numel, count = decoded.numel(), blocks(decoded.numel(), block)
+    padded = torch.zeros(count * block, dtype=torch.float32, device=decoded.device)
+    padded[:numel] = decoded.reshape(-1)
+    step = padded.view(count, block).abs().amax(dim=1) / levels
+    return (step * (0.5 + 1e-5)).repeat_interleave(block)[:numel].view_as(decoded)

@@ -34,6 +34,12 @@ class Cast:
     def nbytes(self, numel: int) -> int:
         return numel * 2
 
+    def rounding(self, decoded: torch.Tensor) -> torch.Tensor:
+        """Half a unit in the last place: relative to the value (``2 ** -(bits + 1)`` of
+        it, ``bits`` the mantissa's), and at least half the smallest subnormal."""
+        info = torch.finfo(self.dtype)
+        return decoded.float().abs() * info.eps / 2 * (1 + 1e-3) + info.smallest_normal * info.eps
+
 
 def Fp16() -> Cast:
     return Cast(torch.float16)

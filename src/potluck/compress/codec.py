@@ -43,6 +43,19 @@ class Codec(Protocol):
         ...
 
 
+@runtime_checkable
+class Bounded(Protocol):
+    """A codec that bounds how far encoding moves each value (round to nearest), and can
+    say so from the decoded values alone: a receiver that never saw the input bounds
+    the sender's rounding (trust's spot checks through a codec). Top-k bounds nothing:
+    a value it drops may be any size."""
+
+    def rounding(self, decoded: torch.Tensor) -> torch.Tensor:
+        """Per value of ``decoded`` (one payload's values, decoded), the most its
+        encoding can have moved it: ``|input - decoded| <= rounding(decoded)``."""
+        ...
+
+
 class Identity:
     """No compression: the tensor itself (the reference every codec is measured by)."""
 
@@ -58,6 +71,9 @@ class Identity:
 
     def nbytes(self, numel: int) -> int:
         return numel * 4  # counted as float32, the usual gradient dtype
+
+    def rounding(self, decoded: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(decoded)
 
 
 def check_flat(flat: torch.Tensor, codec: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from potluck.compress.blockwise import blocks, checked_block, dequantize, quantize
+from potluck.compress.blockwise import blocks, checked_block, dequantize, half_step, quantize
 from potluck.compress.codec import aligned, as_bytes, check_flat
 
 LEVELS = 7  # symmetric: -7..7, so 0 is exact and the sign of a code is the value's
@@ -48,3 +48,6 @@ class Int4Blockwise:
 
     def nbytes(self, numel: int) -> int:
         return (numel + 1) // 2 + 4 * blocks(numel, self.block)
+
+    def rounding(self, decoded: torch.Tensor) -> torch.Tensor:
+        return half_step(decoded, self.block, LEVELS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from potluck.compress.blockwise import blocks, checked_block, dequantize, quantize
+from potluck.compress.blockwise import blocks, checked_block, dequantize, half_step, quantize
 from potluck.compress.codec import aligned, as_bytes, check_flat
 
 LEVELS = 127  # symmetric: -127..127, so 0 is exact and the sign of a code is the value's
@@ -38,3 +38,6 @@ class Int8Blockwise:
 
     def nbytes(self, numel: int) -> int:
         return numel + 4 * blocks(numel, self.block)
+
+    def rounding(self, decoded: torch.Tensor) -> torch.Tensor:
+        return half_step(decoded, self.block, LEVELS)

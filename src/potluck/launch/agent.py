@@ -33,6 +33,7 @@ from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
 from potluck.launch.policy import Action, Outcome, next_action, not_to_restart
+from potluck.launch.quiet import Quieter
 from potluck.launch.report import (
     WorkerResult,
     describe_exit,
@@ -63,8 +64,10 @@ from potluck.launch.store import (
 )
 from potluck.launch.sweep import Sweeper
 
+LEARN_S = 5.0  # how often an agent reads the store's successors again
+
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import TCPStore
+    from torch._C._distributed_c10d import Store
 
     from potluck.status.service import StatusService
 
@@ -118,6 +121,7 @@ class Agent:
     def run(self) -> int:
         """Run to the end: 0 on success, 1 on failure, 128 + signal when interrupted."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        potluck_env.quiet_cpp_warnings()  # the agent's own store client; not its workers'
         try:
             return self._run()
         except RendezvousError:
@@ -182,7 +186,7 @@ class Agent:
             self._emit(f"potluck run: restarting the workers ({restarts} of "
                        f"{cfg.max_restarts} restarts)")
 
-    def _clear_for(self, attempt: int, store: TCPStore) -> None:
+    def _clear_for(self, attempt: int, store: Store) -> None:
         """Before a restarted attempt's workers start on any node: node 0 deletes the
         store's keys that are not potluck's (``clear_worker_keys``) and says so; the
         other nodes wait for that word."""
@@ -205,7 +209,7 @@ class Agent:
         cfg = self.config
         presence: list[Presence] = []
 
-        def spawned(store: TCPStore) -> None:
+        def spawned(store: Store) -> None:
             if cfg.node_rank == 0:
                 publish_first_node(store, cfg)  # later nodes number their workers after
             presence.append(Presence(store, cfg))
@@ -228,7 +232,7 @@ class Agent:
         store = job_store.get()
         if self._signal is not None:
             return self._interrupted(results)
-        if cfg.node_rank == 0:  # keep the store up until every node's workers are done
+        if job_store.hosting:  # keep the store up until every node's workers are done
             try:
                 wait_for_roll(store, cfg.run_id, cfg.join_timeout, self._stopping,
                               lost=self._node_lost)
@@ -303,7 +307,7 @@ class Agent:
         self._emit(f"potluck run: got {name}, stopped {len(results)} worker(s)")
         return 128 + self._signal
 
-    def _finish(self, store: TCPStore) -> None:
+    def _finish(self, store: Store) -> None:
         # Node 0 keeps the store up until every node's workers are done with it; the
         # others only check out (waiting too would race node 0 closing the store).
         cfg = self.config
@@ -314,7 +318,7 @@ class Agent:
         if cfg.node_rank == 0:
             wait_for_count(store, key, lambda: cfg.nnodes, cfg.join_timeout, self._stopping)
 
-    def _check_out(self, store: TCPStore) -> None:
+    def _check_out(self, store: Store) -> None:
         """A node that gave up or was interrupted is done with the store too: say so, or
         node 0, whose own workers may have succeeded, waits the whole join timeout for it.
         Node 0 itself closes the store as it exits, so nobody waits for it there."""
@@ -327,7 +331,7 @@ class Agent:
     # ------------------------------------------------------------------- one attempt
 
     def _attempt(self, job_store: JobStore, restarts: int,
-                 spawned: Callable[[TCPStore], None] = lambda store: None,
+                 spawned: Callable[[Store], None] = lambda store: None,
                  ) -> tuple[Outcome, list[WorkerResult]]:
         """Spawn this node's workers, then serve the store (node 0: the torch import
         overlaps theirs), then watch them to the end."""
@@ -335,11 +339,12 @@ class Agent:
         with tempfile.TemporaryDirectory(prefix="potluck-run-") as tmp:
             try:
                 for local_rank in range(self.config.nproc_per_node):
-                    workers.append(self._spawn(local_rank, job_store.port, restarts, tmp))
+                    workers.append(self._spawn(local_rank, job_store.address(), restarts,
+                                               tmp))
                 store = job_store.get()
                 spawned(store)
                 if self.config.elastic:
-                    outcome = self._monitor_elastic(workers, store, tmp, restarts)
+                    outcome = self._monitor_elastic(workers, job_store, tmp, restarts)
                 else:
                     outcome = self._monitor(workers)
             finally:
@@ -350,7 +355,7 @@ class Agent:
             results = [_result(w) for w in workers]
         return outcome, results
 
-    def _spawn(self, local_rank: int, port: int, restarts: int, tmp: str,
+    def _spawn(self, local_rank: int, store: tuple[str, int], restarts: int, tmp: str,
                spare: WaitingSpare | None = None) -> _Worker:
         """Start the worker of ``local_rank``: ``spare`` becomes it when given and alive."""
         cfg = self.config
@@ -359,7 +364,7 @@ class Agent:
         for leftover in (finished_file, stop_file(finished_file), error_file):
             with contextlib.suppress(FileNotFoundError):  # a restarted worker's forebear's
                 os.remove(leftover)
-        environ = self._environ(local_rank, port, restarts, error_file, finished_file)
+        environ = self._environ(local_rank, store, restarts, error_file, finished_file)
         proc: WorkerProcess | None = None
         if spare is not None:  # (a forked one may still be coming: not past a stop signal)
             proc = spare.take(environ, give_up=lambda: self._signal is not None)
@@ -386,10 +391,12 @@ class Agent:
             worker.pumps.append(pump)
         return worker
 
-    def _environ(self, local_rank: int, port: int, restarts: int, error_file: str,
-                 finished_file: str) -> dict[str, str]:
+    def _environ(self, local_rank: int, store: tuple[str, int], restarts: int,
+                 error_file: str, finished_file: str) -> dict[str, str]:
+        """``store``: where the job's store is now (it may have moved from node 0)."""
         return worker_environ(
-            self.config, local_rank=local_rank, master_port=port, restart_count=restarts,
+            self.config, local_rank=local_rank, master_addr=store[0], master_port=store[1],
+            restart_count=restarts,
             base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
             finished_file=finished_file, layout=self._layout,
         )
@@ -403,13 +410,13 @@ class Agent:
         target = ["-m", cfg.script] if cfg.module else [cfg.script]
         return [*target, *cfg.script_args]
 
-    def _new_spare(self, port: int, tmp: str) -> WaitingSpare | None:
+    def _new_spare(self, store: tuple[str, int], tmp: str) -> WaitingSpare | None:
         """A warm spare for the next restart, if one can come (``--no-warm-spare``: never):
         forked by the spare template where there is one (Linux), else started afresh."""
         if not self.config.warm_spare:
             return None
         placeholder = os.path.join(tmp, "spare")  # its real files come with its worker's
-        environ = self._environ(0, port, 0, placeholder, placeholder)
+        environ = self._environ(0, store, 0, placeholder, placeholder)
         try:
             if self._template is None and sys.platform.startswith("linux"):
                 self._template = Template(self._bootstrap_argv(), environ)
@@ -422,14 +429,16 @@ class Agent:
 
     def _pump(self, stream: IO[bytes], sink: IO[bytes] | None, prefix: bytes,
               log: str | None) -> None:
-        """Copy a worker's lines to ``sink`` (prefixed; None: not shown) and to ``log``."""
+        """Copy a worker's lines to ``sink`` (prefixed, without c10d's C++ stack traces:
+        ``quiet.py``; None: not shown) and to ``log`` (every line)."""
+        quieter = Quieter()
         with contextlib.ExitStack() as files:
             copy = files.enter_context(open(log, "ab")) if log else None
             for line in iter(stream.readline, b""):
                 if copy is not None:
                     copy.write(line)
                     copy.flush()
-                if sink is not None:
+                if sink is not None and quieter.shown(line.removeprefix(prefix)):
                     # torch's own excepthook prefixes a traceback's lines with the same
                     # "[rankN]: " when the script set up torch's default group: once is enough.
                     shown = line if line.startswith(prefix) else prefix + line
@@ -456,7 +465,7 @@ class Agent:
                 return Outcome.SUCCEEDED
             time.sleep(_POLL)
 
-    def _monitor_elastic(self, workers: list[_Worker], store: TCPStore, tmp: str,
+    def _monitor_elastic(self, workers: list[_Worker], job_store: JobStore, tmp: str,
                          restarts: int) -> Outcome:
         """A dead worker is reported and restarted alone; it rejoins the running cohort
         as a new member. With no restarts left it is reported and the others go on. A
@@ -465,10 +474,15 @@ class Agent:
         is lost ends the attempt (``NO_COHORT``): the group cannot take a new member.
         ``restarts``: of ``--max-restarts``, those spent before."""
         restarts_left, reported = self.config.max_restarts - restarts, set()
-        spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
+        store = job_store.get()
+        spare = self._new_spare(job_store.address(), tmp) if restarts_left > 0 else None
         sweeper = Sweeper(store, self.config.run_id, self.config.grace_period)
+        learned = time.monotonic()
         try:
             while True:
+                if job_store.succession is not None and time.monotonic() - learned > LEARN_S:
+                    job_store.succession.learn(store)  # (nodes that came since)
+                    learned = time.monotonic()
                 if self._signal is not None:
                     return Outcome.INTERRUPTED
                 self._end_unneeded(workers, sweeper)
@@ -506,9 +520,10 @@ class Agent:
                                    f"{self.config.max_restarts} restarts): it joins the "
                                    "running cohort")
                         taken, spare = spare, None  # it becomes this worker: never discard it
-                        workers[index] = self._spawn(worker.local_rank, store.port, restarts,
-                                                     tmp, taken)
-                        spare = self._new_spare(store.port, tmp) if restarts_left > 0 else None
+                        workers[index] = self._spawn(worker.local_rank, job_store.address(),
+                                                     restarts, tmp, taken)
+                        spare = (self._new_spare(job_store.address(), tmp)
+                                 if restarts_left > 0 else None)
                         running += 1
                 if running == 0:  # (every one has ended: wait() returns its code at once)
                     if any(w.ended_well(w.proc.wait()) for w in workers):
@@ -534,7 +549,7 @@ class Agent:
                 worker.why = why
                 _signal_group(pid, signal.SIGKILL)
 
-    def _count_out(self, store: TCPStore, worker: _Worker) -> None:
+    def _count_out(self, store: Store, worker: _Worker) -> None:
         """Tell the cohort at once that this worker died, so nobody waits for its
         heartbeat to go stale (which stays the fallback if the store cannot be told)."""
         with contextlib.suppress(RuntimeError):
@@ -569,11 +584,16 @@ class Agent:
     def _report_lost(self, worker: _Worker) -> None:
         self._post_exit(_result(worker))
         self._reported.add(worker.proc.pid)
-        self._emit(format_report([_result(worker)], host=socket.gethostname(),
-                                 node_rank=self.config.node_rank,
-                                 title="a worker was lost (elastic: the cohort goes on)"))
+        result = _result(worker)
+        kind = result.error.exc_type if result.error is not None else ""
+        title = {"StoreLostError": "a worker lost the job's store",
+                 "NoQuorumError": "a worker stopped: its side of the cohort is not a "
+                                  "majority"}.get(kind, "a worker was lost (elastic: the "
+                                                        "cohort goes on)")
+        self._emit(format_report([result], host=socket.gethostname(),
+                                 node_rank=self.config.node_rank, title=title))
 
-    def _plain_torch_group(self, store: TCPStore, worker: _Worker) -> bool:
+    def _plain_torch_group(self, store: Store, worker: _Worker) -> bool:
         """The dead worker never joined the elastic cohort, none ever formed, and the
         store holds torch's own keys: the workers formed a plain torch.distributed group
         (torch DDP), which cannot take a new member. A script with no group at all (or
@@ -604,7 +624,7 @@ class Agent:
                 pump.join(timeout=5)
 
 
-def _nothing(store: TCPStore) -> None:
+def _nothing(store: Store) -> None:
     """A restarted whole attempt's agent is on the roll already."""
 
 

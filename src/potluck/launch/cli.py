@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from potluck import env as names
 from potluck.errors import ConfigError, PotluckError
+from potluck.launch import schedulers
 from potluck.launch.agent import Agent
 from potluck.launch.config import LaunchConfig
 
@@ -20,24 +21,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             spellings.append("--" + name.replace("-", "_"))
         parser.add_argument(*spellings, **kwargs)  # type: ignore[arg-type]
 
-    flag("nproc-per-node", default="1", metavar="N",
-         help="workers on this node: a number, or auto/cpu/gpu (default 1)")
-    flag("nnodes", default="1", metavar="N",
-         help="nodes in the job (default 1); MIN:MAX with --elastic: MIN nodes start the "
-              "job, up to MAX join while it runs")
-    flag("node-rank", type=int, default=0, metavar="R",
-         help="this node's rank, 0..nnodes-1 (default 0); node 0 hosts the store")
+    flag("nproc-per-node", default=None, metavar="N",
+         help="workers on this node: a number, or auto/cpu/gpu (default 1, or the "
+              "scheduler's: docs/schedulers.md)")
+    flag("nnodes", default=None, metavar="N",
+         help="nodes in the job (default 1, or the scheduler's); MIN:MAX with --elastic: "
+              "MIN nodes start the job, up to MAX join while it runs")
+    flag("node-rank", type=int, default=None, metavar="R",
+         help="this node's rank, 0..nnodes-1 (default 0, or the scheduler's); node 0 "
+              "hosts the store")
     flag("master-addr", default=None, metavar="ADDR",
-         help="node 0's address as every node sees it (default 127.0.0.1)")
+         help="node 0's address as every node sees it (default 127.0.0.1, or the "
+              "scheduler's)")
     flag("master-port", type=int, default=None, metavar="PORT",
-         help="the store's port on node 0 (default: a free port on one node, 29500 on many)")
+         help="the store's port on node 0 (default: the scheduler's, else a free port on "
+              "one node, 29500 on many)")
     flag("rdzv-endpoint", default=None, metavar="HOST[:PORT]",
          help="torchrun's spelling of --master-addr and --master-port together (no port: "
               "29400, as torchrun; IPv6 in brackets: [fd00::1]:29500)")
     flag("max-restarts", type=int, default=0, metavar="K",
          help="restart this node's workers up to K times after a failure (default 0)")
-    flag("run-id", default="potluck", metavar="ID",
-         help="job id, the same on every node (alias --rdzv-id)")
+    flag("run-id", default=None, metavar="ID",
+         help="job id, the same on every node (alias --rdzv-id; default potluck, or the "
+              "scheduler's job id)")
     flag("rdzv-id", dest="run_id", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     flag("grace-period", type=float, default=5.0, metavar="S",
          help="seconds between SIGTERM and SIGKILL when stopping workers (default 5)")
@@ -78,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("token-file", default=None, metavar="PATH",
          help="read the shared secret from the first line of PATH (e.g. mode 600)")
     flag("standalone", action="store_true",
-         help="accepted for torchrun compatibility: a single node on a free port")
+         help="accepted for torchrun compatibility: a single node on a free port (no "
+              "scheduler's variables are read)")
     flag("log-dir", default=None, metavar="DIR",
          help="also write each worker's output to DIR/RUN_ID/attempt_N/LOCAL_RANK/"
               "{stdout,stderr}.log (torchrun's layout)")
@@ -138,10 +145,33 @@ class _Unsupported(argparse.Action):
                      f"{self.why}")
 
 
-def config_from_args(args: argparse.Namespace) -> LaunchConfig:
-    addr, port = store_address(args.master_addr, args.master_port, args.rdzv_endpoint)
+def scheduler_flags(args: argparse.Namespace, environ: Mapping[str, str]
+                    ) -> schedulers.Resolved:
+    """The flags' values, where a flag not given takes the scheduler's value (SLURM,
+    Kubernetes, SkyPilot: ``schedulers``), else its default. ``--standalone`` reads no
+    scheduler."""
+    addr, port = args.master_addr, args.master_port
+    if args.rdzv_endpoint:  # given: it names the store, whatever a scheduler says
+        host, port_text = split_endpoint(args.rdzv_endpoint)
+        addr, port = addr or host, port or int(port_text)
+    given = {"nproc_per_node": args.nproc_per_node, "nnodes": args.nnodes,
+             "node_rank": args.node_rank, "master_addr": addr, "master_port": port,
+             "run_id": args.run_id}
+    return schedulers.resolve(given, {} if args.standalone else environ)
+
+
+def config_from_args(args: argparse.Namespace,
+                     flags: schedulers.Resolved | None = None) -> LaunchConfig:
+    """The launch config from the parsed flags; ``flags`` fills those not given (None:
+    the built-in defaults, no scheduler read)."""
+    values = (flags or scheduler_flags(args, {})).values
+    if args.rdzv_endpoint:
+        addr, port = store_address(args.master_addr, args.master_port, args.rdzv_endpoint)
+    else:
+        addr, port = store_address(_text(values["master_addr"]),
+                                   _number(values["master_port"]), None)
     check_elastic_only(args)
-    min_nodes, nnodes = parse_nnodes(args.nnodes)
+    min_nodes, nnodes = parse_nnodes(str(values["nnodes"]))
     if args.rdzv_backend not in ("c10d", "static"):
         raise ConfigError(
             f"--rdzv-backend {args.rdzv_backend!r}: potluck's rendezvous is its own store on "
@@ -154,14 +184,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         script=args.script,
         script_args=tuple(args.script_args),
         module=args.module,
-        nproc_per_node=parse_nproc(args.nproc_per_node),
+        nproc_per_node=parse_nproc(str(values["nproc_per_node"])),
         nnodes=nnodes,
         min_nodes=min_nodes,
-        node_rank=args.node_rank,
+        node_rank=_number(values["node_rank"]) or 0,
         master_addr=addr,
         master_port=port,
         max_restarts=args.max_restarts,
-        run_id=args.run_id,
+        run_id=str(values["run_id"]),
         grace_period=args.grace_period,
         join_timeout=args.join_timeout,
         elastic=args.elastic,
@@ -176,6 +206,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         status_host=args.status_host,
         metrics_dir=None if args.metrics_dir is None else os.path.abspath(args.metrics_dir),
     ).validated()
+
+
+def _text(value: schedulers.Value | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _number(value: schedulers.Value | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def store_address(master_addr: str | None, master_port: int | None,
@@ -376,7 +414,11 @@ def parse_nnodes(value: str) -> tuple[int | None, int]:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        config = require_token(config_from_args(args))
+        flags = scheduler_flags(args, os.environ)
+        for line in (*flags.notes, schedulers.summary(flags)):
+            if line:
+                _emit(f"potluck run: {line}")
+        config = require_token(config_from_args(args, flags))
         check_script(config)
         check_writable_dir("--log-dir", config.log_dir, example="logs")
         check_writable_dir("--metrics-dir", config.metrics_dir, example="runs/metrics")

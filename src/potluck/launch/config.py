@@ -171,13 +171,15 @@ def worker_environ(
     local_rank: int,
     master_port: int,
     restart_count: int,
+    master_addr: str | None = None,
     base: Mapping[str, str],
     error_file: str,
     agent_pid: int,
     finished_file: str | None = None,
     layout: Layout | None = None,
 ) -> dict[str, str]:
-    """The complete environment of one worker: ``base`` plus the launcher's variables."""
+    """The complete environment of one worker: ``base`` plus the launcher's variables.
+    ``master_addr``: where the job's store is, if it moved from ``--master-addr``."""
     layout = layout or Layout.assumed(config)
     rank = layout.rank_offset + local_rank
     env = dict(base)
@@ -191,7 +193,7 @@ def worker_environ(
         "ROLE_RANK": str(rank),
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": str(layout.world_size),
-        names.MASTER_ADDR: config.master_addr,
+        names.MASTER_ADDR: master_addr or config.master_addr,
         names.MASTER_PORT: str(master_port),
         names.RESTART_COUNT: str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),

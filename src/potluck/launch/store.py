@@ -27,6 +27,7 @@ from potluck import keys
 from potluck.errors import ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig
 from potluck.launch.policy import CohortView, roll_call
+from potluck.succession import Candidate, Succession, publish
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
@@ -49,6 +50,12 @@ class JobStore:
     Node 0 binds the listening socket in the constructor (a port in use is a clear
     error before any worker starts) and serves on it from the first ``get()``; other
     nodes connect to node 0 at their first ``get()``.
+
+    Across nodes of an elastic job the store outlives node 0 (``potluck.succession``):
+    every agent binds a successor socket too and publishes it at its first ``get()``,
+    which returns a relay; when the store's host is lost the relay moves, and this
+    agent serves a store on its successor socket at once (``serving``), in case it is
+    the first reachable one.
     """
 
     def __init__(self, config: LaunchConfig, stopping: Callable[[], bool], *,
@@ -58,15 +65,81 @@ class JobStore:
         self._listener = listen(config) if config.node_rank == 0 else None
         self.port = (self._listener.getsockname()[1] if self._listener is not None
                      else config.port_to_host())
-        self._store: TCPStore | None = None
+        self._store: Store | None = None
+        self._successor = (successor_socket() if config.elastic and config.nnodes > 1
+                           else None)
+        self._serving: TCPStore | None = None  # the successor store this agent serves
+        self.succession: Succession | None = None
 
-    def get(self) -> TCPStore:
+    def get(self) -> Store:
         if self._store is None:
+            cfg = self._config
             if self._listener is not None:
-                self._store = host_store(self._config, self._listener)
+                client: Store = host_store(cfg, self._listener)
             else:
-                self._store = join_store(self._config, self._stopping, say=self._say)
+                client = join_store(cfg, self._stopping, say=self._say)
+            self._store = client
+            if self._successor is not None:
+                self._store = self._relay(client)
         return self._store
+
+    def _relay(self, client: Store) -> Store:
+        from potluck.relay import RelayStore
+
+        cfg = self._config
+        assert self._successor is not None
+        where = f"{cfg.master_addr}:{self.port}"
+        mine = Candidate(cfg.node_rank, advertised_host(cfg), self._successor.getsockname()[1])
+        self.succession = Succession(cfg.run_id, where, serve=self._serve)
+        relay = RelayStore(client, where, succession=self.succession)
+        publish(relay, cfg.run_id, mine)
+        self.succession.seeder(lambda root: publish(root, cfg.run_id, mine))
+        self.succession.learn(relay)
+        return relay
+
+    def _serve(self) -> None:
+        """The store's host is lost: serve one on this agent's successor socket (the
+        survivors take the first reachable one)."""
+        if self._serving is not None or self._successor is None:
+            return
+        from torch._C._distributed_c10d import TCPStore
+
+        self._serving = TCPStore(
+            "0.0.0.0", self._successor.getsockname()[1], None, True,
+            timedelta(seconds=self._config.join_timeout), wait_for_workers=False,
+            master_listen_fd=self._successor.detach())
+
+    def address(self) -> tuple[str, int]:
+        """Where the job's store is now: node 0's, or the successor it moved to."""
+        if self.succession is not None and self.succession.moves:
+            host, port = self.succession.where.rsplit(":", 1)
+            return host, int(port)
+        return self._config.master_addr, self.port
+
+    @property
+    def hosting(self) -> bool:
+        """Whether this agent holds the job's store: node 0's, or the one it moved to."""
+        if self.succession is not None and self.succession.moves:
+            return self.succession.node == self._config.node_rank
+        return self._config.node_rank == 0
+
+
+def successor_socket() -> socket.socket:
+    """An agent's successor socket: listening from its start, on a free port."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True,
+                                    backlog=_BACKLOG)
+    return socket.create_server(("0.0.0.0", 0), backlog=_BACKLOG)
+
+
+def advertised_host(config: LaunchConfig) -> str:
+    """This machine's address on the route to node 0 (what the other nodes can dial)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((config.master_addr, config.port_to_host() or 1))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def clear_worker_keys(store: Store) -> int:
@@ -451,17 +524,33 @@ def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bo
 class Presence:
     """This agent on the roll of an elastic job's agents, from its check-in to its
     check-out, with a heartbeat on a thread of its own in between (every ``AGENT_BEAT``
-    s). Node 0 keeps the store up for the agents on the roll (``wait_for_roll``)."""
+    s). Node 0 (or the agent the store moved to) keeps the store up for the agents on
+    the roll (``wait_for_roll``); on a store that moved, each agent writes its place on
+    the roll back."""
 
     def __init__(self, store: Store, config: LaunchConfig) -> None:
+        from potluck.relay import succession_of
         from potluck.rendezvous.heartbeat import Heartbeat
 
         self._store, self._run_id = store, config.run_id
         self.index = _count(store, keys.agents(config.run_id, "started"), 1) - 1
-        store.set(_roll(config.run_id, f"who/{self.index}"),
-                  f"node {config.node_rank} (host {socket.gethostname()})")
+        self._who = f"node {config.node_rank} (host {socket.gethostname()})"
+        store.set(_roll(config.run_id, f"who/{self.index}"), self._who)
         self._beat = Heartbeat(_beats(store, config.run_id), f"agent{self.index}",
                                AGENT_BEAT).start()
+        succession = succession_of(store)
+        if succession is not None:
+            succession.seeder(self._seed)
+
+    def _seed(self, root: Store) -> None:
+        """The store moved: this agent's place on the roll, written back (the count of
+        agents raised to cover it; an agent lost with the old host has no beat there,
+        and the roll counts it lost)."""
+        started = keys.agents(self._run_id, "started")
+        have = int(root.add(started, 0))
+        while have < self.index + 1:
+            have = int(root.compare_set(started, str(have), str(self.index + 1)).decode())
+        root.set(_roll(self._run_id, f"who/{self.index}"), self._who)
 
     def check_out(self) -> None:
         """Done with the store: stop beating, then say so (node 0 may be gone already:
@@ -484,13 +573,16 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
     beats_store = _beats(store, run_id)
     # (beat value, when it changed on this node's clock): beats are other hosts' wall
     # clocks, so only their change is compared, never their value (no clock skew)
-    changed: dict[int, tuple[float, float]] = {}
+    changed: dict[int, tuple[float | None, float]] = {}
     while True:
         agents = range(count(store, keys.agents(run_id, "started")))
         pending = [a for a in agents if not store.check([_roll(run_id, f"done/{a}")])]
         now = time.monotonic()
-        for name, beat in read_beats(beats_store, [f"agent{a}" for a in pending]).items():
-            agent = int(name.removeprefix("agent"))
+        read = read_beats(beats_store, [f"agent{a}" for a in pending])
+        for agent in pending:
+            # (no beat at all: on a store that moved, an agent lost with the old host;
+            # a live one beats within AGENT_BEAT of its check-in)
+            beat = read.get(f"agent{agent}")
             if agent not in changed or changed[agent][0] != beat:
                 changed[agent] = (beat, now)
         beats = {a: when for a, (_, when) in changed.items()}
@@ -498,7 +590,9 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
         for agent in call.lost:
             if agent not in told:
                 told.add(agent)
-                lost(store.get(_roll(run_id, f"who/{agent}")).decode(), now - beats[agent])
+                who = _roll(run_id, f"who/{agent}")
+                lost(store.get(who).decode() if store.check([who]) else f"agent {agent}",
+                     now - beats[agent])
         if not call.waiting or stopping():
             return
         if time.monotonic() > deadline:
@@ -515,6 +609,6 @@ def _roll(run_id: str, name: str) -> str:
 
 def _beats(store: Store, run_id: str) -> Store:
     """The agents' heartbeats (``hb/agent<i>``) live under the roll."""
-    from torch._C._distributed_c10d import PrefixStore
+    from potluck.relay import prefixed
 
-    return PrefixStore(_roll(run_id, "beats"), store)
+    return prefixed(store, _roll(run_id, "beats"))

@@ -37,6 +37,10 @@ class RendezvousConfig:
     """Fewer workers than this by a deadline is a ``RendezvousError``, not a generation."""
     prefix: str = "potluck/rdzv"
     poll_interval: float = 0.02
+    quorum: bool = False
+    """A generation after a loss needs a majority of the last one (``state.has_quorum``):
+    on for cohorts across nodes, whose store can move to another node (two sides of a
+    split could each host one)."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_timeout", "settle_timeout",

@@ -64,6 +64,16 @@ def admit(gen: Generation, joiners: Sequence[str]) -> Generation:
     return Generation(gen.number + 1, gen.members + tuple(fresh))
 
 
+NO_QUORUM = "not a majority"  # in a failed generation's error: NoQuorumError
+
+
+def has_quorum(members: Sequence[str], ready: Collection[str]) -> bool:
+    """Whether ``ready`` can go on for ``members``: more than half of them, or exactly
+    half holding the first member (of two halves of a split, only one holds it)."""
+    count = sum(m in ready for m in members)
+    return 2 * count > len(members) or (2 * count == len(members) and members[0] in ready)
+
+
 def pick_leader(members: Iterable[str], alive: Collection[str]) -> str | None:
     """The lowest-ranked member still alive: it decides the next generation."""
     return next((m for m in members if m in alive), None)
@@ -94,6 +104,7 @@ def decide(
     alive: Collection[str],
     deadline: float,
     min_size: int,
+    quorum: bool = False,
 ) -> Decision:
     """What the leader does now about the generation after ``members``.
 
@@ -101,10 +112,22 @@ def decide(
     ``alive``: members whose heartbeat is fresh and who did not announce leaving.
     The leader waits for every alive member to register, but never past ``deadline``;
     then it forms the generation of the registered members, in their old order, or
-    fails if they are fewer than ``min_size``.
+    fails if they are fewer than ``min_size``. With ``quorum`` (a cohort across nodes,
+    whose store can move: ``potluck.succession``) they must also be a quorum of
+    ``members`` (``has_quorum``), or it fails at the deadline: two sides of a split
+    cohort never both go on.
     """
     ready = tuple(m for m in members if m in registered)
     waiting = tuple(m for m in members if m in alive and m not in registered)
+    if quorum and not has_quorum(members, ready):
+        if now < deadline:
+            return Decision(Action.WAIT, ready, waiting)
+        return Decision(
+            Action.FAIL, ready, waiting,
+            why=f"only {len(ready)} of the generation's {len(members)} members "
+                f"{list(ready)} registered by the deadline, {NO_QUORUM} (nor half with "
+                f"its first member, {members[0]}): the others may go on as a cohort of "
+                "their own, so this side stops (a split cohort never trains twice)")
     enough = len(ready) >= min_size
     if not waiting and enough:
         return Decision(Action.FORM, ready)

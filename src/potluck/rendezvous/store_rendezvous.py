@@ -33,11 +33,12 @@ from collections.abc import Collection
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck import keys
-from potluck.errors import ConfigError, JobFinishedError, RendezvousError
+from potluck.errors import ConfigError, JobFinishedError, NoQuorumError, RendezvousError
+from potluck.relay import prefixed, succession_of
 from potluck.rendezvous import admission
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
-from potluck.rendezvous.state import Action, decide, pick_leader
+from potluck.rendezvous.state import NO_QUORUM, Action, decide, pick_leader
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,14 @@ class StoreRendezvous:
         self.worker_id = worker_id
         self.seat = seat or worker_id
         self.config = config
-        self._store: Store = PrefixStore(config.prefix, store)
+        self._store: Store = prefixed(store, config.prefix)
         self._heartbeat: Heartbeat | None = None
         self._boundary = 0  # step boundaries passed in the current generation
         self.membership: Membership | None = None
+        self._record: Record | None = None  # the current generation's, as published
+        self._succession = succession_of(store)
+        if self._succession is not None:  # the store may move: write back what it held
+            self._succession.seeder(self._seed)
 
     # ------------------------------------------------------------------ joining
 
@@ -314,14 +319,16 @@ class StoreRendezvous:
         cfg = self.config
         decision = decide(time.monotonic(), members=current.members, registered=registered,
                           alive=alive, deadline=started + cfg.settle_timeout,
-                          min_size=cfg.min_size)
+                          min_size=cfg.min_size, quorum=cfg.quorum)
         if decision.action is Action.WAIT:
             time.sleep(cfg.poll_interval)
             return
         left = tuple(m for m in current.members if m not in decision.members)
         error = "" if decision.action is Action.FORM else (
-            f"generation {current.generation + 1} could not form: {decision.why}; "
-            "restart the lost workers (potluck run --max-restarts K) or lower min_size")
+            f"generation {current.generation + 1} could not form: {decision.why}" + (
+                "" if NO_QUORUM in decision.why else
+                "; restart the lost workers (potluck run --max-restarts K) or lower "
+                "min_size"))
         self._publish(Record(current.generation + 1, decision.members, self.worker_id,
                              reason, left=left, error=error))
 
@@ -379,7 +386,8 @@ class StoreRendezvous:
 
     def _adopt(self, record: Record, started: float) -> Membership:
         if record.error:
-            raise RendezvousError(record.error)
+            raise (NoQuorumError if NO_QUORUM in record.error else RendezvousError)(
+                record.error)
         if self.worker_id not in record.members:
             raise RendezvousError(
                 f"worker {self.worker_id!r} was left out of generation {record.generation} "
@@ -388,9 +396,24 @@ class StoreRendezvous:
                 "join() again as a new worker (with a new id) to be admitted"
             )
         membership = record.membership(self.worker_id, time.monotonic() - started)
-        self.membership, self._boundary = membership, 0
+        self.membership, self._boundary, self._record = membership, 0, record
+        if self._succession is not None:
+            self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
         return membership
+
+    def _seed(self, root: Store) -> None:
+        """The store moved to a successor (``potluck.succession``): write back what this
+        member holds of the rendezvous, the same on every member (the first write of a
+        record wins; the others are equal), and its own heartbeat and seat."""
+        store = PrefixStore(self.config.prefix, root)
+        record = self._record
+        if record is not None and self.membership is not None:
+            store.compare_set(keys.generation(record.generation), "", record.encode())
+            store.set(keys.CURRENT, str(record.generation))
+            store.compare_set(keys.FOUNDER, "", record.leader)
+        store.set(keys.heartbeat(self.worker_id), f"{time.time():.6f}")
+        store.set(keys.seat(self.worker_id), self.seat)
 
     def _require_membership(self, operation: str) -> Membership:
         if self.membership is None:

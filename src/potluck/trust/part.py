@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ import torch
 
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced
+from potluck.compress import Bounded
 from potluck.errors import ConfigError, PeerLostError
 from potluck.events import note
 from potluck.trust import wire
@@ -40,7 +42,7 @@ from potluck.trust.audit import AuditPlan, digest, outcome, voting
 from potluck.trust.config import Trust
 from potluck.trust.exchange import Kept, Ledger, RobustExchange, assigned
 from potluck.trust.fingerprint import Fingerprints, keyed_digest
-from potluck.trust.lanes import lanes_for
+from potluck.trust.lanes import Coded, lanes_for
 from potluck.trust.spot import (
     buffer_copy,
     in_slices,
@@ -49,6 +51,7 @@ from potluck.trust.spot import (
     slice_error,
     snapshot,
 )
+from potluck.trust.spot_coded import SentBefore
 from potluck.trust.verdict import (
     FAR,
     AuditResult,
@@ -92,8 +95,12 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
         (``lanes.py``; ``prepare(comm_hook=CompressedSum(codec))``)."""
         _check_dtypes(module)
         lanes = lanes_for(codec, error_feedback)
-        if lanes.coded and config.spot_check is not None:
-            raise ConfigError(SPOT_WITH_CODEC)
+        # through a codec a spot check allows each copy its rounding (``spot_coded.py``)
+        self._sent: SentBefore | None = None
+        if isinstance(lanes, Coded) and config.spot_check is not None:
+            if not isinstance(lanes.codec, Bounded):
+                raise ConfigError(SPOT_WITH_CODEC.format(codec=lanes.codec.name))
+            self._sent = SentBefore(lanes)
         if cohort.world_size < 3:
             log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
                         "needs at least 3 (an honest majority) to tell a bad gradient from "
@@ -216,6 +223,8 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
                  for owner in others}))
             self.exchange.plan_audit(self._next_audit(kept, steps, pick))
             self.exchange.report_spot(self._spot_check(kept, pick))
+            if self._sent is not None:
+                self._sent.keep(kept)  # (after the check: it reads the step before)
             self._repair(reports, trusted, steps)
         except PeerLostError:
             if not cohort.elastic:
@@ -235,6 +244,8 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
         self.ledger.reset(0)
         self.exchange.forget()
         self._snapshot, self._picked, self._buffers = None, None, {}
+        if self._sent is not None:
+            self._sent.forget()
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:],
@@ -333,6 +344,11 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
         grads = recompute_gradient(self._module, self._snapshot, spot.loss, batch,
                                    wanted=self._in_slices(kept, me))
         difference = self._difference(kept, grads, target, me)
+        if math.isnan(difference):
+            log.debug("[rank %d] trust: no spot check of rank %d: through the codec its "
+                      "copy's allowance needs the last step's copies, which this "
+                      "generation has not seen", me, target)
+            return None
         off = not difference <= spot.tolerance
         if off:  # the whole gradient before an accusation (a mismatch's cost only)
             grads = recompute_gradient(self._module, self._snapshot, spot.loss, batch)
@@ -349,14 +365,20 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
     def _difference(self, kept: list[Kept], grads: dict[str, torch.Tensor], target: int,
                     me: int) -> float:
         """The relative difference between ``grads`` and ``target``'s copy on this
-        owner's slices."""
+        owner's slices (NaN: through a codec, the last step's copies are unknown)."""
         parts = []
-        for k in kept:
+        for index, k in enumerate(kept):
             if target not in k.senders or me not in k.owners:
                 continue
-            flat = self._flat(grads, k).to(k.copies.dtype)
-            parts.append(slice_error(flat, k.copies[k.senders.index(target)],
-                                     k.owners.index(me) * k.piece))
+            start = k.owners.index(me) * k.piece
+            if self._sent is None:
+                flat = self._flat(grads, k).to(k.copies.dtype)
+                parts.append(slice_error(flat, k.copies[k.senders.index(target)], start))
+                continue
+            coded = self._sent.copy_of(index, k, target)
+            if coded is None:
+                return math.nan
+            parts.append(slice_error(self._flat(grads, k), *coded[:1], start, coded[1]))
         return relative(parts)
 
     def _reproduces_own(self, kept: list[Kept]) -> float:
@@ -368,10 +390,18 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
         assert spot is not None and self._snapshot is not None and self._part_of is not None
         grads = recompute_gradient(self._module, self._snapshot, spot.loss, self._part_of(me))
         parts = []
-        for k in kept:
-            if me in k.senders:
+        for index, k in enumerate(kept):
+            if me not in k.senders:
+                continue
+            if self._sent is None:
                 flat = self._flat(grads, k).to(k.mine.dtype)
                 parts.append(slice_error(flat, k.mine.reshape(-1)[:flat.numel()], 0))
+                continue
+            coded = self._sent.mine(index, k)
+            if coded is None:
+                return math.nan
+            flat = self._flat(grads, k)
+            parts.append(slice_error(flat, coded[0][:flat.numel()], 0, coded[1]))
         return relative(parts)
 
     def _in_slices(self, kept: list[Kept], me: int) -> set[str]:
@@ -471,12 +501,11 @@ def record(strikes: Strikes, found: Sequence[Finding], steps: int, members: Sequ
 
 
 SPOT_WITH_CODEC = (
-    "trust=Trust(spot_check=...) with comm_hook=CompressedSum(codec): a spot check "
-    "recomputes a rank's gradient and compares it with the copy the rank sent, but "
-    "through a lossy codec that copy is the codec's rounding of the gradient plus the "
-    "sender's error-feedback residual, which only the sender holds, so an honest copy "
-    "would not match; drop spot_check= (robust aggregation, audits and the other "
-    "checks stay), or drop comm_hook=")
+    "trust=Trust(spot_check=...) with comm_hook=CompressedSum({codec}): a spot check "
+    "allows a copy the codec's rounding, but {codec} bounds no value's rounding (a value "
+    "it drops may be any size), so an honest copy could not be told from a wrong one; "
+    "use a codec that rounds each value (Int8Blockwise, Int4Blockwise, Fp16, Bf16), or "
+    "drop spot_check= (robust aggregation, audits and the other checks stay)")
 
 
 def _name(loss: Callable[..., Any]) -> str:

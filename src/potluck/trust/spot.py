@@ -128,13 +128,19 @@ def in_slices(buckets: Sequence[tuple[Sequence[int], int, Sequence[torch.Tensor]
     return found
 
 
-def slice_error(flat: torch.Tensor, copy: torch.Tensor, start: int) -> tuple[float, float]:
+def slice_error(flat: torch.Tensor, copy: torch.Tensor, start: int,
+                slack: torch.Tensor | None = None) -> tuple[float, float]:
     """``(squared difference, squared norm)`` of the recomputed ``flat`` gradient of one
     bucket against ``copy``, the target's values at ``[start, start + len(copy))``
-    (past the end of ``flat`` both are padding)."""
+    (past the end of ``flat`` both are padding). ``slack``: per value of ``copy``, a
+    difference it may have honestly (a codec's rounding, ``spot_coded.py``); only what
+    lies beyond it counts."""
     mine = flat[start:start + copy.numel()].float()
     theirs = copy[:mine.numel()].float()
-    diff = float((mine - theirs).pow(2).sum())
+    gap = (mine - theirs).abs()
+    if slack is not None:
+        gap = (gap - slack[:mine.numel()].float()).clamp_(min=0)
+    diff = float(gap.pow(2).sum())
     return (diff if math.isfinite(diff) else math.inf), float(mine.pow(2).sum())
 
 

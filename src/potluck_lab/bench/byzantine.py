@@ -16,6 +16,8 @@ bookkeeping: ``byzantine_floor``). One
 seed made the figures for the attacks that only a spot check catches a lottery: its
 target is one rank of four every second step, so the time to catch one ranged from 2
 to 25 steps between runs.
+
+``--sync diloco`` runs the rounds variant instead (``byzantine_rounds.py``).
 """
 
 from __future__ import annotations
@@ -27,15 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from potluck.errors import ConfigError
 from potluck.testing import free_port, run_ranks
 from potluck_lab.attacks import ATTACKS, GROSS
-from potluck_lab.bench import byzantine_lm
+from potluck_lab.bench import byzantine_lm, byzantine_rounds
 from potluck_lab.bench.byzantine_floor import run_floor
 from potluck_lab.bench.byzantine_job import ATTACKER, SPOT_EVERY, WIDE, run_rank
 from potluck_lab.common import interleaved, median, table
 from potluck_lab.driver import Bench, drive
+from potluck_lab.round_attacks import ROUND_ATTACKS
 
 WORKERS = 4
+SYNCS = ("every-step", "diloco")  # --sync diloco: byzantine_rounds.py
+ATTACK_CHOICES = tuple(dict.fromkeys((*ATTACKS, *ROUND_ATTACKS)))
 SEEDS = 3  # per attack (1 with --quick)
 # byzantine_floor's modes: the raw step (one all-reduce; trust's two all-to-alls), and
 # trust's design in raw torch: Trust(audit_every=0)'s checks, Trust()'s, the trust
@@ -49,11 +55,16 @@ GOALS = {"worst_loss_ratio": 1.05, "max_steps_to_quarantine": 3, "false_quaranti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--attack", choices=ATTACKS, action="append",
+    parser.add_argument("--attack", choices=ATTACK_CHOICES, action="append",
                         help="an attack to run (repeatable; default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="fewer steps, clean runs and timing rounds (a smoke run)")
     parser.add_argument("--json", metavar="PATH", help="write the figures here")
+    parser.add_argument("--sync", choices=SYNCS, default="every-step",
+                        help="every-step (default): gradients averaged each step; diloco: "
+                             "rounds of local steps, attacks on a round's pseudo-gradient "
+                             "(adds ipm, free_rider, free_rider_scaled, copy, replay, "
+                             "other_data; drops stale, bit_flip)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,10 @@ class ByzantineConfig:
 
 
 def config_from_args(args: argparse.Namespace) -> ByzantineConfig:
+    wrong = [a for a in args.attack or () if a not in ATTACKS]
+    if wrong:
+        raise ConfigError(f"--attack {wrong[0]} attacks a round's pseudo-gradient: add "
+                          f"--sync diloco, or choose from {', '.join(ATTACKS)}")
     steps, clean_runs, rounds = (30, 4, 2) if args.quick else (60, 20, 4)
     return ByzantineConfig(tuple(args.attack or ATTACKS), steps, clean_runs, rounds,
                            1 if args.quick else SEEDS, 2 if args.quick else LM_RUNS,
@@ -75,6 +90,8 @@ def config_from_args(args: argparse.Namespace) -> ByzantineConfig:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "sync", "every-step") == "diloco":
+        return drive(byzantine_rounds.BENCH, args)
     return drive(BENCH, args)
 
 

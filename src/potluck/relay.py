@@ -1,0 +1,126 @@
+"""``RelayStore``: the job's store as a worker or agent holds it, one object between it
+and c10d.
+
+Every store call (the rendezvous, heartbeats, the failure watch, status pulses, the
+process groups' own rendezvous, an agent's roll) goes through a relay to a ``TCPStore``
+client. It is a ``torch.distributed.Store`` itself, so a process group is built on it as
+on the client. A lost connection to the store (its host's process killed, its link
+cut) is, where c10d raises a ``DistNetworkError`` from deep inside:
+
+- with a ``Succession`` (a multi-node elastic job): the store moved to a successor
+  (``succession.py``); the relay connects there and makes the call again;
+- otherwise, or when no successor takes it: ``StoreLostError``, one line.
+
+``clone()`` gives a relay on a new connection (the threads that poll keep their own),
+and ``prefixed`` one under a prefix that stays clonable (c10d's ``PrefixStore.clone()``
+cannot clone a store written in Python).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from potluck.errors import StoreLostError
+from potluck.succession import Succession
+
+T = TypeVar("T")
+
+
+class RelayStore(Store):
+    """``inner``'s calls (the store at ``where``, under ``prefix``); a lost connection
+    moves to the succession's next host, or is ``StoreLostError``."""
+
+    def __init__(self, inner: Store, where: str, *, succession: Succession | None = None,
+                 prefix: str = "") -> None:
+        super().__init__()
+        self._inner, self.where = inner, where
+        self._succession, self._prefix = succession, prefix
+        Store.set_timeout(self, getattr(inner, "timeout"))  # noqa: B009  (stubs lack it)
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except dist.DistNetworkError as exc:
+            cause = _first_line(exc)
+            if self._succession is None:
+                raise StoreLostError(self.where, what, cause) from None
+        where = self._succession.moved(self.where, what, cause)  # (or StoreLostError)
+        client = self._succession.client()
+        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
+        self.where = where
+        try:
+            return call()  # (a loop's read or write: the same call on the new store)
+        except dist.DistNetworkError as exc:
+            raise StoreLostError(where, what, _first_line(exc)) from None
+
+    def set(self, key: str, value: str) -> None:
+        if self._succession is None:
+            self._call("set", lambda: self._inner.set(key, value))
+            return
+        # c10d's set gets no reply: one written into a dead host's socket is lost
+        # without a word. Where the store can move, a check (answered) confirms it, and
+        # a set the old host never confirmed is made again on the new one.
+        self._call("set", lambda: self._confirmed_set(key, value))
+
+    def _confirmed_set(self, key: str, value: str) -> None:
+        self._inner.set(key, value)
+        self._inner.check([key])
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", lambda: self._inner.get(key))
+
+    def add(self, key: str, amount: int) -> int:
+        return self._call("add", lambda: self._inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self._call("compare_set", lambda: self._inner.compare_set(key, expected, desired))
+
+    def check(self, keys: list[str]) -> bool:
+        return self._call("check", lambda: self._inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self._call("wait", lambda: self._inner.wait(keys))
+        else:
+            self._call("wait", lambda: self._inner.wait(keys, timeout))
+
+    def delete_key(self, key: str) -> bool:
+        return self._call("delete_key", lambda: self._inner.delete_key(key))
+
+    def num_keys(self) -> int:
+        return self._call("num_keys", lambda: self._inner.num_keys())
+
+    def list_keys(self) -> list[str]:
+        return self._call("list_keys", lambda: self._inner.list_keys())
+
+    def clone(self) -> RelayStore:
+        """A relay on a new connection to the same store."""
+        inner = self._call("connect", lambda: getattr(self._inner, "clone")())  # noqa: B009
+        return RelayStore(inner, self.where, succession=self._succession, prefix=self._prefix)
+
+
+def succession_of(store: Store) -> Succession | None:
+    """The succession a relay moves with (None: not a relay, or it has none)."""
+    return store._succession if isinstance(store, RelayStore) else None
+
+
+def prefixed(store: Store, prefix: str) -> Store:
+    """``store``'s keys under ``prefix``: a ``PrefixStore``, or for a relay a relay over
+    one (it stays clonable, and moves with the store)."""
+    if isinstance(store, RelayStore):
+        # PrefixStore(p, PrefixStore(q, s)) keys "q/p/key": the same as one of "q/p"
+        whole = f"{store._prefix}/{prefix}" if store._prefix else prefix
+        return RelayStore(PrefixStore(prefix, store._inner), store.where,
+                          succession=store._succession, prefix=whole)
+    return PrefixStore(prefix, store)
+
+
+def _first_line(exc: BaseException) -> str:
+    """c10d's message without the C++ stack trace it may carry."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

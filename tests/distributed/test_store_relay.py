@@ -1,0 +1,59 @@
+"""``RelayStore``: the job's store as a worker holds it. Every call reaches the store;
+a store whose host is gone is ``StoreLostError``, one line, from every call and from a
+clone; a prefixed relay clones as a relay (c10d's ``PrefixStore`` cannot clone a store
+written in Python)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from datetime import timedelta
+
+import pytest
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from potluck.errors import StoreLostError
+from potluck.relay import RelayStore, prefixed
+from potluck.testing import free_port
+
+
+def _host(port: int) -> None:
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10),
+                     wait_for_workers=False)
+    store.set("up", "1")
+    time.sleep(60)  # (killed by the test)
+
+
+@pytest.mark.timeout(60)
+def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
+    port = free_port()
+    host = multiprocessing.get_context("spawn").Process(target=_host, args=(port,))
+    host.start()
+    try:
+        inner = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        relay = RelayStore(inner, f"127.0.0.1:{port}")
+        relay.wait(["up"])
+        relay.set("a", "1")
+        assert relay.get("a") == b"1" and relay.add("n", 2) == 2
+        assert relay.compare_set("c", "", "x") == b"x" and relay.check(["a", "c"])
+        assert relay.num_keys() >= 3 and relay.delete_key("a") and not relay.check(["a"])
+        scoped = prefixed(relay, "job")
+        assert isinstance(scoped, RelayStore)
+        twin = getattr(scoped, "clone")()  # noqa: B009  (a thread's own connection)
+        twin.set("k", "v")
+        assert relay.get("job/k") == b"v" and isinstance(twin, RelayStore)
+        assert isinstance(prefixed(inner, "job"), PrefixStore)  # (no relay: c10d's own)
+        host.kill()
+        host.join()
+        for call in (lambda: relay.set("a", "2"), lambda: relay.get("n"),
+                     lambda: relay.check(["n"]), lambda: twin.get("k")):
+            with pytest.raises(StoreLostError) as lost:
+                for _ in range(3):  # (a write may land in the dead socket's buffer once)
+                    call()
+            message = str(lost.value)
+            assert message.startswith(f"the job's store at 127.0.0.1:{port} is gone (")
+            assert "\n" not in message and "frame #" not in message
+    finally:
+        if host.is_alive():
+            host.kill()
+        host.join()

@@ -1,0 +1,66 @@
+"""The job's store outlives its host: three nodes, node 0 (the store's host) lost mid-run.
+
+Three ``potluck run --elastic`` agents, one worker each. Node 0 hosts the store. Once
+training runs, node 0 is killed outright (its agent, with the store, and its worker).
+The store moves to node 1's agent (the first reachable successor), the two survivors
+are a majority of the three and form the next generation, redo the step in flight and
+finish. Every global batch is trained exactly once with equal shares and a mean loss,
+so the final parameters equal one process on the same global batches (float64).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from potluck.testing import free_port
+from tests.e2e.helpers import ROOT, SCRIPT, assert_equal_to_one_process, kill_leftovers
+
+EPOCHS = 8
+
+
+def _node(rank: int, port: int, log: Path, out: Path, tmp: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "potluck", "run", "--nnodes", "3", "--node-rank",
+             str(rank), "--master-port", str(port), "--nproc-per-node", "1", "--elastic",
+             "--token", "s3cret-succession", "--run-id", "succession", str(SCRIPT),
+             "--epochs", str(EPOCHS), "--step-time", "0.05", "--out", str(out),
+             "--checkpoint-dir", str(tmp / f"checkpoints{rank}")],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+@pytest.mark.timeout(150)
+def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
+        tmp_path: Path) -> None:
+    port, out = free_port(), tmp_path / "final.pt"
+    logs = [tmp_path / f"node{n}.log" for n in range(3)]
+    nodes = [_node(n, port, logs[n], out, tmp_path) for n in range(3)]
+    try:
+        while "epoch 1 done" not in logs[0].read_text():
+            assert all(n.poll() is None for n in nodes), logs[0].read_text()[-3000:]
+            time.sleep(0.1)
+        os.killpg(nodes[0].pid, signal.SIGKILL)  # the agent, its store, its worker
+        nodes[0].wait()
+        for node in nodes[1:]:
+            node.wait()  # (the test's timeout bounds it)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+        kill_leftovers(nodes)
+    texts = [log.read_text() for log in logs]
+    for n in (1, 2):
+        assert nodes[n].returncode == 0, texts[n][-3000:]
+        assert "it moved to node 1 at " in texts[n], texts[n][-3000:]
+        for noise in ("frame #", "Exception raised from", "Traceback"):
+            assert noise not in texts[n], f"{noise!r} on node {n}:\n{texts[n][-3000:]}"
+    finished = texts[1] + texts[2]
+    assert f"epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 2 workers" in finished
+    assert_equal_to_one_process(out, EPOCHS)
