@@ -141,7 +141,7 @@ def prepare(
                                on_failure="abandon" if cohort.elastic and not strategy else "raise",
                                init_sync=not cohort.joined_late, contribution=contribution,
                                sync_gradients=strategy is None, clock=observer, **data_parallel)
-        guard = aggregator(trust, cohort, wrapped, handout, weight, data_parallel.get("comm_hook"))
+        guard = aggregator(trust, cohort, wrapped, handout, weight, data_parallel, strategy)
         policy = strategy or share_policy(choice, shares, cohort, global_batch, contribution,
                                           clock, handout)
         # A finiteness vote only under a custom hook (the built-in ones give every rank the
@@ -166,7 +166,7 @@ def prepare(
                             workers=num_workers, prefetch=prefetch,
                             read_timeout=read_timeout, place=_placer(cohort.device),
                             sitting_out=untrusted(guard) if guard and not cohort.elastic
-                            else None)
+                            and strategy is None else None)
         return wrapped, transaction, loader
 
 

@@ -14,12 +14,16 @@ from tests.e2e.helpers import SCRIPTS, potluck_run
 
 
 @pytest.mark.timeout(150)
-def test_attacker_is_quarantined_not_restarted_and_refused_when_it_returns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rounds", [0, 4], ids=["every step", "DiLoCo(4)"])
+def test_attacker_is_quarantined_not_restarted_and_refused_when_it_returns(
+        tmp_path: Path, rounds: int) -> None:
+    """Every step, or in rounds of 4 local steps (the attacker's pseudo-gradients x -10;
+    a step here is a round)."""
     refused, out = tmp_path / "refused", tmp_path / "final.pt"
     metrics = tmp_path / "metrics"
     result = potluck_run("--nproc-per-node", "4", "--elastic", "--max-restarts", "1",
                          "--token", "s3cret-token", "--metrics-dir", str(metrics),
-                         str(SCRIPTS / "trust_attacker.py"),
+                         str(SCRIPTS / "trust_attacker.py"), "--diloco", str(rounds),
                          "--refused", str(refused), "--out", str(out), timeout=140)
     err = result.stderr
     assert result.returncode == 0, err[-3000:]

@@ -37,6 +37,7 @@ from potluck.step.parts import EqualShares, SharePolicy
 if TYPE_CHECKING:
     from potluck.sync import DiLoCo, DiLoCoSync
     from potluck.trust import Trust, TrustPart
+    from potluck.trust.round_part import RoundTrustPart
 
 
 @dataclass(frozen=True)
@@ -131,16 +132,28 @@ def share_policy(choice: Choice, shares: SharePolicy | None, cohort: Cohort,
 
 def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
                handout: Handout, weight: Callable[[Any], float] | None,
-               comm_hook: Any) -> TrustPart | None:
+               data_parallel: dict[str, Any], strategy: DiLoCoSync | None = None
+               ) -> TrustPart | RoundTrustPart | None:
     """Trust's step part, its exchange registered as the model's hook (None: the mean).
     Each copy weighs its rank's part of the step: its samples, or under ``weight=`` its
     units, which every rank reads from that rank's batch itself. A ``comm_hook=
-    CompressedSum(codec)`` gives its codec and error feedback setting to the exchange,
-    which takes its place."""
+    CompressedSum(codec)`` (in ``data_parallel``, DataParallel's options) gives its
+    codec and error feedback setting to the exchange, which takes its place. Under
+    rounds (``strategy``), trust's round sum is registered with the strategy instead,
+    with the round's codec (``DiLoCo(codec=...)``)."""
     if trust is None:
         return None
+    if strategy is not None:
+        from potluck.trust.round_part import RoundTrustPart
+
+        config = strategy.config
+        return RoundTrustPart(trust, cohort, wrapped.module, strategy, codec=config.codec,
+                              error_feedback=config.error_feedback,
+                              assigned=lambda: handout.split)
     from potluck.compress import CompressedSum
     from potluck.trust import TrustPart
+
+    comm_hook = data_parallel.get("comm_hook")
 
     parts = (lambda: handout.split) if weight is None else handout.weighed(weight)
     codec = comm_hook if isinstance(comm_hook, CompressedSum) else None  # (the table
@@ -153,7 +166,7 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
     return part
 
 
-def untrusted(guard: TrustPart) -> Callable[[int], list[int]]:
+def untrusted(guard: TrustPart | RoundTrustPart) -> Callable[[int], list[int]]:
     """On a fixed cohort a quarantined rank stays in the group: the others train its
     part of each step (an elastic cohort removes it at the step's boundary)."""
     return lambda world_size: sorted(set(range(world_size)) - set(guard.trusted(world_size)))

@@ -302,12 +302,12 @@ class DiLoCoSync:
                 for members in by_kind(self._params, self._fragments[index])]
 
     def _issue(self, members: list[int], share: float, fragment: int,
-               suffix: str) -> Future[torch.Tensor]:
+               suffix: str, shares: tuple[float, ...] = ()) -> Future[torch.Tensor]:
         """This rank's pseudo-gradient of ``members`` handed to the round sum."""
         with torch.no_grad():
             delta = pseudo_gradient(self._global, self._params, members)
         piece = Piece(delta, share, f"{delta.device}/{delta.dtype}{suffix}", fragment,
-                      self.rounds + 1, tuple(members))
+                      self.rounds + 1, tuple(members), shares)
         try:
             with torch.no_grad():
                 return self._round_sum(piece, self.group)
@@ -315,6 +315,12 @@ class DiLoCoSync:
             raise PeerLostError.from_failure(
                 f"fragment {fragment}'s pseudo-gradient", exc, rank=self.group.rank(),
                 generation=self.group.generation) from exc
+
+    @property
+    def global_parameters(self) -> list[torch.Tensor]:
+        """The global parameters, which every replica holds alike after a round's sync
+        (trust fingerprints them, and repairs a diverged one in place)."""
+        return self._global
 
     @property
     def round_sum(self) -> RoundSum:
@@ -401,10 +407,14 @@ class DiLoCoSync:
             return None
         round_samples = sum(int(r[1]) for r in rows)
         share = weight(self._samples, round_samples)
+        # Every member's weight from its part of the block (the parts tile it: checked
+        # above), for a round sum that weighs every copy itself (trust's).
+        assigned = [(r[3] - r[2]) + (r[5] - r[4]) for r in rows]
+        shares = tuple(a / sum(assigned) for a in assigned) if sum(assigned) > 0 else ()
         sent_before = self.traffic.sent
         saved = self.feedback.snapshot() if self.feedback is not None else None
         try:
-            sums = self._sum_pseudo_gradients(share, self._fragments[-1])
+            sums = self._sum_pseudo_gradients(share, self._fragments[-1], shares)
             buffers = list(self.module.buffers())
             if buffers and world_size > 1:
                 broadcast_coalesced(buffers, group, src=0)
@@ -431,12 +441,13 @@ class DiLoCoSync:
                         list(lost), self._block)
         return lost
 
-    def _sum_pseudo_gradients(self, share: float, fragment: list[int]) -> Summed:
+    def _sum_pseudo_gradients(self, share: float, fragment: list[int],
+                              shares: tuple[float, ...] = ()) -> Summed:
         """Per (device, dtype): this rank's pseudo-gradient of ``fragment``, combined
         over the ranks by the round sum (one collective each)."""
         last = len(self._fragments) - 1
         suffix = f"/{last}" if last else ""
-        works = [(members, self._issue(members, share, last, suffix))
+        works = [(members, self._issue(members, share, last, suffix, shares))
                  for members in by_kind(self._params, fragment)]
         return [(members, wait_for(future, self.group, "the round's pseudo-gradient"))
                 for members, future in works]

@@ -35,7 +35,9 @@ class Piece:
     the round, its samples over the round's (``round_plan.weight``). ``key``: a name
     stable across rounds (error feedback is kept under it). ``fragment``: which fragment
     (0 for DiLoCo), ``round``: the round's number, from 1. ``members``: the parameter
-    indices the values come from, in order."""
+    indices the values come from, in order. ``shares``: every member's weight in the
+    round, by rank, from the parts of the round's block the members were assigned (the
+    round's last piece; empty for a piece sent mid-round, before they are known)."""
 
     delta: torch.Tensor
     share: float
@@ -43,6 +45,7 @@ class Piece:
     fragment: int
     round: int
     members: tuple[int, ...]
+    shares: tuple[float, ...] = ()
 
 
 class RoundSum(Protocol):

@@ -23,6 +23,7 @@ Every quarantine and repair is logged with its evidence and kept in ``events``.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import logging
 import math
@@ -75,8 +76,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TrustPart:
-    """Build with ``prepare(trust=Trust(...))``; ``exchange`` is the reducer's hook."""
+class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a virtual base)
+    """Build with ``prepare(trust=Trust(...))``; ``exchange`` is the reducer's hook.
+    (An ABC only so that trust's part under rounds, ``round_part.RoundTrustPart``, is
+    found by ``opt.part(TrustPart)`` too.)"""
 
     name = "trust"
 
@@ -464,30 +467,37 @@ class TrustPart:
                  member=members[i])
 
     def _record(self, found: list[Finding], steps: int) -> None:
-        members = self._cohort.membership.members
-        for rank, kind, detail, party in found:
-            evidence = Evidence(members[rank], rank, steps, kind, detail,
-                                members[party] if party >= 0 else "")
-            if not self.strikes.add(evidence):
-                if evidence.member not in self.strikes.quarantined:
-                    note("strike", f"rank {rank} ({evidence.member}): {kind} ({detail})",
-                         step=steps, member=evidence.member)
-                continue
-            why = "; ".join(f"step {e.step}: {e.kind} ({e.detail})"
-                            for e in self.strikes.quarantined[evidence.member])
-            event = {"event": "quarantine", "step": steps, "member": evidence.member,
-                     "rank": rank, "evidence": [e.as_dict() for e in
-                                                self.strikes.quarantined[evidence.member]]}
-            self.events.append(event)
-            note("quarantine", f"rank {rank} ({evidence.member}): {why}", step=steps,
-                 member=evidence.member)
-            self._removals.append((evidence.member, why))
-            log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
-                        self._cohort.rank, evidence.member, rank, steps, why)
+        record(self.strikes, found, steps, self._cohort.membership.members, self.events,
+               self._removals, self._cohort.rank)
 
     def _tensors(self) -> list[torch.Tensor]:
         module = self._module
         return [p.data for p in module.parameters()] + [b for b in module.buffers()]
+
+
+def record(strikes: Strikes, found: Sequence[Finding], steps: int, members: Sequence[str],
+           events: list[dict[str, Any]], removals: list[tuple[str, str]], me: int) -> None:
+    """Each finding recorded as a strike; a member it quarantines goes to ``events``
+    (with its evidence) and ``removals``, and both are noted and logged."""
+    for rank, kind, detail, party in found:
+        evidence = Evidence(members[rank], rank, steps, kind, detail,
+                            members[party] if party >= 0 else "")
+        if not strikes.add(evidence):
+            if evidence.member not in strikes.quarantined:
+                note("strike", f"rank {rank} ({evidence.member}): {kind} ({detail})",
+                     step=steps, member=evidence.member)
+            continue
+        why = "; ".join(f"step {e.step}: {e.kind} ({e.detail})"
+                        for e in strikes.quarantined[evidence.member])
+        event = {"event": "quarantine", "step": steps, "member": evidence.member,
+                 "rank": rank, "evidence": [e.as_dict() for e in
+                                            strikes.quarantined[evidence.member]]}
+        events.append(event)
+        note("quarantine", f"rank {rank} ({evidence.member}): {why}", step=steps,
+             member=evidence.member)
+        removals.append((evidence.member, why))
+        log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
+                    me, evidence.member, rank, steps, why)
 
 
 SPOT_WITH_CODEC = (

@@ -55,9 +55,12 @@ WRONG_AGGREGATE = "wrong aggregate"
 WRONG_GRADIENT = "wrong gradient"
 DISPUTED = "disputed"
 REPLAYED = "replayed gradient"
-KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED, REPLAYED)
+FREE_RIDER = "free rider"  # rounds only (round_rules.py)
+COPIED = "copied pseudo-gradient"  # rounds only
+KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED, REPLAYED,
+         FREE_RIDER, COPIED)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
-                    DISPUTED: 1, REPLAYED: 1}
+                    DISPUTED: 1, REPLAYED: 1, FREE_RIDER: 2, COPIED: 1}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""An elastic job with trust on where local rank 3 sends sign-flipped gradients.
+"""An elastic job with trust on where local rank 3 sends sign-flipped gradients (with
+``--diloco H``: rounds of H local steps, and it sends its pseudo-gradients x -10).
 
 Once quarantined, the attacker tries to join again from the same seat and is refused
 (it writes its pid and the refusal to ``--refused``); honest workers train until
@@ -11,27 +12,51 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from _trust_toy import toy_job
 
 import potluck
 from potluck.errors import AdmissionError, QuarantinedError
+from potluck.sync import DiLoCoSync
+from potluck.sync.round_sum import Piece
 from potluck.trust import TrustPart
+from potluck.trust.round_part import RoundTrustPart
 from potluck_lab.attacks import Attack
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--refused", type=Path, required=True)
 parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--diloco", type=int, default=0)
 args = parser.parse_args()
+
+
+def sync() -> potluck.DiLoCo | None:
+    return potluck.DiLoCo(args.diloco, adaptive=False) if args.diloco else None
+
 
 data, net = toy_job()
 model, opt, loader = potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), data,
-                                     global_batch=32, trust=potluck.Trust())
+                                     global_batch=32, trust=potluck.Trust(), sync=sync())
 local_rank = int(os.environ["LOCAL_RANK"])
-part = opt.part(TrustPart)
+part: TrustPart | RoundTrustPart | None
+if args.diloco:
+    part, strategy = opt.part(RoundTrustPart), opt.part(DiLoCoSync)
+    assert strategy is not None
+    inner = strategy.round_sum
+
+    def flipped(piece: Piece, group: Any) -> Any:
+        if local_rank == 3:
+            piece.delta.mul_(-10)
+        return inner(piece, group)
+
+    strategy.register_round_sum(flipped)
+else:
+    part = opt.part(TrustPart)
+    assert part is not None
+    model.register_comm_hook(None, Attack(part.exchange, "sign_flip", local_rank == 3))
 assert part is not None
-model.register_comm_hook(None, Attack(part.exchange, "sign_flip", local_rank == 3))
 
 
 def agreed_stop() -> bool:
@@ -57,7 +82,8 @@ def come_back(quarantined: QuarantinedError) -> None:
     """As a cheater would: join again from the same seat. Refused with the evidence."""
     try:
         potluck.prepare(toy_job()[1], torch.optim.SGD(net.parameters(), lr=0.05), data,
-                        global_batch=32, trust=potluck.Trust(), cohort=potluck.init())
+                        global_batch=32, trust=potluck.Trust(), cohort=potluck.init(),
+                        sync=sync())
     except AdmissionError as refused:
         args.refused.write_text(f"{os.getpid()} {refused}")
         print(f"REFUSED: {refused}", file=sys.stderr, flush=True)

@@ -1,0 +1,170 @@
+"""``RoundTrustPart``: trust's step part when replicas are reconciled once a round.
+
+``prepare(sync=DiLoCo(...), trust=Trust())`` registers its ``RobustRoundSum`` as the
+sync strategy's round sum (``DiLoCoSync.register_round_sum``), so the members'
+pseudo-gradients are aggregated robustly inside the round's sync. After each committed
+round, on every member alike:
+
+1. **verdict**: the round's reports become evidence (``round_rules.judge_round``), and
+   evidence becomes strikes and quarantine (``verdict.Strikes``, counted in rounds);
+2. **agreement**: every ``Trust.fingerprint_every`` rounds the members compare a
+   fingerprint of their global parameters (one small all-gather). A member whose
+   fingerprint differs from the majority's is struck for it and repaired from the
+   majority (a broadcast of the global parameters, the replica and its buffers);
+3. **quarantine**: as every-step trust's (``part.py``): an elastic cohort removes the
+   member at this boundary and bans its seat; a fixed cohort keeps it in the group, but
+   it owns no slice and its copy gets weight 0 (its part of each round is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from potluck.cohort import Cohort
+from potluck.collectives import broadcast_coalesced, settle
+from potluck.compress import Traffic
+from potluck.errors import PeerLostError
+from potluck.events import note
+from potluck.sync.round_sum import RoundSum
+from potluck.trust.config import Trust
+from potluck.trust.fingerprint import Fingerprints
+from potluck.trust.part import TrustPart, record
+from potluck.trust.round_exchange import RobustRoundSum
+from potluck.trust.round_rules import judge_round
+from potluck.trust.verdict import DIVERGED, FAR, Evidence, Finding, Strikes, diverged
+
+log = logging.getLogger(__name__)
+
+
+class Rounds(Protocol):
+    """What trust needs of the sync strategy (``potluck.sync.DiLoCoSync``)."""
+
+    traffic: Traffic
+
+    @property
+    def global_parameters(self) -> list[torch.Tensor]: ...
+
+    def register_round_sum(self, round_sum: RoundSum) -> None: ...
+
+
+class RoundTrustPart:
+    """Build with ``prepare(sync=DiLoCo(...), trust=Trust(...))``."""
+
+    name = "trust"
+
+    def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
+                 strategy: Rounds, *, codec: Any = None, error_feedback: bool = True,
+                 assigned: Callable[[], Sequence[float] | None] | None = None) -> None:
+        if cohort.world_size < 3:
+            log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
+                        "needs at least 3 (an honest majority) to tell a bad pseudo-gradient "
+                        "from a good one; with fewer it protects nothing", cohort.rank,
+                        cohort.world_size)
+        self.config, self._cohort, self._module, self._strategy = config, cohort, module, strategy
+        self.strikes = Strikes(config.rules)
+        self.events: list[dict[str, Any]] = []
+        self._removals: list[tuple[str, str]] = []
+        self._prints = Fingerprints()
+        self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
+                                       codec, error_feedback, assigned, strategy.traffic)
+        strategy.register_round_sum(self.exchange)
+
+    def trusted(self, world_size: int) -> list[int]:
+        """Ranks whose copies count (not quarantined)."""
+        members = self._cohort.membership.members
+        return [r for r in range(world_size)
+                if r >= len(members) or members[r] not in self.strikes.quarantined]
+
+    @property
+    def quarantined(self) -> dict[str, list[Evidence]]:
+        return self.strikes.quarantined
+
+    def removals(self) -> list[tuple[str, str]]:
+        """Members quarantined after the last round, with why. Taken once."""
+        taken, self._removals = self._removals, []
+        return taken
+
+    def _member(self, rank: int) -> str:
+        members = self._cohort.membership.members
+        return members[rank] if rank < len(members) else f"rank{rank}"
+
+    # ----------------------------------------------------------- the step part
+
+    def on_commit(self, steps: int) -> None:
+        """A round committed (``steps``: rounds so far): judge it, compare replicas."""
+        cohort = self._cohort
+        n = cohort.group.size()
+        taken = self.exchange.take()
+        if n == 1:
+            return
+        found: list[Finding] = []
+        if taken is not None:
+            found = judge_round(taken.reports, taken.shares, taken.senders, self.config.rules)
+            members = cohort.membership.members
+            self.strikes.observe_far(steps, [members[i] for i in taken.senders],
+                                     {members[f.rank] for f in found if f.kind == FAR})
+        every = self.config.fingerprint_every
+        if every and steps % every == 0:
+            try:
+                found += self._agree(steps)
+            except PeerLostError:
+                if not cohort.elastic:
+                    raise
+                cohort.mark_step_failed()  # the next round recovers; no verdict this one
+                return
+        record(self.strikes, found, steps, cohort.membership.members, self.events,
+               self._removals, cohort.rank)
+
+    def _agree(self, steps: int) -> list[Finding]:
+        """Every member's fingerprint of its global parameters; a diverged one is
+        repaired from the majority (and struck)."""
+        group, n = self._cohort.group, self._cohort.group.size()
+        device = self._cohort.device  # (NCCL talks in device tensors)
+        mine = torch.tensor([self._prints(self._strategy.global_parameters)],
+                            dtype=torch.int64, device=device)
+        prints = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+        settle(lambda: group.allgather([prints], [mine]), group, "the replicas' fingerprints")
+        values = [int(p.item()) for p in prints]
+        trusted = self.trusted(n)
+        bad = diverged(values, trusted)
+        if not bad:
+            return []
+        source = next(i for i in trusted if i not in bad)
+        module = self._module
+        broadcast_coalesced([*self._strategy.global_parameters,
+                             *(p.data for p in module.parameters()), *module.buffers()],
+                            group, src=source)
+        members = self._cohort.membership.members
+        self.events.append({"event": "repair", "step": steps,
+                            "members": [members[i] for i in bad], "from": members[source]})
+        for i in bad:
+            note("repair", f"rank {i} ({members[i]}): its global parameters diverged from "
+                           f"the majority's; repaired from rank {source}", step=steps,
+                 member=members[i])
+        return [Finding(i, DIVERGED, f"global parameters' fingerprint {values[i]:#x} differs "
+                                     "from the majority's") for i in bad]
+
+    def on_membership(self, rank: int, world_size: int) -> None:
+        """A new generation: ranks were renumbered; strikes are kept by member id."""
+        self.exchange.forget()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"strikes": self.strikes.state_dict(), "events": self.events[-100:]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.strikes.load_state_dict(state.get("strikes", {}))
+        self.events = list(state.get("events", []))
+        if not self._cohort.elastic:  # a fixed job resumed (a restart): they stay out
+            for member, evidence in self.strikes.quarantined.items():
+                note("quarantine", f"{member}: still quarantined (resumed with the round "
+                                   f"{evidence[-1].step} verdict: {evidence[-1].kind})",
+                     member=member)
+
+
+# Trust's step part, whatever the sync: ``opt.part(TrustPart)`` finds this one too (its
+# ``events``, ``quarantined``, ``trusted`` and ``removals`` are the same).
+TrustPart.register(RoundTrustPart)
