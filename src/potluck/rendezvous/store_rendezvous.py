@@ -66,6 +66,7 @@ class StoreRendezvous:
         self._boundary = 0  # step boundaries passed in the current generation
         self.membership: Membership | None = None
         self._record: Record | None = None  # the current generation's, as published
+        self._bans: dict[str, str] = {}  # seats this member banned (expel), and why
         self._succession = succession_of(store)
         if self._succession is not None:  # the store may move: write back what it held
             self._succession.seeder(self._seed)
@@ -274,6 +275,7 @@ class StoreRendezvous:
         seat = (self._store.get(keys.seat(worker_id)).decode()
                 if self._store.check([keys.seat(worker_id)]) else worker_id)
         self._store.set(keys.ban(seat), why)
+        self._bans[seat] = why
         self._store.set(keys.leave(worker_id), f"quarantined {time.time():.6f}")
 
     # ------------------------------------------------------------------ failures
@@ -405,7 +407,8 @@ class StoreRendezvous:
     def _seed(self, root: Store) -> None:
         """The store moved to a successor (``potluck.succession``): write back what this
         member holds of the rendezvous, the same on every member (the first write of a
-        record wins; the others are equal), and its own heartbeat and seat."""
+        record wins; the others are equal), its own heartbeat and seat, and the seats it
+        banned."""
         store = PrefixStore(self.config.prefix, root)
         record = self._record
         if record is not None and self.membership is not None:
@@ -414,6 +417,8 @@ class StoreRendezvous:
             store.compare_set(keys.FOUNDER, "", record.leader)
         store.set(keys.heartbeat(self.worker_id), f"{time.time():.6f}")
         store.set(keys.seat(self.worker_id), self.seat)
+        for seat, why in self._bans.items():  # a quarantined member's restart stays out
+            store.set(keys.ban(seat), why)
 
     def _require_membership(self, operation: str) -> Membership:
         if self.membership is None:

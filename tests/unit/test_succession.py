@@ -1,0 +1,99 @@
+"""Where the store goes when its host is lost (``potluck.succession``), and the quorum a
+generation needs across nodes (``rendezvous.state``): pure rules, and the move itself
+against sockets on loopback with a stand-in store."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from potluck.errors import StoreLostError
+from potluck.rendezvous.state import Action, decide, has_quorum
+from potluck.succession import Candidate, Succession, reachable, successors
+
+
+def test_survivors_try_the_candidates_in_node_order_without_the_lost_node() -> None:
+    found = [Candidate(2, "10.0.0.3", 7), Candidate(0, "10.0.0.1", 5),
+             Candidate(1, "10.0.0.2", 6), Candidate(1, "10.0.0.2", 6)]  # (one twice)
+    assert [c.node for c in successors(found, lost_node=0)] == [1, 2]
+    assert [c.node for c in successors(found, lost_node=1)] == [0, 2]
+    assert Candidate.decode(found[0].encode()) == found[0]
+
+
+@pytest.mark.parametrize(("members", "ready", "ok"), [
+    ("abc", "bc", True),  # 2 of 3
+    ("abc", "c", False),  # 1 of 3
+    ("abcd", "ab", True),  # half, with the first member
+    ("abcd", "cd", False),  # the other half
+    ("ab", "b", False),  # a cohort of two that lost its first member
+    ("ab", "a", True),
+    ("abcde", "cde", True),
+])
+def test_a_quorum_is_a_majority_or_the_half_with_the_first_member(
+        members: str, ready: str, ok: bool) -> None:
+    assert has_quorum(tuple(members), set(ready)) is ok
+
+
+def test_without_a_quorum_the_leader_waits_then_fails_whatever_min_size_allows() -> None:
+    members, ready = ("a", "b", "c"), {"c"}
+    wait = decide(1.0, members=members, registered=ready, alive=ready, deadline=2.0,
+                  min_size=1, quorum=True)
+    assert wait.action is Action.WAIT
+    fail = decide(3.0, members=members, registered=ready, alive=ready, deadline=2.0,
+                  min_size=1, quorum=True)
+    assert fail.action is Action.FAIL and "not a majority" in fail.why
+    alone = decide(3.0, members=members, registered=ready, alive=ready, deadline=2.0,
+                   min_size=1)  # one node: no quorum needed
+    assert alone.action is Action.FORM and alone.members == ("c",)
+
+
+class _Store:
+    """A stand-in for a store client: what was written to it."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.keys: dict[str, Any] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value
+
+
+def test_the_store_moves_to_the_first_reachable_candidate_and_is_seeded_once() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as alive:
+        dead = socket.create_server(("127.0.0.1", 0))
+        dead_port = dead.getsockname()[1]
+        dead.close()  # (refuses connections now)
+        port = alive.getsockname()[1]
+        served, connected = [], []
+
+        def connect(c: Candidate) -> Any:
+            connected.append(c.node)
+            return _Store(c.where)
+
+        succession = Succession("run", "10.9.9.9:1", connect=connect,
+                                serve=lambda: served.append(1))
+        succession._candidates = [Candidate(0, "10.9.9.9", 1),  # the lost host itself
+                                  Candidate(1, "127.0.0.1", dead_port),
+                                  Candidate(2, "127.0.0.1", port)]
+        seeded: list[str] = []
+        succession.seeder(lambda store: seeded.append(store.where))
+        assert not reachable(Candidate(1, "127.0.0.1", dead_port))
+        where = succession.moved("10.9.9.9:1", "check", "Broken pipe")
+        assert where == f"127.0.0.1:{port}" and succession.node == 2
+        assert served == [1] and connected == [2] and seeded == [where]
+        # every later caller of the lost store finds it moved: nothing again
+        assert succession.moved("10.9.9.9:1", "get", "Broken pipe") == where
+        assert served == [1] and seeded == [where] and succession.moves == 1
+
+
+def test_with_no_candidate_reachable_the_loss_is_one_line_naming_what_was_tried() -> None:
+    succession = Succession("run", "10.9.9.9:1", connect=lambda c: _Store(c.where))
+    gone = socket.create_server(("127.0.0.1", 0))
+    port = gone.getsockname()[1]
+    gone.close()
+    succession._candidates = [Candidate(1, "127.0.0.1", port)]
+    with pytest.raises(StoreLostError) as lost:
+        succession.moved("10.9.9.9:1", "check", "Broken pipe")
+    assert f"tried 127.0.0.1:{port}" in str(lost.value) and "\n" not in str(lost.value)
