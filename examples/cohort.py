@@ -6,10 +6,11 @@
 - uneven: each worker's share of a step (`--balance`), or of a round, follows its speed;
 - far apart: `--far` trains DiLoCo rounds whose pseudo-gradients travel as int8;
   without it every step's gradients travel as int8 (both keep the error per worker);
-- untrusted: every step's int8 copies are aggregated robustly and audited, one step in
-  8 a worker's gradient is recomputed by the others (a spot check, allowing the codec's
-  rounding), and a worker caught sending bad ones is quarantined. (Trust does not check
-  DiLoCo rounds yet: `--far` drops it and says so.)
+- untrusted: every step's int8 copies are aggregated robustly and audited, and one step
+  in 8 a worker's gradient is recomputed by the others (a spot check, allowing the
+  codec's rounding); with `--far` each round's int8 pseudo-gradients are aggregated
+  robustly and checked at the round's edge. A worker caught sending bad ones is
+  quarantined.
 """
 import argparse
 
@@ -37,8 +38,9 @@ def loss_of(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
 
-if args.far:  # speed-planned rounds (adaptive), pseudo-gradients as int8
-    modes = {"sync": potluck.DiLoCo(inner_steps=args.rounds, codec=Int8Blockwise())}
+if args.far:  # speed-planned rounds (adaptive), pseudo-gradients as int8, trusted
+    modes = {"sync": potluck.DiLoCo(inner_steps=args.rounds, codec=Int8Blockwise()),
+             "trust": potluck.Trust()}
 else:
     modes = {"comm_hook": CompressedSum(Int8Blockwise()),
              "trust": potluck.Trust(spot_check=potluck.trust.SpotCheck(loss_of))}
@@ -46,8 +48,6 @@ opt_inner = torch.optim.AdamW(net.parameters(), lr=3e-3)
 model, opt, loader = potluck.prepare(net, opt_inner, data, global_batch=48, timeout=20,
                                      checkpoint_dir=args.checkpoint_dir, **modes)
 opt.leave_on_sigterm()
-if args.far and opt.cohort.rank == 0:
-    print("cohort.py --far: trust is off (it does not check DiLoCo rounds yet)", flush=True)
 while loader.epoch < args.epochs and not opt.left:
     losses = []
     for batch in loader:
