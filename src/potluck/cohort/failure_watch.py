@@ -53,6 +53,7 @@ class FailureWatch:
         self._beats: Store = prefixed(self._store, beats_prefix) if beats_prefix \
             else self._store
         self._next_peer_check = 0.0
+        self._missing: dict[str, float] = {}  # peers seen with no beat, since when
         self._waiting_since = self._last_asked = -float("inf")
         self._seen: set[int] = set()
         self._stop = threading.Event()
@@ -106,8 +107,20 @@ class FailureWatch:
         if peer is None:
             return False
         beat = read_beats(self._beats, [peer]).get(peer)
-        if beat is None or time.time() - beat <= self._heartbeat_timeout:
-            return False  # (a member that never beat is the rendezvous's to judge)
+        if beat is None:
+            # A member beats from its join on, so no beat at all means a store that
+            # moved (``potluck.succession``) without it: every live member writes its
+            # beat there within a beat or two. Missing for heartbeat_timeout, it is lost.
+            since = self._missing.setdefault(peer, now)
+            if now - since <= self._heartbeat_timeout:
+                return False
+            log.warning("member %s has no heartbeat on the store for %.1f s (the store "
+                        "moved without it): abandoning this generation's step so that the "
+                        "others go on without it", peer, now - since)
+            return True
+        self._missing.pop(peer, None)
+        if time.time() - beat <= self._heartbeat_timeout:
+            return False
         log.warning("member %s sent no heartbeat for %.1f s: abandoning this generation's "
                     "step so that the others go on without it", peer, time.time() - beat)
         return True
