@@ -166,7 +166,7 @@ def prepare(
                             workers=num_workers, prefetch=prefetch,
                             read_timeout=read_timeout, place=_placer(cohort.device),
                             sitting_out=untrusted(guard) if guard and not cohort.elastic
-                            and strategy is None else None)
+                            else None)
         return wrapped, transaction, loader
 
 

@@ -87,7 +87,8 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
                 "params": [p.detach().clone() for p in net.parameters()], "loss": loss,
                 "quarantined": {m: [e.as_dict() for e in ev]
                                 for m, ev in part.quarantined.items()} if part else {},
-                "events": part.events if part else []}
+                "events": part.events if part else [],
+                "samples": strategy.last.samples if strategy.last else 0}
     finally:
         cohort.close()
 
@@ -127,7 +128,8 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
     quarantined after round 3 on every member with the evidence of those rounds; the
     global models stay bitwise equal (and the replicas, but under Streaming DiLoCo,
     which mixes each member's own into its replica), and the final loss is the clean
-    run's within 10% (without trust the same attack leaves it far worse). Under DiLoCo, Local SGD,
+    run's within 10% (without trust the same attack leaves it far worse): once out, it
+    sits out, and the others train its part of each round. Under DiLoCo, Local SGD,
     Streaming DiLoCo (2 fragments: each round's reports cover both) and through an
     int8 codec (the owners judge the decoded copies)."""
     from potluck import Trust
@@ -149,6 +151,10 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
                                                          attacked[0]["params"], strict=True))
     assert abs(attacked[0]["loss"] - clean[0]["loss"]) <= 0.1 * clean[0]["loss"], \
         (attacked[0]["loss"], clean[0]["loss"])
+    # Quarantined on a fixed cohort, rank 3 sits out: one sample of each part of a
+    # round (a measuring start and the rest), the others share the rest of the block.
+    assert 1 <= attacked[ATTACKER]["samples"] <= 2, attacked[ATTACKER]["samples"]
+    assert sum(r["samples"] for r in attacked) == H * GLOBAL_BATCH
     unguarded = _run(None, attack=True, sync=sync)
     assert unguarded[0]["loss"] > 2 * clean[0]["loss"], (unguarded[0]["loss"], clean[0]["loss"])
 

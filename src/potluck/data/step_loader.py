@@ -45,8 +45,8 @@ Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read eve
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
 # (this rank's part, the segment of the round), as [start, stop) positions in the
-# epoch permutation -> its local steps
-InnerSteps = Callable[[tuple[int, int], tuple[int, int]], int]
+# epoch permutation, and the members whose work counts (None: all) -> its local steps
+InnerSteps = Callable[[tuple[int, int], tuple[int, int], "int | None"], int]
 # a round's block -> the segments it is handed out in
 Segments = Callable[[tuple[int, int]], Sequence[tuple[int, int]]]
 
@@ -82,8 +82,10 @@ class StepLoader:
         ``sitting_out(world_size)``: ranks whose gradients count for nothing (quarantined
         by trust on a fixed cohort): the others share the whole step, so every sample is
         still trained once, and such a rank reads the step's first sample only, so its
-        loop still runs the step's collectives. ``handout``: where it writes what it
-        handed out (the split, the batches), for parts built before it."""
+        loop still runs the step's collectives (under rounds it is handed one sample of
+        each part of the round, its own: the parts must tile the round's block, and the
+        others' local steps are those of a cohort without it). ``handout``: where it
+        writes what it handed out (the split, the batches), for parts built before it."""
         check_workers(workers, prefetch, read_timeout)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
@@ -244,7 +246,9 @@ class StepLoader:
                     f"{stop}) of the round at sample {state.cursor}: every rank must train "
                     "on at least one sample of each part of a round; use a global batch "
                     "of at least the world size")
-            steps = self._inner_of((part.start, part.stop), (start, stop))
+            out = set(self._sitting_out(world_size)) & set(range(world_size))
+            steps = self._inner_of((part.start, part.stop), (start, stop),
+                                   world_size - len(out) if out else None)
             counts = split_counts(len(part), equal_shares(steps))
             firsts = itertools.accumulate(counts, initial=part.start)  # (one too many)
             batches = [self._planned(state.epoch, first, first + count)
@@ -264,6 +268,8 @@ class StepLoader:
                 f"{world_size}: a share policy's shares(world_size) returns one weight per "
                 "rank of the current membership")
         out = set(self._sitting_out(world_size)) & set(range(world_size))
+        if out and len(out) < world_size and self._inner_of is not None:
+            return _one_each(shares, block, out)
         if out and len(out) < world_size:
             shares = [0.0 if r in out else float(s) for r, s in enumerate(shares)]
             if not any(shares):  # (the policy gave the rest nothing: equal among them)
@@ -313,6 +319,20 @@ class StepLoader:
 
     def _epoch_done(self) -> bool:
         return not self.cursor.global_indices()
+
+
+def _one_each(shares: Sequence[float], block: int, out: Collection[int]) -> list[float]:
+    """Under rounds, shares that give each rank sitting ``out`` one sample of the block
+    and the others the rest by ``shares``: a round's parts tile its block, and every
+    member takes part in the round's sync (a quarantined member's copy counts for
+    nothing: its one sample is lost, not its whole share)."""
+    rest = block - len(out)
+    if rest < 1:
+        return [1.0] * len(shares)
+    kept = [0.0 if r in out else float(s) for r, s in enumerate(shares)]
+    counts = split_counts(rest, kept if any(kept) else
+                          [0.0 if r in out else 1.0 for r in range(len(shares))])
+    return [1.0 if r in out else float(c) for r, c in enumerate(counts)]
 
 
 def _fitted(shares: Sequence[float], block: int, world_size: int,

@@ -194,9 +194,11 @@ class DiLoCoSync:
         self._started = time.perf_counter()
         return self._segments
 
-    def inner_steps(self, part: Range, segment: Range) -> int:
+    def inner_steps(self, part: Range, segment: Range, counted: int | None = None) -> int:
         """The loader hands out this rank's part of the round's next segment (positions
-        in the epoch): its local steps."""
+        in the epoch): its local steps. ``counted``: the members whose work counts, where
+        fewer than the group (a quarantined member sits out on a fixed cohort): a local
+        step's batch is then what it would be in a cohort of that many."""
         at = len(self._parts)
         if at >= len(self._segments) or segment != self._segments[at]:
             raise ConfigError(
@@ -212,7 +214,7 @@ class DiLoCoSync:
         self._parts.append(part)
         samples = part[1] - part[0]
         self._samples += samples
-        steps = local_steps(samples, self.global_batch, self.group.size())
+        steps = local_steps(samples, self.global_batch, counted or self.group.size())
         before, self._due = self._due, self._due + steps
         if at + 1 == len(self._segments):  # fragments go spread over the last segment
             self._points = tuple(before + point
