@@ -70,7 +70,8 @@ def drive(bench: Bench[C, R], args: argparse.Namespace) -> int:
         return 130
     except PotluckError as exc:  # the logs stay: the message says where
         print(f"{prefix}: {exc}", file=sys.stderr)
-        return 1
+        # a job that refused its settings is a bad configuration (2), as a flag is
+        return 2 if isinstance(exc, ConfigError) else 1
     _discard(logs, kept)
     json_path = getattr(args, "json", None)
     if json_path:  # first: a report that fails must not lose the run

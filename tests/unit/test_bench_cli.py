@@ -65,3 +65,22 @@ def test_bad_counts_exit_2_naming_the_flag(
     err = capsys.readouterr().err
     assert f"potluck bench {argv[0]}: " in err and message in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("error", "code"), [("config", 2), ("lost", 1)])
+def test_a_jobs_refused_settings_exit_2_and_its_other_failures_1(
+        error: str, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from potluck.errors import ConfigError, PeerLostError
+    from potluck_lab.driver import Bench, drive
+
+    def measure(config: None, logs: Path) -> None:
+        if error == "config":
+            raise ConfigError("prepare(...) refused the job's settings: the fix")
+        raise PeerLostError("a peer was lost", rank=0, generation=0, cause="gone")
+
+    bench: Bench[None, None] = Bench("probe", lambda args: None, measure,
+                                     lambda c, r: [], lambda c, r: {})
+    assert drive(bench, argparse.Namespace()) == code
+    assert "potluck bench probe: " in capsys.readouterr().err
