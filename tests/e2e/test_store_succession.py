@@ -4,7 +4,8 @@ Three ``potluck run --elastic`` agents, one worker each. Node 0 hosts the store.
 training runs, node 0 is killed outright (its agent, with the store, and its worker).
 The store moves to node 1's agent (the first reachable successor), the two survivors
 are a majority of the three and form the next generation, redo the step in flight and
-finish. Every global batch is trained exactly once with equal shares and a mean loss,
+finish. Node 0's command run again meanwhile refuses to host a second store for the job
+and says how to join the running one. Every global batch is trained exactly once with equal shares and a mean loss,
 so the final parameters equal one process on the same global batches (float64).
 """
 
@@ -48,7 +49,14 @@ def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
             time.sleep(0.1)
         os.killpg(nodes[0].pid, signal.SIGKILL)  # the agent, its store, its worker
         nodes[0].wait()
-        for node in nodes[1:]:
+        while "it moved to node 1 at " not in logs[1].read_text():
+            assert nodes[1].poll() is None, logs[1].read_text()[-3000:]
+            time.sleep(0.1)
+        # Node 0's command again: it must not host a second store for the same job.
+        again = tmp_path / "node0-again.log"
+        nodes.append(_node(0, port, again, out, tmp_path))
+        assert nodes[3].wait(timeout=60) == 2, again.read_text()[-3000:]
+        for node in nodes[1:3]:
             node.wait()  # (the test's timeout bounds it)
     finally:
         for node in nodes:
@@ -61,6 +69,10 @@ def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
         assert "it moved to node 1 at " in texts[n], texts[n][-3000:]
         for noise in ("frame #", "Exception raised from", "Traceback"):
             assert noise not in texts[n], f"{noise!r} on node {n}:\n{texts[n][-3000:]}"
+    refused = again.read_text()
+    assert "job 'succession' is still running without this node: its store moved to node 1" \
+        in refused, refused[-3000:]
+    assert "--master-addr 127.0.0.1 --master-port " in refused
     finished = texts[1] + texts[2]
     assert f"epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 2 workers" in finished
     assert_equal_to_one_process(out, EPOCHS)

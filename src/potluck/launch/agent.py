@@ -32,6 +32,7 @@ from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
+from potluck.launch.moved import forget
 from potluck.launch.policy import Action, Outcome, next_action, not_to_restart
 from potluck.launch.quiet import Quieter
 from potluck.launch.report import (
@@ -239,6 +240,7 @@ class Agent:
             except RendezvousError as exc:  # this node's outcome stands; say why we quit
                 self._emit(f"potluck run: closing the store anyway: {exc}")
         if outcome is Outcome.SUCCEEDED:
+            forget(cfg.run_id)  # (nothing left to guard a restarted node 0 against)
             return 0
         if outcome is Outcome.NO_COHORT:  # (reported above)
             return 1
@@ -481,7 +483,7 @@ class Agent:
         try:
             while True:
                 if job_store.succession is not None and time.monotonic() - learned > LEARN_S:
-                    job_store.succession.learn(store)  # (nodes that came since)
+                    job_store.learn(store)  # (nodes that came since)
                     learned = time.monotonic()
                 if self._signal is not None:
                     return Outcome.INTERRUPTED

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from potluck import keys
 from potluck.errors import ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig
+from potluck.launch.moved import moved_to, remember
 from potluck.launch.policy import CohortView, roll_call
 from potluck.succession import Candidate, Succession, publish
 
@@ -62,12 +63,14 @@ class JobStore:
                  say: Say | None = None) -> None:
         """``say``: where a node other than 0 tells how its wait for node 0 goes."""
         self._config, self._stopping, self._say = config, stopping, say
+        successors = config.elastic and config.nnodes > 1
+        if successors and config.node_rank == 0:
+            refuse_if_moved(config)
         self._listener = listen(config) if config.node_rank == 0 else None
         self.port = (self._listener.getsockname()[1] if self._listener is not None
                      else config.port_to_host())
         self._store: Store | None = None
-        self._successor = (successor_socket() if config.elastic and config.nnodes > 1
-                           else None)
+        self._successor = successor_socket() if successors else None
         self._serving: TCPStore | None = None  # the successor store this agent serves
         self.succession: Succession | None = None
 
@@ -94,8 +97,15 @@ class JobStore:
         relay = RelayStore(client, where, succession=self.succession)
         publish(relay, cfg.run_id, mine)
         self.succession.seeder(lambda root: publish(root, cfg.run_id, mine))
-        self.succession.learn(relay)
+        self.learn(relay)
         return relay
+
+    def learn(self, store: Store) -> None:
+        """Read the store's successors again, and keep them on this machine (a node 0
+        started again finds where the store went: ``moved.py``)."""
+        if self.succession is not None:
+            self.succession.learn(store)
+            remember(self._config.run_id, self.succession.candidates)
 
     def _serve(self) -> None:
         """The store's host is lost: serve one on this agent's successor socket (the
@@ -122,6 +132,22 @@ class JobStore:
         if self.succession is not None and self.succession.moves:
             return self.succession.node == self._config.node_rank
         return self._config.node_rank == 0
+
+
+def refuse_if_moved(config: LaunchConfig) -> None:
+    """Node 0 of a multi-node elastic job, before it hosts a store: if this job's store
+    moved to another node while this one was away, joining it is the way in."""
+    moved = moved_to(config.run_id, config.node_rank)
+    if moved is None:
+        return
+    raise ConfigError(
+        f"job {config.run_id!r} is still running without this node: its store moved to "
+        f"node {moved.node} at {moved.where} when node 0 was lost, so node 0 must not "
+        "host a second one (its workers would train a cohort of their own). Start this "
+        f"node as a late node of the running job: potluck run --elastic --nnodes "
+        f"MIN:MAX --node-rank R --master-addr {moved.host} --master-port {moved.port} "
+        f"--run-id {config.run_id} ... (R: a node rank no running node has; the cohort "
+        "admits its workers at a step boundary)")
 
 
 def successor_socket() -> socket.socket:
