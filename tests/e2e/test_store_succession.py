@@ -5,8 +5,9 @@ training runs, node 0 is killed outright (its agent, with the store, and its wor
 The store moves to node 1's agent (the first reachable successor), the two survivors
 are a majority of the three and form the next generation, redo the step in flight and
 finish. Node 0's command run again meanwhile refuses to host a second store for the job
-and says how to join the running one. Every global batch is trained exactly once with equal shares and a mean loss,
-so the final parameters equal one process on the same global batches (float64).
+and says how to join the running one. Every global batch is trained exactly once with
+equal shares and a mean loss, so the final parameters equal one process on the same
+global batches (float64).
 """
 
 from __future__ import annotations
