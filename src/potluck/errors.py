@@ -76,8 +76,10 @@ class StoreLostError(RendezvousError):
     rank 0 without a launcher) was killed or cut off, and no successor took it."""
 
     def __init__(self, where: str, what: str, cause: str,
-                 tried: list[str] | None = None) -> None:
-        if tried:
+                 tried: list[str] | None = None, *, moved: bool = False) -> None:
+        if moved:
+            then = "it had just moved there from a lost host, and it is gone too"
+        elif tried:
             then = (f"no other node's agent could take the store (tried "
                     f"{', '.join(tried)}: none answered from here)")
         else:

@@ -19,6 +19,7 @@ cannot clone a store written in Python).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -32,6 +33,7 @@ from potluck.succession import Succession
 T = TypeVar("T")
 
 SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
+POLL_S = 0.01  # how often a wait for a key asks again
 
 
 class _Silent(Exception):
@@ -47,25 +49,29 @@ class RelayStore(Store):
         super().__init__()
         self._inner, self.where = inner, where
         self._succession, self._prefix = succession, prefix
+        self._moving = threading.Lock()
         Store.set_timeout(self, getattr(inner, "timeout"))  # noqa: B009  (stubs lack it)
 
     def _call(self, what: str, call: Callable[[], T], *, blocking: bool = False) -> T:
         """``call`` on the store; ``blocking``: it may wait for a key (``get``,
         ``wait``), so no deadline but the store's own."""
+        tried = self.where  # (where this call went: another thread may move the relay)
         try:
             return self._answered(call, blocking)
         except (dist.DistNetworkError, _Silent) as exc:
             cause = _first_line(exc)
             if self._succession is None:
                 raise StoreLostError(self.where, what, cause) from None
-        where = self._succession.moved(self.where, what, cause)  # (or StoreLostError)
-        client = self._succession.client()
-        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
-        self.where = where
+        where = self._succession.moved(tried, what, cause)  # (or StoreLostError)
+        with self._moving:
+            if self.where != where:  # (the first of this relay's callers to get here)
+                client = self._succession.client()
+                self._inner = PrefixStore(self._prefix, client) if self._prefix else client
+                self.where = where
         try:
             return self._answered(call, blocking)  # (a loop's read or write, again)
         except (dist.DistNetworkError, _Silent) as exc:
-            raise StoreLostError(where, what, _first_line(exc)) from None
+            raise StoreLostError(where, what, _first_line(exc), moved=True) from None
 
     def _answered(self, call: Callable[[], T], blocking: bool) -> T:
         """``call``'s answer. Where the store can move, a call that gets no answer in
@@ -105,7 +111,10 @@ class RelayStore(Store):
         self._inner.check([key])
 
     def get(self, key: str) -> bytes:
-        return self._call("get", lambda: self._inner.get(key), blocking=True)
+        if self._succession is not None:  # (no call that waits: see _until)
+            self._until([key], None, f"key {key!r}")
+        return self._call("get", lambda: self._inner.get(key),
+                          blocking=self._succession is None)
 
     def add(self, key: str, amount: int) -> int:
         return self._call("add", lambda: self._inner.add(key, amount))
@@ -117,10 +126,25 @@ class RelayStore(Store):
         return self._call("check", lambda: self._inner.check(keys))
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if self._succession is not None:
+            self._until(keys, timeout, f"keys {keys}")
+            return
         if timeout is None:
             self._call("wait", lambda: self._inner.wait(keys), blocking=True)
         else:
             self._call("wait", lambda: self._inner.wait(keys, timeout), blocking=True)
+
+    def _until(self, keys: list[str], timeout: timedelta | None, what: str) -> None:
+        """Wait for ``keys`` by asking ``check`` every ``POLL_S``: c10d's own waits get
+        no deadline of ours, and on a cut link they never return (a call that gets no
+        answer must move the store, not hang its caller)."""
+        limit = (timeout or getattr(self, "timeout")).total_seconds()  # noqa: B009
+        deadline = time.monotonic() + limit
+        while not self.check(keys):
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"waited {limit:g} s for {what} on the store at "
+                                          f"{self.where}; it never came")
+            time.sleep(POLL_S)
 
     def delete_key(self, key: str) -> bool:
         return self._call("delete_key", lambda: self._inner.delete_key(key))
@@ -135,6 +159,17 @@ class RelayStore(Store):
         """A relay on a new connection to the same store."""
         inner = self._call("connect", lambda: getattr(self._inner, "clone")())  # noqa: B009
         return RelayStore(inner, self.where, succession=self._succession, prefix=self._prefix)
+
+
+def for_c10d(store: Store) -> Store:
+    """A store c10d's own C++ code may hold (a process group's rendezvous, NCCL's lazy
+    init on its threads): for a relay, a new client of the store where it is now, not
+    the relay (a store written in Python needs the GIL on every call, the deadlock
+    class of pytorch/pytorch#104103); any other store as it is."""
+    if not isinstance(store, RelayStore):
+        return store
+    client: Store = store._call("connect", lambda: getattr(store._inner, "clone")())  # noqa: B009
+    return client
 
 
 def succession_of(store: Store) -> Succession | None:

@@ -109,17 +109,25 @@ class Succession:
         self._connect = connect or _client
         self._serve = serve
         self._candidates: list[Candidate] = []
+        self._root: Store | None = None
         self._seeders: list[Callable[[Store], None]] = []
         self._lock = threading.RLock()
         self.moves = 0  # how many times the store moved
 
+    def use(self, root: Store) -> None:
+        """The process's own relay of the whole store (``learn`` reads through it: a
+        relay's calls have deadlines, and move with the store)."""
+        self._root = root
+
     def learn(self, store: Store | None = None) -> None:
-        """Read the candidates from ``store`` (the job's, unprefixed; None: a new
-        connection), while it lives. A store already lost teaches nothing."""
+        """Read the candidates from ``store`` (the job's, unprefixed; None: the relay
+        given to ``use``), while it lives. A store already lost teaches nothing."""
+        source = store if store is not None else self._root
+        if source is None:
+            return
         try:
-            self._candidates = read(store if store is not None else self.client(),
-                                    self.run_id)
-        except RuntimeError as exc:
+            self._candidates = read(source, self.run_id)
+        except RuntimeError as exc:  # (StoreLostError too: the relay said it)
             log.debug("could not read the store's successors: %s", exc)
 
     @property

@@ -97,3 +97,24 @@ def test_with_no_candidate_reachable_the_loss_is_one_line_naming_what_was_tried(
     with pytest.raises(StoreLostError) as lost:
         succession.moved("10.9.9.9:1", "check", "Broken pipe")
     assert f"tried 127.0.0.1:{port}" in str(lost.value) and "\n" not in str(lost.value)
+
+
+def test_the_quorum_counts_nodes_and_a_node_whose_agent_beats_here_is_on_this_side() -> None:
+    from potluck.rendezvous.state import node_of
+
+    seats = {"a": "h0:node0:local0", "b": "h0:node0:local1", "c": "h1:node1:local0",
+             "d": "h2:node2:local0"}
+    nodes = {m: node_of(m, seat) for m, seat in seats.items()}
+    members = ("a", "b", "c", "d")
+    # One of node 0's two workers died: nodes 0, 1, 2 are all still here.
+    assert has_quorum(members, {"a", "c", "d"}, nodes)
+    # Node 0 cut off (both workers): nodes 1 and 2 of 3 go on; node 0 alone does not.
+    assert has_quorum(members, {"c", "d"}, nodes)
+    assert not has_quorum(members, {"a", "b"}, nodes)
+    # Two nodes, node 0's only worker died but its agent beats on this store: no split.
+    two = {"a": (0, "000000"), "c": (0, "000001")}
+    assert not has_quorum(("a", "c"), {"c"}, two)
+    assert has_quorum(("a", "c"), {"c"}, two, present={(0, "000000")})
+    # The lowest node breaks a tie, whoever founded the cohort.
+    assert has_quorum(("c", "a"), {"a"}, two) and not has_quorum(("c", "a"), {"c"}, two)
+    assert node_of("x", "no-seat-here") == (1, "x") and node_of("y", None) == (1, "y")

@@ -19,6 +19,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import ConfigError, RendezvousError
 from potluck.group import ProcessGroupLike
+from potluck.relay import for_c10d
 
 BACKENDS = ("gloo", "nccl")
 
@@ -50,8 +51,9 @@ class GroupSpec:
 
 def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
                generation: int) -> ProcessGroupLike:
-    """Create the backend object under ``prefix``; blocks until every rank connected."""
-    prefixed = PrefixStore(prefix, store)
+    """Create the backend object under ``prefix``; blocks until every rank connected.
+    The group holds a c10d client of the store, never a relay (``relay.for_c10d``)."""
+    prefixed = PrefixStore(prefix, for_c10d(store))
     delta = timedelta(seconds=spec.timeout)
     try:
         if spec.backend == "nccl":

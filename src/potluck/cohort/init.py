@@ -137,7 +137,8 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
             "is the launcher's agent on node 0 still running?"
         ) from exc
     if succession is not None:
-        succession.learn(store)
+        succession.use(store)
+        succession.learn()
     return store
 
 

@@ -95,8 +95,9 @@ def roll_call(pending: list[int], beats: dict[int, float], *, now: float,
 
 
 # A worker that ended so is out of the cohort for good: the cohort's trust checks put it
-# out, or refused its seat at admission for that. A restart would only be refused again.
-BANNED = ("QuarantinedError", "SeatBannedError")
+# out, or refused its seat at admission for that, or its side of a split cohort is not
+# a majority (the other side goes on without it). A restart would only be refused again.
+BANNED = ("QuarantinedError", "SeatBannedError", "NoQuorumError")
 
 
 def not_to_restart(error: ErrorRecordLike | None) -> bool:

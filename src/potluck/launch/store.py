@@ -95,6 +95,7 @@ class JobStore:
         mine = Candidate(cfg.node_rank, advertised_host(cfg), self._successor.getsockname()[1])
         self.succession = Succession(cfg.run_id, where, serve=self._serve)
         relay = RelayStore(client, where, succession=self.succession)
+        self.succession.use(relay)
         publish(relay, cfg.run_id, mine)
         self.succession.seeder(lambda root: publish(root, cfg.run_id, mine))
         self.learn(relay)
@@ -118,6 +119,11 @@ class JobStore:
             "0.0.0.0", self._successor.getsockname()[1], None, True,
             timedelta(seconds=self._config.join_timeout), wait_for_workers=False,
             master_listen_fd=self._successor.detach())
+        # A successor's store holds a cohort that already exists: nobody founds one on
+        # it (a worker restarted before the members wrote their records back waits to
+        # be admitted instead of forming a generation 0 of its own).
+        founder = f"{keys.rendezvous_root(self._config.run_id)}/{keys.FOUNDER}"
+        self._serving.compare_set(founder, "", MOVED)
 
     def address(self) -> tuple[str, int]:
         """Where the job's store is now: node 0's, or the successor it moved to."""
@@ -132,6 +138,9 @@ class JobStore:
         if self.succession is not None and self.succession.moves:
             return self.succession.node == self._config.node_rank
         return self._config.node_rank == 0
+
+
+MOVED = "(the store moved here: the cohort exists)"  # a successor store's founder
 
 
 def refuse_if_moved(config: LaunchConfig) -> None:
@@ -555,7 +564,7 @@ class Presence:
     the roll back."""
 
     def __init__(self, store: Store, config: LaunchConfig) -> None:
-        from potluck.relay import succession_of
+        from potluck.relay import prefixed, succession_of
         from potluck.rendezvous.heartbeat import Heartbeat
 
         self._store, self._run_id = store, config.run_id
@@ -564,6 +573,9 @@ class Presence:
         store.set(_roll(config.run_id, f"who/{self.index}"), self._who)
         self._beat = Heartbeat(_beats(store, config.run_id), f"agent{self.index}",
                                AGENT_BEAT).start()
+        # and where the cohort's quorum reads it: this node is on this store's side
+        self._node_beat = Heartbeat(prefixed(store, keys.rendezvous_root(config.run_id)),
+                                    f"node{config.node_rank}", AGENT_BEAT).start()
         succession = succession_of(store)
         if succession is not None:
             succession.seeder(self._seed)
@@ -582,6 +594,7 @@ class Presence:
         """Done with the store: stop beating, then say so (node 0 may be gone already:
         this node's outcome stands)."""
         self._beat.stop()
+        self._node_beat.stop()
         with contextlib.suppress(RuntimeError):
             self._store.set(_roll(self._run_id, f"done/{self.index}"), "1")
 

@@ -11,7 +11,7 @@ loss, leave and timeout are all tested without a store or a socket.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
@@ -67,11 +67,31 @@ def admit(gen: Generation, joiners: Sequence[str]) -> Generation:
 NO_QUORUM = "not a majority"  # in a failed generation's error: NoQuorumError
 
 
-def has_quorum(members: Sequence[str], ready: Collection[str]) -> bool:
-    """Whether ``ready`` can go on for ``members``: more than half of them, or exactly
-    half holding the first member (of two halves of a split, only one holds it)."""
-    count = sum(m in ready for m in members)
-    return 2 * count > len(members) or (2 * count == len(members) and members[0] in ready)
+Node = tuple[int, str]  # (0, node rank) for a member on a known node; (1, its id) else
+
+
+def node_of(member: str, seat: str | None) -> Node:
+    """The node a member runs on, from its seat ("host:node3:local0", what
+    ``potluck run`` gives it): a member without one is a node of its own."""
+    for part in (seat or "").split(":"):
+        if part.startswith("node") and part[4:].isdigit():
+            return (0, part[4:].zfill(6))
+    return (1, member)
+
+
+def has_quorum(members: Sequence[str], ready: Collection[str],
+               nodes: Mapping[str, Node] | None = None,
+               present: Collection[Node] = ()) -> bool:
+    """Whether ``ready`` can go on for ``members`` (the last generation), counted by
+    node (``nodes``: each member's; None: each member a node): a partition splits
+    hosts, not the workers on one. A node is on this side when one of its members is
+    ready, or its agent still beats on this store (``present``: it is on no other side;
+    a worker that died there is no split). More than half of the nodes, or exactly half
+    holding the lowest one (of two halves of a split, only one holds it)."""
+    node = (lambda m: nodes.get(m, (1, m))) if nodes is not None else (lambda m: (1, m))
+    every = sorted({node(m) for m in members})
+    here = {node(m) for m in members if m in ready} | (set(present) & set(every))
+    return 2 * len(here) > len(every) or (2 * len(here) == len(every) and every[0] in here)
 
 
 def pick_leader(members: Iterable[str], alive: Collection[str]) -> str | None:
@@ -105,6 +125,8 @@ def decide(
     deadline: float,
     min_size: int,
     quorum: bool = False,
+    nodes: Mapping[str, Node] | None = None,
+    present: Collection[Node] = (),
 ) -> Decision:
     """What the leader does now about the generation after ``members``.
 
@@ -114,20 +136,22 @@ def decide(
     then it forms the generation of the registered members, in their old order, or
     fails if they are fewer than ``min_size``. With ``quorum`` (a cohort across nodes,
     whose store can move: ``potluck.succession``) they must also be a quorum of
-    ``members`` (``has_quorum``), or it fails at the deadline: two sides of a split
-    cohort never both go on.
+    ``members`` by node (``has_quorum``, with ``nodes`` and ``present``), or it fails
+    at the deadline: two sides of a split cohort never both go on.
     """
     ready = tuple(m for m in members if m in registered)
     waiting = tuple(m for m in members if m in alive and m not in registered)
-    if quorum and not has_quorum(members, ready):
+    if quorum and not has_quorum(members, ready, nodes, present):
         if now < deadline:
             return Decision(Action.WAIT, ready, waiting)
         return Decision(
             Action.FAIL, ready, waiting,
             why=f"only {len(ready)} of the generation's {len(members)} members "
-                f"{list(ready)} registered by the deadline, {NO_QUORUM} (nor half with "
-                f"its first member, {members[0]}): the others may go on as a cohort of "
-                "their own, so this side stops (a split cohort never trains twice)")
+                f"{list(ready)} registered by the deadline, and their nodes are "
+                f"{NO_QUORUM} of the generation's (nor half with its lowest node): the "
+                "others may go on as a cohort of their own, so this side stops (a split "
+                "cohort never trains twice); if no side goes on, restart the job on the "
+                "hosts that are up (its checkpoint resumes it)")
     enough = len(ready) >= min_size
     if not waiting and enough:
         return Decision(Action.FORM, ready)

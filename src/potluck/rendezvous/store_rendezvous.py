@@ -38,7 +38,7 @@ from potluck.relay import prefixed, succession_of
 from potluck.rendezvous import admission
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
-from potluck.rendezvous.state import NO_QUORUM, Action, decide, pick_leader
+from potluck.rendezvous.state import NO_QUORUM, Action, Node, decide, node_of, pick_leader
 
 log = logging.getLogger(__name__)
 
@@ -319,9 +319,11 @@ class StoreRendezvous:
     def _lead(self, current: Membership, reason: str, registered: set[str],
               alive: set[str], started: float) -> None:
         cfg = self.config
+        nodes = self._nodes(current.members) if cfg.quorum else None
         decision = decide(time.monotonic(), members=current.members, registered=registered,
                           alive=alive, deadline=started + cfg.settle_timeout,
-                          min_size=cfg.min_size, quorum=cfg.quorum)
+                          min_size=cfg.min_size, quorum=cfg.quorum, nodes=nodes,
+                          present=self._present(nodes) if nodes else ())
         if decision.action is Action.WAIT:
             time.sleep(cfg.poll_interval)
             return
@@ -403,6 +405,20 @@ class StoreRendezvous:
             self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
         return membership
+
+    def _nodes(self, members: Collection[str]) -> dict[str, Node]:
+        """Each member's node, from its seat (the quorum counts nodes)."""
+        seats = {m: self._store.get(keys.seat(m)).decode()
+                 for m in members if self._store.check([keys.seat(m)])}
+        return {m: node_of(m, seats.get(m)) for m in members}
+
+    def _present(self, nodes: dict[str, Node]) -> set[Node]:
+        """Nodes whose launcher's agent beats on this store (``agent_beat``): such a
+        node is on no other side of a split, whatever became of its workers."""
+        names = {f"node{int(n[1])}": n for n in set(nodes.values()) if n[0] == 0}
+        beats = read_beats(self._store, names)
+        return {names[name] for name in fresh(time.time(), beats,
+                                              self.config.heartbeat_timeout)}
 
     def _seed(self, root: Store) -> None:
         """The store moved to a successor (``potluck.succession``): write back what this
