@@ -118,3 +118,16 @@ def test_the_quorum_counts_nodes_and_a_node_whose_agent_beats_here_is_on_this_si
     # The lowest node breaks a tie, whoever founded the cohort.
     assert has_quorum(("c", "a"), {"a"}, two) and not has_quorum(("c", "a"), {"c"}, two)
     assert node_of("x", "no-seat-here") == (1, "x") and node_of("y", None) == (1, "y")
+
+
+def test_the_quorum_counts_from_the_last_generation_that_trained() -> None:
+    # Generation (a, b, c) trained; (a, b) formed on node 0's store with a registration b
+    # sent before its link was cut, and never trained. Alone, a is half of (a, b) with
+    # the lowest node, but one node of the three that trained: it stops.
+    nodes = {"a": (0, "000000"), "b": (0, "000001"), "c": (0, "000002")}
+    fail = decide(3.0, members=("a", "b"), registered={"a"}, alive={"a"}, deadline=2.0,
+                  min_size=1, quorum=True, nodes=nodes, base=("a", "b", "c"))
+    assert fail.action is Action.FAIL
+    form = decide(3.0, members=("a", "b"), registered={"a"}, alive={"a"}, deadline=2.0,
+                  min_size=1, quorum=True, nodes=nodes)
+    assert form.action is Action.FORM

@@ -46,6 +46,7 @@ class Cohort:
         self.device = device or torch.device("cpu")
         self.events: list[dict[str, Any]] = []  # membership changes, as this worker saw them
         self._source, self._store, self._spec, self._prefix = source, store, spec, group_prefix
+        self._committed = -1  # the last generation this worker committed a step in
         self.membership: Membership = source.join()
         # Admitted into a running cohort (not a founder): it must receive the live state.
         self.joined_late = self.membership.generation > 0 and \
@@ -123,6 +124,13 @@ class Cohort:
         self.membership = self._source.next_generation(reason)
         self._move(started, reason)
         return self.membership
+
+    def committed(self) -> None:
+        """A step (or round) committed in this generation: every member of it trained
+        together, so it is the one a split cohort's quorum counts from."""
+        if self._committed != self.generation:
+            self._committed = self.generation
+            self._source.committed()
 
     def mark_step_failed(self) -> None:
         """Tell the other members this generation's step failed here, so a member still

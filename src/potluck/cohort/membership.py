@@ -49,6 +49,10 @@ class MembershipSource(Protocol):
 
     def step_failed(self, generation: int) -> bool: ...
 
+    def committed(self) -> None:
+        """A step committed in the current generation."""
+        ...
+
     def finish(self) -> None: ...
 
     def close(self) -> None: ...
@@ -92,6 +96,9 @@ class FixedMembership:
 
     def step_failed(self, generation: int) -> bool:
         return False
+
+    def committed(self) -> None:
+        """A fixed job's one generation needs no quorum."""
 
     def finish(self) -> None:
         """Nothing waits to join a fixed job."""
@@ -153,6 +160,9 @@ class RendezvousMembership:
 
     def step_failed(self, generation: int) -> bool:
         return self._failures is not None and self._failures.seen(generation)
+
+    def committed(self) -> None:
+        self.rendezvous.committed()
 
     def finish(self) -> None:
         self.rendezvous.mark_finished()

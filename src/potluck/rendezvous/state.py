@@ -127,6 +127,7 @@ def decide(
     quorum: bool = False,
     nodes: Mapping[str, Node] | None = None,
     present: Collection[Node] = (),
+    base: Sequence[str] = (),
 ) -> Decision:
     """What the leader does now about the generation after ``members``.
 
@@ -136,12 +137,13 @@ def decide(
     then it forms the generation of the registered members, in their old order, or
     fails if they are fewer than ``min_size``. With ``quorum`` (a cohort across nodes,
     whose store can move: ``potluck.succession``) they must also be a quorum of
-    ``members`` by node (``has_quorum``, with ``nodes`` and ``present``), or it fails
-    at the deadline: two sides of a split cohort never both go on.
+    ``base`` (the last generation that trained; default ``members``) by node
+    (``has_quorum``, with ``nodes`` and ``present``), or it fails at the deadline: two
+    sides of a split cohort never both go on.
     """
     ready = tuple(m for m in members if m in registered)
     waiting = tuple(m for m in members if m in alive and m not in registered)
-    if quorum and not has_quorum(members, ready, nodes, present):
+    if quorum and not has_quorum(base or members, ready, nodes, present):
         if now < deadline:
             return Decision(Action.WAIT, ready, waiting)
         return Decision(

@@ -67,6 +67,10 @@ class StoreRendezvous:
         self.membership: Membership | None = None
         self._record: Record | None = None  # the current generation's, as published
         self._bans: dict[str, str] = {}  # seats this member banned (expel), and why
+        # the members of the last generation that committed a step: a split cohort's
+        # quorum counts from it (a generation formed with a member that went to the other
+        # side never trained; counting from it would let both sides go on)
+        self._trained: tuple[str, ...] = ()
         self._succession = succession_of(store)
         if self._succession is not None:  # the store may move: write back what it held
             self._succession.seeder(self._seed)
@@ -319,11 +323,14 @@ class StoreRendezvous:
     def _lead(self, current: Membership, reason: str, registered: set[str],
               alive: set[str], started: float) -> None:
         cfg = self.config
-        nodes = self._nodes(current.members) if cfg.quorum else None
+        # (the quorum counts from the last generation that trained, which holds the
+        # current one's members and maybe more)
+        base = tuple(dict.fromkeys(self._trained + current.members))
+        nodes = self._nodes(base) if cfg.quorum else None
         decision = decide(time.monotonic(), members=current.members, registered=registered,
                           alive=alive, deadline=started + cfg.settle_timeout,
                           min_size=cfg.min_size, quorum=cfg.quorum, nodes=nodes,
-                          present=self._present(nodes) if nodes else ())
+                          present=self._present(nodes) if nodes else (), base=base)
         if decision.action is Action.WAIT:
             time.sleep(cfg.poll_interval)
             return
@@ -405,6 +412,11 @@ class StoreRendezvous:
             self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
         return membership
+
+    def committed(self) -> None:
+        """A step committed in the current generation: every member of it trained."""
+        if self.membership is not None:
+            self._trained = self.membership.members
 
     def _nodes(self, members: Collection[str]) -> dict[str, Node]:
         """Each member's node, from its seat (the quorum counts nodes)."""

@@ -240,6 +240,7 @@ class StepTransaction:
             observer.committed(self.progress.steps, self.model.reducer.last_pass)
         self.cursor.commit(lost)  # committed, or skipped for a non-finite gradient: done
         self.progress.steps += 1
+        self.cohort.committed()  # (this generation trained: a quorum counts from it)
         if self.cursor.state.owed:  # part of a round is still to train: not whole yet
             self.progress.partial += 1
         for part in self.parts:
