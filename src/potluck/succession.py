@@ -166,7 +166,10 @@ class Succession:
                 log.warning("the job's store at %s is gone (%s: %s): it moved to node %d "
                             "at %s", lost, what, cause, candidate.node, candidate.where)
                 for seed in self._seeders:
-                    seed(store)
+                    try:
+                        seed(store)
+                    except RuntimeError as exc:  # (one writer's failure is not the move's)
+                        log.warning("could not write back to the moved store: %s", exc)
                 return self.where
             raise StoreLostError(lost, what, cause, tried=[c.where for c in successors(
                 self._candidates, self.node)])

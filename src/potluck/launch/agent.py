@@ -65,7 +65,7 @@ from potluck.launch.store import (
 )
 from potluck.launch.sweep import Sweeper
 
-LEARN_S = 5.0  # how often an agent reads the store's successors again
+LEARN_S = 1.0  # how often an agent reads the store's successors again
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store

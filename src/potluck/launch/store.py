@@ -567,7 +567,7 @@ class Presence:
         from potluck.relay import prefixed, succession_of
         from potluck.rendezvous.heartbeat import Heartbeat
 
-        self._store, self._run_id = store, config.run_id
+        self._store, self._run_id, self._done = store, config.run_id, False
         self.index = _count(store, keys.agents(config.run_id, "started"), 1) - 1
         self._who = f"node {config.node_rank} (host {socket.gethostname()})"
         store.set(_roll(config.run_id, f"who/{self.index}"), self._who)
@@ -589,12 +589,15 @@ class Presence:
         while have < self.index + 1:
             have = int(root.compare_set(started, str(have), str(self.index + 1)).decode())
         root.set(_roll(self._run_id, f"who/{self.index}"), self._who)
+        if self._done:  # (checked out before the move: not to be waited for, nor lost)
+            root.set(_roll(self._run_id, f"done/{self.index}"), "1")
 
     def check_out(self) -> None:
         """Done with the store: stop beating, then say so (node 0 may be gone already:
         this node's outcome stands)."""
         self._beat.stop()
         self._node_beat.stop()
+        self._done = True
         with contextlib.suppress(RuntimeError):
             self._store.set(_roll(self._run_id, f"done/{self.index}"), "1")
 

@@ -71,6 +71,8 @@ class StoreRendezvous:
         # quorum counts from it (a generation formed with a member that went to the other
         # side never trained; counting from it would let both sides go on)
         self._trained: tuple[str, ...] = ()
+        self._registering: tuple[int, str] | None = None  # (n, id) while next_generation
+        self._seats: dict[str, str] = {}  # members' seats, as learned
         self._succession = succession_of(store)
         if self._succession is not None:  # the store may move: write back what it held
             self._succession.seeder(self._seed)
@@ -296,6 +298,7 @@ class StoreRendezvous:
         current = self._require_membership("next_generation")
         started = time.monotonic()
         n = current.generation + 1
+        self._registering = (n, self.worker_id)
         self._store.set(keys.registration(n, self.worker_id), reason)
         cfg = self.config
         # A follower's patience restarts whenever the leader changes: each leader
@@ -408,6 +411,9 @@ class StoreRendezvous:
             )
         membership = record.membership(self.worker_id, time.monotonic() - started)
         self.membership, self._boundary, self._record = membership, 0, record
+        self._registering = None
+        if self.config.quorum:
+            self._learn_seats(record.members)
         if self._succession is not None:
             self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
@@ -420,9 +426,15 @@ class StoreRendezvous:
 
     def _nodes(self, members: Collection[str]) -> dict[str, Node]:
         """Each member's node, from its seat (the quorum counts nodes)."""
-        seats = {m: self._store.get(keys.seat(m)).decode()
-                 for m in members if self._store.check([keys.seat(m)])}
-        return {m: node_of(m, seats.get(m)) for m in members}
+        self._learn_seats(members)
+        return {m: node_of(m, self._seats.get(m)) for m in members}
+
+    def _learn_seats(self, members: Collection[str]) -> None:
+        """Keep the members' seats (read while the store holds them: one that moved
+        without a member holds no seat of it, and the quorum must still place it)."""
+        for m in members:
+            if m not in self._seats and self._store.check([keys.seat(m)]):
+                self._seats[m] = self._store.get(keys.seat(m)).decode()
 
     def _present(self, nodes: dict[str, Node]) -> set[Node]:
         """Nodes whose launcher's agent beats on this store (``agent_beat``): such a
@@ -441,8 +453,12 @@ class StoreRendezvous:
         record = self._record
         if record is not None and self.membership is not None:
             store.compare_set(keys.generation(record.generation), "", record.encode())
-            store.set(keys.CURRENT, str(record.generation))
+            have = "" if not store.check([keys.CURRENT]) else store.get(keys.CURRENT).decode()
+            while not have or int(have) < record.generation:  # (only ever up)
+                have = store.compare_set(keys.CURRENT, have, str(record.generation)).decode()
             store.compare_set(keys.FOUNDER, "", record.leader)
+        if self._registering is not None:  # (a next generation under way: still in it)
+            store.set(keys.registration(*self._registering), "the store moved")
         store.set(keys.heartbeat(self.worker_id), f"{time.time():.6f}")
         store.set(keys.seat(self.worker_id), self.seat)
         for seat, why in self._bans.items():  # a quarantined member's restart stays out
