@@ -36,6 +36,7 @@ AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 ERROR_FILE = "POTLUCK_ERROR_FILE"
 FINISHED_FILE = "POTLUCK_FINISHED_FILE"  # written once the user's script ran to its end
 TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
+STORE_NODE = "POTLUCK_STORE_NODE"  # which node's agent hosts the store (it may have moved)
 AGENT_PID = "POTLUCK_AGENT_PID"
 # Elastic runs: how many workers found the cohort (the others join later), and below
 # how many it stops training to wait for joiners (then checkpoints and exits).
@@ -69,6 +70,8 @@ class WorkerEnv:
     run_id: str = "none"
     agent_store: bool = False
     """True when a launcher's agent hosts the TCPStore; else rank 0 hosts it."""
+    store_node: int = 0
+    """The node whose agent hosts the store at ``master_addr`` (not 0 once it moved)."""
     gloo_ifname: str | None = None
     source: str = "none"
     """Who described the job: "torchrun" (potluck run or torchrun), "slurm" or "none"."""
@@ -190,6 +193,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         restart_count=_int(env, RESTART_COUNT, 0, minimum=0) or 0,
         run_id=env.get(RUN_ID) or env.get("SLURM_JOB_ID") or "none",
         agent_store=env.get(AGENT_STORE, "").lower() in ("1", "true"),
+        store_node=_int(env, STORE_NODE, 0, minimum=0) or 0,
         gloo_ifname=env.get(GLOO_SOCKET_IFNAME) or None,
         source="slurm" if slurm else ("torchrun" if RANK in env else "none"),
         token=env.get(TOKEN) or None,

@@ -126,7 +126,7 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
         )
     where = f"{env.master_addr}:{env.master_port}"
     # Across nodes the store may outlive its host: it moves to another node's agent.
-    succession = Succession(env.run_id, where) if env.num_nodes > 1 else None
+    succession = Succession(env.run_id, where, env.store_node) if env.num_nodes > 1 else None
     try:
         store = RelayStore(TCPStore(env.master_addr, env.master_port, is_master=False,
                                     timeout=timedelta(seconds=timeout)),

@@ -357,7 +357,7 @@ class Agent:
             results = [_result(w) for w in workers]
         return outcome, results
 
-    def _spawn(self, local_rank: int, store: tuple[str, int], restarts: int, tmp: str,
+    def _spawn(self, local_rank: int, store: tuple[str, int, int], restarts: int, tmp: str,
                spare: WaitingSpare | None = None) -> _Worker:
         """Start the worker of ``local_rank``: ``spare`` becomes it when given and alive."""
         cfg = self.config
@@ -393,12 +393,13 @@ class Agent:
             worker.pumps.append(pump)
         return worker
 
-    def _environ(self, local_rank: int, store: tuple[str, int], restarts: int,
+    def _environ(self, local_rank: int, store: tuple[str, int, int], restarts: int,
                  error_file: str, finished_file: str) -> dict[str, str]:
-        """``store``: where the job's store is now (it may have moved from node 0)."""
+        """``store``: where the job's store is now, and the node hosting it (it may have
+        moved from node 0)."""
         return worker_environ(
             self.config, local_rank=local_rank, master_addr=store[0], master_port=store[1],
-            restart_count=restarts,
+            store_node=store[2], restart_count=restarts,
             base=potluck_env.environ_copy(), error_file=error_file, agent_pid=os.getpid(),
             finished_file=finished_file, layout=self._layout,
         )
@@ -412,7 +413,7 @@ class Agent:
         target = ["-m", cfg.script] if cfg.module else [cfg.script]
         return [*target, *cfg.script_args]
 
-    def _new_spare(self, store: tuple[str, int], tmp: str) -> WaitingSpare | None:
+    def _new_spare(self, store: tuple[str, int, int], tmp: str) -> WaitingSpare | None:
         """A warm spare for the next restart, if one can come (``--no-warm-spare``: never):
         forked by the spare template where there is one (Linux), else started afresh."""
         if not self.config.warm_spare:

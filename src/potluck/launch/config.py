@@ -172,6 +172,7 @@ def worker_environ(
     master_port: int,
     restart_count: int,
     master_addr: str | None = None,
+    store_node: int = 0,
     base: Mapping[str, str],
     error_file: str,
     agent_pid: int,
@@ -179,7 +180,8 @@ def worker_environ(
     layout: Layout | None = None,
 ) -> dict[str, str]:
     """The complete environment of one worker: ``base`` plus the launcher's variables.
-    ``master_addr``: where the job's store is, if it moved from ``--master-addr``."""
+    ``master_addr``: where the job's store is, if it moved from ``--master-addr``, and
+    ``store_node`` the node whose agent hosts it."""
     layout = layout or Layout.assumed(config)
     rank = layout.rank_offset + local_rank
     env = dict(base)
@@ -194,6 +196,7 @@ def worker_environ(
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": str(layout.world_size),
         names.MASTER_ADDR: master_addr or config.master_addr,
+        names.STORE_NODE: str(store_node),
         names.MASTER_PORT: str(master_port),
         names.RESTART_COUNT: str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),

@@ -125,12 +125,13 @@ class JobStore:
         founder = f"{keys.rendezvous_root(self._config.run_id)}/{keys.FOUNDER}"
         self._serving.compare_set(founder, "", MOVED)
 
-    def address(self) -> tuple[str, int]:
-        """Where the job's store is now: node 0's, or the successor it moved to."""
+    def address(self) -> tuple[str, int, int]:
+        """Where the job's store is now, and the node hosting it: node 0's, or the
+        successor it moved to."""
         if self.succession is not None and self.succession.moves:
             host, port = self.succession.where.rsplit(":", 1)
-            return host, int(port)
-        return self._config.master_addr, self.port
+            return host, int(port), self.succession.node
+        return self._config.master_addr, self.port, 0
 
     @property
     def hosting(self) -> bool:

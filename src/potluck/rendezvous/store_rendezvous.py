@@ -305,7 +305,11 @@ class StoreRendezvous:
         # publishes within settle_timeout, and a dead one is replaced once its beat ages.
         bound = cfg.settle_timeout + cfg.heartbeat_timeout + 1.0
         leader, since = self.worker_id, started
+        moves = self._moves()
         while not self._store.check([keys.generation(n)]):
+            if self._moves() != moves:  # the store moved meanwhile: every member comes
+                moves, started = self._moves(), time.monotonic()  # again, give it time
+                since = started
             registered = {m for m in current.members
                           if self._store.check([keys.registration(n, m)])}
             alive = self._alive(current.members) | {self.worker_id}
@@ -418,6 +422,9 @@ class StoreRendezvous:
             self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
         return membership
+
+    def _moves(self) -> int:
+        return self._succession.moves if self._succession is not None else 0
 
     def committed(self) -> None:
         """A step committed in the current generation: every member of it trained."""
