@@ -144,17 +144,27 @@ class EtcdStore(Store):
         return [_unb64(kv["key"]).decode()[len(self.prefix):]
                 for kv in answer.get("kvs", [])]
 
+    def clear(self) -> int:
+        """Delete every key under this store's prefix (a finished job's); how many."""
+        answer = self._request("clear", "/v3/kv/deleterange", self._whole_prefix())
+        return int(answer.get("deleted", "0"))
+
     def clone(self) -> EtcdStore:
         """The same keys on a connection of its own (for another thread)."""
-        return EtcdStore(self.endpoint, self.prefix, self.timeout, check_reachable=False)
+        return EtcdStore(self.endpoint, self.prefix, self._limit(), check_reachable=False)
 
     def under(self, prefix: str) -> EtcdStore:
         """These keys under ``prefix``, as c10d's ``PrefixStore`` names them
         (``prefix/key``). Unlike a ``PrefixStore`` over this store, it clones."""
-        return EtcdStore(self.endpoint, f"{self.prefix}{prefix}/", self.timeout,
+        return EtcdStore(self.endpoint, f"{self.prefix}{prefix}/", self._limit(),
                          check_reachable=False)
 
     # -- requests ---------------------------------------------------------------
+
+    def _limit(self) -> timedelta:
+        """The store's timeout (c10d's ``Store.timeout``, which set_timeout changes)."""
+        limit: timedelta = getattr(self, "timeout")  # noqa: B009  (the stubs lack it)
+        return limit
 
     def _key(self, key: str) -> str:
         return _b64(self.prefix + key)
@@ -188,7 +198,7 @@ class EtcdStore(Store):
 
     def _until(self, done: Any, keys: list[str], timeout: timedelta | None = None) -> None:
         """Poll ``done()`` until true; past the timeout, c10d's ``DistStoreError``."""
-        limit = (timeout or self.timeout).total_seconds()
+        limit = (timeout or self._limit()).total_seconds()
         deadline = time.monotonic() + limit
         pause = _POLL_FIRST_S
         while not done():

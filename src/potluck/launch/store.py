@@ -5,6 +5,9 @@ starts its workers, and only then imports torch and serves on that socket: the
 launcher's import overlaps the workers' own, and a worker that connects early waits in
 the socket's backlog. That is about a second less start-up on a small machine.
 
+Under ``--rdzv-backend etcd`` no agent hosts it: every agent (node 0's too) is a client
+of the ``EtcdStore`` at ``--rdzv-endpoint``, and so is every worker.
+
 The store lives in the agent of node rank 0, not in a worker, so a worker's death never
 takes the rendezvous with it. Agents also meet on it: once per attempt (so every node
 starts the same attempt together) and once at the end (so node 0 keeps the store up
@@ -32,6 +35,8 @@ from potluck.succession import Candidate, Succession, publish
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
+
+    from potluck.etcd_store import EtcdStore
 
 _SLICE = 2.0  # seconds per connection try, so signals are seen between tries
 _BACKLOG = 1024  # connections that may wait while node 0 imports torch
@@ -63,13 +68,15 @@ class JobStore:
                  say: Say | None = None) -> None:
         """``say``: where a node other than 0 tells how its wait for node 0 goes."""
         self._config, self._stopping, self._say = config, stopping, say
-        successors = config.elastic and config.nnodes > 1
+        hosted = config.etcd is None  # (under etcd no agent hosts, none succeeds)
+        successors = config.elastic and config.nnodes > 1 and hosted
         if successors and config.node_rank == 0:
             refuse_if_moved(config)
-        self._listener = listen(config) if config.node_rank == 0 else None
+        self._listener = listen(config) if config.node_rank == 0 and hosted else None
         self.port = (self._listener.getsockname()[1] if self._listener is not None
                      else config.port_to_host())
         self._store: Store | None = None
+        self._etcd: EtcdStore | None = None
         self._successor = successor_socket() if successors else None
         self._serving: TCPStore | None = None  # the successor store this agent serves
         self.succession: Succession | None = None
@@ -77,6 +84,9 @@ class JobStore:
     def get(self) -> Store:
         if self._store is None:
             cfg = self._config
+            if cfg.etcd is not None:
+                self._store = self._etcd_store(cfg.etcd)
+                return self._store
             if self._listener is not None:
                 client: Store = host_store(cfg, self._listener)
             else:
@@ -85,6 +95,21 @@ class JobStore:
             if self._successor is not None:
                 self._store = self._relay(client)
         return self._store
+
+    def _etcd_store(self, endpoint: str) -> Store:
+        """The job's keys in etcd, behind a relay (a lost connection is one line)."""
+        from potluck.etcd_store import EtcdStore, job_prefix
+        from potluck.relay import RelayStore
+
+        cfg = self._config
+        self._etcd = EtcdStore(endpoint, job_prefix(cfg.run_id),
+                               timedelta(seconds=cfg.join_timeout))
+        return RelayStore(self._etcd, endpoint)
+
+    def forget(self) -> int:
+        """The job is over: delete its keys from etcd (how many). A hosted store goes
+        with its host, so there is nothing to do."""
+        return self._etcd.clear() if self._etcd is not None else 0
 
     def _relay(self, client: Store) -> Store:
         from potluck.relay import RelayStore
@@ -126,7 +151,10 @@ class JobStore:
         self._serving.compare_set(founder, "", MOVED)
 
     def address(self) -> tuple[str, int]:
-        """Where the job's store is now: node 0's, or the successor it moved to."""
+        """Where the job's store is now: node 0's, the successor it moved to, or etcd."""
+        if self._config.etcd is not None:
+            host, port = self._config.etcd.rsplit(":", 1)
+            return host.strip("[]"), int(port)
         if self.succession is not None and self.succession.moves:
             host, port = self.succession.where.rsplit(":", 1)
             return host, int(port)
@@ -134,7 +162,8 @@ class JobStore:
 
     @property
     def hosting(self) -> bool:
-        """Whether this agent holds the job's store: node 0's, or the one it moved to."""
+        """Whether this agent holds the job's store: node 0's, or the one it moved to.
+        Under etcd node 0 is the one that deletes the job's keys at the end."""
         if self.succession is not None and self.succession.moves:
             return self.succession.node == self._config.node_rank
         return self._config.node_rank == 0

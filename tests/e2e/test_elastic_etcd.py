@@ -1,0 +1,122 @@
+"""``potluck run --elastic --rdzv-backend etcd``: the job's store in a real etcd server
+(``tests/etcd.py``: installed with apt-get when missing on a root Debian machine,
+skipped elsewhere), so no node hosts it.
+
+- Two nodes on loopback train ``examples/elastic.py`` to the end, and the result equals
+  one process on the global batch. Node 0 deletes the job's keys at the end.
+- Three nodes; node 0 (agent and worker) is killed outright once training runs. etcd
+  holds the membership, so nodes 1 and 2 (two of three: a majority) go on and finish.
+  With two nodes, node 1 alone would be half the cohort without its first member, and
+  it would stop with ``NoQuorumError`` (``rendezvous/state.py``), as on a hosted store.
+- etcd unreachable at the start is one line naming the endpoint and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from potluck.etcd_store import EtcdStore, job_prefix
+from potluck.testing import free_port
+from tests import etcd
+from tests.e2e.helpers import ROOT, assert_equal_to_one_process, kill_leftovers, pid_alive
+
+SCRIPT = ROOT / "examples" / "elastic.py"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[etcd.Etcd]:
+    why = etcd.why_no_etcd()
+    if why is not None:
+        pytest.skip(why)
+    with etcd.server(tmp_path / "etcd") as running:
+        yield running
+
+
+def _node(endpoint: str, rank: int, nnodes: int, run_id: str, log: Path,
+          *script_args: str) -> subprocess.Popen[bytes]:
+    """One node's ``potluck run`` with its store in etcd; stdout and stderr in ``log``."""
+    with log.open("wb") as sink:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "potluck", "run", "--nnodes", str(nnodes), "--node-rank",
+             str(rank), "--nproc-per-node", "1", "--elastic", "--token", "s3cret-etcd-job",
+             "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint, "--run-id", run_id,
+             "--join-timeout", "60", str(SCRIPT), *script_args],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.timeout(240)  # a first apt-get install of etcd-server, then the job
+def test_two_nodes_on_etcd_equal_one_process(server: etcd.Etcd, tmp_path: Path) -> None:
+    out = tmp_path / "final.pt"
+    logs = [tmp_path / f"node{rank}.log" for rank in range(2)]
+    nodes = [_node(server.endpoint, rank, 2, "etcd-equal", logs[rank], "--out", str(out),
+                   "--epochs", "3", "--step-time", "0") for rank in range(2)]
+    job = EtcdStore(server.endpoint, job_prefix("etcd-equal"), timedelta(seconds=5))
+    try:
+        seen: list[str] = []
+        while not any(key.startswith("potluck/etcd-equal/rdzv/") for key in seen):
+            assert all(node.poll() is None for node in nodes), logs[0].read_text()[-3000:]
+            seen = job.list_keys()  # the cohort meets in etcd
+            time.sleep(0.05)
+        for node in nodes:
+            node.wait(timeout=150)
+    finally:
+        kill_leftovers(nodes)
+    texts = [log.read_text() for log in logs]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(t[-3000:] for t in texts)
+    assert any("epoch 2 done at step 24 with 2 workers" in t for t in texts), texts
+    assert_equal_to_one_process(out)
+    assert job.list_keys() == []  # node 0 deleted the job's keys at the end
+
+
+@pytest.mark.timeout(240)
+def test_losing_node_0_loses_nothing_of_the_membership(server: etcd.Etcd,
+                                                       tmp_path: Path) -> None:
+    logs = [tmp_path / f"node{rank}.log" for rank in range(3)]
+    nodes = [_node(server.endpoint, rank, 3, "etcd-lost", logs[rank], "--epochs", "6",
+                   "--step-time", "0.05") for rank in range(3)]
+    try:
+        # No deadline of our own: the event, a node's exit, or the test's timeout.
+        while not any("epoch 0 done" in log.read_text() for log in logs):
+            assert all(node.poll() is None for node in nodes), logs[0].read_text()[-3000:]
+            time.sleep(0.1)
+        lost = _children(nodes[0].pid)  # node 0's worker (and any warm spare)
+        nodes[0].kill()  # the whole node: its agent, then its worker (no goodbye)
+        for worker in lost:
+            os.kill(worker, signal.SIGKILL)
+        nodes[0].wait()
+        for node in nodes[1:]:
+            node.wait(timeout=150)
+    finally:
+        kill_leftovers(nodes)
+    texts = [log.read_text() for log in logs[1:]]
+    assert [node.returncode for node in nodes[1:]] == [0, 0], \
+        "\n".join(t[-3000:] for t in texts)
+    assert any("epoch 5 done" in text and "with 2 workers" in text for text in texts), \
+        "\n".join(t[-3000:] for t in texts)
+    assert not any(pid_alive(worker) for worker in lost)
+
+
+@pytest.mark.timeout(60)
+def test_etcd_unreachable_at_the_start_is_one_line(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "potluck", "run", "--elastic", "--token", "s3cret-etcd-job",
+         "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint, str(SCRIPT)],
+        capture_output=True, text=True, timeout=50, cwd=ROOT)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"cannot reach etcd at {endpoint}" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
