@@ -219,12 +219,15 @@ class EtcdStore(Store):
                 with self._lock:
                     return self._post(path, payload)
             except _Refused as exc:
-                raise StoreLostError(self.endpoint, what, str(exc)) from None
+                raise RendezvousError(
+                    f"etcd at {self.endpoint} refused {what} ({exc}): check that it runs "
+                    "etcd 3.4 or later and that this job may write under "
+                    f"{self.prefix!r} (etcd's log says why)") from None
             except (OSError, http.client.HTTPException) as exc:
                 self._close()
                 if not retry or time.monotonic() >= deadline:
                     cause = str(exc) or type(exc).__name__
-                    raise StoreLostError(f"etcd {self.endpoint}", what, cause) from None
+                    raise StoreLostError(self.endpoint, what, cause, etcd=True) from None
                 time.sleep(0.2)
 
     def _post(self, path: str, payload: bytes) -> Json:

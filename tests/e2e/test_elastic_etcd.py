@@ -84,9 +84,10 @@ def test_two_nodes_on_etcd_equal_one_process(server: etcd.Etcd, tmp_path: Path) 
 @pytest.mark.timeout(240)
 def test_losing_node_0_loses_nothing_of_the_membership(server: etcd.Etcd,
                                                        tmp_path: Path) -> None:
+    out = tmp_path / "final.pt"
     logs = [tmp_path / f"node{rank}.log" for rank in range(3)]
     nodes = [_node(server.endpoint, rank, 3, "etcd-lost", logs[rank], "--epochs", "6",
-                   "--step-time", "0.05") for rank in range(3)]
+                   "--step-time", "0.05", "--out", str(out)) for rank in range(3)]
     try:
         # No deadline of our own: the event, a node's exit, or the test's timeout.
         while not any("epoch 0 done" in log.read_text() for log in logs):
@@ -107,6 +108,7 @@ def test_losing_node_0_loses_nothing_of_the_membership(server: etcd.Etcd,
     assert any("epoch 5 done" in text and "with 2 workers" in text for text in texts), \
         "\n".join(t[-3000:] for t in texts)
     assert not any(pid_alive(worker) for worker in lost)
+    assert_equal_to_one_process(out, epochs=6)  # the lost step was redone, not skipped
 
 
 @pytest.mark.timeout(60)
@@ -120,3 +122,29 @@ def test_etcd_unreachable_at_the_start_is_one_line(tmp_path: Path) -> None:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"cannot reach etcd at {endpoint}" in lines[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_etcd_lost_mid_run_is_one_line_per_process_not_a_traceback(
+        server: etcd.Etcd, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    with log.open("wb") as sink:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "potluck", "run", "--nproc-per-node", "2", "--elastic",
+             "--token", "s3cret-etcd-job", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+             server.endpoint, "--run-id", "etcd-gone", str(SCRIPT), "--epochs", "50",
+             "--step-time", "0.05"],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        while "epoch 0 done" not in log.read_text():
+            assert job.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        etcd.stop(server.process)  # the whole etcd cluster, as a lost one would be
+        job.wait(timeout=150)  # (each call retries for LOST_AFTER_S first)
+    finally:
+        kill_leftovers([job])
+    text = log.read_text()
+    assert job.returncode == 1, text[-3000:]
+    assert f"StoreLostError: the job's store in etcd at {server.endpoint} is gone" in text
+    for noise in ("Traceback", "frame #", "Exception raised from", "grpc"):
+        assert noise not in text, f"{noise!r} in the job's output:\n{text[-3000:]}"

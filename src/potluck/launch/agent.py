@@ -239,7 +239,10 @@ class Agent:
                               lost=self._node_lost)
             except RendezvousError as exc:  # this node's outcome stands; say why we quit
                 self._emit(f"potluck run: closing the store anyway: {exc}")
-            job_store.forget()
+            try:
+                job_store.forget()
+            except RendezvousError as exc:  # (the job's outcome stands)
+                self._emit(f"potluck run: the job's keys stay in etcd: {exc}")
         if outcome is Outcome.SUCCEEDED:
             forget(cfg.run_id)  # (nothing left to guard a restarted node 0 against)
             return 0
