@@ -33,6 +33,7 @@ import http.client
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -197,7 +198,8 @@ class EtcdStore(Store):
         kvs = answer["responses"][0]["response_range"].get("kvs", [])
         return _unb64(kvs[0].get("value", "")) if kvs else b""
 
-    def _until(self, done: Any, keys: list[str], timeout: timedelta | None = None) -> None:
+    def _until(self, done: Callable[[], bool], keys: list[str],
+               timeout: timedelta | None = None) -> None:
         """Poll ``done()`` until true; past the timeout, c10d's ``DistStoreError``."""
         limit = (timeout or self._limit()).total_seconds()
         deadline = time.monotonic() + limit
