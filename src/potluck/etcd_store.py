@@ -58,6 +58,12 @@ def job_prefix(run_id: str) -> str:
     return f"/potluck/{run_id}/"
 
 
+def prefix_range(prefix: str) -> tuple[bytes, bytes]:
+    """etcd's range of every key that starts with ``prefix``: [start, end)."""
+    start = prefix.encode()
+    return start, start[:-1] + bytes([start[-1] + 1])  # the first key past the prefix
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     """``HOST:PORT`` (an ``http://`` in front is allowed) as (host, port)."""
     bare = endpoint.removeprefix("http://").rstrip("/")
@@ -172,8 +178,7 @@ class EtcdStore(Store):
         return _b64(self.prefix + key)
 
     def _whole_prefix(self) -> Json:
-        start = self.prefix.encode()
-        end = start[:-1] + bytes([start[-1] + 1])  # the first key after the prefix
+        start, end = prefix_range(self.prefix)
         return {"key": _b64(start), "range_end": _b64(end)}
 
     def _range_one(self, what: str, key: str) -> Json | None:
