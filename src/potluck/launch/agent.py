@@ -240,7 +240,7 @@ class Agent:
             except RendezvousError as exc:  # this node's outcome stands; say why we quit
                 self._emit(f"potluck run: closing the store anyway: {exc}")
             try:
-                job_store.forget()
+                job_store.delete_keys()
             except RendezvousError as exc:  # (the job's outcome stands)
                 self._emit(f"potluck run: the job's keys stay in etcd: {exc}")
         if outcome is Outcome.SUCCEEDED:

@@ -106,7 +106,7 @@ class JobStore:
                                timedelta(seconds=cfg.join_timeout))
         return RelayStore(self._etcd, endpoint)
 
-    def forget(self) -> int:
+    def delete_keys(self) -> int:
         """The job is over: delete its keys from etcd (how many). A hosted store goes
         with its host, so there is nothing to do."""
         return self._etcd.clear() if self._etcd is not None else 0
