@@ -8,7 +8,8 @@ skipped elsewhere), so no node hosts it.
   holds the membership, so nodes 1 and 2 (two of three: a majority) go on and finish.
   With two nodes, node 1 alone would be half the cohort without its first member, and
   it would stop with ``NoQuorumError`` (``rendezvous/state.py``), as on a hosted store.
-- etcd unreachable at the start is one line naming the endpoint and the fix.
+- etcd unreachable at the start, etcd lost mid-run, and an ended job's keys under the
+  same run id: each one line naming the endpoint and the fix.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from potluck import keys
 from potluck.etcd_store import EtcdStore, job_prefix
+from potluck.launch.store import agent_beats
+from potluck.relay import RelayStore
 from potluck.testing import free_port
 from tests import etcd
 from tests.e2e.helpers import ROOT, assert_equal_to_one_process, kill_leftovers, pid_alive
@@ -148,3 +152,25 @@ def test_etcd_lost_mid_run_is_one_line_per_process_not_a_traceback(
     assert f"StoreLostError: the job's store in etcd at {server.endpoint} is gone" in text
     for noise in ("Traceback", "frame #", "Exception raised from", "grpc"):
         assert noise not in text, f"{noise!r} in the job's output:\n{text[-3000:]}"
+
+
+@pytest.mark.timeout(120)
+def test_an_ended_jobs_keys_under_the_run_id_are_refused_in_one_line(
+        server: etcd.Etcd) -> None:
+    # What a job whose node 0 was lost leaves: node 0's count, one agent on the roll,
+    # its last beat long ago.
+    left = RelayStore(EtcdStore(server.endpoint, job_prefix("stale")), server.endpoint)
+    left.set(keys.agents("stale", "nproc0"), "1")
+    left.add(keys.agents("stale", "started"), 1)
+    agent_beats(left, "stale").set(keys.heartbeat("agent0"), "1000.0")
+    for rank, why in ((0, "it ended"), (1, "its agents no longer beat: it ended")):
+        done = subprocess.run(
+            [sys.executable, "-m", "potluck", "run", "--elastic", "--nnodes", "2",
+             "--node-rank", str(rank), "--token", "s3cret-etcd-job", "--rdzv-backend",
+             "etcd", "--rdzv-endpoint", server.endpoint, "--run-id", "stale", str(SCRIPT)],
+            capture_output=True, text=True, timeout=60, cwd=ROOT)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2, done.stderr + done.stdout
+        assert len(lines) == 1 and "already holds the keys of a job with --run-id " \
+            f"stale ({why}): give this job a --run-id of its own" in lines[0], done.stderr
+        assert "del --prefix /potluck/stale/" in lines[0] and not done.stdout.strip()

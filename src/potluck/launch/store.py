@@ -99,12 +99,16 @@ class JobStore:
     def _etcd_store(self, endpoint: str) -> Store:
         """The job's keys in etcd, behind a relay (a lost connection is one line)."""
         from potluck.etcd_store import EtcdStore, job_prefix
+        from potluck.launch.leftovers import refuse_leftovers
         from potluck.relay import RelayStore
 
         cfg = self._config
         self._etcd = EtcdStore(endpoint, job_prefix(cfg.run_id),
                                timedelta(seconds=cfg.join_timeout))
-        return RelayStore(self._etcd, endpoint)
+        store = RelayStore(self._etcd, endpoint)
+        if cfg.elastic:
+            refuse_leftovers(store, cfg, watch_s=2.5 * AGENT_BEAT)
+        return store
 
     def delete_keys(self) -> int:
         """The job is over: delete its keys from etcd (how many). A hosted store goes
@@ -600,7 +604,7 @@ class Presence:
         self.index = _count(store, keys.agents(config.run_id, "started"), 1) - 1
         self._who = f"node {config.node_rank} (host {socket.gethostname()})"
         store.set(_roll(config.run_id, f"who/{self.index}"), self._who)
-        self._beat = Heartbeat(_beats(store, config.run_id), f"agent{self.index}",
+        self._beat = Heartbeat(agent_beats(store, config.run_id), f"agent{self.index}",
                                AGENT_BEAT).start()
         # and where the cohort's quorum reads it: this node is on this store's side
         self._node_beat = Heartbeat(prefixed(store, keys.rendezvous_root(config.run_id)),
@@ -638,7 +642,7 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
 
     deadline = time.monotonic() + timeout
     told: set[int] = set()
-    beats_store = _beats(store, run_id)
+    beats_store = agent_beats(store, run_id)
     # (beat value, when it changed on this node's clock): beats are other hosts' wall
     # clocks, so only their change is compared, never their value (no clock skew)
     changed: dict[int, tuple[float | None, float]] = {}
@@ -675,7 +679,7 @@ def _roll(run_id: str, name: str) -> str:
     return keys.agents(run_id, f"roll/{name}")
 
 
-def _beats(store: Store, run_id: str) -> Store:
+def agent_beats(store: Store, run_id: str) -> Store:
     """The agents' heartbeats (``hb/agent<i>``) live under the roll."""
     from potluck.relay import prefixed
 
