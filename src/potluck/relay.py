@@ -166,9 +166,14 @@ def for_c10d(store: Store) -> Store:
     """A store c10d's own C++ code may hold (a process group's rendezvous, NCCL's lazy
     init on its threads): for a relay, a new client of the store where it is now, not
     the relay (a store written in Python needs the GIL on every call, the deadlock
-    class of pytorch/pytorch#104103); any other store as it is."""
+    class of pytorch/pytorch#104103); any other store as it is. A relay over etcd gives
+    its own ``EtcdStore``: no client of etcd is native, and a Python store that only
+    C++ holds loses its methods (pybind keeps no Python object alive for it), so the
+    relay, which the cohort holds, keeps it alive."""
     if not isinstance(store, RelayStore):
         return store
+    if isinstance(store._inner, EtcdStore):
+        return store._inner
     client: Store = store._call("connect", lambda: getattr(store._inner, "clone")())  # noqa: B009
     return client
 

@@ -5,6 +5,7 @@ on it, and the one-line errors when etcd is unreachable or lost."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import threading
 from collections.abc import Iterator
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore
 
 from potluck.errors import RendezvousError, StoreLostError
 from potluck.etcd_store import EtcdStore, job_prefix
-from potluck.relay import RelayStore, prefixed
+from potluck.relay import RelayStore, for_c10d, prefixed
 from potluck.testing import free_port
 from tests import etcd
 
@@ -180,3 +182,13 @@ def test_a_lost_server_is_store_lost_error(running: etcd.Etcd, store: EtcdStore,
     with pytest.raises(StoreLostError) as caught:
         store.get("k")
     assert running.endpoint in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_what_a_process_group_holds_of_a_relay_over_etcd_keeps_its_methods(
+        store: EtcdStore) -> None:
+    # A Python store that only C++ holds loses its methods ("Not implemented"): the
+    # store a group is built on must stay alive on the Python side (the relay's own).
+    held = PrefixStore("group", for_c10d(RelayStore(store, store.endpoint)))
+    gc.collect()
+    held.set("k", "v")
+    assert store.get("group/k") == b"v" and held.get("k") == b"v"
