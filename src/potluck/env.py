@@ -38,6 +38,8 @@ FINISHED_FILE = "POTLUCK_FINISHED_FILE"  # written once the user's script ran to
 TOKEN = "POTLUCK_TOKEN"  # the job's shared secret for admission (elastic runs)
 STORE_NODE = "POTLUCK_STORE_NODE"  # which node's agent hosts the store (it may have moved)
 AGENT_PID = "POTLUCK_AGENT_PID"
+# `potluck run --rdzv-backend etcd`: the etcd client endpoint (HOST:PORT) holding the store.
+ETCD = "POTLUCK_ETCD"
 # Elastic runs: how many workers found the cohort (the others join later), and below
 # how many it stops training to wait for joiners (then checkpoints and exits).
 ELASTIC = "POTLUCK_ELASTIC"  # "1" under `potluck run --elastic`
@@ -89,6 +91,8 @@ class WorkerEnv:
     """Publish each step's figures on the store for the launcher's status page."""
     metrics_dir: str | None = None
     """Where each worker writes its ``rank_step`` journal (``ranks/rank-<pid>.jsonl``)."""
+    etcd: str | None = None
+    """The etcd endpoint (HOST:PORT) that holds the job's store; None: a ``TCPStore``."""
 
     @property
     def distributed(self) -> bool:
@@ -204,6 +208,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         balance=env.get(BALANCE, "") == "1",
         status=env.get(STATUS, "") == "1",
         metrics_dir=env.get(METRICS_DIR) or None,
+        etcd=env.get(ETCD) or None,
     )
 
 

@@ -73,10 +73,19 @@ class RendezvousError(CommunicationError):
 
 class StoreLostError(RendezvousError):
     """The connection to the job's store broke: its host (node 0's ``potluck run``, or
-    rank 0 without a launcher) was killed or cut off, and no successor took it."""
+    rank 0 without a launcher) was killed or cut off, and no successor took it; or the
+    etcd cluster that holds it (``etcd=True``) stopped answering."""
 
     def __init__(self, where: str, what: str, cause: str,
-                 tried: list[str] | None = None, *, moved: bool = False) -> None:
+                 tried: list[str] | None = None, *, moved: bool = False,
+                 etcd: bool = False) -> None:
+        self.where, self.what, self.cause = where, what, cause
+        if etcd:
+            super().__init__(
+                f"the job's store in etcd at {where} is gone ({what}: {cause}): etcd did "
+                "not answer, so this process stops here; check the etcd cluster (etcdctl "
+                "endpoint health), then restart the job (its checkpoints resume it)")
+            return
         if moved:
             then = "it had just moved there from a lost host, and it is gone too"
         elif tried:
@@ -89,7 +98,6 @@ class StoreLostError(RendezvousError):
             f"the job's store at {where} is gone ({what}: {cause}): its host was lost or "
             f"cut off, and {then}, so this worker stops here; restart the job on the hosts "
             "still up (their checkpoints resume it)")
-        self.where, self.what, self.cause = where, what, cause
 
 
 class NoQuorumError(RendezvousError):

@@ -13,7 +13,7 @@ cut) is, where c10d raises a ``DistNetworkError`` from deep inside:
 
 ``clone()`` gives a relay on a new connection (the threads that poll keep their own),
 and ``prefixed`` one under a prefix that stays clonable (c10d's ``PrefixStore.clone()``
-cannot clone a store written in Python).
+cannot clone a store written in Python, so an ``EtcdStore`` takes the prefix itself).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import StoreLostError
+from potluck.etcd_store import EtcdStore
 from potluck.succession import Succession
 
 T = TypeVar("T")
@@ -165,9 +166,14 @@ def for_c10d(store: Store) -> Store:
     """A store c10d's own C++ code may hold (a process group's rendezvous, NCCL's lazy
     init on its threads): for a relay, a new client of the store where it is now, not
     the relay (a store written in Python needs the GIL on every call, the deadlock
-    class of pytorch/pytorch#104103); any other store as it is."""
+    class of pytorch/pytorch#104103); any other store as it is. A relay over etcd gives
+    its own ``EtcdStore``: no client of etcd is native, and a Python store that only
+    C++ holds loses its methods (pybind keeps no Python object alive for it), so the
+    relay, which the cohort holds, keeps it alive."""
     if not isinstance(store, RelayStore):
         return store
+    if isinstance(store._inner, EtcdStore):
+        return store._inner
     client: Store = store._call("connect", lambda: getattr(store._inner, "clone")())  # noqa: B009
     return client
 
@@ -183,9 +189,14 @@ def prefixed(store: Store, prefix: str) -> Store:
     if isinstance(store, RelayStore):
         # PrefixStore(p, PrefixStore(q, s)) keys "q/p/key": the same as one of "q/p"
         whole = f"{store._prefix}/{prefix}" if store._prefix else prefix
-        return RelayStore(PrefixStore(prefix, store._inner), store.where,
+        return RelayStore(_under(store._inner, prefix), store.where,
                           succession=store._succession, prefix=whole)
-    return PrefixStore(prefix, store)
+    return _under(store, prefix)
+
+
+def _under(store: Store, prefix: str) -> Store:
+    """c10d's ``PrefixStore``; for an etcd store one of its own, which clones."""
+    return store.under(prefix) if isinstance(store, EtcdStore) else PrefixStore(prefix, store)
 
 
 def _first_line(exc: BaseException) -> str:

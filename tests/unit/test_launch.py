@@ -262,7 +262,15 @@ def test_flags_take_torchrun_spellings_and_pass_script_args_through() -> None:
         (("--rdzv-endpoint", "[fd00::1:29500", "t.py"), "HOST:PORT"),
         (("--rdzv-endpoint", "[fd00::1]29500", "t.py"), "HOST:PORT"),
         (("--nproc-per-node", "-1", "t.py"), "--nproc-per-node -1 must be at least 1"),
-        (("--rdzv-backend", "etcd", "t.py"), "--rdzv-backend 'etcd'.*use --rdzv-backend c10d"),
+        (("--rdzv-backend", "etcd-v2", "t.py"),
+         "--rdzv-backend 'etcd-v2'.*use --rdzv-backend c10d.*or --rdzv-backend etcd"),
+        (("--rdzv-backend", "etcd", "--elastic", "t.py"),
+         "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT"),
+        (("--rdzv-backend", "etcd", "--rdzv-endpoint", "e:2379", "t.py"), "add --elastic"),
+        (("--rdzv-backend", "etcd", "--rdzv-endpoint", "e:2379", "--elastic",
+          "--status-port", "0", "t.py"), "status page reads node 0's own store"),
+        (("--rdzv-backend", "etcd", "--rdzv-endpoint", "e:port", "--elastic", "t.py"),
+         "HOST:PORT"),
         (("--monitor-interval", "0", "t.py"), "--monitor-interval 0 must be a positive"),
         (("--local-ranks-filter", "0,x", "t.py"), "local ranks separated by commas"),
         (("--local-ranks-filter", "2", "--nproc-per-node", "2", "t.py"),
@@ -298,6 +306,30 @@ def test_balance_flag_reaches_the_workers() -> None:
     environ = worker_environ(plain, local_rank=0, master_port=5000, restart_count=0,
                              base={}, error_file="e.json", agent_pid=1)
     assert "POTLUCK_BALANCE" not in environ and not read_worker_env(environ).balance
+
+
+@pytest.mark.parametrize(("endpoint", "stored"), [
+    ("etcd.example.org:2380", "etcd.example.org:2380"),
+    ("etcd.example.org", "etcd.example.org:2379"),  # etcd's client port, not torchrun's
+    ("http://10.0.0.7:2379/", "10.0.0.7:2379"),
+    ("[fd00::1]:2381", "[fd00::1]:2381"),
+    ("fd00::1", "[fd00::1]:2379"),
+])
+def test_etcd_backend_reaches_the_workers_and_hosts_nothing(endpoint: str,
+                                                            stored: str) -> None:
+    config = cli.config_from_args(_parse(
+        "--nnodes", "2", "--elastic", "--token", "t", "--rdzv-backend", "etcd",
+        "--rdzv-endpoint", endpoint, "t.py"))
+    assert config.etcd == stored
+    assert (config.master_addr, config.master_port) == ("127.0.0.1", None)  # not etcd's
+    environ = worker_environ(config, local_rank=0, master_port=5000, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1)
+    assert environ["POTLUCK_ETCD"] == stored and read_worker_env(environ).etcd == stored
+    plain = cli.config_from_args(_parse("--elastic", "--token", "t", "t.py"))
+    environ = worker_environ(plain, local_rank=0, master_port=5000, restart_count=0,
+                             base={}, error_file="e.json", agent_pid=1)
+    assert plain.etcd is None and "POTLUCK_ETCD" not in environ
+    assert read_worker_env(environ).etcd is None
 
 
 def test_torchrun_multi_node_recipe_flags_are_accepted() -> None:

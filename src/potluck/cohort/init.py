@@ -28,6 +28,7 @@ from potluck.cohort.membership import FixedMembership, RendezvousMembership
 from potluck.cohort.store import connect_store, local_address
 from potluck.env import WorkerEnv, read_worker_env
 from potluck.errors import ConfigError, RendezvousError
+from potluck.etcd_store import EtcdStore, job_prefix
 from potluck.relay import RelayStore, succession_of
 from potluck.rendezvous import RendezvousConfig
 from potluck.succession import Succession
@@ -124,6 +125,9 @@ def _agent_store(env: WorkerEnv, timeout: float) -> Store:
             "elastic training needs a store that outlives any worker: start the script "
             "with `potluck run --elastic --token SECRET ...`"
         )
+    if env.etcd is not None:  # the store is in etcd: no agent hosts it, none moves it
+        return RelayStore(EtcdStore(env.etcd, job_prefix(env.run_id),
+                                    timedelta(seconds=timeout)), env.etcd)
     where = f"{env.master_addr}:{env.master_port}"
     # Across nodes the store may outlive its host: it moves to another node's agent.
     succession = Succession(env.run_id, where, env.store_node) if env.num_nodes > 1 else None

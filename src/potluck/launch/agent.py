@@ -147,8 +147,8 @@ class Agent:
         job_store = JobStore(cfg, self._stopping, say=self._emit)
         if cfg.status_port is not None and cfg.node_rank == 0:
             self._serve_status(job_store.port)
-        if cfg.node_rank > 0:
-            job_store.get()  # reach node 0 before starting workers that would need it
+        if cfg.node_rank > 0 or cfg.etcd is not None:
+            job_store.get()  # reach the store before starting workers that would need it
         if cfg.elastic:
             if cfg.node_rank > 0:
                 offset = elastic_offset(job_store.get(), cfg, self._stopping, say=self._emit)
@@ -239,6 +239,10 @@ class Agent:
                               lost=self._node_lost)
             except RendezvousError as exc:  # this node's outcome stands; say why we quit
                 self._emit(f"potluck run: closing the store anyway: {exc}")
+            try:
+                job_store.delete_keys()
+            except RendezvousError as exc:  # (the job's outcome stands)
+                self._emit(f"potluck run: the job's keys stay in etcd: {exc}")
         if outcome is Outcome.SUCCEEDED:
             forget(cfg.run_id)  # (nothing left to guard a restarted node 0 against)
             return 0

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "one node, 29500 on many)")
     flag("rdzv-endpoint", default=None, metavar="HOST[:PORT]",
          help="torchrun's spelling of --master-addr and --master-port together (no port: "
-              "29400, as torchrun; IPv6 in brackets: [fd00::1]:29500)")
+              "29400, as torchrun; IPv6 in brackets: [fd00::1]:29500); with "
+              "--rdzv-backend etcd: an etcd client address (no port: 2379)")
     flag("max-restarts", type=int, default=0, metavar="K",
          help="restart this node's workers up to K times after a failure (default 0)")
     flag("run-id", default=None, metavar="ID",
@@ -94,8 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "--log-dir)")
     # torchrun flags that need no value of their own here: accepted, and the help says why.
     flag("rdzv-backend", default="c10d", metavar="NAME",
-         help="accepted for torchrun compatibility: c10d or static (potluck's rendezvous is "
-              "always its own store on node 0; other backends are refused)")
+         help="c10d or static (the default: node 0's agent hosts the job's store), or "
+              "etcd: the store lives in the etcd cluster at --rdzv-endpoint, so no node "
+              "hosts it (--elastic only)")
     flag("rdzv-conf", default=None, metavar="K=V,...",
          help="accepted for torchrun compatibility and ignored (timeouts: --join-timeout)")
     flag("monitor-interval", type=float, default=None, metavar="S",
@@ -151,7 +153,7 @@ def scheduler_flags(args: argparse.Namespace, environ: Mapping[str, str]
     Kubernetes, SkyPilot: ``schedulers``), else its default. ``--standalone`` reads no
     scheduler."""
     addr, port = args.master_addr, args.master_port
-    if args.rdzv_endpoint:  # given: it names the store, whatever a scheduler says
+    if args.rdzv_endpoint and args.rdzv_backend != "etcd":  # it names the store
         host, port_text = split_endpoint(args.rdzv_endpoint)
         addr, port = addr or host, port or int(port_text)
     given = {"nproc_per_node": args.nproc_per_node, "nnodes": args.nnodes,
@@ -165,17 +167,19 @@ def config_from_args(args: argparse.Namespace,
     """The launch config from the parsed flags; ``flags`` fills those not given (None:
     the built-in defaults, no scheduler read)."""
     values = (flags or scheduler_flags(args, {})).values
-    if args.rdzv_endpoint:
+    etcd = etcd_endpoint(args.rdzv_endpoint) if args.rdzv_backend == "etcd" else None
+    if args.rdzv_endpoint and etcd is None:
         addr, port = store_address(args.master_addr, args.master_port, args.rdzv_endpoint)
     else:
         addr, port = store_address(_text(values["master_addr"]),
                                    _number(values["master_port"]), None)
     check_elastic_only(args)
     min_nodes, nnodes = parse_nnodes(str(values["nnodes"]))
-    if args.rdzv_backend not in ("c10d", "static"):
+    if args.rdzv_backend not in ("c10d", "static", "etcd"):
         raise ConfigError(
             f"--rdzv-backend {args.rdzv_backend!r}: potluck's rendezvous is its own store on "
-            "node 0 (like torchrun's c10d); use --rdzv-backend c10d or drop the flag"
+            "node 0 (like torchrun's c10d) or in etcd; use --rdzv-backend c10d (or drop "
+            "the flag), or --rdzv-backend etcd --rdzv-endpoint HOST:2379"
         )
     if args.monitor_interval is not None and not args.monitor_interval > 0:
         raise ConfigError(f"--monitor-interval {args.monitor_interval:g} must be a positive "
@@ -205,6 +209,7 @@ def config_from_args(args: argparse.Namespace,
         status_port=args.status_port,
         status_host=args.status_host,
         metrics_dir=None if args.metrics_dir is None else os.path.abspath(args.metrics_dir),
+        etcd=etcd,
     ).validated()
 
 
@@ -240,6 +245,24 @@ def store_address(master_addr: str | None, master_port: int | None,
 
 
 RDZV_DEFAULT_PORT = 29400  # torchrun's, for an --rdzv-endpoint without a port
+ETCD_DEFAULT_PORT = 2379  # etcd's client port
+
+
+def etcd_endpoint(endpoint: str | None) -> str:
+    """``--rdzv-endpoint`` under ``--rdzv-backend etcd``: etcd's client address as
+    ``HOST:PORT`` (no port: 2379; ``http://`` in front is allowed)."""
+    if not endpoint:
+        raise ConfigError(
+            "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT, the client address of "
+            f"an etcd cluster every node can reach, e.g. etcd.example.org:{ETCD_DEFAULT_PORT}")
+    bare = endpoint.strip().removeprefix("http://").rstrip("/")
+    after_host = bare.rpartition("]")[2] if bare.startswith("[") else bare
+    if after_host.count(":") != 1:  # no port given (or a bare IPv6 address)
+        bare = f"[{bare}]" if after_host.count(":") > 1 else bare
+        bare = f"{bare}:{ETCD_DEFAULT_PORT}"
+    host, port_text = split_endpoint(bare)
+    check_host("--rdzv-endpoint", host)
+    return f"[{host}]:{port_text}" if ":" in host else f"{host}:{port_text}"
 
 
 def split_endpoint(endpoint: str) -> tuple[str, str]:

@@ -59,6 +59,9 @@ class LaunchConfig:
     """The address the status page listens on (0.0.0.0: every interface)."""
     metrics_dir: str | None = None
     """Every worker writes its ``rank_step`` journal under it (``potluck plot``)."""
+    etcd: str | None = None
+    """``--rdzv-backend etcd``: the etcd endpoint (HOST:PORT) that holds the job's store,
+    so no agent hosts one. None: node 0's agent hosts a ``TCPStore``."""
 
     @property
     def world_size(self) -> int:
@@ -100,7 +103,20 @@ class LaunchConfig:
                               "1..65535, or 0 for a free one")
         if not self.script:
             raise ConfigError("no script to run: potluck run [options] script.py [args...]")
+        self._validate_etcd()
         return self
+
+    def _validate_etcd(self) -> None:
+        if self.etcd is not None and not self.elastic:
+            raise ConfigError(
+                "--rdzv-backend etcd keeps an elastic job's membership in etcd: add "
+                "--elastic (a script on potluck.prepare or potluck.init()), or drop "
+                "--rdzv-backend etcd for a fixed job")
+        if self.etcd is not None and self.status_port is not None:
+            raise ConfigError(
+                f"--status-port {self.status_port} with --rdzv-backend etcd: the status "
+                "page reads node 0's own store, which an etcd job does not have; drop "
+                "--status-port (or --rdzv-backend etcd)")
 
     def _validate_elastic(self) -> None:
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
@@ -216,6 +232,8 @@ def worker_environ(
         env[names.STATUS] = "1"
     if config.metrics_dir is not None:
         env[names.METRICS_DIR] = config.metrics_dir
+    if config.etcd is not None:
+        env[names.ETCD] = config.etcd
     if config.elastic:
         env[names.ELASTIC] = "1"
         env[names.FOUNDERS] = str(config.founders)

@@ -5,6 +5,9 @@ starts its workers, and only then imports torch and serves on that socket: the
 launcher's import overlaps the workers' own, and a worker that connects early waits in
 the socket's backlog. That is about a second less start-up on a small machine.
 
+Under ``--rdzv-backend etcd`` no agent hosts it: every agent (node 0's too) is a client
+of the ``EtcdStore`` at ``--rdzv-endpoint``, and so is every worker.
+
 The store lives in the agent of node rank 0, not in a worker, so a worker's death never
 takes the rendezvous with it. Agents also meet on it: once per attempt (so every node
 starts the same attempt together) and once at the end (so node 0 keeps the store up
@@ -32,6 +35,8 @@ from potluck.succession import Candidate, Succession, publish
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
+
+    from potluck.etcd_store import EtcdStore
 
 _SLICE = 2.0  # seconds per connection try, so signals are seen between tries
 _BACKLOG = 1024  # connections that may wait while node 0 imports torch
@@ -63,13 +68,15 @@ class JobStore:
                  say: Say | None = None) -> None:
         """``say``: where a node other than 0 tells how its wait for node 0 goes."""
         self._config, self._stopping, self._say = config, stopping, say
-        successors = config.elastic and config.nnodes > 1
+        hosted = config.etcd is None  # (under etcd no agent hosts, none succeeds)
+        successors = config.elastic and config.nnodes > 1 and hosted
         if successors and config.node_rank == 0:
             refuse_if_moved(config)
-        self._listener = listen(config) if config.node_rank == 0 else None
+        self._listener = listen(config) if config.node_rank == 0 and hosted else None
         self.port = (self._listener.getsockname()[1] if self._listener is not None
                      else config.port_to_host())
         self._store: Store | None = None
+        self._etcd: EtcdStore | None = None
         self._successor = successor_socket() if successors else None
         self._serving: TCPStore | None = None  # the successor store this agent serves
         self.succession: Succession | None = None
@@ -77,6 +84,9 @@ class JobStore:
     def get(self) -> Store:
         if self._store is None:
             cfg = self._config
+            if cfg.etcd is not None:
+                self._store = self._etcd_store(cfg.etcd)
+                return self._store
             if self._listener is not None:
                 client: Store = host_store(cfg, self._listener)
             else:
@@ -85,6 +95,25 @@ class JobStore:
             if self._successor is not None:
                 self._store = self._relay(client)
         return self._store
+
+    def _etcd_store(self, endpoint: str) -> Store:
+        """The job's keys in etcd, behind a relay (a lost connection is one line)."""
+        from potluck.etcd_store import EtcdStore, job_prefix
+        from potluck.launch.leftovers import refuse_leftovers
+        from potluck.relay import RelayStore
+
+        cfg = self._config
+        self._etcd = EtcdStore(endpoint, job_prefix(cfg.run_id),
+                               timedelta(seconds=cfg.join_timeout))
+        store = RelayStore(self._etcd, endpoint)
+        if cfg.elastic:
+            refuse_leftovers(store, cfg, watch_s=2.5 * AGENT_BEAT)
+        return store
+
+    def delete_keys(self) -> int:
+        """The job is over: delete its keys from etcd (how many). A hosted store goes
+        with its host, so there is nothing to do."""
+        return self._etcd.clear() if self._etcd is not None else 0
 
     def _relay(self, client: Store) -> Store:
         from potluck.relay import RelayStore
@@ -126,8 +155,11 @@ class JobStore:
         self._serving.compare_set(founder, "", MOVED)
 
     def address(self) -> tuple[str, int, int]:
-        """Where the job's store is now, and the node hosting it: node 0's, or the
-        successor it moved to."""
+        """Where the job's store is now, and the node hosting it: node 0's, the
+        successor it moved to, or etcd (no node's)."""
+        if self._config.etcd is not None:
+            host, port = self._config.etcd.rsplit(":", 1)
+            return host.strip("[]"), int(port), 0
         if self.succession is not None and self.succession.moves:
             host, port = self.succession.where.rsplit(":", 1)
             return host, int(port), self.succession.node
@@ -135,7 +167,8 @@ class JobStore:
 
     @property
     def hosting(self) -> bool:
-        """Whether this agent holds the job's store: node 0's, or the one it moved to."""
+        """Whether this agent holds the job's store: node 0's, or the one it moved to.
+        Under etcd node 0 is the one that deletes the job's keys at the end."""
         if self.succession is not None and self.succession.moves:
             return self.succession.node == self._config.node_rank
         return self._config.node_rank == 0
@@ -572,7 +605,7 @@ class Presence:
         self.index = _count(store, keys.agents(config.run_id, "started"), 1) - 1
         self._who = f"node {config.node_rank} (host {socket.gethostname()})"
         store.set(_roll(config.run_id, f"who/{self.index}"), self._who)
-        self._beat = Heartbeat(_beats(store, config.run_id), f"agent{self.index}",
+        self._beat = Heartbeat(agent_beats(store, config.run_id), f"agent{self.index}",
                                AGENT_BEAT).start()
         # and where the cohort's quorum reads it: this node is on this store's side
         self._node_beat = Heartbeat(prefixed(store, keys.rendezvous_root(config.run_id)),
@@ -613,7 +646,7 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
 
     deadline = time.monotonic() + timeout
     told: set[int] = set()
-    beats_store = _beats(store, run_id)
+    beats_store = agent_beats(store, run_id)
     # (beat value, when it changed on this node's clock): beats are other hosts' wall
     # clocks, so only their change is compared, never their value (no clock skew)
     changed: dict[int, tuple[float | None, float]] = {}
@@ -650,7 +683,7 @@ def _roll(run_id: str, name: str) -> str:
     return keys.agents(run_id, f"roll/{name}")
 
 
-def _beats(store: Store, run_id: str) -> Store:
+def agent_beats(store: Store, run_id: str) -> Store:
     """The agents' heartbeats (``hb/agent<i>``) live under the roll."""
     from potluck.relay import prefixed
 
