@@ -108,5 +108,7 @@ def test_a_half_that_lost_the_stores_host_stops_in_one_line_not_cpp_traces(
     assert "potluck run: a worker stopped: its side of the cohort is not a majority" in text
     for noise in ("frame #", "Exception raised from", "TCPStore.cpp", "Traceback"):
         assert noise not in text, f"{noise!r} on node 1's terminal:\n{text[-3000:]}"
+    assert "lines of c10d warnings and C++ stack traces here; --log-dir DIR keeps them" \
+        in text, text[-3000:]  # (said once, where they were left out)
     assert took < 40, f"node 1 took {took:.1f} s to end\n{text[-3000:]}"  # (settle 10 s)
     assert not any(pid_alive(w) for w in workers)

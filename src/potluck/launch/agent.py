@@ -452,6 +452,12 @@ class Agent:
                     with self._lock:
                         sink.write(shown if shown.endswith(b"\n") else shown + b"\n")
                         sink.flush()
+        if sink is not None and quieter.left_out:
+            kept = f"its log {log} keeps them" if log else "--log-dir DIR keeps them"
+            with self._lock:
+                sink.write(prefix + f"(potluck run left out {quieter.left_out} lines of "
+                           f"c10d warnings and C++ stack traces here; {kept})\n".encode())
+                sink.flush()
         stream.close()
 
     def _monitor(self, workers: list[_Worker]) -> Outcome:
