@@ -127,7 +127,7 @@ class WorkCheck:
         return out
 
     def _gains(self, kept: dict[str, _Kept], deltas: list[list[torch.Tensor]],
-               picked: Sequence[tuple[int, int]]) -> list[list[float]]:
+               picked: Sequence[Sequence[tuple[int, int]]]) -> list[list[float]]:
         """``[target][member]``: the loss at the start minus at ``start - delta``."""
         pieces = list(kept.values())
         start = self._state(pieces, [p.start for p in pieces])
