@@ -131,7 +131,7 @@ class WorkCheck:
         """``[target][member]``: the loss at the start minus at ``start - delta``."""
         pieces = list(kept.values())
         start = self._state(pieces, [p.start for p in pieces])
-        batches = [[self._read(a, b) for a, b in runs] for runs in picked]
+        batches = [_joined([self._read(a, b) for a, b in runs]) for runs in picked]
         first = pieces[0].start
         devices = [first.device] if first.is_cuda else []
         gains = []
@@ -183,3 +183,31 @@ class WorkCheck:
 def _all_gather(group: ProcessGroupLike, into: list[torch.Tensor], mine: torch.Tensor,
                 what: str) -> None:
     settle(lambda: group.allgather([into], [mine]), group, what)
+
+
+def _joined(batches: list[Any]) -> list[Any]:
+    """The runs' batches as one (one forward instead of one a run) where each is a
+    tensor, or a tuple, list or dict of them with the same structure; else as they are."""
+    if len(batches) < 2:
+        return batches
+    joined = _cat(batches)
+    return batches if joined is None else [joined]
+
+
+def _cat(batches: list[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        ok = all(isinstance(b, torch.Tensor) and b.dim() > 0 and b.shape[1:] == first.shape[1:]
+                 for b in batches) and first.dim() > 0
+        return torch.cat(batches) if ok else None
+    if isinstance(first, (tuple, list)):
+        if not all(type(b) is type(first) and len(b) == len(first) for b in batches):
+            return None
+        parts = [_cat([b[i] for b in batches]) for i in range(len(first))]
+        return None if any(p is None for p in parts) else type(first)(parts)
+    if isinstance(first, dict):
+        if not all(isinstance(b, dict) and b.keys() == first.keys() for b in batches):
+            return None
+        values = {k: _cat([b[k] for b in batches]) for k in first}
+        return None if any(v is None for v in values.values()) else values
+    return None
