@@ -234,3 +234,18 @@ def test_trust_refuses_a_round_check_that_is_not_one() -> None:
     with pytest.raises(ConfigError, match=r"round_check=.*RoundCheck"):
         Trust(round_check=lambda m, b: torch.zeros(()))  # type: ignore[arg-type]
     assert Trust(round_check=RoundCheck(lambda m, b: torch.zeros(()))).round_check is not None
+
+
+@pytest.mark.parametrize("sync", [None, "streaming"])
+def test_prepare_refuses_a_round_check_without_rounds_or_with_fragments(sync: str | None
+                                                                        ) -> None:
+    import potluck
+
+    net = torch.nn.Linear(1, 1)
+    data = torch.utils.data.TensorDataset(torch.zeros(16, 1), torch.zeros(16, 1))
+    trust = potluck.Trust(round_check=RoundCheck(lambda m, b: torch.zeros(())))
+    strategy = potluck.StreamingDiLoCo(2, 2) if sync else None
+    wanted = "StreamingDiLoCo" if sync else "only rounds have"
+    with pytest.raises(ConfigError, match=wanted):
+        potluck.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), data, global_batch=4,
+                        trust=trust, sync=strategy)
