@@ -14,6 +14,7 @@ from typing import Any
 from potluck.errors import ConfigError, CursorError
 
 ReadPart = Callable[[int], Any]  # rank -> that rank's batch of the step handed out
+ReadRange = Callable[[int, int], Any]  # positions [start, stop) of the step's epoch -> a batch
 
 
 class Handout:
@@ -24,11 +25,15 @@ class Handout:
         self.split: list[int] = []  # samples per rank of the step (or segment) last handed out
         self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
         self._read: ReadPart | None = None
+        self._range: ReadRange | None = None
         self._steps = 0  # steps handed out (a step handed out again counts again)
 
-    def handed(self, split: Sequence[int], read: ReadPart) -> None:
-        """The loader hands out a step split so (``read(rank)``: that rank's batch)."""
+    def handed(self, split: Sequence[int], read: ReadPart,
+               read_range: ReadRange | None = None) -> None:
+        """The loader hands out a step split so (``read(rank)``: that rank's batch;
+        ``read_range(start, stop)``: the batch of any positions of the step's epoch)."""
         self.split, self._read = list(split), read
+        self._range = read_range if read_range is not None else self._range
         self._steps += 1
 
     def segment(self, split: Sequence[int]) -> None:
@@ -68,6 +73,14 @@ class Handout:
         if self._read is None:
             raise CursorError("part_of(): no step was handed out yet")
         return self._read(rank)
+
+
+    def read_range(self, start: int, stop: int) -> Any:
+        """The batch of positions ``[start, stop)`` of the last step's epoch, read as
+        the loader reads it (a round's check of work reads a member's samples so)."""
+        if self._range is None:
+            raise CursorError("read_range(): no step was handed out yet")
+        return self._range(start, stop)
 
 
 def units_of(weight: Callable[[Any], float], batch: Any) -> float:

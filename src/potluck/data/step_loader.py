@@ -190,7 +190,8 @@ class StepLoader:
             start, stop = state.block
             shares = self._shares_for(stop - start, world_size)
             self._handed = (state, shares)
-            self.handout.handed(split_counts(stop - start, shares), self.part_of)
+            self.handout.handed(split_counts(stop - start, shares), self.part_of,
+                                self.read_range)
             check_rank(rank, world_size)
             part = split_block(start, stop, shares)[rank]
             if not part and stop > start and rank in self._sitting_out(world_size):
@@ -222,6 +223,14 @@ class StepLoader:
         state, shares = self._handed
         part = split_block(*state.block, shares)[rank]
         wanted = self._planned(state.epoch, part.start, part.stop)
+        return self._place(read_batch(self.dataset, self.collate, wanted))
+
+    def read_range(self, start: int, stop: int) -> Any:
+        """The batch of positions ``[start, stop)`` of the epoch of the step last handed
+        out, read here as a worker reads it (each sample under its own seed)."""
+        if self._handed is None:
+            raise CursorError("read_range(): no step was handed out yet")
+        wanted = self._planned(self._handed[0].epoch, start, stop)
         return self._place(read_batch(self.dataset, self.collate, wanted))
 
     def close(self) -> None:

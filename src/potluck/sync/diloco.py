@@ -304,12 +304,13 @@ class DiLoCoSync:
                 for members in by_kind(self._params, self._fragments[index])]
 
     def _issue(self, members: list[int], share: float, fragment: int,
-               suffix: str, shares: tuple[float, ...] = ()) -> Future[torch.Tensor]:
+               suffix: str, shares: tuple[float, ...] = (),
+               held: tuple[tuple[Range, ...], ...] = ()) -> Future[torch.Tensor]:
         """This rank's pseudo-gradient of ``members`` handed to the round sum."""
         with torch.no_grad():
             delta = pseudo_gradient(self._global, self._params, members)
         piece = Piece(delta, share, f"{delta.device}/{delta.dtype}{suffix}", fragment,
-                      self.rounds + 1, tuple(members), shares)
+                      self.rounds + 1, tuple(members), shares, held)
         try:
             with torch.no_grad():
                 return self._round_sum(piece, self.group)
@@ -323,6 +324,11 @@ class DiLoCoSync:
         """The global parameters, which every replica holds alike after a round's sync
         (trust fingerprints them, and repairs a diverged one in place)."""
         return self._global
+
+    @property
+    def fragments(self) -> int:
+        """How many fragments a round's pseudo-gradient is sent in (1: DiLoCo)."""
+        return len(self._fragments)
 
     @property
     def round_sum(self) -> RoundSum:
@@ -413,10 +419,12 @@ class DiLoCoSync:
         # above), for a round sum that weighs every copy itself (trust's).
         assigned = [(r[3] - r[2]) + (r[5] - r[4]) for r in rows]
         shares = tuple(a / sum(assigned) for a in assigned) if sum(assigned) > 0 else ()
+        held = tuple(tuple((int(r[c]), int(r[c + 1])) for c in (2, 4) if r[c + 1] > r[c])
+                     for r in rows)
         sent_before = self.traffic.sent
         saved = self.feedback.snapshot() if self.feedback is not None else None
         try:
-            sums = self._sum_pseudo_gradients(share, self._fragments[-1], shares)
+            sums = self._sum_pseudo_gradients(share, self._fragments[-1], shares, held)
             buffers = list(self.module.buffers())
             if buffers and world_size > 1:
                 broadcast_coalesced(buffers, group, src=0)
@@ -444,12 +452,13 @@ class DiLoCoSync:
         return lost
 
     def _sum_pseudo_gradients(self, share: float, fragment: list[int],
-                              shares: tuple[float, ...] = ()) -> Summed:
+                              shares: tuple[float, ...] = (),
+                              held: tuple[tuple[Range, ...], ...] = ()) -> Summed:
         """Per (device, dtype): this rank's pseudo-gradient of ``fragment``, combined
         over the ranks by the round sum (one collective each)."""
         last = len(self._fragments) - 1
         suffix = f"/{last}" if last else ""
-        works = [(members, self._issue(members, share, last, suffix, shares))
+        works = [(members, self._issue(members, share, last, suffix, shares, held))
                  for members in by_kind(self._params, fragment)]
         return [(members, wait_for(future, self.group, "the round's pseudo-gradient"))
                 for members, future in works]

@@ -37,7 +37,9 @@ class Piece:
     (0 for DiLoCo), ``round``: the round's number, from 1. ``members``: the parameter
     indices the values come from, in order. ``shares``: every member's weight in the
     round, by rank, from the parts of the round's block the members were assigned (the
-    round's last piece; empty for a piece sent mid-round, before they are known)."""
+    round's last piece; empty for a piece sent mid-round, before they are known).
+    ``parts``: every member's parts of the round's block, by rank, as ``[start, stop)``
+    positions in the epoch (the round's last piece, as ``shares``)."""
 
     delta: torch.Tensor
     share: float
@@ -46,6 +48,7 @@ class Piece:
     round: int
     members: tuple[int, ...]
     shares: tuple[float, ...] = ()
+    parts: tuple[tuple[tuple[int, int], ...], ...] = ()
 
 
 class RoundSum(Protocol):

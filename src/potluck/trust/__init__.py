@@ -9,8 +9,9 @@ from potluck.trust.aggregate import Aggregator, CenteredClip, TrimmedMean
 from potluck.trust.config import Trust
 from potluck.trust.part import TrustPart
 from potluck.trust.round_part import RoundTrustPart
+from potluck.trust.round_work import RoundCheck
 from potluck.trust.spot import SpotCheck
 from potluck.trust.verdict import Evidence, Rules
 
-__all__ = ["Aggregator", "CenteredClip", "Evidence", "RoundTrustPart", "Rules", "SpotCheck",
-           "TrimmedMean", "Trust", "TrustPart"]
+__all__ = ["Aggregator", "CenteredClip", "Evidence", "RoundCheck", "RoundTrustPart", "Rules",
+           "SpotCheck", "TrimmedMean", "Trust", "TrustPart"]

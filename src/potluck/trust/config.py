@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from potluck.errors import ConfigError
 from potluck.trust.aggregate import Aggregator, CenteredClip
+from potluck.trust.round_work import RoundCheck
 from potluck.trust.spot import SpotCheck
 from potluck.trust.verdict import Rules
 
@@ -23,6 +24,9 @@ class Trust:
     ``rules``: when evidence becomes quarantine (``potluck.trust.Rules``).
     ``spot_check``: ``SpotCheck(loss)`` has the owners recompute, now and then, one
     rank's gradient on its own samples (off by default: it needs the loss).
+    ``round_check``: under rounds, ``RoundCheck(loss)`` checks that each member's
+    pseudo-gradient lowers the loss on the data the round assigned it (off by default:
+    it needs the loss; ``docs/trust.md``).
     """
 
     aggregator: Aggregator = field(default_factory=CenteredClip)
@@ -30,6 +34,7 @@ class Trust:
     audit_every: int = 1
     rules: Rules = field(default_factory=Rules)
     spot_check: SpotCheck | None = None
+    round_check: RoundCheck | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.aggregator, type) or not isinstance(self.aggregator, Aggregator):
@@ -44,6 +49,9 @@ class Trust:
         if self.spot_check is not None and not isinstance(self.spot_check, SpotCheck):
             raise ConfigError(f"Trust(spot_check={self.spot_check!r}) must be a "
                               "potluck.trust.SpotCheck(loss) or None")
+        if self.round_check is not None and not isinstance(self.round_check, RoundCheck):
+            raise ConfigError(f"Trust(round_check={self.round_check!r}) must be a "
+                              "potluck.trust.RoundCheck(loss) or None")
         if not isinstance(self.rules, Rules):
             raise ConfigError(f"Trust(rules={self.rules!r}) must be a potluck.trust.Rules")
 

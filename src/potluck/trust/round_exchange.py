@@ -42,6 +42,8 @@ from potluck.trust.aggregate import Aggregator
 from potluck.trust.lanes import lanes_for
 from potluck.trust.round_rules import FIELDS, FINITE, slice_report
 
+Keeper = Callable[[Piece, tuple[int, ...], "torch.Tensor | None"], None]
+
 
 @dataclass
 class RoundReports:
@@ -62,12 +64,14 @@ class RobustRoundSum:
                  member: Callable[[int], str], codec: Codec | None = None,
                  error_feedback: bool = True,
                  assigned: Callable[[], Sequence[float] | None] | None = None,
-                 traffic: Traffic | None = None) -> None:
+                 traffic: Traffic | None = None, keeper: Keeper | None = None) -> None:
         """``trusted(world_size)``: the ranks whose copies count; ``member(rank)``: its
         id (replays are compared per member); ``assigned()``: the members' parts of the
         round as the loader split it, for a piece sent mid-round (Streaming DiLoCo's
         earlier fragments), whose ``Piece.shares`` is empty; ``traffic``: where the bytes
-        sent are counted (the strategy's, so its round records count them)."""
+        sent are counted (the strategy's, so its round records count them); ``keeper``:
+        handed each piece with this owner's decoded copies of its slice (the work
+        check's, ``round_check.py``)."""
         self.aggregator, self._trusted, self._member = aggregator, trusted, member
         self.lanes = lanes_for(codec, error_feedback)
         self._assigned = assigned or (lambda: None)
@@ -75,6 +79,7 @@ class RobustRoundSum:
         self._keys: dict[str, int] = {}  # a piece's key: its index for the lanes' feedback
         self._sketches: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
         self._round: RoundReports | None = None
+        self._keeper = keeper
 
     def take(self) -> RoundReports | None:
         """The reports of the round last summed (None: none since the last take)."""
@@ -101,6 +106,8 @@ class RobustRoundSum:
             value = self.aggregator.aggregate(copies, weights.to(copies.device, copies.dtype))
             report = self._report(piece.key, owners, copies, value,
                                   [shares[r] for r in owners])
+            if self._keeper is not None:
+                self._keeper(piece, owners, copies)
             outgoing = torch.empty(n, stride, dtype=flat.dtype, device=flat.device)
             outgoing[0, :size] = value.to(flat.dtype)
             outgoing[0, size:] = wire.to_values(report.view(-1).view(torch.int64),
@@ -108,6 +115,8 @@ class RobustRoundSum:
             outgoing[1:] = outgoing[0]
         else:
             outgoing = torch.empty(0, dtype=flat.dtype, device=flat.device)
+            if self._keeper is not None:
+                self._keeper(piece, owners, None)
         self.traffic.sent += outgoing.numel() // n * (n - 1) * flat.element_size()
         result = torch.empty(stride * len(owners), dtype=flat.dtype, device=flat.device)
         work = group.alltoall_base(  # type: ignore[attr-defined]

@@ -6,7 +6,11 @@ pseudo-gradients are aggregated robustly inside the round's sync. After each com
 round, on every member alike:
 
 1. **verdict**: the round's reports become evidence (``round_rules.judge_round``), and
-   evidence becomes strikes and quarantine (``verdict.Strikes``, counted in rounds);
+   evidence becomes strikes and quarantine (``verdict.Strikes``, counted in rounds).
+   With ``Trust(round_check=RoundCheck(loss))``, the work check (``round_check.py``,
+   ``round_work.py``) adds its own, and settles each pair flagged as copies: only the
+   member that did not do the work is struck (a pair not checked this round is noted
+   without a strike and checked the next);
 2. **agreement**: every ``Trust.fingerprint_every`` rounds the members compare a
    fingerprint of their global parameters (one small all-gather). A member whose
    fingerprint differs from the majority's is struck for it and repaired from the
@@ -27,15 +31,17 @@ import torch
 from potluck.cohort import Cohort
 from potluck.collectives import broadcast_coalesced, settle
 from potluck.compress import Traffic
-from potluck.errors import PeerLostError
+from potluck.errors import ConfigError, PeerLostError
 from potluck.events import note
 from potluck.sync.round_sum import RoundSum
 from potluck.trust.config import Trust
 from potluck.trust.fingerprint import Fingerprints
 from potluck.trust.part import TrustPart, record
-from potluck.trust.round_exchange import RobustRoundSum
+from potluck.trust.round_check import ReadRange, WorkCheck
+from potluck.trust.round_exchange import RobustRoundSum, RoundReports
 from potluck.trust.round_rules import judge_round
-from potluck.trust.verdict import DIVERGED, FAR, Evidence, Finding, Strikes, diverged
+from potluck.trust.round_work import judge_work, settle_copies
+from potluck.trust.verdict import COPIED, DIVERGED, FAR, Evidence, Finding, Strikes, diverged
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,9 @@ class Rounds(Protocol):
     """What trust needs of the sync strategy (``potluck.sync.DiLoCoSync``)."""
 
     traffic: Traffic
+
+    @property
+    def fragments(self) -> int: ...
 
     @property
     def global_parameters(self) -> list[torch.Tensor]: ...
@@ -58,7 +67,10 @@ class RoundTrustPart:
 
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
                  strategy: Rounds, *, codec: Any = None, error_feedback: bool = True,
-                 assigned: Callable[[], Sequence[float] | None] | None = None) -> None:
+                 assigned: Callable[[], Sequence[float] | None] | None = None,
+                 read_range: ReadRange | None = None) -> None:
+        """``read_range(start, stop)``: the batch of a round's positions, as the loader
+        reads it (the work check's; required with ``Trust(round_check=...)``)."""
         if cohort.world_size < 3:
             log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
                         "needs at least 3 (an honest majority) to tell a bad pseudo-gradient "
@@ -69,9 +81,28 @@ class RoundTrustPart:
         self.events: list[dict[str, Any]] = []
         self._removals: list[tuple[str, str]] = []
         self._prints = Fingerprints()
+        self.work = self._work_check(config, module, strategy, read_range)
         self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
-                                       codec, error_feedback, assigned, strategy.traffic)
+                                       codec, error_feedback, assigned, strategy.traffic,
+                                       self.work.keep if self.work is not None else None)
         strategy.register_round_sum(self.exchange)
+
+    @staticmethod
+    def _work_check(config: Trust, module: torch.nn.Module, strategy: Rounds,
+                    read_range: ReadRange | None) -> WorkCheck | None:
+        check = config.round_check
+        if check is None:
+            return None
+        if strategy.fragments > 1:
+            raise ConfigError(
+                f"trust=Trust(round_check=...) with StreamingDiLoCo(fragments="
+                f"{strategy.fragments}): the work check needs a round's start parameters, "
+                "but fragments applied mid-round move them; use DiLoCo(...) (one fragment) "
+                "or drop round_check=")
+        if read_range is None:
+            raise ConfigError("RoundTrustPart(round_check=...) needs read_range=, the "
+                              "loader's reader of a round's positions (prepare passes it)")
+        return WorkCheck(check, module, lambda: strategy.global_parameters, read_range)
 
     def trusted(self, world_size: int) -> list[int]:
         """Ranks whose copies count (not quarantined)."""
@@ -108,16 +139,57 @@ class RoundTrustPart:
             self.strikes.observe_far(steps, [members[i] for i in taken.senders],
                                      {members[f.rank] for f in found if f.kind == FAR})
         every = self.config.fingerprint_every
-        if every and steps % every == 0:
-            try:
+        try:
+            if taken is not None and self.work is not None:
+                found = self._check_work(found, taken, steps)
+            if every and steps % every == 0:
                 found += self._agree(steps)
-            except PeerLostError:
-                if not cohort.elastic:
-                    raise
-                cohort.mark_step_failed()  # the next round recovers; no verdict this one
-                return
+        except PeerLostError:
+            if not cohort.elastic:
+                raise
+            cohort.mark_step_failed()  # the next round recovers; no verdict this one
+            return
         record(self.strikes, found, steps, cohort.membership.members, self.events,
                self._removals, cohort.rank)
+
+    def _check_work(self, found: list[Finding], taken: RoundReports,
+                    steps: int) -> list[Finding]:
+        """The work check of the round's targets (every member each ``every`` rounds,
+        and the pairs left unsettled last round), in the senders' index space of the
+        pure rule; pairs flagged as copies are settled by it."""
+        work, cohort = self.work, self._cohort
+        assert work is not None and work.config is not None
+        members, senders = cohort.membership.members, list(taken.senders)
+        forced, work.forced = work.forced, set()
+        every = taken.round % work.config.every == 0
+        targets = [r for r in senders if every or members[r] in forced]
+        gains = None
+        if targets:
+            digest = taken.reports.numpy().tobytes()
+            measured = work.measure(taken.round, targets, digest, cohort.group, cohort.device)
+            if measured is not None:
+                gains = [[row[r] for r in senders] for row in measured]
+        else:
+            work.forget()
+        index = {r: i for i, r in enumerate(senders)}
+        local = [f._replace(rank=index[f.rank], party=index.get(f.party, -1)) for f in found
+                 if f.kind == COPIED]
+        checked = [index[r] for r in targets] if gains is not None else []
+        tolerance = work.config.tolerance
+        if gains is not None:
+            local += judge_work(gains, checked, taken.shares, tolerance)
+        settled, unchecked = settle_copies(local, gains, checked, taken.shares, tolerance)
+        for a, b in unchecked:
+            pair = [members[senders[a]], members[senders[b]]]
+            work.forced |= set(pair)
+            self.events.append({"event": "suspect", "step": steps, "members": pair,
+                                "kind": COPIED})
+            note("strike", f"{pair[0]} and {pair[1]} sent (nearly) the same pseudo-gradient; "
+                           "no strike until the work check says which copied (next round)",
+                 step=steps, member=pair[0])
+        back = [f._replace(rank=senders[f.rank], party=senders[f.party] if f.party >= 0 else -1)
+                for f in settled]
+        return [f for f in found if f.kind != COPIED] + back
 
     def _agree(self, steps: int) -> list[Finding]:
         """Every member's fingerprint of its global parameters; a diverged one is
@@ -151,6 +223,8 @@ class RoundTrustPart:
     def on_membership(self, rank: int, world_size: int) -> None:
         """A new generation: ranks were renumbered; strikes are kept by member id."""
         self.exchange.forget()
+        if self.work is not None:
+            self.work.forget()
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:]}

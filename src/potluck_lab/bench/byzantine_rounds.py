@@ -1,5 +1,6 @@
 """``potluck bench byzantine --sync diloco``: 4 workers under DiLoCo, 1 attacker; plain
-DiLoCo (the mean of the pseudo-gradients) vs DiLoCo with trust.
+DiLoCo (the mean of the pseudo-gradients) vs DiLoCo with trust (its work check of every
+member every round included).
 
 The task is the every-step bench's MLP, ``ROUNDS`` rounds of ``INNER_STEPS`` local steps.
 Rank 3 attacks its pseudo-gradient (``potluck_lab.round_attacks``). Each attack runs with

@@ -15,7 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from potluck_lab.bench.byzantine_job import ATTACKER, CLASSES, GLOBAL_BATCH, data, join, model
+from potluck_lab.bench.byzantine_job import (
+    ATTACKER,
+    CLASSES,
+    GLOBAL_BATCH,
+    data,
+    join,
+    model,
+    spot_loss,
+)
 from potluck_lab.round_attacks import RoundAttack, first_round, other_labels
 
 INNER_LR = 0.05  # the inner SGD's, with momentum 0.9 (the every-step bench's optimizer)
@@ -51,7 +59,7 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     try:
         wrapped, opt, loader = potluck.prepare(
             net, optimizer, train, global_batch=GLOBAL_BATCH, seed=spec["seed"],
-            cohort=cohort, sync=sync, trust=potluck.Trust() if spec["trust"] else None)
+            cohort=cohort, sync=sync, trust=_trust() if spec["trust"] else None)
     except potluck.ConfigError as exc:
         if not refuses_trust(str(exc)):
             raise
@@ -86,6 +94,13 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     return {"loss": final, "round_times": times, "events": events, "rounds": len(times),
             "skipped": strategy.skipped, "start": first_round(spec["attack"]),
             "unavailable": None}
+
+
+def _trust() -> Any:
+    """Trust with the work check of every member every round."""
+    import potluck.trust
+
+    return potluck.Trust(round_check=potluck.trust.RoundCheck(spot_loss))
 
 
 def _trust_events(opt: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,213 @@
+"""``WorkCheck``: the I/O of the work check under rounds (the rule: ``round_work.py``).
+
+On a round it checks, trust's round sum hands it, per piece, each owner's decoded
+copies of its slice (``keep``); it copies the piece's global parameters then, which are
+still the round's start. After the round committed (``measure``), on every member:
+
+1. **gather**: one all-gather per piece, in which each slice owner contributes its
+   decoded copy of every target's slice: every member then holds every target's whole
+   pseudo-gradient, as the owners aggregated it;
+2. **evaluate**: on a functional copy of the model (``torch.func.functional_call``,
+   under ``torch.random.fork_rng``, without gradients), the loss at the round's start
+   and at ``start - delta`` of each target, on each member's sample of the round (a
+   run of ``RoundCheck.samples`` of its positions, drawn from a hash of the round's
+   reports, read as the loader reads them);
+3. **exchange**: one all-gather of every member's gains (``[targets, members]``
+   float64), of which each gain is the median over the checkers other than the target.
+
+Bytes a member sends on a checked round: its decoded copies of the targets' slices,
+``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
+``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, in the parameters' dtype),
+plus ``8 * T * N * (N - 1)`` bytes of gains. Forward passes: ``N * (T + 1)`` of
+``samples`` samples each, on every member.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.collectives import settle
+from potluck.errors import ConfigError
+from potluck.group import ProcessGroupLike
+from potluck.sync.round_sum import Piece
+from potluck.trust.round_work import RoundCheck, median_gains, round_seed, windows
+
+ReadRange = Callable[[int, int], Any]  # positions [start, stop) of the round's epoch -> batch
+
+
+@dataclass
+class _Kept:
+    """One piece of a checked round: its parameters, their start values (flat), the
+    owners then, and this member's decoded copies of its slice (``[owners, size]``;
+    None where it owned none)."""
+
+    members: tuple[int, ...]
+    start: torch.Tensor
+    owners: tuple[int, ...]
+    copies: torch.Tensor | None
+
+
+class WorkCheck:
+    """Made by ``RoundTrustPart``; ``keep`` is called by its round sum."""
+
+    def __init__(self, config: RoundCheck, module: nn.Module,
+                 global_parameters: Callable[[], Sequence[torch.Tensor]],
+                 read_range: ReadRange) -> None:
+        self.config, self._module = config, module
+        self._global, self._read = global_parameters, read_range
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        self._names = [name for name, _ in named]
+        self._kept: dict[str, _Kept] = {}
+        self._parts: tuple[tuple[tuple[int, int], ...], ...] = ()
+        self._round = 0
+        self.forced: set[str] = set()  # members checked next round whatever ``every``
+
+    def due(self, round_: int) -> bool:
+        """Whether round ``round_`` is checked (its copies kept)."""
+        return bool(self.forced) or round_ % self.config.every == 0
+
+    def keep(self, piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
+        """The round sum's call for each piece: kept on a round that is checked."""
+        if not self.due(piece.round):
+            return
+        if piece.round != self._round:
+            self._kept, self._parts, self._round = {}, (), piece.round
+        values = self._global()
+        start = torch.cat([values[i].detach().reshape(-1) for i in piece.members]).clone()
+        kept = None if copies is None else copies.detach().to(piece.delta.dtype).clone()
+        self._kept[piece.key] = _Kept(piece.members, start, owners, kept)
+        if piece.parts:
+            self._parts = piece.parts
+
+    def forget(self) -> None:
+        """A new membership, or a round not measured: what was kept goes."""
+        self._kept, self._parts, self._round = {}, (), 0
+
+    def measure(self, round_: int, targets: Sequence[int], digest: bytes,
+                group: ProcessGroupLike, device: torch.device) -> list[list[float]] | None:
+        """The median gains ``[target][member]`` of round ``round_``'s ``targets``
+        (ranks that owned slices); None where the round was not kept whole."""
+        kept, parts, kept_round = self._kept, self._parts, self._round
+        self.forget()
+        n = group.size()
+        # (the same answer on every member: each keeps the same pieces of a checked round)
+        if not kept or kept_round != round_ or len(parts) != n:
+            return None
+        deltas = self._gather(kept, targets, group)
+        picked = windows(parts, self.config.samples, round_seed(round_, digest))
+        mine = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64,
+                            device=device)
+        table = [torch.zeros_like(mine) for _ in range(n)]
+        _all_gather(group, table, mine, "the work check's gains")
+        owners = next(iter(kept.values())).owners
+        return median_gains([t.cpu().tolist() for t in table], owners, targets)
+
+    def _gather(self, kept: dict[str, _Kept], targets: Sequence[int],
+                group: ProcessGroupLike) -> list[list[torch.Tensor]]:
+        """Every target's whole pseudo-gradient, per piece (in the pieces' order)."""
+        out: list[list[torch.Tensor]] = []
+        me = group.rank()
+        for piece in kept.values():
+            owners = piece.owners
+            size = max(1, math.ceil(piece.start.numel() / len(owners)))
+            rows = [owners.index(t) for t in targets]
+            send = (piece.copies[rows].reshape(-1) if me in owners and piece.copies is not None
+                    else torch.zeros(len(rows) * size, dtype=piece.start.dtype,
+                                     device=piece.start.device))
+            gathered = [torch.empty_like(send) for _ in range(group.size())]
+            _all_gather(group, gathered, send, "the work check's pseudo-gradients")
+            slices = torch.stack([gathered[o].view(len(rows), size) for o in owners], dim=1)
+            out.append([s.reshape(-1)[:piece.start.numel()] for s in slices])
+        return out
+
+    def _gains(self, kept: dict[str, _Kept], deltas: list[list[torch.Tensor]],
+               picked: Sequence[Sequence[tuple[int, int]]]) -> list[list[float]]:
+        """``[target][member]``: the loss at the start minus at ``start - delta``."""
+        pieces = list(kept.values())
+        start = self._state(pieces, [p.start for p in pieces])
+        batches = [_joined([self._read(a, b) for a, b in runs]) for runs in picked]
+        first = pieces[0].start
+        devices = [first.device] if first.is_cuda else []
+        gains = []
+        # (one fork for every loss: forking costs milliseconds, a small forward less)
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            before = [self._loss(start, runs) for runs in batches]
+            for t in range(len(deltas[0]) if deltas else 0):
+                moved = self._state(pieces, [p.start - d[t] for p, d in zip(pieces, deltas,
+                                                                             strict=True)])
+                gains.append([b - self._loss(moved, runs)
+                              for b, runs in zip(before, batches, strict=True)])
+        return gains
+
+    def _state(self, pieces: Sequence[_Kept], flats: Sequence[torch.Tensor]
+               ) -> dict[str, torch.Tensor]:
+        """The module's parameters and buffers by name, the kept ones from ``flats``."""
+        state = {name: b.detach() for name, b in self._module.named_buffers()}
+        state.update({name: p.detach() for name, p in self._module.named_parameters()})
+        for piece, flat in zip(pieces, flats, strict=True):
+            at = 0
+            for i in piece.members:
+                name = self._names[i]
+                like = state[name]
+                state[name] = flat[at:at + like.numel()].view_as(like).to(like.dtype)
+                at += like.numel()
+        return state
+
+    def _loss(self, state: dict[str, torch.Tensor], runs: Sequence[Any]) -> float:
+        """The mean loss over the runs' batches (NaN: none); called under a forked RNG,
+        without gradients."""
+        if not runs:
+            return math.nan
+        module = self._module
+
+        def model(*args: Any, **kwargs: Any) -> Any:
+            return torch.func.functional_call(module, state, args, kwargs)
+
+        total = 0.0
+        for batch in runs:
+            value = self.config.loss(model, batch)
+            if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+                raise ConfigError(f"RoundCheck's loss(model, batch) returned "
+                                  f"{type(value).__name__}; it must return the scalar "
+                                  "loss the loop calls backward() on")
+            total += float(value)
+        return total / len(runs)
+
+
+def _all_gather(group: ProcessGroupLike, into: list[torch.Tensor], mine: torch.Tensor,
+                what: str) -> None:
+    settle(lambda: group.allgather([into], [mine]), group, what)
+
+
+def _joined(batches: list[Any]) -> list[Any]:
+    """The runs' batches as one (one forward instead of one a run) where each is a
+    tensor, or a tuple, list or dict of them with the same structure; else as they are."""
+    if len(batches) < 2:
+        return batches
+    joined = _cat(batches)
+    return batches if joined is None else [joined]
+
+
+def _cat(batches: list[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        ok = all(isinstance(b, torch.Tensor) and b.dim() > 0 and b.shape[1:] == first.shape[1:]
+                 for b in batches) and first.dim() > 0
+        return torch.cat(batches) if ok else None
+    if isinstance(first, (tuple, list)):
+        if not all(type(b) is type(first) and len(b) == len(first) for b in batches):
+            return None
+        parts = [_cat([b[i] for b in batches]) for i in range(len(first))]
+        return None if any(p is None for p in parts) else type(first)(parts)
+    if isinstance(first, dict):
+        if not all(isinstance(b, dict) and b.keys() == first.keys() for b in batches):
+            return None
+        values = {k: _cat([b[k] for b in batches]) for k in first}
+        return None if any(v is None for v in values.values()) else values
+    return None

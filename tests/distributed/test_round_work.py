@@ -1,0 +1,111 @@
+"""The work check under rounds on 4 Gloo ranks (``Trust(round_check=RoundCheck(loss))``):
+it changes nothing in a clean run (the global models equal a run without it, bit for
+bit: it reads the model through a functional copy, under a forked RNG), and a member
+that sends another member's pseudo-gradient is quarantined while the member it copied
+is not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from potluck.testing import free_port, run_ranks
+
+COPIER, COPIED_RANK, ROUNDS, H, GLOBAL_BATCH = 3, 1, 8, 8, 64
+FEATURES, CLASSES, HIDDEN = 16, 4, 128
+COPY_FROM = 4  # the copier trains honestly for 3 rounds, then copies
+
+
+def _data() -> torch.utils.data.TensorDataset:
+    """A teacher's noisy labels on Gaussian inputs: a network fits its own samples'
+    noise a little, which is what tells the member that did the work."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(ROUNDS * H * GLOBAL_BATCH, FEATURES, generator=gen)
+    teacher = torch.randn(FEATURES, CLASSES, generator=gen)
+    y = (x @ teacher + 1.0 * torch.randn(len(x), CLASSES, generator=gen)).argmax(1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def _loss(model: Any, batch: Any) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import potluck
+    from potluck.sync import DiLoCoSync
+    from potluck.testing import join
+    from potluck.trust import RoundCheck, TrustPart
+
+    cohort = join(rank, world_size, port)
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
+                                  torch.nn.Linear(HIDDEN, CLASSES))
+        trust = potluck.Trust(round_check=RoundCheck(_loss) if spec["check"] else None)
+        model, opt, loader = potluck.prepare(
+            net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), _data(),
+            global_batch=GLOBAL_BATCH, seed=1, cohort=cohort, trust=trust,
+            sync=potluck.DiLoCo(H, adaptive=False, outer_lr=0.7, outer_momentum=0.5))
+        strategy = opt.part(DiLoCoSync)
+        assert strategy is not None
+        if spec["copy"]:  # every rank gathers the deltas; the copier sends rank 1's
+            inner = strategy.round_sum
+
+            def copying(piece: Any, group: Any) -> Any:
+                rows = [torch.empty_like(piece.delta) for _ in range(group.size())]
+                group.allgather([rows], [piece.delta]).wait()
+                if rank == COPIER and piece.round >= COPY_FROM:
+                    piece.delta.copy_(rows[COPIED_RANK])
+                return inner(piece, group)
+
+            strategy.register_round_sum(copying)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if opt.steps >= ROUNDS:
+                break
+        part = opt.part(TrustPart)
+        assert part is not None
+        return {"global": [g.clone() for g in strategy.global_parameters],
+                "quarantined": {m: [e.as_dict() for e in ev]
+                                for m, ev in part.quarantined.items()},
+                "events": part.events, "rng": torch.random.get_rng_state()}
+    finally:
+        cohort.close()
+
+
+def _run(check: bool, copy: bool) -> list[dict[str, Any]]:
+    spec = {"check": check, "copy": copy}
+    return run_ranks(_job, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
+                     timeout=200)
+
+
+@pytest.mark.timeout(400)
+def test_the_check_changes_nothing_in_a_clean_run() -> None:
+    plain, checked = _run(False, False), _run(True, False)
+    for a, b in zip(plain, checked, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"], strict=True))
+        assert torch.equal(a["rng"], b["rng"])
+        assert b["quarantined"] == {}
+
+
+@pytest.mark.timeout(400)
+def test_a_copier_is_quarantined_and_the_member_it_copied_is_not() -> None:
+    """Without the check both members of the pair are quarantined at the first copy
+    (the values alone cannot say who copied); with it, only the copier, on every rank,
+    with the evidence that it copied."""
+    from potluck.trust.verdict import COPIED
+
+    unchecked = _run(False, True)
+    assert set(unchecked[0]["quarantined"]) == {f"rank{COPIER}", f"rank{COPIED_RANK}"}
+    results = _run(True, True)
+    for result in results:
+        assert set(result["quarantined"]) == {f"rank{COPIER}"}, result["quarantined"]
+        evidence = result["quarantined"][f"rank{COPIER}"]
+        assert [e["kind"] for e in evidence] == [COPIED]
+        assert evidence[0]["step"] == COPY_FROM
+        assert "it copied" in evidence[0]["detail"], evidence
+    assert results[1]["quarantined"] == results[0]["quarantined"]
