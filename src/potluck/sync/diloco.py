@@ -246,16 +246,18 @@ class DiLoCoSync:
         and is raised at the round's sync, where the members' parts say whether they
         still split the round alike (``agreed_lost``)."""
         began = time.perf_counter()
-        group, rank = self.group, self.group.rank()
+        group = self.group
         if self._done > 1:
             samples = self._samples * (self._done - 1) / self._done
             seconds = began - self._warm
         else:
             samples, seconds = self._samples, began - self._started
-        table = torch.zeros(group.size(), dtype=torch.float64, device=self.device)
-        table[rank] = samples / max(seconds, 1e-9)
+        mine = torch.tensor([samples / max(seconds, 1e-9)], dtype=torch.float64,
+                            device=self.device)
+        table = [torch.empty_like(mine) for _ in range(group.size())]
         try:
-            settle(lambda: group.allreduce([table]), group, "the round's first speeds")
+            settle(lambda: group.allgather([table], [mine]), group,
+                   "the round's first speeds")
         except PeerLostError as exc:
             if self._on_lost is None:
                 raise
@@ -263,7 +265,7 @@ class DiLoCoSync:
                         "(%s); the rest of the round stays even", self.rounds + 1, exc)
             self._hold(exc)
         else:
-            self.speeds = [float(v) for v in table.cpu().tolist()]
+            self.speeds = [float(v) for v in torch.cat(table).cpu().tolist()]
             self.plan = plan_round(self.speeds, self.config.inner_steps,
                                    min_gain=self.config.min_gain)
         spent = time.perf_counter() - began
@@ -382,17 +384,19 @@ class DiLoCoSync:
     def _sync(self, compute_s: float) -> tuple[Range, ...] | None:
         began = time.perf_counter()
         self._finish_fragment()  # the one sent last, still in flight
-        group, rank, world_size = self.group, self.group.rank(), self.group.size()
+        group, world_size = self.group, self.group.size()
         # Who takes part, with what: speed (samples/s), samples, then its part of each
         # segment [start, stop) (a round has at most two).
-        table = torch.zeros(world_size, 6, dtype=torch.float64, device=self.device)
         parts = [*self._parts, (0, 0)][:2]
-        table[rank] = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
-                                    *parts[0], *parts[1]], dtype=torch.float64)
+        mine = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
+                             *parts[0], *parts[1]], dtype=torch.float64, device=self.device)
+        table = [torch.empty_like(mine) for _ in range(world_size)]
         waiting = time.perf_counter()
-        settle(lambda: group.allreduce([table]), group, "the round's speeds and parts")
+        # (gathered, not summed: a member writes its own row and no other's)
+        settle(lambda: group.allgather([table], [mine]), group,
+               "the round's speeds and parts")
         waited = time.perf_counter() - waiting
-        rows = table.cpu().tolist()
+        rows = torch.stack(table).cpu().tolist()
         lost = agreed_lost(self._block, [(int(r[c]), int(r[c + 1])) for r in rows
                                          for c in (2, 4)])
         if lost is None or (lost and len(self._fragments) > 1):
