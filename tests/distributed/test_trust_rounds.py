@@ -76,6 +76,8 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
                         and strategy.unsynced() == 0:
                     with torch.no_grad():  # a bit of rank 2's global model goes astray
                         strategy.global_parameters[0].view(-1)[0] += 1.0
+                        for state in strategy.outer_state:  # and its outer momentum
+                            state.view(-1)[0] += 1.0
                 if opt.steps >= ROUNDS:
                     break
         part = opt.part(TrustPart)  # (trust's part, whatever the sync: as the bench reads it)
@@ -84,6 +86,7 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
             x, y = data.tensors
             loss = float(torch.nn.functional.mse_loss(net(x), y))
         return {"global": [g.clone() for g in strategy.global_parameters],
+                "outer": [t.clone() for t in strategy.outer_state],
                 "params": [p.detach().clone() for p in net.parameters()], "loss": loss,
                 "quarantined": {m: [e.as_dict() for e in ev]
                                 for m, ev in part.quarantined.items()} if part else {},
@@ -161,9 +164,10 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
 
 @pytest.mark.timeout(200)
 def test_a_diverged_replica_is_repaired_from_the_majority() -> None:
-    """Rank 2's global model is nudged after round 2: the next round's fingerprints
-    name it, it is repaired from the majority and struck once (not quarantined), and
-    every replica ends equal."""
+    """Rank 2's global model and outer momentum are nudged after round 2: the next
+    round's fingerprints name it, it is repaired from the majority (its outer
+    optimizer's state too: else it steps apart again) and struck once (not
+    quarantined), and every replica ends equal."""
     from potluck import Trust
 
     results = _run(Trust(), diverge=2)
@@ -172,4 +176,6 @@ def test_a_diverged_replica_is_repaired_from_the_majority() -> None:
     for result in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(result["global"], results[0]["global"],
                                                      strict=True))
+        assert result["outer"] and all(torch.equal(a, b) for a, b in zip(
+            result["outer"], results[0]["outer"], strict=True))
     assert all(r["quarantined"] == {} for r in results)

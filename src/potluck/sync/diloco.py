@@ -328,6 +328,16 @@ class DiLoCoSync:
         return self._global
 
     @property
+    def outer_state(self) -> list[torch.Tensor]:
+        """The outer optimizer's state tensors (momentum), in the global parameters'
+        order: with them, a replica repaired from another is that replica (``trust``)."""
+        found: list[torch.Tensor] = []
+        for value in self._global:
+            state = self._outer.state.get(value, {})
+            found += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
+        return found
+
+    @property
     def fragments(self) -> int:
         """How many fragments a round's pseudo-gradient is sent in (1: DiLoCo)."""
         return len(self._fragments)

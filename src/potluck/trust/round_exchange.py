@@ -80,19 +80,35 @@ class RobustRoundSum:
         self._sketches: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
         self._round: RoundReports | None = None
         self._keeper = keeper
-
+        self._open: int | None = None  # the round whose pieces went out, not committed
+        self._sent: set[str] = set()  # and the keys of its pieces sent so far
     def take(self) -> RoundReports | None:
         """The reports of the round last summed (None: none since the last take)."""
         taken, self._round = self._round, None
         return taken
 
     def forget(self) -> None:
-        """A new membership: the ranks were renumbered, the slices are cut anew."""
+        """A new membership: the ranks were renumbered, the slices are cut anew; a round
+        that did not commit never sent anything that counts: its error feedback goes
+        back to the round's start."""
         self._round = None
         self._sketches.clear()
+        self.lanes.rollback()
+        self._open = None
+
+    def committed(self) -> None:
+        """The round committed: what this sender's codec left out of it stands."""
+        self.lanes.commit()
+        self._open = None
 
     def __call__(self, piece: Piece, group: ProcessGroupLike) -> Future[torch.Tensor]:
         n, me = group.size(), group.rank()
+        if self._open != piece.round or piece.key in self._sent:
+            # a round's first piece (or a round started again, abandoned without a
+            # commit): keep its feedback's start, and drop what an uncommitted one left
+            self.lanes.begin()
+            self._open, self._sent = piece.round, set()
+        self._sent.add(piece.key)
         flat = piece.delta.reshape(-1)
         owners = tuple(self._trusted(n))
         shares = self._shares(piece, n)

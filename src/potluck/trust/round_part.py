@@ -57,6 +57,9 @@ class Rounds(Protocol):
     @property
     def global_parameters(self) -> list[torch.Tensor]: ...
 
+    @property
+    def outer_state(self) -> list[torch.Tensor]: ...
+
     def register_round_sum(self, round_sum: RoundSum) -> None: ...
 
 
@@ -130,6 +133,7 @@ class RoundTrustPart:
         cohort = self._cohort
         n = cohort.group.size()
         taken = self.exchange.take()
+        self.exchange.committed()  # (each sender's error feedback of the round stands)
         if n == 1:
             return
         found: list[Finding] = []
@@ -207,7 +211,9 @@ class RoundTrustPart:
             return []
         source = next(i for i in trusted if i not in bad)
         module = self._module
-        broadcast_coalesced([*self._strategy.global_parameters,
+        # (the outer optimizer's momentum too: without it a repaired replica steps
+        # apart again in the next round)
+        broadcast_coalesced([*self._strategy.global_parameters, *self._strategy.outer_state,
                              *(p.data for p in module.parameters()), *module.buffers()],
                             group, src=source)
         members = self._cohort.membership.members
