@@ -23,6 +23,7 @@ SRUN_NODE_1 = {  # what srun --nodes 2 --ntasks-per-node 1 gives the task on the
 }
 PYTORCHJOB_WORKER_0 = {  # Kubeflow's training operator, worker-0 of Master + 2 workers
     "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "1",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",  # (every pod has it)
 }
 TRAINJOB_NODE_2 = {  # Kubeflow Trainer's torch runtime: torchrun's own PET_* variables
     "PET_NNODES": "4", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "2",
@@ -99,7 +100,9 @@ def test_srun_with_several_tasks_a_node_is_refused_with_the_fix() -> None:
 ])
 def test_a_malformed_variable_is_refused_with_its_value_the_rule_and_the_fix(
         variable: str, bad: str, rule: str) -> None:
-    base = SRUN_NODE_1 if variable.startswith("SLURM") else {}
+    base = SRUN_NODE_1 if variable.startswith("SLURM") else (
+        {"KUBERNETES_SERVICE_HOST": "10.96.0.1"} if variable in ("WORLD_SIZE", "MASTER_PORT")
+        else {})  # (torch's variables are read in a Kubernetes pod)
     with pytest.raises(ConfigError) as caught:
         resolve(NOTHING, base | {variable: bad})
     message = str(caught.value)
@@ -166,7 +169,8 @@ def test_flags_win_and_a_disagreeing_scheduler_is_named_once() -> None:
 
 
 def test_two_schedulers_that_disagree_slurm_over_a_pytorchjobs_variables() -> None:
-    env = SRUN_NODE_1 | {"MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "12345"}
+    env = SRUN_NODE_1 | {"MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "12345",
+                         "KUBERNETES_SERVICE_HOST": "10.96.0.1"}
     resolved = resolve(NOTHING, env)
     assert resolved.values["master_addr"] == "gpu07"  # SLURM comes first in READERS
     assert resolved.values["master_port"] == 12345  # only the torch variable has a port
@@ -209,3 +213,9 @@ def test_reading_the_schedulers_imports_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_torchs_variables_outside_a_kubernetes_pod_are_no_pytorchjob() -> None:
+    stale = {k: v for k, v in PYTORCHJOB_WORKER_0.items() if k != "KUBERNETES_SERVICE_HOST"}
+    resolved = resolve(NOTHING, stale)  # (exported in a shell long ago)
+    assert resolved.values == resolve(NOTHING, {}).values and resolved.notes == ()

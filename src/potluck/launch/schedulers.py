@@ -140,10 +140,13 @@ def skypilot(env: Env) -> Reading:
 
 def pytorchjob(env: Env) -> Reading:
     """A Kubeflow PyTorchJob sets torch's ``MASTER_ADDR``/``MASTER_PORT`` and counts
-    nodes in ``WORLD_SIZE`` and ``RANK``. Under a launcher's worker (``LOCAL_RANK`` or
+    nodes in ``WORLD_SIZE`` and ``RANK``. Read only in a Kubernetes pod (which always
+    has ``KUBERNETES_SERVICE_HOST``). Under a launcher's worker (``LOCAL_RANK`` or
     ``GROUP_RANK`` set) these count processes instead, so they are left alone then."""
     name = "PyTorchJob/torch"
     if any(key in env for key in ("LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")):
+        return Reading()
+    if "KUBERNETES_SERVICE_HOST" not in env:  # (a stale export in a shell is no job)
         return Reading()
     nodes = _number(env, "WORLD_SIZE", "nnodes", name, minimum=1)
     rank = _number(env, "RANK", "node_rank", name, minimum=0)
