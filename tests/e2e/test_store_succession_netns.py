@@ -1,0 +1,104 @@
+"""The job's store outlives its host, on hosts in network namespaces.
+
+Three hosts on a switch (``BridgedHosts``), one ``potluck run --elastic`` agent and one
+worker each, the store on host 0. Mid-run host 0 is lost:
+
+- its link is cut (its port on the switch down): host 0's side is one of three, not a
+  majority, so it stops with ``NoQuorumError`` and commits no step the others did not;
+- its processes are killed (agent, store and worker).
+
+Either way hosts 1 and 2 move the store to node 1, redo the step in flight and finish:
+every sample of every epoch trained exactly once, and the final parameters equal one
+process on the same global batches (float64). Each test prints the survivors' recovery,
+from the failed step seen to the next committed step. Needs root and ``ip netns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from potluck.testing import exactly_once_problems, free_port
+from potluck_lab.machine.netns import BridgedHosts, NetnsError, unavailable
+from potluck_lab.store_host_job import SAMPLES, read_traces, recovery_s, steps_before_failure
+from tests.e2e.helpers import assert_equal_to_one_process
+from tests.e2e.store_hosts import Job
+
+EPOCHS = 8
+STEPS = SAMPLES // 12  # a epoch
+
+
+@pytest.fixture
+def hosts() -> Iterator[BridgedHosts]:
+    """Three hosts on a switch; the namespaces are deleted whatever happens."""
+    why = unavailable(tools=("ip",))
+    if why is not None:
+        pytest.skip(f"three hosts in network namespaces: {why}")
+    try:
+        with BridgedHosts(3) as built:
+            yield built
+    except NetnsError as exc:
+        pytest.skip(f"cannot build three hosts in network namespaces: {exc}")
+
+
+def _run_and_lose_host_0(hosts: BridgedHosts, tmp_path: Path, how: str) -> Job:
+    job = Job(hosts, tmp_path, free_port(), EPOCHS)
+    try:
+        job.start()
+        job.wait_for(lambda: "epoch 1 done" in job.text(0) + job.text(1) + job.text(2))
+        if how == "cut":
+            hosts.cut(0)
+        else:
+            job.kill(0)
+        for n in (1, 2):
+            assert job.wait(n, 120) == 0, job.text(n)[-3000:]
+        if how == "cut":
+            job.wait(0, 60)
+    finally:
+        job.close()
+    return job
+
+
+def _check_survivors(job: Job) -> None:
+    for n in (1, 2):
+        text = job.text(n)
+        assert "it moved to node 1 at " in text, text[-3000:]
+        for noise in ("frame #", "Exception raised from", "Traceback"):
+            assert noise not in text, f"{noise!r} on node {n}:\n{text[-3000:]}"
+    traces = read_traces(job.trace)
+    finished = [t for t in traces if t.node in (1, 2)]
+    assert [t.last_step for t in finished] == [EPOCHS * STEPS] * 2
+    assert exactly_once_problems(job.trace, SAMPLES, EPOCHS) == []
+    for trace in finished:
+        assert trace.params is not None, f"node {trace.node} saved no parameters"
+        assert_equal_to_one_process(trace.params, EPOCHS)
+    first, second = (torch.load(t.params) for t in finished if t.params is not None)
+    assert all(torch.equal(first[k], second[k]) for k in first)  # the replicas, bit for bit
+    for trace in finished:
+        print(f"node {trace.node}: recovery {recovery_s(trace):.2f} s from the failed step "
+              f"{trace.failures[0][0]} to the next committed step")
+
+
+@pytest.mark.timeout(300)
+def test_host_0_cut_off_stops_and_the_others_move_the_store_and_finish(
+        hosts: BridgedHosts, tmp_path: Path) -> None:
+    job = _run_and_lose_host_0(hosts, tmp_path, "cut")
+    _check_survivors(job)
+    text = job.text(0)
+    assert job.nodes[0].returncode != 0, text[-3000:]
+    assert "NoQuorumError" in text, text[-3000:]
+    traces = read_traces(job.trace)
+    cut_off = [t for t in traces if t.node == 0]
+    together = min(steps_before_failure(t) for t in traces if t.node != 0)
+    # host 0 commits no step the other two did not commit with it before the cut
+    assert cut_off and all(t.last_step <= together for t in cut_off), (together, text[-3000:])
+
+
+@pytest.mark.timeout(300)
+def test_host_0_killed_the_others_move_the_store_and_finish(
+        hosts: BridgedHosts, tmp_path: Path) -> None:
+    job = _run_and_lose_host_0(hosts, tmp_path, "kill")
+    _check_survivors(job)
