@@ -52,6 +52,8 @@ class RelayStore(Store):
     def _call(self, what: str, call: Callable[[], T], *, blocking: bool = False) -> T:
         """``call`` on the store; ``blocking``: it may wait for a key (``get``,
         ``wait``), so no deadline but the store's own."""
+        if self._succession is not None and self.where != self._succession.where:
+            self._reconnect(self._succession)  # another relay here saw the store move
         try:
             return self._answered(call, blocking)
         except (dist.DistNetworkError, _Silent) as exc:
@@ -59,13 +61,21 @@ class RelayStore(Store):
             if self._succession is None:
                 raise StoreLostError(self.where, what, cause) from None
         where = self._succession.moved(self.where, what, cause)  # (or StoreLostError)
-        client = self._succession.client()
-        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
-        self.where = where
+        self._reconnect(self._succession)
         try:
             return self._answered(call, blocking)  # (a loop's read or write, again)
         except (dist.DistNetworkError, _Silent) as exc:
             raise StoreLostError(where, what, _first_line(exc)) from None
+
+    def _reconnect(self, succession: Succession) -> None:
+        """A new connection to where ``succession`` says the store is now. Every relay
+        of a process shares one succession, so one that has not called since the store
+        moved goes there at once, without first waiting out its dead connection
+        (``SILENT_S`` on a cut link, relay after relay)."""
+        where = succession.where
+        client = succession.client()
+        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
+        self.where = where
 
     def _answered(self, call: Callable[[], T], blocking: bool) -> T:
         """``call``'s answer. Where the store can move, a call that gets no answer in
