@@ -7,6 +7,7 @@ the leader of a process group of its own, so a host's processes are killed toget
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,8 +71,6 @@ class Job:
     def close(self) -> None:
         """Kill every process group still there (``ip netns exec`` execs the agent)."""
         for node in self.nodes:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # (none left in the group)
                 os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             node.wait()
