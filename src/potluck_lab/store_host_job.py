@@ -77,6 +77,33 @@ def steps_before_failure(trace: Trace) -> int:
     return max((s for s, at in trace.commits if at < first), default=0)
 
 
+def single_process(epochs: int) -> dict[str, torch.Tensor]:
+    """The parameters one process gets training on the job's global batches."""
+    from potluck import DataCursor
+
+    x_all, y_all, net, sgd = _setup()
+    cursor = DataCursor(SAMPLES, 12, seed=3)
+    while cursor.epoch < epochs:
+        index = cursor.global_indices()
+        sgd.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x_all[index]), y_all[index])
+        loss.backward()  # type: ignore[no-untyped-call]
+        sgd.step()
+        cursor.commit()
+    return net.state_dict()
+
+
+def _setup() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module, torch.optim.SGD]:
+    """The data, the model and the optimizer, as ``examples/elastic.py`` makes them."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x_all, y_all = torch.randn(2, SAMPLES, 8, dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(0))
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    sgd = torch.optim.SGD(net.double().parameters(), lr=0.05, momentum=0.9)
+    return x_all, y_all, net, sgd
+
+
 def main(argv: list[str] | None = None) -> None:
     import potluck
     from potluck.testing import SampleLedger
@@ -89,13 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint-dir", required=True)
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    x_all, y_all = torch.randn(2, SAMPLES, 8, dtype=torch.float64,
-                               generator=torch.Generator().manual_seed(0))
+    x_all, y_all, net, sgd = _setup()
     data = torch.utils.data.TensorDataset(x_all, y_all, torch.arange(SAMPLES))
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
-    sgd = torch.optim.SGD(net.double().parameters(), lr=0.05, momentum=0.9)
     model, opt, loader = potluck.prepare(net, sgd, data, global_batch=12, seed=3,
                                          timeout=args.timeout,
                                          checkpoint_dir=args.checkpoint_dir)
@@ -107,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(args.step_time)
                 epoch, before = loader.epoch, opt.steps
                 opt.zero_grad()
-                ((model(x) - y) ** 2).mean().backward()  # mse_loss, as the example
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()  # type: ignore[no-untyped-call]
                 failed_at = time.time() if model.step_failed else None
                 result = opt.step()
                 if opt.steps > before:
