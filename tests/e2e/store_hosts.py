@@ -13,11 +13,30 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from potluck_lab.machine.netns import BridgedHosts
+import pytest
+
+from potluck_lab.machine.netns import BridgedHosts, NetnsError, unavailable
 from tests.e2e.helpers import ROOT
+
+
+def bridged_hosts(count: int) -> Iterator[BridgedHosts]:
+    """For a fixture: ``count`` hosts on a switch, deleted whatever happens; the test is
+    skipped, with the reason, where they cannot be built (no root, no ``ip``)."""
+    why = unavailable(tools=("ip",))
+    if why is not None:
+        pytest.skip(f"{count} hosts in network namespaces: {why}")
+    hosts = BridgedHosts(count)
+    try:
+        hosts.open()  # (deletes what it made if it fails)
+    except NetnsError as exc:
+        pytest.skip(f"cannot build {count} hosts in network namespaces: {exc}")
+    try:
+        yield hosts
+    finally:
+        hosts.close()
 
 
 class Job:

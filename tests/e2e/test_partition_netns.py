@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from potluck.testing import exactly_once_problems, free_port
-from potluck_lab.machine.netns import BridgedHosts, NetnsError, unavailable
+from potluck_lab.machine.netns import BridgedHosts
 from potluck_lab.store_host_job import SAMPLES, read_traces, steps_before_failure
 from tests.e2e.helpers import assert_equal_to_one_process
-from tests.e2e.store_hosts import Job
+from tests.e2e.store_hosts import Job, bridged_hosts
 
 EPOCHS = 8
 STEPS = SAMPLES // 12  # a epoch
@@ -34,14 +34,7 @@ STEPS = SAMPLES // 12  # a epoch
 @pytest.fixture
 def hosts() -> Iterator[BridgedHosts]:
     """Four hosts on a switch; the namespaces are deleted whatever happens."""
-    why = unavailable(tools=("ip",))
-    if why is not None:
-        pytest.skip(f"four hosts in network namespaces: {why}")
-    try:
-        with BridgedHosts(4) as built:
-            yield built
-    except NetnsError as exc:
-        pytest.skip(f"cannot build four hosts in network namespaces: {exc}")
+    yield from bridged_hosts(4)
 
 
 @pytest.mark.timeout(360)

@@ -1,9 +1,14 @@
-"""Two hosts on one machine: network namespaces joined by a veth pair, rate-limited.
+"""Hosts on one machine: network namespaces joined by a veth pair (rate-limited), or
+by a switch.
 
     with LinkedHosts("pl-wan") as hosts:       # 10.77.<k>.1 and .2, no limit yet
         hosts.limit("10mbit")                   # tc tbf on both ends: each direction
         hosts.command(0, ["python", ...])       # ["ip", "netns", "exec", ns0, ...]
         hosts.tx_bytes(0)                        # what host 0's end has sent
+
+    with BridgedHosts(3) as hosts:             # 10.78.<k>.1, .2, .3 on one switch
+        hosts.cut(0)                            # host 0's port down: it reaches nobody
+        hosts.split([2, 3])                     # 2 and 3 on a switch of their own
 
 For the WAN bench and tests (root and iproute2; ``unavailable()`` says why not). Each
 namespace is a host with its own address; the veth between them is the only link, so
