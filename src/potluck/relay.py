@@ -19,6 +19,7 @@ cannot clone a store written in Python).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -32,6 +33,7 @@ from potluck.succession import Succession
 T = TypeVar("T")
 
 SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
+_POLL_S = 0.05  # how often a waiting call looks whether the store moved meanwhile
 
 
 class _Silent(Exception):
@@ -80,8 +82,10 @@ class RelayStore(Store):
     def _answered(self, call: Callable[[], T], blocking: bool) -> T:
         """``call``'s answer. Where the store can move, a call that gets no answer in
         ``SILENT_S`` (a cut link drops packets: c10d's client then waits on its socket
-        for good) is ``_Silent``: it runs on a thread of its own, left behind."""
-        if self._succession is None or blocking:
+        for good) is ``_Silent``: it runs on a thread of its own, left behind. So is one
+        still waiting when another relay of this process moves the store."""
+        succession = self._succession
+        if succession is None or blocking:
             return call()
         answer: list[T] = []
         failure: list[BaseException] = []
@@ -94,7 +98,11 @@ class RelayStore(Store):
 
         thread = threading.Thread(target=run, name="potluck-store-call", daemon=True)
         thread.start()
-        thread.join(SILENT_S)
+        deadline = time.monotonic() + SILENT_S
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(_POLL_S)
+            if succession.where != self.where:
+                raise _Silent(f"no answer, and the store moved to {succession.where}")
         if failure:
             raise failure[0]
         if not answer and thread.is_alive():

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger, \
             stem.with_suffix(".times").open("a") as times:
         while loader.epoch < args.epochs:
+            started = loader.epoch  # (a failed step ends the loop mid-epoch)
             for x, y, ids in loader:
                 time.sleep(args.step_time)
                 epoch, before = loader.epoch, opt.steps
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                     times.write(json.dumps({"failed": before + 1,
                                             "at": failed_at or time.time()}) + "\n")
                 times.flush()
-            if opt.cohort.rank == 0:
+            if opt.cohort.rank == 0 and loader.epoch > started:
                 print(f"epoch {loader.epoch - 1} done at step {opt.steps} with "
                       f"{opt.cohort.world_size} workers", flush=True)
     if opt.finish():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -65,10 +66,12 @@ def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> None:
-    """Two relays of one process share a succession. The store's host goes silent (a
-    cut link: SIGSTOP keeps its connections open, unanswered); the first relay waits
-    out ``SILENT_S`` and moves the store; the second, idle meanwhile, then answers from
-    the new host at once instead of waiting out its own dead connection."""
+    """Relays of one process share a succession. The store's host goes silent (a cut
+    link: SIGSTOP keeps its connections open, unanswered); the first relay waits out
+    ``SILENT_S`` and moves the store; the second, idle meanwhile, then answers from the
+    new host at once, and the third, whose call began halfway through the first's
+    wait, gives up on the old host when the store moves instead of waiting out its
+    own ``SILENT_S``."""
     old, new = free_port(), free_port()
     host = multiprocessing.get_context("spawn").Process(target=_host, args=(old,))
     host.start()
@@ -85,16 +88,27 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> No
                                 connect=lambda c: client(c.port))
         succession.learn(first)
         relays = [RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
-                  for _ in range(2)]
+                  for _ in range(3)]
         os.kill(host.pid or 0, signal.SIGSTOP)
         while "T (stopped)" not in Path(f"/proc/{host.pid}/status").read_text():
             time.sleep(0.01)
+        waiting: list[float] = []  # when a third relay's call, made meanwhile, ends
+
+        def meanwhile() -> None:
+            time.sleep(SILENT_S / 2)
+            relays[2].add("n", 1)
+            waiting.append(time.monotonic())
+
+        third = threading.Thread(target=meanwhile)
+        third.start()
         relays[0].set("moved", "1")  # (SILENT_S, then on the successor)
+        moved = time.monotonic()
         assert succession.where == f"127.0.0.1:{new}"
-        started = time.monotonic()
         assert relays[1].check(["moved"])
-        assert time.monotonic() - started < 1.0 < SILENT_S
+        assert time.monotonic() - moved < 1.0 < SILENT_S
         assert relays[1].where == f"127.0.0.1:{new}"
+        third.join()  # it gave up on the silent host as soon as the store moved
+        assert waiting[0] - moved < 1.0 and relays[2].add("n", 0) == 1
     finally:
         host.kill()  # (a SIGKILL ends a stopped process too)
         host.join()
