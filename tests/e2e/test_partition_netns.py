@@ -28,7 +28,7 @@ from tests.e2e.helpers import assert_equal_to_one_process
 from tests.e2e.store_hosts import Job, bridged_hosts
 
 EPOCHS = 8
-STEPS = SAMPLES // 12  # a epoch
+STEPS = SAMPLES // 12  # steps an epoch
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ passes when:
   same global batches (float64, ``rtol=1e-9``);
 - no process of the trial is left behind.
 
-Recovery, per survivor: from the kill to its next committed step, and from the step it
-saw fail to the next committed step.
+Recovery, per survivor: from the step it saw fail to its next committed step, and from
+the kill to that commit (the step in flight at the kill may still commit before).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class StoreHostResult:
     exactly_once: bool = False
     replicas_equal: bool = False
     max_param_diff: float = float("nan")  # survivors vs one process
-    from_kill_s: list[float] = field(default_factory=list)  # kill -> next commit
+    from_kill_s: list[float] = field(default_factory=list)  # kill -> the commit after
     from_failure_s: list[float] = field(default_factory=list)  # failed step -> commit
     leftover: list[int] = field(default_factory=list)  # process groups left
     problems: list[str] = field(default_factory=list)
@@ -177,11 +177,13 @@ def _check(trial: StoreHostResult, traces: list[Trace], trace: Path,
         if not all(torch.allclose(p[name], value, rtol=RTOL, atol=ATOL) for p in params):
             trial.problems.append(f"{name} differs from one process")
     for t in survivors:
-        after = [at for _, at in t.commits if at > killed_at]
-        trial.from_kill_s.append(round(min(after) - killed_at, 3) if after else float("nan"))
         recovered = recovery_s(t)
-        trial.from_failure_s.append(round(recovered, 3) if recovered is not None
-                                    else float("nan"))
+        if recovered is None or not t.failures:
+            trial.problems.append(f"node {t.node} never saw a step fail and recover")
+            continue
+        trial.from_failure_s.append(round(recovered, 3))
+        resumed = t.failures[0][1] + recovered  # (the step in flight may commit first)
+        trial.from_kill_s.append(round(resumed - killed_at, 3))
 
 
 def _reap(nodes: list[subprocess.Popen[bytes]], grace: float = 5.0) -> list[int]:
@@ -207,7 +209,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _tail(log: Path, lines: int = 5) -> str:
+def _tail(log: Path, lines: int = 12) -> str:
     return " / ".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
