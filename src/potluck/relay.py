@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
 POLL_S = 0.01  # how often a wait for a key asks again
+_JOIN_S = 0.05  # how often a waiting call looks whether the store moved meanwhile
 
 
 class _Silent(Exception):
@@ -56,6 +57,10 @@ class RelayStore(Store):
     def _call(self, what: str, call: Callable[[], T], *, blocking: bool = False) -> T:
         """``call`` on the store; ``blocking``: it may wait for a key (``get``,
         ``wait``), so no deadline but the store's own."""
+        if self._succession is not None and self.where != self._succession.where:
+            with self._moving:  # another relay of this process saw the store move:
+                if self.where != self._succession.where:  # go there, not via a dead link
+                    self._reconnect(self._succession)
         tried = self.where  # (where this call went: another thread may move the relay)
         try:
             return self._answered(call, blocking)
@@ -66,19 +71,29 @@ class RelayStore(Store):
         where = self._succession.moved(tried, what, cause)  # (or StoreLostError)
         with self._moving:
             if self.where != where:  # (the first of this relay's callers to get here)
-                client = self._succession.client()
-                self._inner = PrefixStore(self._prefix, client) if self._prefix else client
-                self.where = where
+                self._reconnect(self._succession)
         try:
             return self._answered(call, blocking)  # (a loop's read or write, again)
         except (dist.DistNetworkError, _Silent) as exc:
             raise StoreLostError(where, what, _first_line(exc), moved=True) from None
 
+    def _reconnect(self, succession: Succession) -> None:
+        """A new connection to where ``succession`` says the store is now. Every relay
+        of a process shares one succession, so one that has not called since the store
+        moved goes there at once, without first waiting out its dead connection
+        (``SILENT_S`` on a cut link, relay after relay)."""
+        where = succession.where
+        client = succession.client()
+        self._inner = PrefixStore(self._prefix, client) if self._prefix else client
+        self.where = where
+
     def _answered(self, call: Callable[[], T], blocking: bool) -> T:
         """``call``'s answer. Where the store can move, a call that gets no answer in
         ``SILENT_S`` (a cut link drops packets: c10d's client then waits on its socket
-        for good) is ``_Silent``: it runs on a thread of its own, left behind."""
-        if self._succession is None or blocking:
+        for good) is ``_Silent``: it runs on a thread of its own, left behind. So is one
+        still waiting when another relay of this process moves the store."""
+        succession = self._succession
+        if succession is None or blocking:
             return call()
         answer: list[T] = []
         failure: list[BaseException] = []
@@ -91,7 +106,11 @@ class RelayStore(Store):
 
         thread = threading.Thread(target=run, name="potluck-store-call", daemon=True)
         thread.start()
-        thread.join(SILENT_S)
+        deadline = time.monotonic() + SILENT_S
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(_JOIN_S)
+            if succession.where != self.where:
+                raise _Silent(f"no answer, and the store moved to {succession.where}")
         if failure:
             raise failure[0]
         if not answer and thread.is_alive():

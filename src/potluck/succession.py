@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -113,6 +114,8 @@ class Succession:
         self._seeders: list[Callable[[Store], None]] = []
         self._lock = threading.RLock()
         self.moves = 0  # how many times the store moved
+        self.moving = False  # a thread of this process is moving the store now
+        self.moved_at = -float("inf")  # when the last move ended (monotonic)
 
     def use(self, root: Store) -> None:
         """The process's own relay of the whole store (``learn`` reads through it: a
@@ -150,29 +153,38 @@ class Succession:
         with self._lock:
             if self.where != lost:
                 return self.where
-            if self._serve is not None:
-                self._serve()
-            for candidate in successors(self._candidates, self.node):
-                if not reachable(candidate):
-                    continue
+            self.moving = True
+            try:
+                return self._move(lost, what, cause)
+            finally:
+                self.moving = False
+
+    def _move(self, lost: str, what: str, cause: str) -> str:
+        """``moved``'s work, under its lock."""
+        if self._serve is not None:
+            self._serve()
+        for candidate in successors(self._candidates, self.node):
+            if not reachable(candidate):
+                continue
+            try:
+                store = self._connect(candidate)
+            except RuntimeError as exc:
+                log.warning("the store's successor on node %d (%s) did not answer: %s",
+                            candidate.node, candidate.where, exc)
+                continue
+            self.where, self.node = candidate.where, candidate.node
+            self.moves += 1
+            log.warning("the job's store at %s is gone (%s: %s): it moved to node %d "
+                        "at %s", lost, what, cause, candidate.node, candidate.where)
+            for seed in self._seeders:
                 try:
-                    store = self._connect(candidate)
-                except RuntimeError as exc:
-                    log.warning("the store's successor on node %d (%s) did not answer: %s",
-                                candidate.node, candidate.where, exc)
-                    continue
-                self.where, self.node = candidate.where, candidate.node
-                self.moves += 1
-                log.warning("the job's store at %s is gone (%s: %s): it moved to node %d "
-                            "at %s", lost, what, cause, candidate.node, candidate.where)
-                for seed in self._seeders:
-                    try:
-                        seed(store)
-                    except RuntimeError as exc:  # (one writer's failure is not the move's)
-                        log.warning("could not write back to the moved store: %s", exc)
-                return self.where
-            raise StoreLostError(lost, what, cause, tried=[c.where for c in successors(
-                self._candidates, self.node)])
+                    seed(store)
+                except RuntimeError as exc:  # (one writer's failure is not the move's)
+                    log.warning("could not write back to the moved store: %s", exc)
+            self.moved_at = time.monotonic()
+            return self.where
+        raise StoreLostError(lost, what, cause, tried=[c.where for c in successors(
+            self._candidates, self.node)])
 
 
 def _client(candidate: Candidate) -> Store:

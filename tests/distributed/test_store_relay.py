@@ -6,14 +6,19 @@ written in Python)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from potluck.errors import StoreLostError
-from potluck.relay import RelayStore, prefixed
+from potluck.relay import SILENT_S, RelayStore, prefixed
+from potluck.succession import Candidate, Succession, publish
 from potluck.testing import free_port
 
 
@@ -57,3 +62,54 @@ def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
         if host.is_alive():
             host.kill()
         host.join()
+
+
+@pytest.mark.timeout(60)
+def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> None:
+    """Relays of one process share a succession. The store's host goes silent (a cut
+    link: SIGSTOP keeps its connections open, unanswered); the first relay waits out
+    ``SILENT_S`` and moves the store; the second, idle meanwhile, then answers from the
+    new host at once, and the third, whose call began halfway through the first's
+    wait, gives up on the old host when the store moves instead of waiting out its
+    own ``SILENT_S``."""
+    old, new = free_port(), free_port()
+    host = multiprocessing.get_context("spawn").Process(target=_host, args=(old,))
+    host.start()
+    successor = TCPStore("127.0.0.1", new, None, True, timedelta(seconds=10),
+                         wait_for_workers=False)
+    try:
+        def client(port: int) -> TCPStore:
+            return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+        first = client(old)
+        first.wait(["up"])
+        publish(first, "run", Candidate(1, "127.0.0.1", new))
+        succession = Succession("run", f"127.0.0.1:{old}",
+                                connect=lambda c: client(c.port))
+        succession.learn(first)
+        relays = [RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
+                  for _ in range(3)]
+        os.kill(host.pid or 0, signal.SIGSTOP)
+        while "T (stopped)" not in Path(f"/proc/{host.pid}/status").read_text():
+            time.sleep(0.01)
+        waiting: list[float] = []  # when a third relay's call, made meanwhile, ends
+
+        def meanwhile() -> None:
+            time.sleep(SILENT_S / 2)
+            relays[2].add("n", 1)
+            waiting.append(time.monotonic())
+
+        third = threading.Thread(target=meanwhile)
+        third.start()
+        relays[0].set("moved", "1")  # (SILENT_S, then on the successor)
+        moved = time.monotonic()
+        assert succession.where == f"127.0.0.1:{new}"
+        assert relays[1].check(["moved"])
+        assert time.monotonic() - moved < 1.0 < SILENT_S
+        assert relays[1].where == f"127.0.0.1:{new}"
+        third.join()  # it gave up on the silent host as soon as the store moved
+        assert waiting[0] - moved < 1.0 and relays[2].add("n", 0) == 1
+    finally:
+        host.kill()  # (a SIGKILL ends a stopped process too)
+        host.join()
+        del successor

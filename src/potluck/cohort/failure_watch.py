@@ -14,7 +14,9 @@ next member in the generation (each member watches one, so the store sees one re
 member, not one per pair), and marks the generation failed once that beat is older than
 the heartbeat timeout while this member has been waiting in the step's collectives for
 longer than that too: the step is redone without the frozen member within seconds. A
-beat that is late while nobody waits (a starved heartbeat thread) changes nothing.
+beat that is late while nobody waits (a starved heartbeat thread) changes nothing. A
+peer with no beat at all beat once (to be admitted) on a store that has since moved
+(``potluck.succession``): it is as silent as the time its beat has been missing.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class FailureWatch:
         self._beats: Store = prefixed(self._store, beats_prefix) if beats_prefix \
             else self._store
         self._next_peer_check = 0.0
-        self._missing: dict[str, float] = {}  # peers seen with no beat, since when
+        self._missing_since: dict[str, float] = {}  # a peer with no beat: since when
         self._waiting_since = self._last_asked = -float("inf")
         self._seen: set[int] = set()
         self._stop = threading.Event()
@@ -107,20 +109,13 @@ class FailureWatch:
         if peer is None:
             return False
         beat = read_beats(self._beats, [peer]).get(peer)
-        if beat is None:
-            # A member beats from its join on, so no beat at all means a store that
-            # moved (``potluck.succession``) without it: every live member writes its
-            # beat there within a beat or two. Missing for heartbeat_timeout, it is lost.
-            since = self._missing.setdefault(peer, now)
-            if now - since <= self._heartbeat_timeout:
-                return False
-            log.warning("member %s has no heartbeat on the store for %.1f s (the store "
-                        "moved without it): abandoning this generation's step so that the "
-                        "others go on without it", peer, now - since)
-            return True
-        self._missing.pop(peer, None)
-        if time.time() - beat <= self._heartbeat_timeout:
+        if beat is None:  # every member beat to be admitted: the store moved since
+            silent = now - self._missing_since.setdefault(peer, now)
+        else:
+            self._missing_since.pop(peer, None)
+            silent = time.time() - beat
+        if silent <= self._heartbeat_timeout:
             return False
         log.warning("member %s sent no heartbeat for %.1f s: abandoning this generation's "
-                    "step so that the others go on without it", peer, time.time() - beat)
+                    "step so that the others go on without it", peer, silent)
         return True

@@ -363,10 +363,18 @@ class StoreRendezvous:
     def store_silent_since(self, since: float) -> float:
         """Seconds since ``since`` (monotonic) or this worker's last beat that reached
         the store, whichever is later: over ``heartbeat_timeout``, the others count it
-        gone, and the store is not answering it (a cut link, a frozen store)."""
+        gone, and the store is not answering it (a cut link, a frozen store). While the
+        store moves (``potluck.succession``) nobody is judged: 0."""
         if self._heartbeat is None:  # not beating (closed): nothing to judge by
             return 0.0
-        return time.monotonic() - max(self._heartbeat.last_ok, since)
+        moved = self._succession
+        if moved is not None and moved.moving:  # nobody has a store to judge by now
+            return 0.0
+        # A move writes this worker's beat on the new store (``_seed``): the others
+        # judge it from there.
+        last = max(self._heartbeat.last_ok, since,
+                   moved.moved_at if moved is not None else since)
+        return time.monotonic() - last
 
     def close(self) -> None:
         """Stop this worker's heartbeat (its store keys stay); safe to call twice."""

@@ -14,6 +14,9 @@ process, as in the launcher's agent. A trial passes when:
 - no worker process is left behind.
 
 ``run_trial`` is what ``tests/distributed/test_chaos.py`` calls for its CI seeds.
+
+``--faults store-host`` runs another kind of trial instead: a multi-node job whose
+store's host is killed (``chaos_store_host``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from potluck.testing import Faults, RankFailed, exactly_once_problems, free_port, run_ranks
+from potluck_lab.bench import chaos_store_host
 from potluck_lab.common import at_least
 from potluck_lab.driver import Bench, drive
 from potluck_lab.elastic_job import (
@@ -233,28 +237,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the first trial; trial i uses seed + i")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--faults", choices=FAULT_KINDS, default="workers",
+                        help="workers: a worker killed, frozen or leaving, and a joiner "
+                             "(the default); store-host: the store's host (its agent "
+                             "and worker) killed in a 3-node job")
+
+
+FAULT_KINDS = ("workers", "store-host")
 
 
 @dataclass(frozen=True)
 class ChaosBenchConfig:
     trials: int
     seed: int  # the first trial's; trial i uses seed + i
+    faults: str = "workers"  # one of FAULT_KINDS
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosBenchConfig:
     at_least("--trials", args.trials, 1, "4")
-    return ChaosBenchConfig(args.trials, args.seed)
+    return ChaosBenchConfig(args.trials, args.seed, args.faults)
 
 
 def main(args: argparse.Namespace) -> int:
     return drive(BENCH, args)
 
 
-def run_trials(config: ChaosBenchConfig, logs: Path) -> list[TrialResult]:
+Trial = TrialResult | chaos_store_host.StoreHostResult
+
+
+def run_trials(config: ChaosBenchConfig, logs: Path) -> list[Trial]:
     """Every trial in turn, each line printed as it ends."""
-    trials = []
+    trials: list[Trial] = []
     for i in range(config.trials):
-        trial = run_trial(config.seed + i, logs / f"trial{i}")
+        seed, workdir = config.seed + i, logs / f"trial{i}"
+        trial = (chaos_store_host.run_trial(seed, workdir) if config.faults == "store-host"
+                 else run_trial(seed, workdir))
         trials.append(trial)
         print(f"trial {i + 1}/{config.trials} {trial.line()}", flush=True)
         for problem in trial.problems:
@@ -263,19 +280,25 @@ def run_trials(config: ChaosBenchConfig, logs: Path) -> list[TrialResult]:
 
 
 def _header(config: ChaosBenchConfig) -> str:
+    if config.faults == "store-host":
+        return (f"potluck bench chaos --faults store-host: {config.trials} trial(s) from "
+                f"seed {config.seed}; {chaos_store_host.header()}")
     return (f"potluck bench chaos: {config.trials} trial(s) from seed {config.seed}; "
             f"{FOUNDERS} founders + 1 joiner, gloo, {JOB.epochs} epochs of "
             f"{JOB.samples // JOB.global_batch} steps, collective timeout "
             f"{JOB.collective_timeout:g} s")
 
 
-def _passed(trials: list[TrialResult]) -> int:
+def _passed(trials: list[Trial]) -> int:
     return sum(t.passed for t in trials)
 
 
 BENCH = Bench("chaos", config_from_args, run_trials,
-              lambda config, trials: [f"{_passed(trials)}/{len(trials)} trials passed"],
-              lambda config, trials: {"job": asdict(JOB), "passed": _passed(trials),
+              lambda config, trials: [f"{_passed(trials)}/{len(trials)} trials passed",
+                                      *chaos_store_host.summary(trials)],
+              lambda config, trials: {"job": asdict(JOB) if config.faults == "workers"
+                                      else {"faults": config.faults},
+                                      "passed": _passed(trials),
                                       "trials": [t.as_dict() for t in trials]},
               header=_header,
               exit_code=lambda trials: 0 if _passed(trials) == len(trials) else 1)
