@@ -38,8 +38,8 @@ class Done:
 
 
 class FakeGroup:
-    """Rank 0 of 2. Each all-reduce is handed to ``peer`` (what the other rank adds to
-    the tensor), or fails when ``peer`` raises."""
+    """Rank 0 of 2. Each all-reduce (or all-gather) is handed to ``peer`` (what the other
+    rank adds to the table), or fails when ``peer`` raises."""
 
     generation = 0
 
@@ -56,6 +56,18 @@ class FakeGroup:
         self.calls += 1
         self.peer(tensors[0])
         return Done(tensors[0])
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> Done:
+        """As an all-reduce of a table whose row 0 is this rank's: ``peer`` writes row 1
+        (one value a rank for the speeds, a row of six at the sync)."""
+        mine = inputs[0]
+        table = torch.zeros(2, mine.numel(), dtype=mine.dtype) if mine.numel() > 1 \
+            else torch.zeros(2, dtype=mine.dtype)
+        table[0] = mine.reshape(table[0].shape)
+        self.allreduce([table])
+        for row, out in zip(table, outputs[0], strict=True):
+            out.copy_(row.reshape(out.shape))
+        return Done(table)
 
 
 def _speeds_then_parts(parts: tuple[float, float, float, float]) -> Callable[[torch.Tensor],

@@ -40,7 +40,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from potluck.trust.verdict import COPIED, FAR, FREE_RIDER, NON_FINITE, REPLAYED, Finding, Rules
+from potluck.trust.verdict import (
+    COPIED,
+    FAR,
+    FREE_RIDER,
+    NON_FINITE,
+    REPLAYED,
+    Finding,
+    Rules,
+    median,
+)
 
 FREE_RATIO = 0.3  # honest members' weighted norms are within a few tens of % of each other
 COPY_RATIO = 0.01  # squared: a copy is 10x closer than an honest pair, at least
@@ -128,7 +137,7 @@ def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequenc
         found.append(Finding(senders[i], NON_FINITE, f"{owners} slice owner(s), most saw a "
                                                      "non-finite value in its pseudo-gradient"))
     good = [i for i in range(s) if i not in bad]
-    middle = _median([shares[i] for i in good]) or 1.0
+    middle = median([shares[i] for i in good]) or 1.0
     relative = [max(shares[i] / middle, 1e-12) for i in range(s)]
     # A round's pseudo-gradient grows with its local steps, between their square root
     # (noise) and linearly (drift): each rule scales by the bound that spares honest
@@ -156,10 +165,10 @@ def _scores(rows: list[list[list[float]]], good: list[int],
     per: dict[int, list[float]] = {i: [] for i in good}
     for r in rows:
         values = {i: score(r, i) for i in good}
-        middle = _median(list(values.values()))
+        middle = median(list(values.values()))
         for i, v in values.items():
             per[i].append(v / middle if middle > 0 else (1.0 if v == 0 else math.inf))
-    return {i: _median(v) for i, v in per.items()}
+    return {i: median(v) for i, v in per.items()}
 
 
 def _copies(rows: list[list[list[float]]], good: list[int],
@@ -173,7 +182,7 @@ def _copies(rows: list[list[list[float]]], good: list[int],
         return []
     votes = dict.fromkeys(pairs, 0)
     for r in rows:
-        middle = 2 * _median([r[i][DISTANCE] for i in good])
+        middle = 2 * median([r[i][DISTANCE] for i in good])
         for i, j in pairs:
             if middle > 0 and r[i][FIELDS + j] <= COPY_RATIO * middle:  # (0: cannot tell)
                 votes[(i, j)] += 1
@@ -198,18 +207,10 @@ def _replays(rows: list[list[list[float]]], good: list[int],
             if not math.isfinite(r[i][REPLAY]) or len(changes) < 3:
                 continue
             known += 1
-            middle = _median(changes)
+            middle = median(changes)
             votes += middle > 0 and r[i][REPLAY] <= COPY_RATIO * middle
         if known and 2 * votes > len(rows):
             found.append(Finding(senders[i], REPLAYED, f"its pseudo-gradient is (nearly) its "
                                  f"own of the last round, for {votes} of {len(rows)} slice "
                                  "owners"))
     return found
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return 0.0
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from potluck.errors import ConfigError
 from potluck.trust.spot import Loss
-from potluck.trust.verdict import COPIED, NO_WORK, Finding
+from potluck.trust.verdict import COPIED, NO_WORK, Finding, median
 
 Range = tuple[int, int]
 RUNS = 8  # runs of positions a member's sample is read in
@@ -132,7 +132,7 @@ def median_gains(table: Sequence[Sequence[Sequence[float]]], checkers: Sequence[
     out: list[list[float]] = []
     for t, target in enumerate(targets):
         rows = [table[c][t] for c in checkers if c != target] or [table[target][t]]
-        out.append([_median([r[k] for r in rows]) for k in range(len(rows[0]))])
+        out.append([median([r[k] for r in rows]) for k in range(len(rows[0]))])
     return out
 
 
@@ -195,19 +195,11 @@ def _scale(gains: Sequence[Sequence[float]], targets: Sequence[int],
            shares: Sequence[float]) -> float:
     """The median target's own gain for its part (a gain grows with the local steps
     between their square root and linearly: the least growth spares an honest member)."""
-    middle = _median([shares[t] for t in targets]) or 1.0
+    middle = median([shares[t] for t in targets]) or 1.0
     relative = [max(s / middle, 1e-12) for s in shares]
     less = [min(r, math.sqrt(r)) for r in relative]
     own = [g[t] / less[t] for g, t in zip(gains, targets, strict=True) if math.isfinite(g[t])]
-    scale = _median(own)
+    scale = median(own)
     if scale <= 0:
         scale = max((abs(v) for g in gains for v in g if math.isfinite(v)), default=0.0)
     return scale
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return 0.0
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

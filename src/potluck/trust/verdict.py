@@ -273,7 +273,7 @@ def spot_checked(reports: Reports, trusted: Sequence[int],
     for target, seen in sorted(checks.items()):
         wrong = sum(s.mismatch for s in seen)
         if wrong * 2 > len(owners) - (target in owners):
-            middle = _median([s.difference for s in seen])
+            middle = median([s.difference for s in seen])
             found.append(Finding(target, WRONG_GRADIENT,
                           f"{wrong} of {len(seen)} owners recomputed its gradient on its own "
                           f"samples and found it off by {middle:.3g} (relative, median)"))
@@ -372,7 +372,7 @@ def audited(reports: Reports, trusted: Sequence[int],
         against = [r for r in seen if r.against_owner]
         if len(against) * 2 > voters:
             kinds = sorted({r.outcome.name.lower() for r in against})
-            middle = _median([r.difference for r in against])
+            middle = median([r.difference for r in against])
             found.append(Finding(owner, WRONG_AGGREGATE,
                           f"{len(against)} of {voters} other owners audited its aggregate of "
                           f"step {step} and found it {' or '.join(kinds)} (recomputed from "
@@ -404,12 +404,12 @@ def far_scores(reports: Reports, samples: Sequence[float], trusted: Sequence[int
                   for i in trusted if math.isfinite(reports.distance[o][i])}
         if not scaled:
             continue
-        middle = _median(list(scaled.values()))
+        middle = median(list(scaled.values()))
         for i in trusted:
             if i in scaled:
                 per_owner[i].append(scaled[i] / middle if middle > 0 else
                                     (0.0 if scaled[i] == 0 else math.inf))
-    return {i: _median(v) for i, v in per_owner.items() if v}
+    return {i: median(v) for i, v in per_owner.items() if v}
 
 
 def diverged(fingerprints: Sequence[int], trusted: Sequence[int]) -> list[int]:
@@ -433,7 +433,8 @@ def _majority(values: list[int]) -> int | None:
     return None
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
+    """The median (0 of nothing): the middle value, or the mean of the two middle ones."""
     ordered = sorted(values)
     n = len(ordered)
     if n == 0:
