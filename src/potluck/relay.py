@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
 POLL_S = 0.01  # how often a wait for a key asks again
+_ABSENT = "\x00potluck: no such key\x00"  # a value no key of potluck's holds
 _JOIN_S = 0.05  # how often a waiting call looks whether the store moved meanwhile
 
 
@@ -131,10 +132,21 @@ class RelayStore(Store):
         self._inner.check([key])
 
     def get(self, key: str) -> bytes:
-        if self._succession is not None:  # (no call that waits: see _until)
-            self._until([key], None, f"key {key!r}")
-        return self._call("get", lambda: self._inner.get(key),
-                          blocking=self._succession is None)
+        if self._succession is None:
+            return self._call("get", lambda: self._inner.get(key), blocking=True)
+        # No call that waits (c10d's get blocks while the key is absent, and a key may
+        # go between a check and a get): a compare_set whose expected value no key holds
+        # answers at once, the value where there is one, the sentinel where there is none.
+        limit = getattr(self, "timeout").total_seconds()  # noqa: B009
+        deadline = time.monotonic() + limit
+        while True:
+            value = self._call("get", lambda: self._inner.compare_set(key, _ABSENT, _ABSENT))
+            if value != _ABSENT.encode():
+                return value
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"waited {limit:g} s for key {key!r} on the store "
+                                          f"at {self.where}; it never came")
+            time.sleep(POLL_S)
 
     def add(self, key: str, amount: int) -> int:
         return self._call("add", lambda: self._inner.add(key, amount))

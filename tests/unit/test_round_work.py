@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import pytest
 import torch
@@ -31,6 +32,8 @@ from potluck.trust.verdict import COPIED, NO_WORK, Finding
 DIM, HIDDEN, CLASSES, STEPS, BATCH, SAMPLES, LR = 8, 64, 4, 8, 16, 64, 0.2
 PRETRAIN = 4096
 TOLERANCE = RoundCheck(lambda m, b: torch.zeros(())).tolerance
+FULL = os.environ.get("POTLUCK_FULL_SWEEPS") == "1"  # the measured sweeps, not the suite's
+ROUNDS = 40 if FULL else 16  # an attack's rounds
 
 
 def _data(gen: torch.Generator, centers: torch.Tensor, count: int
@@ -131,34 +134,35 @@ def test_honest_members_are_never_flagged() -> None:
     member-round (95% upper bound, 3/1096; 400 rounds gave 0 in 2,196 too). "No work"
     quarantines at 3 strikes within ``Rules.memory`` (50) rounds: at 2.8e-3, about
     4e-4 per honest member and 50 rounds (C(50, 3) p^3)."""
-    checked = 0
-    for seed in range(200):
+    checked, rounds = 0, 200 if FULL else 48  # (the whole sweep: POTLUCK_FULL_SWEEPS=1)
+    for seed in range(rounds):
         n = 3 + seed % 6
         assert _findings(seed, n) == [], seed
         checked += n
-    assert checked == 1096
+    assert checked == sum(3 + s % 6 for s in range(rounds))
 
 
 @pytest.mark.parametrize("attack", ["free_rider", "sign_flip", "ipm", "other_data"])
 def test_each_attack_is_flagged(attack: str) -> None:
-    """The attacker (rank 0) is flagged in at least 38 of 40 rounds (measured: 40)."""
-    flagged = 0
-    for seed in range(40):
+    """The attacker (rank 0) is flagged in at least 38 of 40 rounds (measured: 40; the
+    suite runs 16 of them)."""
+    flagged, rounds = 0, ROUNDS
+    for seed in range(rounds):
         found = _findings(seed, 4 + seed % 3, attack)
         assert all(f.kind == NO_WORK for f in found)
         flagged += 0 in {f.rank for f in found}
-    assert flagged >= 38, flagged
+    assert flagged >= rounds - rounds // 20 - 1, flagged
 
 
 def test_a_copier_is_struck_and_the_member_it_copied_is_not() -> None:
     """The pair is settled against the copier in 33 of 40 rounds; in the others the
     check cannot tell, and both are struck (as without it). Never the copied alone."""
     settled = 0
-    for seed in range(40):
+    for seed in range(ROUNDS):
         struck = {f.rank for f in _findings(seed, 4 + seed % 3, "copy") if f.kind == COPIED}
         assert struck in ({0}, {0, 1}), (seed, struck)
         settled += struck == {0}
-    assert settled >= 30, settled
+    assert settled >= ROUNDS * 3 // 4, settled
 
 
 def test_a_copy_at_the_start_of_training_cannot_be_told() -> None:
@@ -176,8 +180,8 @@ def test_alie_is_flagged_in_some_rounds() -> None:
     trained on nobody's data, but it lowers the loss on every member's samples about
     alike: beyond the tolerance in about a third of rounds (measured: 12 of 40)."""
     flagged = sum(0 in {f.rank for f in _findings(seed, 4 + seed % 3, "alie")}
-                  for seed in range(40))
-    assert 5 <= flagged <= 25, flagged
+                  for seed in range(ROUNDS))
+    assert ROUNDS // 8 <= flagged <= ROUNDS * 5 // 8, flagged
 
 
 def test_a_pair_not_checked_is_kept_for_the_next_round() -> None:
