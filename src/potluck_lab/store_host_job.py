@@ -7,11 +7,15 @@ each worker writes into ``DIR``, under ``node<N>-<pid>``:
 
 - ``.jsonl``: the samples of each committed step (``potluck.testing.SampleLedger``);
 - ``.times``: a JSON line per committed step (``{"step": n, "at": t}``) and per failed
-  step (``{"failed": n, "at": t}``; ``t`` is the wall clock when the worker saw it);
+  step (``{"failed": n, "at": t}``; ``t`` is the wall clock when the worker saw it),
+  and before each step its part (``{"pending": n, "epoch": e, "ids": [...]}``): a worker
+  killed between a step's commit and its ledger line trained that part all the same
+  (``trained``);
 - ``.pt``: the final parameters, if the worker finished.
 
 ``read_traces`` and ``recovery_s`` read them back: which node committed which steps and
-when, and how long the first failure took to the next committed step.
+when, and how long the first failure took to the next committed step; ``trained`` the
+samples every committed step trained.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Trace:
     node: int
     name: str
     commits: list[tuple[int, float]] = field(default_factory=list)
+    pending: tuple[int, int, list[int]] | None = None  # its last step's (n, epoch, ids)
     failures: list[tuple[int, float]] = field(default_factory=list)
     params: Path | None = None  # the final parameters, if it finished
 
@@ -52,12 +57,34 @@ def read_traces(directory: Path) -> list[Trace]:
             record = json.loads(line)
             if "failed" in record:
                 trace.failures.append((record["failed"], record["at"]))
+            elif "pending" in record:
+                trace.pending = (record["pending"], record["epoch"], record["ids"])
             else:
                 trace.commits.append((record["step"], record["at"]))
         params = path.with_suffix(".pt")
         trace.params = params if params.exists() else None
         traces.append(trace)
     return sorted(traces, key=lambda t: (t.node, t.name))
+
+
+def trained(directory: Path) -> list[tuple[int, list[int]]]:
+    """Every worker's committed parts (its ledger), and the part a worker was killed
+    with where the others committed that step without failing it first (so its part,
+    sent before it died, is in the step: it died between the commit and its ledger
+    line). Feed it to ``potluck.testing.exactly_once_problems``."""
+    from potluck.testing import read_ledgers
+
+    records = list(read_ledgers(directory))
+    traces = read_traces(directory)
+    for trace in traces:
+        if trace.pending is None or trace.pending[0] <= trace.last_step:
+            continue
+        step, epoch, ids = trace.pending
+        others = [t for t in traces if t is not trace]
+        if any(step in {s for s, _ in t.commits} and step not in {f for f, _ in t.failures}
+               for t in others):
+            records.append((epoch, ids))
+    return records
 
 
 def recovery_s(trace: Trace) -> float | None:
@@ -129,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
             for x, y, ids in loader:
                 time.sleep(args.step_time)
                 epoch, before = loader.epoch, opt.steps
+                times.write(json.dumps({"pending": before + 1, "epoch": epoch,
+                                        "ids": ids.tolist()}) + "\n")
+                times.flush()
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()  # type: ignore[no-untyped-call]

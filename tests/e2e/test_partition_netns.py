@@ -23,7 +23,7 @@ import pytest
 
 from potluck.testing import exactly_once_problems, free_port
 from potluck_lab.machine.netns import BridgedHosts
-from potluck_lab.store_host_job import SAMPLES, read_traces, steps_before_failure
+from potluck_lab.store_host_job import SAMPLES, read_traces, steps_before_failure, trained
 from tests.e2e.helpers import assert_equal_to_one_process
 from tests.e2e.store_hosts import Job, bridged_hosts
 
@@ -65,7 +65,7 @@ def test_of_a_split_cohort_one_side_goes_on_and_the_other_stops(
     together = min(steps_before_failure(t) for t in on)
     assert all(t.last_step <= together for t in off), (
         together, [(t.node, t.last_step) for t in off])
-    assert exactly_once_problems(job.trace, SAMPLES, EPOCHS) == []
+    assert exactly_once_problems(trained(job.trace), SAMPLES, EPOCHS) == []
     for trace in on:
         assert trace.params is not None, f"node {trace.node} saved no parameters"
         assert_equal_to_one_process(trace.params, EPOCHS)

@@ -24,7 +24,13 @@ import torch
 
 from potluck.testing import exactly_once_problems, free_port
 from potluck_lab.machine.netns import BridgedHosts
-from potluck_lab.store_host_job import SAMPLES, read_traces, recovery_s, steps_before_failure
+from potluck_lab.store_host_job import (
+    SAMPLES,
+    read_traces,
+    recovery_s,
+    steps_before_failure,
+    trained,
+)
 from tests.e2e.helpers import assert_equal_to_one_process
 from tests.e2e.store_hosts import Job, bridged_hosts
 
@@ -67,7 +73,7 @@ def _check_survivors(job: Job, lost_at: float) -> None:
     traces = read_traces(job.trace)
     finished = [t for t in traces if t.node in (1, 2)]
     assert [t.last_step for t in finished] == [EPOCHS * STEPS] * 2
-    assert exactly_once_problems(job.trace, SAMPLES, EPOCHS) == []
+    assert exactly_once_problems(trained(job.trace), SAMPLES, EPOCHS) == []
     for trace in finished:
         assert trace.params is not None, f"node {trace.node} saved no parameters"
         assert_equal_to_one_process(trace.params, EPOCHS)

@@ -35,6 +35,7 @@ from torch.futures import Future
 from potluck.collectives import wait_for
 from potluck.compress import Traffic
 from potluck.compress.codec import Codec
+from potluck.errors import QuarantinedError
 from potluck.group import ProcessGroupLike
 from potluck.sync.round_sum import Piece
 from potluck.trust import wire
@@ -111,6 +112,12 @@ class RobustRoundSum:
         self._sent.add(piece.key)
         flat = piece.delta.reshape(-1)
         owners = tuple(self._trusted(n))
+        if not owners:
+            raise QuarantinedError(
+                f"round {piece.round}: every member of the cohort is quarantined, so no "
+                "pseudo-gradient counts and the global model cannot move; the trust checks "
+                "fired on every member (see the events): check that every worker runs the "
+                "same script, data and loss, or drop trust=")
         shares = self._shares(piece, n)
         weights = torch.tensor([shares[r] for r in owners], dtype=torch.float64)
         size = max(1, math.ceil(flat.numel() / len(owners)))

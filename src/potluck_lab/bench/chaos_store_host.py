@@ -41,6 +41,7 @@ from potluck_lab.store_host_job import (
     read_traces,
     recovery_s,
     single_process,
+    trained,
 )
 
 NODES = 3
@@ -162,7 +163,7 @@ def _check(trial: StoreHostResult, traces: list[Trace], trace: Path,
     survivors = [t for t in traces if t.node != 0]
     trial.completed = (len(survivors) == NODES - 1
                        and all(t.last_step == STEPS and t.params for t in survivors))
-    trial.problems += (problems := exactly_once_problems(trace, SAMPLES, EPOCHS))
+    trial.problems += (problems := exactly_once_problems(trained(trace), SAMPLES, EPOCHS))
     trial.exactly_once = not problems
     if not trial.completed:
         trial.problems.append("a survivor did not finish: "
