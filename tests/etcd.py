@@ -9,9 +9,7 @@ temp directory, and is killed and reaped when the ``server`` block ends.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import http.client
-import os
 import shutil
 import subprocess
 import time
@@ -20,10 +18,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from potluck.testing import free_port
+from tests import apt
 
-INSTALL_TIMEOUT_S = 150.0  # each of apt-get update and install
 START_TIMEOUT_S = 30.0
-_INSTALL_LOCK = Path("/tmp/potluck-etcd-install.lock")  # two test workers, one dpkg
 
 
 class Etcd(NamedTuple):
@@ -35,11 +32,10 @@ def why_no_etcd() -> str | None:
     """Why there is no etcd to start here, after trying to install it; None: there is."""
     if shutil.which("etcd") is not None:
         return None
-    if os.name != "posix" or os.geteuid() != 0:
-        return "etcd is not installed and this is not root, so it cannot apt-get install it"
-    if not Path("/etc/debian_version").is_file() or shutil.which("apt-get") is None:
-        return "etcd is not installed and this is not Debian (no etcd-server to apt-get)"
-    failure = _install()
+    why = apt.why_not_installable()
+    if why is not None:
+        return f"etcd is not installed and {why}"
+    failure = apt.install("etcd-server", lambda: shutil.which("etcd") is not None)
     return None if failure is None else f"apt-get install etcd-server failed: {failure}"
 
 
@@ -96,22 +92,3 @@ def logs(root: Path) -> str:
     """The server's last lines, for a failing test's message."""
     path = root / "etcd.out"
     return "\n".join(path.read_text().splitlines()[-15:]) if path.is_file() else ""
-
-
-def _install() -> str | None:
-    """apt-get update and install etcd-server; the failure."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with _INSTALL_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if shutil.which("etcd") is not None:  # another test worker installed it
-            return None
-        for argv in (["apt-get", "update"],
-                     ["apt-get", "install", "-y", "--no-install-recommends", "etcd-server"]):
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, env=env,
-                                      timeout=INSTALL_TIMEOUT_S, check=False)
-            except subprocess.TimeoutExpired:
-                return f"{' '.join(argv)} ran past {INSTALL_TIMEOUT_S:.0f} s"
-            if done.returncode != 0:
-                return f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}"
-    return None if shutil.which("etcd") is not None else "still no etcd on PATH"

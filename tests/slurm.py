@@ -14,7 +14,6 @@ A step's ``slurmstepd`` leaves slurmd's process tree (its parent becomes init), 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -25,21 +24,20 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 from potluck.testing import free_port
+from tests import apt
 
-INSTALL_TIMEOUT_S = 150.0  # each of apt-get update and install
 START_TIMEOUT_S = 30.0
 BINARIES = ("slurmctld", "slurmd", "srun", "sbatch", "sinfo", "squeue", "scancel")
-_INSTALL_LOCK = Path("/tmp/potluck-slurm-install.lock")  # two test workers, one dpkg
 _UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
 
 
 def why_no_slurm() -> str | None:
     """Why there is no SLURM to start here, after trying to install it; None: there is."""
     if _missing():
-        why = _why_no_install()
+        why = apt.why_not_installable()
         if why is not None:
             return f"SLURM is not installed ({', '.join(_missing())} missing) and {why}"
-        failure = _install()
+        failure = apt.install("slurm-wlm", lambda: not _missing())
         if failure is not None:
             return f"apt-get install slurm-wlm failed: {failure}"
     if os.geteuid() != 0:
@@ -95,35 +93,6 @@ def logs(root: Path) -> str:
 
 def _missing() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None]
-
-
-def _why_no_install() -> str | None:
-    if os.name != "posix" or os.geteuid() != 0:
-        return "this is not root, so it cannot apt-get install slurm-wlm"
-    if not Path("/etc/debian_version").is_file():
-        return "this is not Debian, so there is no slurm-wlm package to apt-get install"
-    if shutil.which("apt-get") is None:
-        return "apt-get is not on PATH"
-    return None
-
-
-def _install() -> str | None:
-    """apt-get update and install slurm-wlm (about 10 s on a fast mirror); the failure."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with _INSTALL_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _missing():  # another test worker installed it while this one waited
-            return None
-        for argv in (["apt-get", "update"],
-                     ["apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm"]):
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, env=env,
-                                      timeout=INSTALL_TIMEOUT_S, check=False)
-            except subprocess.TimeoutExpired:
-                return f"{' '.join(argv)} ran past {INSTALL_TIMEOUT_S:.0f} s"
-            if done.returncode != 0:
-                return f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}"
-    return None if not _missing() else f"still missing {', '.join(_missing())}"
 
 
 def _write_conf(root: Path, cpus: int) -> Path:
