@@ -116,6 +116,7 @@ class Succession:
         self.moves = 0  # how many times the store moved
         self.moving = False  # a thread of this process is moving the store now
         self.moved_at = -float("inf")  # when the last move ended (monotonic)
+        self.lost: frozenset[int] = frozenset()  # nodes whose store was lost
 
     def use(self, root: Store) -> None:
         """The process's own relay of the whole store (``learn`` reads through it: a
@@ -172,6 +173,7 @@ class Succession:
                 log.warning("the store's successor on node %d (%s) did not answer: %s",
                             candidate.node, candidate.where, exc)
                 continue
+            self.lost |= {self.node}
             self.where, self.node = candidate.where, candidate.node
             self.moves += 1
             log.warning("the job's store at %s is gone (%s: %s): it moved to node %d "

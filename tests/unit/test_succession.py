@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from potluck.errors import StoreLostError
-from potluck.rendezvous.state import Action, decide, has_quorum
+from potluck.rendezvous.state import Action, coming, decide, has_quorum, node_of
 from potluck.succession import Candidate, Succession, reachable, successors
 
 
@@ -86,6 +86,7 @@ def test_the_store_moves_to_the_first_reachable_candidate_and_is_seeded_once() -
         # every later caller of the lost store finds it moved: nothing again
         assert succession.moved("10.9.9.9:1", "get", "Broken pipe") == where
         assert served == [1] and seeded == [where] and succession.moves == 1
+        assert succession.lost == {0}  # (its workers are not waited for: ``coming``)
 
 
 def test_with_no_candidate_reachable_the_loss_is_one_line_naming_what_was_tried() -> None:
@@ -131,3 +132,14 @@ def test_the_quorum_counts_from_the_last_generation_that_trained() -> None:
     form = decide(3.0, members=("a", "b"), registered={"a"}, alive={"a"}, deadline=2.0,
                   min_size=1, quorum=True, nodes=nodes)
     assert form.action is Action.FORM
+
+
+def test_after_a_move_members_not_yet_there_are_coming_unless_their_node_was_lost() -> None:
+    """Each survivor moves by itself: the new store has no beat yet of one still on its
+    way. It is awaited; one on the lost store's node, or on no known node, is not."""
+    members = ["a", "b", "c", "d"]
+    nodes = {"a": node_of("a", "h:node0:local0"), "b": node_of("b", "h:node1:local0"),
+             "c": node_of("c", "h:node2:local0"), "d": node_of("d", None)}
+    assert coming(members, beats={"c"}, nodes=nodes, lost={0}) == {"b"}
+    assert coming(members, beats={"b", "c"}, nodes=nodes, lost={0}) == set()
+    assert coming(members, beats=set(), nodes=nodes, lost={0, 1}) == {"c"}

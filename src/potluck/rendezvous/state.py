@@ -79,6 +79,16 @@ def node_of(member: str, seat: str | None) -> Node:
     return (1, member)
 
 
+def coming(members: Iterable[str], beats: Collection[str], nodes: Mapping[str, Node],
+           lost: Collection[int]) -> set[str]:
+    """Members that have not beaten on a store that just moved (``beats``: those that
+    have), but are on their way: each survivor moves by itself, a beat apart. Not one
+    on a node whose store was lost (``lost``: the store's host went, and its workers
+    with it), nor one whose node is unknown. Pure."""
+    return {m for m in members if m not in beats and nodes.get(m, (1, m))[0] == 0
+            and int(nodes[m][1]) not in lost}
+
+
 def has_quorum(members: Sequence[str], ready: Collection[str],
                nodes: Mapping[str, Node] | None = None,
                present: Collection[Node] = ()) -> bool:

@@ -38,7 +38,15 @@ from potluck.relay import prefixed, succession_of
 from potluck.rendezvous import admission
 from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
-from potluck.rendezvous.state import NO_QUORUM, Action, Node, decide, node_of, pick_leader
+from potluck.rendezvous.state import (
+    NO_QUORUM,
+    Action,
+    Node,
+    coming,
+    decide,
+    node_of,
+    pick_leader,
+)
 
 log = logging.getLogger(__name__)
 
@@ -393,6 +401,12 @@ class StoreRendezvous:
         """Members with a fresh heartbeat that did not announce leaving."""
         beats = read_beats(self._store, members)
         live = fresh(time.time(), beats, self.config.heartbeat_timeout)
+        moved = self._succession
+        # A store that moved less than a beat's timeout ago has no beat yet of a member
+        # still on its way there: it is not gone (each survivor moves by itself).
+        if moved is not None and time.monotonic() - moved.moved_at <= \
+                self.config.heartbeat_timeout:
+            live |= coming(members, beats, self._nodes(members), moved.lost)
         return {m for m in live if not self._store.check([keys.leave(m)])}
 
     def _leader(self, members: tuple[str, ...]) -> str | None:
@@ -424,8 +438,8 @@ class StoreRendezvous:
         membership = record.membership(self.worker_id, time.monotonic() - started)
         self.membership, self._boundary, self._record = membership, 0, record
         self._registering = None
-        if self.config.quorum:
-            self._learn_seats(record.members)
+        if self.config.quorum or self._succession is not None:
+            self._learn_seats(record.members)  # (the quorum and a move place them)
         if self._succession is not None:
             self._succession.learn()  # (agents of nodes that came since)
         log.info("rendezvous %s", membership.event.as_json() if membership.event else "")
