@@ -29,11 +29,13 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import StoreLostError
 from potluck.etcd_store import EtcdStore
-from potluck.succession import Succession
+from potluck.succession import PROBE_S, Candidate, Succession, reachable
 
 T = TypeVar("T")
 
-SILENT_S = 5.0  # a store that can move and does not answer a quick call in this is lost
+SILENT_S = 2.0  # a store that can move and does not answer a quick call in this, and
+#                whose host does not accept a connection either (``reachable``), is lost
+FROZEN_S = 30.0  # one whose host accepts connections but that never answers: lost too
 POLL_S = 0.01  # how often a wait for a key asks again
 _ABSENT = "\x00potluck: no such key\x00"  # a value no key of potluck's holds
 _JOIN_S = 0.05  # how often a waiting call looks whether the store moved meanwhile
@@ -90,9 +92,11 @@ class RelayStore(Store):
 
     def _answered(self, call: Callable[[], T], blocking: bool) -> T:
         """``call``'s answer. Where the store can move, a call that gets no answer in
-        ``SILENT_S`` (a cut link drops packets: c10d's client then waits on its socket
-        for good) is ``_Silent``: it runs on a thread of its own, left behind. So is one
-        still waiting when another relay of this process moves the store."""
+        ``SILENT_S`` from a host that accepts no connection either (a cut link drops
+        packets: c10d's client then waits on its socket for good), or none in
+        ``FROZEN_S`` at all, is ``_Silent``: it runs on a thread of its own, left
+        behind. So is one still waiting when another relay of this process moves the
+        store."""
         succession = self._succession
         if succession is None or blocking:
             return call()
@@ -107,15 +111,28 @@ class RelayStore(Store):
 
         thread = threading.Thread(target=run, name="potluck-store-call", daemon=True)
         thread.start()
-        deadline = time.monotonic() + SILENT_S
-        while thread.is_alive() and time.monotonic() < deadline:
+        started = time.monotonic()
+        deadline = started + SILENT_S
+        while thread.is_alive():
             thread.join(_JOIN_S)
             if succession.where != self.where:
                 raise _Silent(f"no answer, and the store moved to {succession.where}")
+            if not thread.is_alive() or time.monotonic() < deadline:
+                continue
+            # A slow answer is not a lost store: on a busy machine a process may wait
+            # seconds for a core. The host's kernel accepts a connection whatever its
+            # processes do, so one that does not (a cut link, a host gone) is lost; one
+            # that does is waited for, up to FROZEN_S (its store is frozen).
+            waited = time.monotonic() - started
+            if not _host_accepts(self.where):
+                raise _Silent(f"no answer in {waited:.1f} s, and its host accepts no "
+                              "connection (the link to it is cut?)")
+            if waited >= FROZEN_S:
+                raise _Silent(f"no answer in {waited:.1f} s, though its host accepts "
+                              "connections (the store is frozen?)")
+            deadline = time.monotonic() + SILENT_S
         if failure:
             raise failure[0]
-        if not answer and thread.is_alive():
-            raise _Silent(f"no answer in {SILENT_S:g} s (the link to it is cut?)")
         return answer[0]
 
     def set(self, key: str, value: str) -> None:
@@ -228,6 +245,12 @@ def prefixed(store: Store, prefix: str) -> Store:
 def _under(store: Store, prefix: str) -> Store:
     """c10d's ``PrefixStore``; for an etcd store one of its own, which clones."""
     return store.under(prefix) if isinstance(store, EtcdStore) else PrefixStore(prefix, store)
+
+
+def _host_accepts(where: str) -> bool:
+    """Whether the store's socket at ``where`` (host:port) accepts a connection."""
+    host, port = where.rsplit(":", 1)
+    return reachable(Candidate(-1, host.strip("[]"), int(port)), timeout=PROBE_S)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROBE_S = 2.0  # a candidate whose socket does not accept within this is not reachable
+PROBE_S = 1.0  # a socket that does not accept a connection within this is not reachable
 CONNECT_S = 30.0  # for the chosen host's agent to see the loss and serve
 
 

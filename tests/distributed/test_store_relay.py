@@ -12,28 +12,51 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
+from potluck import relay
 from potluck.errors import StoreLostError
 from potluck.relay import SILENT_S, RelayStore, prefixed
 from potluck.succession import Candidate, Succession, publish
 from potluck.testing import free_port
 
 
-def _host(port: int) -> None:
+def _start_host(port: int) -> Any:
+    """A process hosting a store on ``port``, once it serves (a spawned process imports
+    torch first: seconds on a busy machine, longer than a client's connect timeout)."""
+    spawn = multiprocessing.get_context("spawn")
+    up = spawn.Event()
+    host = spawn.Process(target=_host, args=(port, up))
+    host.start()
+    if not up.wait(60):
+        host.kill()
+        host.join()
+        raise AssertionError("the store's host did not start in 60 s")
+    return host
+
+
+def _stop(pid: int | None) -> None:
+    """SIGSTOP a process and wait until it is stopped."""
+    os.kill(pid or 0, signal.SIGSTOP)
+    while "T (stopped)" not in Path(f"/proc/{pid}/status").read_text():
+        time.sleep(0.01)
+
+
+def _host(port: int, up: Any) -> None:
     store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10),
                      wait_for_workers=False)
     store.set("up", "1")
+    up.set()
     time.sleep(60)  # (killed by the test)
 
 
 @pytest.mark.timeout(60)
 def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
     port = free_port()
-    host = multiprocessing.get_context("spawn").Process(target=_host, args=(port,))
-    host.start()
+    host = _start_host(port)
     try:
         inner = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
         relay = RelayStore(inner, f"127.0.0.1:{port}")
@@ -65,16 +88,17 @@ def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> None:
+def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Relays of one process share a succession. The store's host goes silent (a cut
-    link: SIGSTOP keeps its connections open, unanswered); the first relay waits out
+    link: SIGSTOP keeps its connections open, unanswered, and the probe of its socket
+    is made to fail as over a cut link); the first relay waits out
     ``SILENT_S`` and moves the store; the second, idle meanwhile, then answers from the
     new host at once, and the third, whose call began halfway through the first's
     wait, gives up on the old host when the store moves instead of waiting out its
     own ``SILENT_S``."""
     old, new = free_port(), free_port()
-    host = multiprocessing.get_context("spawn").Process(target=_host, args=(old,))
-    host.start()
+    host = _start_host(old)
     successor = TCPStore("127.0.0.1", new, None, True, timedelta(seconds=10),
                          wait_for_workers=False)
     try:
@@ -89,9 +113,8 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> No
         succession.learn(first)
         relays = [RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
                   for _ in range(3)]
-        os.kill(host.pid or 0, signal.SIGSTOP)
-        while "T (stopped)" not in Path(f"/proc/{host.pid}/status").read_text():
-            time.sleep(0.01)
+        monkeypatch.setattr(relay, "_host_accepts", lambda where: False)
+        _stop(host.pid)
         waiting: list[float] = []  # when a third relay's call, made meanwhile, ends
 
         def meanwhile() -> None:
@@ -111,5 +134,47 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once() -> No
         assert waiting[0] - moved < 1.0 and relays[2].add("n", 0) == 1
     finally:
         host.kill()  # (a SIGKILL ends a stopped process too)
+        host.join()
+        del successor
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_store_whose_host_accepts_connections_is_waited_for_not_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that answers late (its process waited for a core on a busy machine: here
+    SIGSTOP for 2.5 ``SILENT_S``) is not lost while its host's kernel accepts
+    connections: the call answers from it once it runs again, and the store does not
+    move (moving it would split the cohort between two stores). One that never answers
+    is lost after ``FROZEN_S``."""
+    old, new = free_port(), free_port()
+    host = _start_host(old)
+    successor = TCPStore("127.0.0.1", new, None, True, timedelta(seconds=10),
+                         wait_for_workers=False)
+    try:
+        def client(port: int) -> TCPStore:
+            return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+        first = client(old)
+        first.wait(["up"])
+        publish(first, "run", Candidate(1, "127.0.0.1", new))
+        succession = Succession("run", f"127.0.0.1:{old}",
+                                connect=lambda c: client(c.port))
+        succession.learn(first)
+        store = RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
+        _stop(host.pid)
+        resume = threading.Timer(2.5 * SILENT_S, os.kill, (host.pid, signal.SIGCONT))
+        resume.start()
+        started = time.monotonic()
+        assert store.add("n", 1) == 1  # answered by the slow host, once it ran again
+        assert time.monotonic() - started >= 2.5 * SILENT_S
+        assert succession.moves == 0 and store.where == f"127.0.0.1:{old}"
+        resume.join()
+        monkeypatch.setattr(relay, "FROZEN_S", 1.5 * SILENT_S)
+        _stop(host.pid)
+        store.add("n", 1)  # (on the successor, after FROZEN_S)
+        assert succession.moves == 1 and store.where == f"127.0.0.1:{new}"
+        assert successor.add("n", 0) == 1
+    finally:
+        host.kill()
         host.join()
         del successor
