@@ -114,7 +114,7 @@ def test_next_member_takes_over_when_the_leader_dies(port: int) -> None:
 @pytest.mark.timeout(30)
 def test_a_worker_the_agent_saw_exit_is_not_waited_for(port: int) -> None:
     from potluck.keys import process as process_key
-    from potluck.launch.store import mark_exited
+    from potluck.launch.job_keys import mark_exited
 
     config = replace(FAST, heartbeat_timeout=20.0, prefix="potluck/job7/rdzv")
     workers = _form(port, ["w-a", "w-b", "w-c"], config)

@@ -27,7 +27,7 @@ import pytest
 
 from potluck import keys
 from potluck.etcd_store import EtcdStore, job_prefix
-from potluck.launch.store import agent_beats
+from potluck.launch.roll import agent_beats
 from potluck.relay import RelayStore
 from potluck.testing import free_port
 from tests import etcd

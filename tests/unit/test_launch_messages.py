@@ -15,7 +15,7 @@ import potluck
 import potluck.cli as potluck_cli
 from potluck.env import WorkerEnv
 from potluck.errors import CommHookError, ConfigError, PeerLostError, RendezvousError
-from potluck.launch import cli, store, worker
+from potluck.launch import cli, meeting, store, worker
 from potluck.launch.config import LaunchConfig
 from potluck.launch.report import (
     ErrorRecord,
@@ -94,7 +94,7 @@ def test_a_token_shorter_than_8_characters_is_refused_with_how_to_make_one(
 
 
 def test_a_wait_reports_after_5_s_then_every_10_s() -> None:
-    due = [store.report_due(w, said) for w, said in
+    due = [meeting.report_due(w, said) for w, said in
            ((4.9, 0), (5.0, 0), (14.9, 1), (15.0, 1), (25.0, 2), (24.0, 2))]
     assert due == [False, True, False, True, True, False]
 
@@ -105,7 +105,7 @@ def test_the_waiting_lines_say_what_for_where_and_the_fix() -> None:
                     "(15 s of --join-timeout 300 s; last try: Connection refused): start "
                     "node 0's `potluck run` if it is not running, and check --master-addr "
                     "and --master-port (node 0's address and port as this node sees them)")
-    line = store.waiting_for_nodes(0, 1, 2, 25.0, 300.0)
+    line = meeting.waiting_for_nodes(0, 1, 2, 25.0, 300.0)
     assert "node 0 is waiting for the other nodes: 1 of 2 node agents" in line
     assert "(25 s of --join-timeout 300 s)" in line and "--run-id" in line
 
@@ -113,8 +113,8 @@ def test_the_waiting_lines_say_what_for_where_and_the_fix() -> None:
 @pytest.mark.timeout(30)
 def test_a_node_that_cannot_reach_node_0_says_so_while_it_waits(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "FIRST_REPORT", 0.2)
-    monkeypatch.setattr(store, "REPORT_EVERY", 0.5)
+    monkeypatch.setattr(meeting, "FIRST_REPORT", 0.2)
+    monkeypatch.setattr(meeting, "REPORT_EVERY", 0.5)
     port = free_port()  # nothing listens there
     config = LaunchConfig(script="x.py", nnodes=2, node_rank=1, master_port=port,
                           join_timeout=1.5)
@@ -141,10 +141,10 @@ class _CountingStore:
 @pytest.mark.timeout(30)
 def test_an_agent_waiting_for_the_other_nodes_says_how_many_came(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "FIRST_REPORT", 0.1)
+    monkeypatch.setattr(meeting, "FIRST_REPORT", 0.1)
     said: list[str] = []
     with pytest.raises(RendezvousError, match="only 1 of 2 node agents"):
-        store.meet(_CountingStore(), "k", 2, 0.6, lambda: False,  # type: ignore[arg-type]
+        meeting.meet(_CountingStore(), "k", 2, 0.6, lambda: False,  # type: ignore[arg-type]
                    say=said.append, node_rank=0)
     assert said and "node 0 is waiting for the other nodes: 1 of 2" in said[0]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from torch._C._distributed_c10d import HashStore
 
 from potluck import keys
+from potluck.launch.job_keys import clear_for_whole_restart, holds_torch_keys
 from potluck.launch.policy import RollCall, roll_call
-from potluck.launch.store import clear_for_whole_restart, holds_torch_keys
 
 
 def test_an_agent_whose_beat_stopped_is_lost_and_not_waited_for() -> None:

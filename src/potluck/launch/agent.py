@@ -32,6 +32,21 @@ from potluck import keys
 from potluck.errors import BelowMinimumError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
+from potluck.launch.job_keys import (
+    clear_for_whole_restart,
+    clear_worker_keys,
+    cohort_formed,
+    holds_torch_keys,
+    joined_cohort,
+    mark_exited,
+)
+from potluck.launch.meeting import (
+    check_in,
+    elastic_offset,
+    exchange_nprocs,
+    publish_first_node,
+    wait_for_count,
+)
 from potluck.launch.moved import forget
 from potluck.launch.policy import Action, Outcome, next_action, not_to_restart
 from potluck.launch.quiet import Quieter
@@ -46,23 +61,9 @@ from potluck.launch.report import (
     stop_file,
     stopped_below_minimum,
 )
+from potluck.launch.roll import Presence, wait_for_roll
 from potluck.launch.spare import Spare, WaitingSpare, WorkerProcess
-from potluck.launch.store import (
-    JobStore,
-    Presence,
-    check_in,
-    clear_for_whole_restart,
-    clear_worker_keys,
-    cohort_formed,
-    elastic_offset,
-    exchange_nprocs,
-    holds_torch_keys,
-    joined_cohort,
-    mark_exited,
-    publish_first_node,
-    wait_for_count,
-    wait_for_roll,
-)
+from potluck.launch.store import JobStore
 from potluck.launch.sweep import Sweeper
 
 LEARN_S = 1.0  # how often an agent reads the store's successors again

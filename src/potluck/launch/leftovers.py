@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from potluck import keys
 from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
-from potluck.launch.store import agent_beats
+from potluck.launch.roll import agent_beats
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store

@@ -1,7 +1,7 @@
 """The elastic agent's sweep: which of its running workers the cohort no longer needs.
 
 Every half second a thread of its own asks the job's store, on a connection of its own,
-about each running worker (``store.view_worker``) and applies ``policy.why_end``. A
+about each running worker (``job_keys.view_worker``) and applies ``policy.why_end``. A
 thread, because over a dead link to node 0 a store request blocks for minutes whatever
 its timeout: the agent's monitor loop (signals, restarts) must never wait for it. The
 loop picks the verdicts up with ``verdicts()`` and ends those workers itself.
@@ -13,8 +13,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from potluck.launch.job_keys import run_finished, view_worker
 from potluck.launch.policy import why_end
-from potluck.launch.store import run_finished, view_worker
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
