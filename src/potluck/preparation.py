@@ -130,8 +130,7 @@ def prepare(
         model.to(cohort.device)
         handout = Handout()  # what the loader, built last, hands out: read by the parts
         strategy = reconciler(choice, model, cohort, global_batch)
-        # Each rank's gradient weighs its part of the step, unless the user's own hook
-        # decides (under trust the slice owners weigh the copies by the split).
+        # A gradient weighs its rank's part, unless the user's hook decides (or trust's owners)
         contribution = None if strategy or choice.modes.hook == "own" else Contribution()
         clock = ComputeClock(cohort.device) if choice.balance else None
         observer = observer_for(  # (the transaction hands it each step's pass)
@@ -141,7 +140,8 @@ def prepare(
                                on_failure="abandon" if cohort.elastic and not strategy else "raise",
                                init_sync=not cohort.joined_late, contribution=contribution,
                                sync_gradients=strategy is None, clock=observer, **data_parallel)
-        guard = aggregator(trust, cohort, wrapped, handout, weight, data_parallel, strategy)
+        guard = aggregator(trust, cohort, wrapped, handout, weight, data_parallel, strategy,
+                           optimizer, clip_grad_norm)
         policy = strategy or share_policy(choice, shares, cohort, global_batch, contribution,
                                           clock, handout)
         # A finiteness vote only under a custom hook (the built-in ones give every rank the

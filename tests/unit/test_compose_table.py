@@ -32,10 +32,13 @@ def test_the_default_choice_and_the_consumer_cohorts_compose() -> None:
     assert refusals(Modes(hook="codec", aggregate="robust", elastic=True)) == []
     assert refusals(Modes(reconcile="rounds", aggregate="robust", elastic=True)) == []
     assert refusals(Modes(reconcile="streaming", aggregate="robust", split="balanced")) == []
+    # spot checks under rounds are the spot re-run (trust/round_rerun.py)
+    assert refusals(Modes(reconcile="rounds", aggregate="spot checks", elastic=True)) == []
+    assert refusals(Modes(reconcile="streaming", aggregate="spot checks",
+                          split="balanced")) == []
 
 
 @pytest.mark.parametrize("modes, refused", [
-    (Modes(reconcile="rounds", aggregate="spot checks"), "with trust=Trust(spot_check=...)"),
     (Modes(reconcile="rounds", hook="summing"), "with comm_hook="),
     (Modes(reconcile="rounds", shares=True), "with shares="),
     (Modes(reconcile="rounds", tokens=True), "with weight="),
@@ -66,9 +69,9 @@ def test_choose_raises_the_first_row_that_forbids_the_call() -> None:
     from potluck.trust import SpotCheck
 
     with pytest.raises(ConfigError, match=r"^prepare\(\) got sync=DiLoCo\(\.\.\.\) with "
-                                          r"trust=Trust\(spot_check=\.\.\.\)"):
+                                          r"weight="):
         choose(sync=DiLoCo(4), balance=None, launcher_balance=False, shares=None,
-               weight=None, trust=Trust(spot_check=SpotCheck(len)), elastic=False,
+               weight=len, trust=Trust(spot_check=SpotCheck(len)), elastic=False,
                max_micro_batch=None, data_parallel={})
     # potluck run --balance under rounds is the round's speed plan: no refusal.
     chosen = choose(sync=DiLoCo(4), balance=None, launcher_balance=True, shares=None,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
+from torch.optim import Optimizer
 
 from potluck.balance import BalanceConfig, Balancer
 from potluck.cohort import Cohort
@@ -132,7 +133,8 @@ def share_policy(choice: Choice, shares: SharePolicy | None, cohort: Cohort,
 
 def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
                handout: Handout, weight: Callable[[Any], float] | None,
-               data_parallel: dict[str, Any], strategy: DiLoCoSync | None = None
+               data_parallel: dict[str, Any], strategy: DiLoCoSync | None = None,
+               optimizer: Optimizer | None = None, clip_grad_norm: float | None = None
                ) -> TrustPart | RoundTrustPart | None:
     """Trust's step part, its exchange registered as the model's hook (None: the mean).
     Each copy weighs its rank's part of the step: its samples, or under ``weight=`` its
@@ -140,7 +142,8 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
     CompressedSum(codec)`` (in ``data_parallel``, DataParallel's options) gives its
     codec and error feedback setting to the exchange, which takes its place. Under
     rounds (``strategy``), trust's round sum is registered with the strategy instead,
-    with the round's codec (``DiLoCo(codec=...)``)."""
+    with the round's codec (``DiLoCo(codec=...)``); its spot re-run repeats local steps
+    with ``optimizer`` (the inner one) and ``clip_grad_norm`` (the guard's)."""
     if trust is None:
         return None
     if strategy is not None:
@@ -149,7 +152,8 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
         config = strategy.config
         return RoundTrustPart(trust, cohort, wrapped.module, strategy, codec=config.codec,
                               error_feedback=config.error_feedback,
-                              assigned=lambda: handout.split, read_range=handout.read_range)
+                              assigned=lambda: handout.split, read_range=handout.read_range,
+                              optimizer=optimizer, clip_grad_norm=clip_grad_norm)
     if trust.round_check is not None:
         raise ConfigError("trust=Trust(round_check=...) checks pseudo-gradients, which only "
                           "rounds have: add sync=potluck.DiLoCo(...), or use "

@@ -55,12 +55,6 @@ class Rule:
 
 
 TABLE: tuple[Rule, ...] = (
-    Rule("sync=DiLoCo(...) with trust=Trust(spot_check=...)",
-         lambda m: m.rounds and m.aggregate == "spot checks",
-         "a spot check recomputes one step's gradient on the rank's batch, and a round "
-         "has no such step to compare: re-running a stretch of a member's round is not "
-         "built (docs/trust.md)",
-         "drop spot_check= (robust aggregation and the round's checks stay), or sync="),
     Rule("sync=DiLoCo(...) with comm_hook=",
          lambda m: m.rounds and m.hook != "none",
          "a round's pseudo-gradients travel by DiLoCo(codec=...), not by a gradient hook",

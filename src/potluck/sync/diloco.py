@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -81,6 +81,18 @@ class RoundRecord:
     sent_bytes: int  # payload bytes this rank sent for it
     lost: tuple[Range, ...] = ()  # positions of the block lost with members mid-round
     round_samples: int = 0  # samples of every member that took part (the global model's)
+
+
+class InnerWatch(Protocol):
+    """What hears a round's local steps (trust's spot re-run, ``watch_inner_steps``):
+    ``round_began`` when a round is handed out, before its first local step (the replica
+    holds the round's start); ``inner_step(done, final)`` after each local step, where
+    ``final`` says the replica changes before the next one (the round's sync, or a
+    Streaming DiLoCo fragment applied mid-round)."""
+
+    def round_began(self) -> None: ...
+
+    def inner_step(self, done: int, final: bool) -> None: ...
 
 
 class DiLoCoSync:
@@ -147,6 +159,7 @@ class DiLoCoSync:
         self._next = 0
         self._pending: tuple[int, list[tuple[list[int], Future[torch.Tensor]]]] | None = None
         self._blocked = 0.0
+        self._watch: InnerWatch | None = None
 
     # ------------------------------------------------------------ share policy
 
@@ -192,6 +205,8 @@ class DiLoCoSync:
         self._compute_s = None
         self._points, self._next, self._blocked, self._exchanged = (), 0, 0.0, 0.0
         self._started = time.perf_counter()
+        if self._watch is not None:
+            self._watch.round_began()
         return self._segments
 
     def inner_steps(self, part: Range, segment: Range, counted: int | None = None) -> int:
@@ -228,6 +243,8 @@ class DiLoCoSync:
         self._done += 1
         if self._done == 1:
             self._warm = time.perf_counter()
+        if self._watch is not None:
+            self._watch.inner_step(self._done, self._changes_next())
         while self._lost is None and self._next < len(self._points) \
                 and self._points[self._next] <= self._done:
             self._send_fragment()
@@ -238,6 +255,18 @@ class DiLoCoSync:
                 self._exchange_speeds()
             return False
         return True
+
+    def _changes_next(self) -> bool:
+        """Whether the replica changes before the next local step: the round ends here,
+        or a fragment in flight is applied before the next one is sent."""
+        if self._done >= self._due and len(self._parts) == len(self._segments):
+            return True
+        sends = sum(1 for point in self._points[self._next:] if point <= self._done)
+        return self._lost is None and (sends >= 2 or (sends == 1 and self._pending is not None))
+
+    def watch_inner_steps(self, watch: InnerWatch) -> None:
+        """``watch`` hears every round's start and local steps from the next round on."""
+        self._watch = watch
 
     def _exchange_speeds(self) -> None:
         """Mid-round, after an even start: every rank's speed so far (leaving out the

@@ -33,13 +33,16 @@ from potluck.collectives import broadcast_coalesced, settle
 from potluck.compress import Traffic
 from potluck.errors import ConfigError, PeerLostError
 from potluck.events import note
-from potluck.sync.round_sum import RoundSum
+from potluck.sync.config import DiLoCo
+from potluck.sync.diloco import InnerWatch
+from potluck.sync.round_sum import Piece, RoundSum
 from potluck.trust.config import Trust
 from potluck.trust.fingerprint import Fingerprints
 from potluck.trust.part import TrustPart, record
 from potluck.trust.round_check import ReadRange, WorkCheck
-from potluck.trust.round_exchange import RobustRoundSum, RoundReports
+from potluck.trust.round_exchange import Keeper, RobustRoundSum, RoundReports
 from potluck.trust.round_rules import judge_round
+from potluck.trust.round_spot import SpotRerun
 from potluck.trust.round_work import judge_work, settle_copies
 from potluck.trust.verdict import COPIED, DIVERGED, FAR, Evidence, Finding, Strikes, diverged
 
@@ -50,9 +53,13 @@ class Rounds(Protocol):
     """What trust needs of the sync strategy (``potluck.sync.DiLoCoSync``)."""
 
     traffic: Traffic
+    config: DiLoCo
+    global_batch: int
 
     @property
     def fragments(self) -> int: ...
+
+    def watch_inner_steps(self, watch: InnerWatch) -> None: ...
 
     @property
     def global_parameters(self) -> list[torch.Tensor]: ...
@@ -71,9 +78,14 @@ class RoundTrustPart:
     def __init__(self, config: Trust, cohort: Cohort, module: torch.nn.Module,
                  strategy: Rounds, *, codec: Any = None, error_feedback: bool = True,
                  assigned: Callable[[], Sequence[float] | None] | None = None,
-                 read_range: ReadRange | None = None) -> None:
+                 read_range: ReadRange | None = None,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 clip_grad_norm: float | None = None) -> None:
         """``read_range(start, stop)``: the batch of a round's positions, as the loader
-        reads it (the work check's; required with ``Trust(round_check=...)``)."""
+        reads it (the work check's and the spot re-run's; required with
+        ``Trust(round_check=...)`` or ``Trust(spot_check=...)``); ``optimizer``,
+        ``clip_grad_norm``: the inner optimizer and the guard's clip, which the spot
+        re-run repeats (required with ``spot_check=``)."""
         if cohort.world_size < 3:
             log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
                         "needs at least 3 (an honest majority) to tell a bad pseudo-gradient "
@@ -85,10 +97,15 @@ class RoundTrustPart:
         self._removals: list[tuple[str, str]] = []
         self._prints = Fingerprints()
         self.work = self._work_check(config, module, strategy, read_range)
+        self.rerun = self._spot_rerun(config, module, strategy, read_range, optimizer,
+                                      clip_grad_norm)
+        keepers: list[Keeper] = [k.keep for k in (self.work, self.rerun) if k is not None]
         self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
                                        codec, error_feedback, assigned, strategy.traffic,
-                                       self.work.keep if self.work is not None else None)
+                                       _each(keepers) if keepers else None)
         strategy.register_round_sum(self.exchange)
+        if self.rerun is not None:
+            strategy.watch_inner_steps(self.rerun)
 
     @staticmethod
     def _work_check(config: Trust, module: torch.nn.Module, strategy: Rounds,
@@ -106,6 +123,22 @@ class RoundTrustPart:
             raise ConfigError("RoundTrustPart(round_check=...) needs read_range=, the "
                               "loader's reader of a round's positions (prepare passes it)")
         return WorkCheck(check, module, lambda: strategy.global_parameters, read_range)
+
+    def _spot_rerun(self, config: Trust, module: torch.nn.Module, strategy: Rounds,
+                    read_range: ReadRange | None, optimizer: torch.optim.Optimizer | None,
+                    clip_grad_norm: float | None) -> SpotRerun | None:
+        if config.spot_check is None:
+            return None
+        if read_range is None or optimizer is None:
+            raise ConfigError("RoundTrustPart(spot_check=...) needs read_range= and "
+                              "optimizer= (the loader's reader and the inner optimizer; "
+                              "prepare passes them)")
+        sync = strategy.config
+        return SpotRerun(config.spot_check, module, optimizer, read_range,
+                         global_batch=strategy.global_batch, fragments=sync.fragments,
+                         own_start=sync.fragments > 1 and sync.mixing > 0,
+                         counted=lambda: len(self.trusted(self._cohort.world_size)),
+                         clip_grad_norm=clip_grad_norm)
 
     def trusted(self, world_size: int) -> list[int]:
         """Ranks whose copies count (not quarantined)."""
@@ -146,6 +179,9 @@ class RoundTrustPart:
         try:
             if taken is not None and self.work is not None:
                 found = self._check_work(found, taken, steps)
+            if taken is not None and self.rerun is not None:
+                found += self.rerun.check(taken.round, taken.reports.numpy().tobytes(),
+                                          taken.senders, cohort.group, cohort.device)
             if every and steps % every == 0:
                 found += self._agree(steps)
         except PeerLostError:
@@ -231,6 +267,8 @@ class RoundTrustPart:
         self.exchange.forget()
         if self.work is not None:
             self.work.forget()
+        if self.rerun is not None:
+            self.rerun.forget()  # (the round under way stays: its sync may be retried)
 
     def state_dict(self) -> dict[str, Any]:
         return {"strikes": self.strikes.state_dict(), "events": self.events[-100:]}
@@ -248,3 +286,16 @@ class RoundTrustPart:
 # Trust's step part, whatever the sync: ``opt.part(TrustPart)`` finds this one too (its
 # ``events``, ``quarantined``, ``trusted`` and ``removals`` are the same).
 TrustPart.register(RoundTrustPart)
+
+
+
+def _each(keepers: Sequence[Keeper]) -> Keeper:
+    """One keeper that calls each of ``keepers`` in turn."""
+    if len(keepers) == 1:
+        return keepers[0]
+
+    def keep(piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
+        for each in keepers:
+            each(piece, owners, copies)
+
+    return keep

@@ -39,11 +39,20 @@ class SpotCheck:
     ``lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])``.
     ``every``: on average one step in K is checked (each check costs every other owner
     one forward and backward of the target's part). ``tolerance``: the relative L2
-    difference on an owner's slices above which the copy is wrong."""
+    difference on an owner's slices above which the copy is wrong.
+
+    Under rounds (``sync=DiLoCo(...)``) the same setting is the spot re-run
+    (``round_rerun.py``): on average one round in ``every`` is checked, ``checkers``
+    members re-run the target's first ``steps`` local steps from the round's start, and
+    ``tolerance`` is the relative L2 difference of its parameters' change over them
+    that is still honest. The target is struck when more than half the checkers find it
+    off. Every step ignores ``steps`` and ``checkers``."""
 
     loss: Loss
     every: int = 8
     tolerance: float = 1e-3
+    steps: int = 4
+    checkers: int = 3
 
     def __post_init__(self) -> None:
         if not callable(self.loss):
@@ -56,6 +65,12 @@ class SpotCheck:
             raise ConfigError(f"SpotCheck(tolerance={self.tolerance!r}) must be a float in "
                               "(0, 1): the relative difference an honest recomputation "
                               "stays under, e.g. 1e-3")
+        for name, least, what in (("steps", 1, "the local steps a round's re-run takes, e.g. 4"),
+                                  ("checkers", 1, "members that re-run a checked round, e.g. 3")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= least):
+                raise ConfigError(f"SpotCheck({name}={value!r}) must be an int >= {least} "
+                                  f"({what})")
 
 
 def snapshot(module: nn.Module, buffers: dict[str, torch.Tensor] | None = None

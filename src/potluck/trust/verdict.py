@@ -58,11 +58,12 @@ REPLAYED = "replayed gradient"
 FREE_RIDER = "free rider"  # rounds only (round_rules.py)
 COPIED = "copied pseudo-gradient"  # rounds only
 NO_WORK = "no work on its data"  # rounds only (round_work.py)
+WRONG_STEPS = "wrong local steps"  # rounds only (round_rerun.py)
 KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED, REPLAYED,
-         FREE_RIDER, COPIED, NO_WORK)
+         FREE_RIDER, COPIED, NO_WORK, WRONG_STEPS)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
                     DISPUTED: 1, REPLAYED: 1, FREE_RIDER: 2, COPIED: 1,
-                    NO_WORK: 3}
+                    NO_WORK: 3, WRONG_STEPS: 1}
 
 
 @dataclass(frozen=True)
