@@ -1,6 +1,7 @@
-"""What every test shares: the leak checks (``tests/leaks.py``: a test that leaves an
-environment variable changed, a thread running, a child process alive or a port
-listening fails), a cache directory of the session's own, and small fixtures."""
+"""What every test shares: the longest tests first (``tests/order.py``), the leak
+checks (``tests/leaks.py``: a test that leaves an environment variable changed, a thread
+running, a child process alive or a port listening fails), a cache directory of the
+session's own, and small fixtures."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from potluck.testing import free_port as _free_port
 
-pytest_plugins = ["tests.leaks"]
+pytest_plugins = ["tests.leaks", "tests.order"]
 
 # What `potluck run` keeps on a machine between runs (a multi-node elastic job's
 # successor addresses, under ~/.cache/potluck) goes to a directory of this session's.

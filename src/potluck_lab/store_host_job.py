@@ -140,13 +140,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=20.0, help="collective timeout")
+    parser.add_argument("--settle-timeout", type=float, default=30.0,
+                        help="how long a next generation waits for its members to register")
     parser.add_argument("--checkpoint-dir", required=True)
     args = parser.parse_args(argv)
 
     x_all, y_all, net, sgd = _setup()
     data = torch.utils.data.TensorDataset(x_all, y_all, torch.arange(SAMPLES))
+    cohort = potluck.init(timeout=args.timeout, settle_timeout=args.settle_timeout)
     model, opt, loader = potluck.prepare(net, sgd, data, global_batch=12, seed=3,
-                                         timeout=args.timeout,
+                                         cohort=cohort, timeout=args.timeout,
                                          checkpoint_dir=args.checkpoint_dir)
     stem = Path(args.trace) / f"node{os.environ.get('GROUP_RANK', '0')}-{os.getpid()}"
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger, \

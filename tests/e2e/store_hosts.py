@@ -21,6 +21,12 @@ import pytest
 from potluck_lab.machine.netns import BridgedHosts, NetnsError, unavailable
 from tests.e2e.helpers import ROOT
 
+# The job's collective timeout bounds how long a worker's exit waits for the group it
+# abandoned (its threads wait in receives from a lost peer until then), and the settle
+# timeout how long the side that stops waits for a quorum before NoQuorumError. A lost
+# peer is detected by its heartbeat (3 s) either way, so shorter ones show the same.
+QUICK = ("--timeout", "10", "--settle-timeout", "10")
+
 
 def bridged_hosts(count: int) -> Iterator[BridgedHosts]:
     """For a fixture: ``count`` hosts on a switch, deleted whatever happens; the test is
@@ -59,7 +65,7 @@ class Job:
                     "--master-addr", self.hosts.addresses[0], "--master-port",
                     str(self._port), "--join-timeout", "60", "--token", "s3cret-hosts",
                     "--run-id", "store-hosts", "-m", "potluck_lab.store_host_job",
-                    "--trace", str(self.trace), "--epochs", str(self.epochs),
+                    "--trace", str(self.trace), "--epochs", str(self.epochs), *QUICK,
                     "--checkpoint-dir", str(self.directory / f"checkpoints{n}")]
             env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
             with log.open("wb") as sink:
