@@ -10,7 +10,8 @@ measured speed (local work only); ``in_cohort_s`` the time it was a member, of t
 run's ``run_s``; ``losses`` the times the cohort lost it, ``restarts`` the times its
 process was started again; ``strikes`` what trust held against it, and whether it was
 quarantined. Appending is one ``write`` of whole lines, so two runs that end together
-do not interleave within a line; a line that does not parse is skipped on reading.
+do not interleave within a line; a line torn by a writer that was killed is ended
+before the next, and skipped on reading.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ def append(path: str | Path, records: Iterable[RunRecord]) -> int:
         return 0
     file = Path(path).expanduser()
     file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            lines = "\n" + lines  # a line torn by a killed writer stays apart
         os.write(fd, lines.encode())
     finally:
         os.close(fd)

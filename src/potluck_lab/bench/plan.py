@@ -7,7 +7,7 @@ capped both ways by ``tc tbf``, each worker under a CPU quota of its own (with a
 CPU weight, so the machine's other work waits). The job is ``plan_job.py``'s MLP,
 every step (balanced shares) or DiLoCo. In order:
 
-1. calibration: one worker alone at two batch sizes (its compute line), then two
+1. calibration: one worker alone at each batch size a worker takes, then two
    workers on uncapped links, every step and DiLoCo (the reducer's and a round's
    overheads: what the model did not account for);
 2. validation: 2, 3 and 4 workers at three link rates, every step and DiLoCo, and with
@@ -31,9 +31,8 @@ from typing import Any
 
 from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
 from potluck_lab.bench.plan_figures import (
-    ComputeLine,
+    Compute,
     error,
-    fit_line,
     machine,
     steady_rate,
     summary,
@@ -58,7 +57,7 @@ class PlanBenchConfig:
     slow_rate: str = "80mbit"
     quota: float = 0.4
     slow_quota: float = 0.2
-    global_batch: int = 256
+    global_batch: int = 1024
     inner_steps: int = 8
     steps: int = 14
     skip_steps: int = 5
@@ -89,18 +88,19 @@ def configure(args: argparse.Namespace) -> PlanBenchConfig:
 
 @dataclass(frozen=True)
 class Calibration:
-    line: ComputeLine
+    line: Compute
     overheads: Overheads
 
 
 def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
     g, q = config.global_batch, config.quota
-    batches = (g // 4, g // 2)
-    seconds = []
+    batches = sorted({g // n for n in config.sizes}
+                     | ({g // len(CANDIDATES)} if config.selection else set()))
+    seconds = {}
     for batch in batches:
         commits = runs.run(Spec("step", [q], [None], config.steps, batch, 1))
-        seconds.append(batch / steady_rate(commits, config.skip_steps))
-    line = fit_line(batches, seconds, q)
+        seconds[batch] = batch / steady_rate(commits, config.skip_steps)
+    line = Compute(seconds, q)
     workload = Workload(mlp_parameters(), g)
     pair = [machine(f"w{i}", line.speed(g / 2, q), None) for i in range(2)]
     over = {}
@@ -195,7 +195,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
             "selection_vs_all": None if chosen is None else chosen["selection_vs_all"],
             "selection_vs_fastest": None if chosen is None else chosen["selection_vs_fastest"],
             "rows": rows, "selection": chosen,
-            "calibration": {"fixed_s": cal.line.fixed_s, "per_s": cal.line.per_s,
+            "calibration": {"local_step_s": cal.line.seconds,
                             "quota": cal.line.quota_ref, "step_s": cal.overheads.step_s,
                             "round_s": cal.overheads.round_s}}
 

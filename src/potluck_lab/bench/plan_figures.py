@@ -13,23 +13,17 @@ UNLIMITED_BPS = 1e11  # a link with no cap, as the planner sees it
 
 
 @dataclass(frozen=True)
-class ComputeLine:
-    """Seconds of a local step of ``b`` samples under a quota of ``quota`` of a core:
-    ``(fixed_s + b / per_s) * quota_ref / quota`` (a CPU quota scales it inversely)."""
+class Compute:
+    """Seconds of one worker's local step, measured alone at each batch size it takes,
+    under ``quota_ref`` of a core; a CPU quota ``q`` scales them by ``quota_ref / q``
+    (a busy single thread gets its quota's share of the CPU)."""
 
-    fixed_s: float
-    per_s: float  # samples a second beyond the fixed part
+    seconds: dict[int, float]
     quota_ref: float
 
     def speed(self, batch: float, quota: float) -> float:
-        return batch / ((self.fixed_s + batch / self.per_s) * self.quota_ref / quota)
-
-
-def fit_line(batches: Sequence[int], seconds: Sequence[float], quota: float) -> ComputeLine:
-    """The line through two (batch, step seconds) points measured at ``quota``."""
-    (b0, b1), (t0, t1) = batches, seconds
-    per = (b1 - b0) / max(t1 - t0, 1e-9)
-    return ComputeLine(max(0.0, t0 - b0 / per), per, quota)
+        nearest = min(self.seconds, key=lambda b: abs(b - batch))
+        return nearest / (self.seconds[nearest] * self.quota_ref / quota)
 
 
 def steady_rate(commits: Sequence[Sequence[float]], skip: int) -> float:

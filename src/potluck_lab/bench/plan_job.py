@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-WIDTH, DEPTH, FEATURES, CLASSES = 384, 3, 64, 10
+WIDTH, DEPTH, FEATURES, CLASSES = 512, 3, 64, 10
 SAMPLES = 16384
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("step", "diloco"), required=True)
     p.add_argument("--periods", type=int, required=True, help="steps, or rounds")
     p.add_argument("--inner-steps", type=int, default=8)
-    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--global-batch", type=int, default=1024)
     p.add_argument("--ready", type=Path, required=True)
     p.add_argument("--go", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
