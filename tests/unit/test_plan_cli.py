@@ -51,7 +51,7 @@ def test_a_record_ranks_a_vanishing_machine_down(tmp_path: Path,
 
 @pytest.mark.timeout(10)
 def test_a_file_without_a_rate_says_which_field_and_an_example() -> None:
-    with pytest.raises(ConfigError, match="machine 'a': up_mbit is missing; e.g. up_mbit"):
+    with pytest.raises(ConfigError, match=r"machine 'a': up_mbit is missing; e\.g\. up_mbit"):
         parse({"job": {"global_batch": 8}, "machine": [{"name": "a", "speed": 1}]})
     with pytest.raises(ConfigError, match="within_h"):
         parse({"job": {"global_batch": 8}, "target": {"within_h": 10},
