@@ -92,3 +92,30 @@ def test_bad_figures_are_refused_with_the_field() -> None:
         Machine("x", 10, 0, 1e6)
     with pytest.raises(ConfigError, match="overlap"):
         Overheads(overlap=2)
+
+
+@pytest.mark.timeout(10)
+def test_the_all_reduces_cpu_work_takes_turns_with_compute_on_a_cpu_worker() -> None:
+    over = Overheads(cpu_s_per_byte=1e-8, overlap=0.5)
+    work = Workload(parameters=1_000_000, global_batch=200, overheads=over)
+    fast = 1e5  # a wire of 0.34 ms: the CPU work decides
+    on_cpu = [Machine(n, 200.0, fast * 1e6, fast * 1e6, cores=0.5) for n in "ab"]
+    on_gpu = [Machine(n, 200.0, fast * 1e6, fast * 1e6) for n in "ab"]
+    cpu = 1e-8 * 4e6  # 2 (N - 1) / N of 4 MB is 4 MB a member sends
+    # compute 0.5 s; the CPU work at half a core does not hide behind it
+    assert predict(on_cpu, work, every_step()).period_s == pytest.approx(0.5 + cpu / 0.5)
+    # beside a GPU's compute, a core does it while backward runs
+    assert predict(on_gpu, work, every_step()).period_s == pytest.approx(0.5)
+    # in a round the all-reduce runs alone: its CPU work and the wire overlap
+    h = 4
+    rounds = predict(on_cpu, work, diloco(h))
+    assert rounds.period_s == pytest.approx(h * 0.5 + cpu / 0.5)
+
+
+@pytest.mark.timeout(10)
+def test_a_slow_link_still_decides_when_the_cpu_work_is_small() -> None:
+    over = Overheads(cpu_s_per_byte=1e-9, overlap=0.0)
+    work = Workload(parameters=1_000_000, global_batch=200, overheads=over)
+    pair = [Machine(n, 200.0, 8e6, 8e6, cores=1.0) for n in "ab"]
+    wire = allreduce_s(4e6, pair)
+    assert predict(pair, work, every_step()).period_s == pytest.approx(0.5 + wire)

@@ -13,6 +13,7 @@
     step_s = 0.002
     round_s = 0.05
     overlap = 0.5
+    cpu_s_per_byte = 2e-9      # the all-reduce's CPU work per byte a member sends
 
     [[regions]]                # one-way latency between two regions (default 40 ms)
     a = "eu"
@@ -28,6 +29,7 @@
     latency_ms = 2             # to its region's exchange point
     region = "eu"
     price_per_h = 1.20
+    cores = 4                  # optional: the CPU cores its worker gets, if it trains on CPU
 
 ``parse`` turns the parsed document into a ``Candidates``; a missing or bad field is a
 ``ConfigError`` naming the machine, the field and an example.
@@ -60,10 +62,11 @@ class Entry:
     latency_s: float
     region: str
     price_per_h: float | None
+    cores: float | None = None
 
     def machine(self, speed: float) -> Machine:
         return Machine(self.name, speed, self.up_bps, self.down_bps, self.latency_s,
-                       self.region, self.price_per_h)
+                       self.region, self.price_per_h, self.cores)
 
 
 @dataclass(frozen=True)
@@ -124,13 +127,15 @@ def _entry(raw: Any, index: int, where: str) -> Entry:
     at = f"{where}: machine {name!r}"
     speed = raw.get("speed")
     price = raw.get("price_per_h")
+    cores = raw.get("cores")
     return Entry(name=name, identity=str(raw.get("id", name)),
                  speed=None if speed is None else float(speed),
                  up_bps=float(_need(raw, "up_mbit", at, "1000")) * 1e6,
                  down_bps=float(_need(raw, "down_mbit", at, "1000")) * 1e6,
                  latency_s=float(raw.get("latency_ms", 0.0)) / 1e3,
                  region=str(raw.get("region", "")),
-                 price_per_h=None if price is None else float(price))
+                 price_per_h=None if price is None else float(price),
+                 cores=None if cores is None else float(cores))
 
 
 def _target(table: Mapping[str, Any], where: str) -> tuple[float | None, float | None]:

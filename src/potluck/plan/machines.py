@@ -15,14 +15,19 @@ from dataclasses import dataclass
 from potluck.errors import ConfigError
 
 # A TCP segment's payload over what an IPv4 Ethernet link carries for it: a 1448-byte
-# MSS (with TCP timestamps) in a 1514-byte frame. A link's rate counts frames.
-PAYLOAD_FRACTION = 1448 / 1514
+# MSS (with TCP timestamps) in a 1514-byte frame. A link's rate counts frames. In a
+# ring each member also receives, so its uplink carries its acknowledgements too: a
+# 66-byte frame for every two segments (delayed ACK), 33 bytes a segment.
+PAYLOAD_FRACTION = 1448 / (1514 + 33)
 
 
 @dataclass(frozen=True)
 class Machine:
     """One candidate worker. Rates are bits a second of the link, as a provider or
-    ``tc`` states them; ``speed`` is samples a second of local work on the job."""
+    ``tc`` states them; ``speed`` is samples a second of local work on the job.
+    ``cores``: the CPU its worker gets, when its compute runs on that CPU (training on
+    CPU); the all-reduce's CPU work then takes turns with compute. None: compute runs
+    elsewhere (a GPU), and that work takes one core beside it."""
 
     name: str
     speed: float
@@ -31,10 +36,11 @@ class Machine:
     latency_s: float = 0.0
     region: str = ""
     price_per_h: float | None = None
+    cores: float | None = None
 
     def __post_init__(self) -> None:
         for field, value in (("speed", self.speed), ("up_bps", self.up_bps),
-                             ("down_bps", self.down_bps)):
+                             ("down_bps", self.down_bps), ("cores", self.cores or 1.0)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"machine {self.name!r}: {field} {value!r} must be a "
                                   "positive number")
@@ -60,16 +66,19 @@ class Overheads:
       speed exchange);
     - ``overlap``: the part of a step's compute that its all-reduce can hide behind
       (buckets leave during backward; 0: none, the default 0.5: most of backward);
-    - ``codec_s_per_param``: encoding and decoding, per parameter and sync.
+    - ``codec_s_per_param``: encoding and decoding, per parameter and sync;
+    - ``cpu_s_per_byte``: CPU seconds (one core) an all-reduce spends per byte a member
+      sends: Gloo's copies and sums, and the kernel's work for each TCP segment.
     """
 
     step_s: float = 0.0
     round_s: float = 0.0
     overlap: float = 0.5
     codec_s_per_param: float = 0.0
+    cpu_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("step_s", "round_s", "codec_s_per_param"):
+        for name in ("step_s", "round_s", "codec_s_per_param", "cpu_s_per_byte"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"overheads: {name} {value!r} must be 0 or more")

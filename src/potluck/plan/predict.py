@@ -1,16 +1,21 @@
 """The predicted step or round of a cohort in one sync mode (pure).
 
 Every step: each member computes its share of the global batch (by speed when the
-mode is adaptive, else equal), and the gradients' all-reduce starts during backward:
+mode is adaptive, else equal), and the gradients' all-reduce starts during backward.
+The all-reduce has a wire time ``w`` (``ring.allreduce_s``) and CPU work ``u`` on each
+member: ``cpu_s_per_byte`` times the bytes it sends, over its cores. A member whose
+compute runs on its CPU (``cores`` given) cannot hide that work behind compute:
 
-    step = max(c, (1 - overlap) * c + allreduce) + codec + step overhead
+    step_i = max(c_i + u_i, (1 - overlap) * c_i + w)     (compute on the CPU)
+    step_i = max(c_i, (1 - overlap) * c_i + max(w, u_i))  (compute on a GPU)
+    step = max_i step_i + codec + step overhead
 
-with ``c`` the slowest member's compute. Rounds (DiLoCo): a round is H global batches
-split into local steps by speed (``sync.round_plan.plan_round``, the plan potluck
-runs), then one all-reduce of the pseudo-gradients:
+Rounds (DiLoCo): a round is H global batches split into local steps by speed
+(``sync.round_plan.plan_round``, the plan potluck runs), then one all-reduce of the
+pseudo-gradients, its CPU work and the wire overlapping (``a = max(w, max_i u_i)``):
 
-    round = c + allreduce + codec + round overhead                (P = 1)
-    round = max(c + allreduce / P, allreduce + c / P) + ...       (Streaming, P fragments)
+    round = c + a + codec + round overhead                    (P = 1)
+    round = max(c + a / P, a + c / P) + ...                   (Streaming, P fragments)
 
 since each fragment's sync hides behind the next stretch of local steps, unless the
 link is the slower of the two. Figures: samples a second, scaling efficiency (over
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from potluck.balance.planner import plan_shares
 from potluck.plan.machines import Machine, Workload
 from potluck.plan.modes import SyncMode
-from potluck.plan.ring import NEAR, Distances, allreduce_s, bytes_sent
+from potluck.plan.ring import NEAR, Distances, allreduce_s, bytes_sent, ring_bytes
 from potluck.sync.round_plan import plan_round
 
 
@@ -56,11 +61,15 @@ def predict(members: Sequence[Machine], workload: Workload, mode: SyncMode,
     computes = _computes(speeds, batch, mode)
     c = max(computes)
     wire = workload.model_bytes * mode.wire_fraction
-    comm = allreduce_s(wire, members, distances)
+    link = allreduce_s(wire, members, distances)
+    cpu = [over.cpu_s_per_byte * ring_bytes(wire, n) / (m.cores or 1.0) for m in members]
+    comm = max(link, *cpu)
     codec = (over.codec_s_per_param * workload.parameters
              if n > 1 and mode.codec != "none" else 0.0)
     if not mode.rounds:
-        period = (max(c, (1 - over.overlap) * c + comm) if n > 1 else c) + codec
+        steps = [_step(ci, ui, link, over.overlap, m.cores is not None)
+                 for ci, ui, m in zip(computes, cpu, members, strict=True)]
+        period = (max(steps) if n > 1 else c) + codec
         period += over.step_s if n > 1 else 0.0
     else:
         p = mode.fragments
@@ -72,6 +81,13 @@ def predict(members: Sequence[Machine], workload: Workload, mode: SyncMode,
         scaling_efficiency=rate / sum(speeds),
         utilization=sum(computes) / (n * period),
         bytes_per_sample=bytes_sent(wire, n) / samples, compute_s=c, comm_s=comm)
+
+
+def _step(compute: float, cpu: float, wire: float, overlap: float, on_cpu: bool) -> float:
+    """One member's step: its compute, the all-reduce's CPU work and the wire."""
+    if on_cpu:  # the all-reduce's CPU work takes turns with compute on the same cores
+        return max(compute + cpu, (1 - overlap) * compute + wire)
+    return max(compute, (1 - overlap) * compute + max(wire, cpu))
 
 
 def _computes(speeds: Sequence[float], batch: int, mode: SyncMode) -> list[float]:

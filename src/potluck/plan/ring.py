@@ -78,6 +78,11 @@ def allreduce_s(nbytes: float, members: Sequence[Machine],
     return 2 * (n - 1) / n * nbytes / rate + 2 * (n - 1) * hop_latency(members, distances)
 
 
+def ring_bytes(nbytes: float, world_size: int) -> float:
+    """Payload bytes each member sends (and receives) in an all-reduce of ``nbytes``."""
+    return 2.0 * (world_size - 1) / world_size * nbytes if world_size > 1 else 0.0
+
+
 def bytes_sent(nbytes: float, world_size: int) -> float:
     """Payload bytes all members together send for one all-reduce of ``nbytes``."""
     return 2.0 * (world_size - 1) * nbytes if world_size > 1 else 0.0

@@ -7,13 +7,19 @@ capped both ways by ``tc tbf``, each worker under a CPU quota of its own (with a
 CPU weight, so the machine's other work waits). The job is ``plan_job.py``'s MLP,
 every step (balanced shares) or DiLoCo. In order:
 
-1. calibration: one worker alone at each batch size a worker takes, then two
-   workers on uncapped links, every step and DiLoCo (the reducer's and a round's
-   overheads: what the model did not account for);
+1. calibration: one worker alone at each batch size a worker takes, every step and
+   DiLoCo (whose local steps skip the reducer's hooks); two workers' plain
+   all-reduces, uncapped and on the middle link at four sizes (the all-reduce's CPU
+   work per byte); two workers on uncapped links, every step and DiLoCo (the
+   reducer's and a round's overheads); two on the middle link, every step (the part
+   of compute the wire hides behind);
 2. validation: 2, 3 and 4 workers at three link rates, every step and DiLoCo, and with
    one worker at half the quota at the middle rate: each run's steady samples/s
    against the model's prediction, from the calibration alone;
-3. selection: 8 candidates of mixed quotas and links; the planner's cohort (every
+3. link bounds: a plain all-reduce of the model at the fastest rate, each cohort
+   size, under the quotas, against the model's wire time (what this machine's
+   emulated links deliver);
+4. selection: 8 candidates of mixed quotas and links; the planner's cohort (every
    step), all 8, and as many of the fastest by compute as it chose, each measured.
 
 The figures are in ``plan_figures.py``; the JSON's top level has median_abs_error,
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
+from potluck.plan.ring import allreduce_s
 from potluck_lab.bench.plan_figures import (
     Compute,
     error,
@@ -88,29 +95,82 @@ def configure(args: argparse.Namespace) -> PlanBenchConfig:
 
 @dataclass(frozen=True)
 class Calibration:
-    line: Compute
+    line: Compute  # a local step of every-step training (the reducer's hooks on)
+    rounds_line: Compute  # a local step of DiLoCo (no hooks)
     overheads: Overheads
+    ring: dict[str, Any]  # the plain all-reduces measured, for the record
 
 
 def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
+    """Everything the predictions use, from runs the validation does not repeat."""
     g, q = config.global_batch, config.quota
     batches = sorted({g // n for n in config.sizes}
                      | ({g // len(CANDIDATES)} if config.selection else set()))
-    seconds = {}
-    for batch in batches:
-        commits = runs.run(Spec("step", [q], [None], config.steps, batch, 1))
-        seconds[batch] = batch / steady_rate(commits, config.skip_steps)
-    line = Compute(seconds, q)
-    workload = Workload(mlp_parameters(), g)
-    pair = [machine(f"w{i}", line.speed(g / 2, q), None) for i in range(2)]
-    over = {}
-    for mode, model, skip, periods in (("step", every_step(), config.skip_steps, config.steps),
-                                       ("diloco", diloco(config.inner_steps),
-                                        config.skip_rounds, config.rounds)):
+    lines = {}
+    for mode, skip, periods in (("step", config.skip_steps, config.steps),
+                                ("diloco", config.skip_rounds, config.rounds)):
+        seconds = {}
+        for batch in batches:
+            commits = runs.run(Spec(mode, [q], [None], periods, batch, config.inner_steps))
+            seconds[batch] = batch / steady_rate(commits, skip)
+        lines[mode] = Compute(seconds, q)
+    ring = calibrate_ring(config, runs)
+    step_s, round_s = _pair_overheads(config, runs, lines, ring["uncapped_s"])
+    over = Overheads(step_s=step_s, round_s=round_s, cpu_s_per_byte=ring["cpu_s_per_byte"])
+    over = replace(over, overlap=_overlap(config, runs, lines["step"], over))
+    return Calibration(lines["step"], lines["diloco"], over, ring)
+
+
+def calibrate_ring(config: PlanBenchConfig, runs: Runs) -> dict[str, Any]:
+    """Two workers under the quota, plain all-reduces: uncapped at the model's size
+    (what the overheads below leave out), and on the calibration link at four sizes,
+    whose CPU seconds against the bytes give the CPU work per byte (a least-squares
+    slope)."""
+    q, size = config.quota, mlp_parameters() * 4
+    uncapped = runs.ring([q, q], [None, None], [size])
+    sizes = [size // 4, size // 2, size, 2 * size]
+    capped = runs.ring([q, q], [config.slow_rate] * 2, sizes)
+    return {"uncapped_s": uncapped[size][0], "rate": config.slow_rate,
+            "capped": {str(k): list(v) for k, v in capped.items()},
+            "cpu_s_per_byte": slope([(float(k), v[1]) for k, v in capped.items()])}
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of ``points`` (x, y), at least 0."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var else 0.0
+
+
+def _pair_overheads(config: PlanBenchConfig, runs: Runs, lines: dict[str, Compute],
+                    allreduce_s: float) -> tuple[float, float]:
+    """Two workers on uncapped links, every step and DiLoCo: what a period takes
+    beyond the slowest member's compute and a plain all-reduce on those links."""
+    g, q = config.global_batch, config.quota
+    out = []
+    for mode, skip, periods, h in (("step", config.skip_steps, config.steps, 1),
+                                   ("diloco", config.skip_rounds, config.rounds,
+                                    config.inner_steps)):
         commits = runs.run(Spec(mode, [q, q], [None, None], periods, g, config.inner_steps))
-        measured = model.inner_steps * g / steady_rate(commits, skip)
-        over[mode] = max(0.0, measured - predict(pair, workload, model).period_s)
-    return Calibration(line, Overheads(step_s=over["step"], round_s=over["diloco"]))
+        measured = h * g / steady_rate(commits, skip)
+        compute = h * (g / 2) / lines[mode].speed(g / 2, q)
+        out.append(max(0.0, measured - compute - allreduce_s))
+    return out[0], out[1]
+
+
+def _overlap(config: PlanBenchConfig, runs: Runs, line: Compute, over: Overheads) -> float:
+    """Two workers at the calibration rate, every step: the part of compute the wire
+    hid behind, from step = (1 - overlap) compute + wire + step overhead."""
+    g, q = config.global_batch, config.quota
+    commits = runs.run(Spec("step", [q, q], [config.slow_rate] * 2, config.steps, g,
+                            config.inner_steps))
+    measured = g / steady_rate(commits, config.skip_steps)
+    pair = [machine(f"w{i}", line.speed(g / 2, q), rate_bits(config.slow_rate), q)
+            for i in range(2)]
+    compute = (g / 2) / pair[0].speed
+    wire = allreduce_s(mlp_parameters() * 4.0, pair)
+    return min(1.0, max(0.0, 1 - (measured - over.step_s - wire) / compute))
 
 
 def validation_specs(config: PlanBenchConfig) -> list[tuple[str, Spec]]:
@@ -136,8 +196,9 @@ def _spec(config: PlanBenchConfig, mode: str, n: int, rate: str | None,
 
 def predicted(spec: Spec, config: PlanBenchConfig, cal: Calibration) -> float:
     n = len(spec.quotas)
-    members = [machine(f"w{i}", cal.line.speed(spec.global_batch / n, q),
-                       None if r is None else rate_bits(r))
+    line = cal.line if spec.mode == "step" else cal.rounds_line
+    members = [machine(f"w{i}", line.speed(spec.global_batch / n, q),
+                       None if r is None else rate_bits(r), q)
                for i, (q, r) in enumerate(zip(spec.quotas, spec.rates, strict=True))]
     mode = every_step() if spec.mode == "step" else diloco(spec.inner_steps)
     workload = Workload(mlp_parameters(), spec.global_batch, overheads=cal.overheads)
@@ -151,7 +212,7 @@ def measured(spec: Spec, config: PlanBenchConfig, runs: Runs) -> float:
 
 def selection(config: PlanBenchConfig, cal: Calibration, runs: Runs) -> dict[str, Any]:
     g = config.global_batch
-    machines = [machine(f"c{i}", cal.line.speed(g / len(CANDIDATES), q), rate_bits(r))
+    machines = [machine(f"c{i}", cal.line.speed(g / len(CANDIDATES), q), rate_bits(r), q)
                 for i, (q, r) in enumerate(CANDIDATES)]
     workload = Workload(mlp_parameters(), g, overheads=cal.overheads)
     choice = choose(machines, every_step(), Search(workload))
@@ -172,6 +233,23 @@ def selection(config: PlanBenchConfig, cal: Calibration, runs: Runs) -> dict[str
     return out
 
 
+def link_bounds(config: PlanBenchConfig, runs: Runs) -> list[dict[str, Any]]:
+    """What this machine's emulated links deliver at the fastest rate: a plain
+    all-reduce of the model under the quotas, against the model's wire time."""
+    rate, size = max(config.rates, key=rate_bits), mlp_parameters() * 4
+    out = []
+    for n in config.sizes:
+        wall, cpu = runs.ring([config.quota] * n, [rate] * n, [size])[size]
+        members = [machine(f"w{i}", 1.0, rate_bits(rate), config.quota) for i in range(n)]
+        wire = allreduce_s(float(size), members)
+        out.append({"workers": n, "rate": rate, "measured_s": wall, "cpu_s": cpu,
+                    "model_wire_s": wire})
+        print(f"link bound: {n} workers at {rate}: a plain all-reduce of {size} bytes "
+              f"took {wall * 1e3:.1f} ms ({cpu * 1e3:.1f} ms CPU), the wire's model "
+              f"{wire * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    return out
+
+
 def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
     hosts_needed = len(CANDIDATES) if config.selection else max(config.sizes)
     try:
@@ -187,6 +265,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
                              "error": error(want, got)})
                 print(f"{label}: predicted {want:.1f}, measured {got:.1f} samples/s",
                       file=sys.stderr, flush=True)
+            bounds = link_bounds(config, runs)
             chosen = selection(config, cal, runs) if config.selection else None
     except NetnsError as exc:
         raise BenchError(str(exc).splitlines()[0]) from None
@@ -195,9 +274,14 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
             "selection_vs_all": None if chosen is None else chosen["selection_vs_all"],
             "selection_vs_fastest": None if chosen is None else chosen["selection_vs_fastest"],
             "rows": rows, "selection": chosen,
+            "bounds": bounds,
             "calibration": {"local_step_s": cal.line.seconds,
+                            "diloco_local_step_s": cal.rounds_line.seconds,
                             "quota": cal.line.quota_ref, "step_s": cal.overheads.step_s,
-                            "round_s": cal.overheads.round_s}}
+                            "round_s": cal.overheads.round_s,
+                            "overlap": cal.overheads.overlap,
+                            "cpu_s_per_byte": cal.overheads.cpu_s_per_byte,
+                            "ring": cal.ring}}
 
 
 def lines(config: PlanBenchConfig, results: dict[str, Any]) -> list[str]:
@@ -206,6 +290,14 @@ def lines(config: PlanBenchConfig, results: dict[str, Any]) -> list[str]:
     out = [table(["run", "predicted samples/s", "measured", "error"], rows)]
     out.append(f"median_abs_error: {results['median_abs_error']:.3f}; max_abs_error: "
                f"{results['max_abs_error']:.3f}")
+    for b in results.get("bounds") or []:
+        out.append(f"link bound: {b['workers']} workers at {b['rate']}: a plain all-reduce "
+                   f"{b['measured_s'] * 1e3:.1f} ms ({b['cpu_s'] * 1e3:.1f} ms CPU), the "
+                   f"wire's model {b['model_wire_s'] * 1e3:.1f} ms")
+    cal = results["calibration"]
+    out.append(f"calibrated: overlap {cal['overlap']:.2f}, step {cal['step_s'] * 1e3:.1f} ms,"
+               f" round {cal['round_s'] * 1e3:.1f} ms, all-reduce CPU "
+               f"{cal['cpu_s_per_byte'] * 1e9:.2f} ns a byte")
     chosen = results["selection"]
     if chosen:
         for name in ("chosen", "all", "fastest"):

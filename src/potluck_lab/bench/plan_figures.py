@@ -34,9 +34,10 @@ def steady_rate(commits: Sequence[Sequence[float]], skip: int) -> float:
     return sum(c[1] for c in tail[1:]) / (tail[-1][0] - tail[0][0])
 
 
-def machine(name: str, speed: float, bps: float | None) -> Machine:
+def machine(name: str, speed: float, bps: float | None, cores: float | None = None) -> Machine:
+    """A bench worker: ``cores`` is its CPU quota, which its compute runs on."""
     rate = UNLIMITED_BPS if bps is None else bps
-    return Machine(name, speed, rate, rate)
+    return Machine(name, speed, rate, rate, cores=cores)
 
 
 def error(predicted: float, measured: float) -> float:

@@ -1,5 +1,6 @@
-"""The runs of ``potluck bench plan``: N workers of ``plan_job`` on N hosts of a
-switch, each host's link capped (or not), each worker under a CPU quota of its own.
+"""The runs of ``potluck bench plan``: N workers of ``plan_job`` (or of
+``plan_ring_job``, plain all-reduces) on N hosts of a switch, each host's link capped
+(or not), each worker under a CPU quota of its own.
 
 A worker imports torch at full speed, says it is ready, and is moved into its quota's
 group (from out here: ``ip netns exec`` remounts ``/sys``) before it is told to go.
@@ -12,6 +13,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -66,12 +68,32 @@ class Runs:
 
     def run(self, spec: Spec) -> list[list[float]]:
         """The commits (time, samples) rank 0 saw."""
+        def argv(here: Path) -> list[str]:
+            return ["-m", "potluck_lab.bench.plan_job", "--mode", spec.mode, "--periods",
+                    str(spec.periods), "--inner-steps", str(spec.inner_steps),
+                    "--global-batch", str(spec.global_batch)]
+
+        out = self._launch(spec.quotas, spec.rates, argv, f"{spec.mode}")
+        commits: list[list[float]] = json.loads(out)["commits"]
+        return commits
+
+    def ring(self, quotas: list[float], rates: list[str | None],
+             sizes: list[int]) -> dict[int, tuple[float, float]]:
+        """Per size in bytes: a plain all-reduce's median wall and CPU seconds."""
+        out = self._launch(quotas, rates, lambda here: [
+            "-m", "potluck_lab.bench.plan_ring_job", "--sizes", ",".join(map(str, sizes))],
+            "all-reduce")
+        return {int(k): (v[0], v[1]) for k, v in json.loads(out).items()}
+
+    def _launch(self, quotas: list[float], rates: list[str | None],
+                argv: Callable[[Path], list[str]], what: str) -> str:
+        """Rank r of ``argv`` on host r under ``quotas[r]``; rank 0's ``--out`` text."""
         self.count += 1
         self.port += 1
         here = self.logs / f"run-{self.count}"
         here.mkdir(parents=True, exist_ok=True)
-        n = len(spec.quotas)
-        for host, rate in enumerate(spec.rates):
+        n = len(quotas)
+        for host, rate in enumerate(rates):
             self.hosts.limit(rate, [host])
         go, out = here / "go", here / "out.json"
         workers = Processes()
@@ -81,27 +103,23 @@ class Runs:
                        "MASTER_PORT": str(self.port), "RANK": str(rank),
                        "LOCAL_RANK": "0", "WORLD_SIZE": str(n),
                        "GLOO_SOCKET_IFNAME": self.hosts.devices[rank], "OMP_NUM_THREADS": "1"}
-                argv = [sys.executable, "-m", "potluck_lab.bench.plan_job", "--mode",
-                        spec.mode, "--periods", str(spec.periods), "--inner-steps",
-                        str(spec.inner_steps), "--global-batch", str(spec.global_batch),
-                        "--ready", str(here / f"ready-{rank}"), "--go", str(go),
-                        "--out", str(out)]
-                workers.start(self.hosts.command(rank, argv), here / f"rank{rank}.log",
+                command = [sys.executable, *argv(here), "--ready", str(here / f"ready-{rank}"),
+                           "--go", str(go), "--out", str(out)]
+                workers.start(self.hosts.command(rank, command), here / f"rank{rank}.log",
                               env=env, session=False)
             self._wait_ready(here, n, workers)
             for rank, proc in enumerate(workers.procs):
-                self.quotas[rank].set(spec.quotas[rank])
+                self.quotas[rank].set(quotas[rank])
                 join(self.quotas[rank].path, proc.pid)
             go.touch()
             workers.wait(timeout=RUN_S)
         finally:
             workers.stop()
         if any(p.returncode for p in workers.procs) or not out.exists():
-            raise BenchError(f"a worker of run {self.count} ({spec.mode}, {n} workers) "
+            raise BenchError(f"a worker of run {self.count} ({what}, {n} workers) "
                              f"failed; its output is in {here}:\n"
                              + (here / "rank0.log").read_text()[-2000:])
-        commits: list[list[float]] = json.loads(out.read_text())["commits"]
-        return commits
+        return out.read_text()
 
     def _wait_ready(self, here: Path, n: int, workers: Processes) -> None:
         deadline = time.monotonic() + READY_S
