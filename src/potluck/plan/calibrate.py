@@ -8,6 +8,10 @@ out.
   with ``potluck.DataParallel``; what a synchronized step takes beyond the same
   step without sync and a plain all-reduce of the gradients is the overhead (loopback
   is fast, so the all-reduce hides little: the figure is an upper bound);
+- the all-reduce's CPU work per byte: the same two ranks all-reduce buffers of a
+  quarter, half, one and two models' size, timing the process's CPU seconds; the
+  least-squares slope over the bytes is the figure. Loopback moves large segments, so
+  a real link's per-segment work is left out: the figure is a lower bound;
 - a round's overhead: the pseudo-gradient and the outer step (Nesterov SGD) over the
   parameters, timed here.
 
@@ -35,6 +39,7 @@ class Calibration:
     samples_per_s: float
     step_s: float
     round_s: float
+    cpu_s_per_byte: float = 0.0
 
 
 def factory(path: str) -> Callable[[], tuple[Any, Any]]:
@@ -60,13 +65,14 @@ def calibrate(model_path: str, batch: int, ranks: bool = True) -> Calibration:
     model, sample = factory(model_path)()
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     compute = _median(_local_steps(model, sample, batch))
-    step_s = 0.0
+    step_s = cpu_s_per_byte = 0.0
     if ranks:
         from potluck.testing import run_ranks
 
         results = run_ranks(_overhead_rank, 2, model_path, batch, timeout=300)
-        step_s = max(0.0, statistics.median(r for r in results))
-    return Calibration(parameters, batch / compute, step_s, _round_s(model))
+        step_s = max(0.0, statistics.median(r[0] for r in results))
+        cpu_s_per_byte = statistics.median(r[1] for r in results)
+    return Calibration(parameters, batch / compute, step_s, _round_s(model), cpu_s_per_byte)
 
 
 def _local_steps(model: Any, sample: Any, batch: int) -> list[float]:
@@ -104,9 +110,10 @@ def _round_s(model: Any) -> float:
     return _median(times[WARMUP:])
 
 
-def _overhead_rank(rank: int, world_size: int, model_path: str, batch: int) -> float:
+def _overhead_rank(rank: int, world_size: int, model_path: str,
+                   batch: int) -> tuple[float, float]:
     """One rank's synchronized step beyond its unsynchronized one and a plain
-    all-reduce of its gradients."""
+    all-reduce of its gradients; and the all-reduce's CPU seconds per byte."""
     import torch
     import torch.distributed as dist
 
@@ -139,7 +146,24 @@ def _overhead_rank(rank: int, world_size: int, model_path: str, batch: int) -> f
         began = time.perf_counter()
         dist.all_reduce(flat)
         reduces.append(time.perf_counter() - began)
-    return synced - local - _median(reduces[WARMUP:])
+    points = []
+    for scale in (0.25, 0.5, 1.0, 2.0):
+        buffer = torch.zeros(max(1, int(flat.numel() * scale)))
+        cpu = []
+        for _ in range(WARMUP + STEPS):
+            began = time.process_time()
+            dist.all_reduce(buffer)
+            cpu.append(time.process_time() - began)
+        points.append((buffer.numel() * 4.0, _median(cpu[WARMUP:])))
+    return synced - local - _median(reduces[WARMUP:]), slope(points)
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of ``points`` (x, y), at least 0."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var else 0.0
 
 
 def _median(values: list[float]) -> float:

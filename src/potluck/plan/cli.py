@@ -105,11 +105,13 @@ def _calibrated(cands: Candidates, args: argparse.Namespace, notes: list[str]) -
     cal = calibrate(args.model, share)
     notes.append(f"measured here: {cal.samples_per_s:.4g} samples/s at {share} a step, "
                  f"{cal.parameters:,} parameters, {cal.step_s * 1e3:.2f} ms a step of the "
-                 f"reducer, {cal.round_s * 1e3:.2f} ms a round's outer step")
+                 f"reducer, {cal.round_s * 1e3:.2f} ms a round's outer step, "
+                 f"{cal.cpu_s_per_byte * 1e9:.2f} ns of CPU an all-reduced byte")
     entries = tuple(e if e.speed is not None else replace(e, speed=cal.samples_per_s)
                     for e in cands.entries)
     overheads = replace(cands.overheads, step_s=cands.overheads.step_s or cal.step_s,
-                        round_s=cands.overheads.round_s or cal.round_s)
+                        round_s=cands.overheads.round_s or cal.round_s,
+                        cpu_s_per_byte=cands.overheads.cpu_s_per_byte or cal.cpu_s_per_byte)
     return replace(cands, entries=entries, overheads=overheads,
                    parameters=cands.parameters or cal.parameters)
 

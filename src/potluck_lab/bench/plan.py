@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
+from potluck.plan.calibrate import slope
 from potluck.plan.ring import allreduce_s
 from potluck_lab.bench.plan_figures import (
     Compute,
@@ -133,14 +134,6 @@ def calibrate_ring(config: PlanBenchConfig, runs: Runs) -> dict[str, Any]:
     return {"uncapped_s": uncapped[size][0], "rate": config.slow_rate,
             "capped": {str(k): list(v) for k, v in capped.items()},
             "cpu_s_per_byte": slope([(float(k), v[1]) for k, v in capped.items()])}
-
-
-def slope(points: list[tuple[float, float]]) -> float:
-    """The least-squares slope of ``points`` (x, y), at least 0."""
-    mx = sum(x for x, _ in points) / len(points)
-    my = sum(y for _, y in points) / len(points)
-    var = sum((x - mx) ** 2 for x, _ in points)
-    return max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var else 0.0
 
 
 def _pair_overheads(config: PlanBenchConfig, runs: Runs, lines: dict[str, Compute],
