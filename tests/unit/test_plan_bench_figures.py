@@ -19,6 +19,11 @@ def test_steady_rate_leaves_out_the_warm_up() -> None:
 def test_a_quota_scales_compute_and_errors_are_fractions_of_the_measure() -> None:
     compute = Compute({100: 0.5, 50: 0.3}, quota_ref=0.4)
     assert compute.speed(100, 0.4) == pytest.approx(200)
-    assert compute.speed(48, 0.2) == pytest.approx(50 / 0.6)
+    assert compute.speed(50, 0.2) == pytest.approx(50 / 0.6)
+    # three sizes: the least-squares line, not the nearest point
+    noisy = Compute({100: 0.5, 200: 0.8, 300: 1.3}, quota_ref=0.4)
+    assert noisy.step_s(200) == pytest.approx(2.6 / 3)  # the line: 0.004 s a sample
+    assert noisy.step_s(300) == pytest.approx(2.6 / 3 + 0.4)
+    assert Compute({100: 0.5}, quota_ref=0.4).step_s(50) == pytest.approx(0.25)
     assert error(110, 100) == pytest.approx(0.1)
     assert summary([0.05, -0.2, 0.1]) == {"median_abs_error": 0.1, "max_abs_error": 0.2}

@@ -119,3 +119,14 @@ def test_a_slow_link_still_decides_when_the_cpu_work_is_small() -> None:
     pair = [Machine(n, 200.0, 8e6, 8e6, cores=1.0) for n in "ab"]
     wire = allreduce_s(4e6, pair)
     assert predict(pair, work, every_step()).period_s == pytest.approx(0.5 + wire)
+
+
+@pytest.mark.timeout(10)
+def test_resnet50_on_8_gpus_lands_where_the_ddp_benchmark_does_with_its_own_overhead() -> None:
+    """docs/plan.md's first row: 6 ms a step, read off the DDP README's 2-GPU row."""
+    gpus = [Machine(f"g{i}", 329.0, 100e9, 100e9) for i in range(8)]
+    resnet = Workload(25_557_032, 32 * 8, overheads=Overheads(step_s=0.006))
+    assert predict(gpus, resnet, every_step()).scaling_efficiency == pytest.approx(0.94,
+                                                                                   abs=0.005)
+    bare = Workload(25_557_032, 32 * 8)
+    assert predict(gpus, bare, every_step()).scaling_efficiency == pytest.approx(1.0)

@@ -109,7 +109,7 @@ def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
                      | ({g // len(CANDIDATES)} if config.selection else set()))
     lines = {}
     for mode, skip, periods in (("step", config.skip_steps, config.steps),
-                                ("diloco", config.skip_rounds, config.rounds)):
+                                ("diloco", config.skip_rounds, config.rounds + 2)):
         seconds = {}
         for batch in batches:
             commits = runs.run(Spec(mode, [q], [None], periods, batch, config.inner_steps))
@@ -124,14 +124,15 @@ def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
 
 def calibrate_ring(config: PlanBenchConfig, runs: Runs) -> dict[str, Any]:
     """Two workers under the quota, plain all-reduces: uncapped at the model's size
-    (what the overheads below leave out), and on the calibration link at four sizes,
-    whose CPU seconds against the bytes give the CPU work per byte (a least-squares
-    slope)."""
+    (what the overheads below leave out), and on the fastest link (where the CPU work
+    can outlast the wire) at four sizes, whose CPU seconds against the bytes give the
+    CPU work per byte (a least-squares slope)."""
     q, size = config.quota, mlp_parameters() * 4
     uncapped = runs.ring([q, q], [None, None], [size])
     sizes = [size // 4, size // 2, size, 2 * size]
-    capped = runs.ring([q, q], [config.slow_rate] * 2, sizes)
-    return {"uncapped_s": uncapped[size][0], "rate": config.slow_rate,
+    fastest = max(config.rates, key=rate_bits)
+    capped = runs.ring([q, q], [fastest] * 2, sizes)
+    return {"uncapped_s": uncapped[size][0], "rate": fastest,
             "capped": {str(k): list(v) for k, v in capped.items()},
             "cpu_s_per_byte": slope([(float(k), v[1]) for k, v in capped.items()])}
 
@@ -243,6 +244,20 @@ def link_bounds(config: PlanBenchConfig, runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
+def repeatability(config: PlanBenchConfig, runs: Runs, cal: Calibration) -> dict[str, Any]:
+    """The first calibration run again, at the end: how far this machine lets the same
+    run drift, a floor under any prediction's error."""
+    batch = min(cal.line.seconds)
+    commits = runs.run(Spec("step", [config.quota], [None], config.steps, batch,
+                            config.inner_steps))
+    again = batch / steady_rate(commits, config.skip_steps)
+    first = cal.line.seconds[batch]
+    print(f"repeat: one worker at batch {batch}: {first * 1e3:.1f} ms a step first, "
+          f"{again * 1e3:.1f} ms at the end", file=sys.stderr, flush=True)
+    return {"batch": batch, "first_s": first, "again_s": again,
+            "drift": error(first, again)}
+
+
 def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
     hosts_needed = len(CANDIDATES) if config.selection else max(config.sizes)
     try:
@@ -259,6 +274,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
                 print(f"{label}: predicted {want:.1f}, measured {got:.1f} samples/s",
                       file=sys.stderr, flush=True)
             bounds = link_bounds(config, runs)
+            repeat = repeatability(config, runs, cal)
             chosen = selection(config, cal, runs) if config.selection else None
     except NetnsError as exc:
         raise BenchError(str(exc).splitlines()[0]) from None
@@ -267,7 +283,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
             "selection_vs_all": None if chosen is None else chosen["selection_vs_all"],
             "selection_vs_fastest": None if chosen is None else chosen["selection_vs_fastest"],
             "rows": rows, "selection": chosen,
-            "bounds": bounds,
+            "bounds": bounds, "repeat": repeat,
             "calibration": {"local_step_s": cal.line.seconds,
                             "diloco_local_step_s": cal.rounds_line.seconds,
                             "quota": cal.line.quota_ref, "step_s": cal.overheads.step_s,
@@ -287,6 +303,11 @@ def lines(config: PlanBenchConfig, results: dict[str, Any]) -> list[str]:
         out.append(f"link bound: {b['workers']} workers at {b['rate']}: a plain all-reduce "
                    f"{b['measured_s'] * 1e3:.1f} ms ({b['cpu_s'] * 1e3:.1f} ms CPU), the "
                    f"wire's model {b['model_wire_s'] * 1e3:.1f} ms")
+    repeat = results.get("repeat")
+    if repeat:
+        out.append(f"repeat: one worker alone at batch {repeat['batch']}: "
+                   f"{repeat['first_s'] * 1e3:.1f} ms a step in calibration, "
+                   f"{repeat['again_s'] * 1e3:.1f} ms at the end ({repeat['drift']:+.1%})")
     cal = results["calibration"]
     out.append(f"calibrated: overlap {cal['overlap']:.2f}, step {cal['step_s'] * 1e3:.1f} ms,"
                f" round {cal['round_s'] * 1e3:.1f} ms, all-reduce CPU "

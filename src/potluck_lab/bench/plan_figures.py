@@ -15,15 +15,25 @@ UNLIMITED_BPS = 1e11  # a link with no cap, as the planner sees it
 @dataclass(frozen=True)
 class Compute:
     """Seconds of one worker's local step, measured alone at each batch size it takes,
-    under ``quota_ref`` of a core; a CPU quota ``q`` scales them by ``quota_ref / q``
-    (a busy single thread gets its quota's share of the CPU)."""
+    under ``quota_ref`` of a core. A step's seconds follow a line in its batch (a fixed
+    part and a part per sample), fitted by least squares over the sizes measured, so
+    one noisy run weighs a third or a quarter. A CPU quota ``q`` scales them by
+    ``quota_ref / q`` (a busy single thread gets its quota's share of the CPU)."""
 
     seconds: dict[int, float]
     quota_ref: float
 
+    def step_s(self, batch: float) -> float:
+        if len(self.seconds) < 2:
+            return next(iter(self.seconds.values())) * batch / next(iter(self.seconds))
+        xs, ys = list(self.seconds), list(self.seconds.values())
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        per = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+               / sum((x - mx) ** 2 for x in xs))
+        return my + per * (batch - mx)
+
     def speed(self, batch: float, quota: float) -> float:
-        nearest = min(self.seconds, key=lambda b: abs(b - batch))
-        return nearest / (self.seconds[nearest] * self.quota_ref / quota)
+        return batch / (self.step_s(batch) * self.quota_ref / quota)
 
 
 def steady_rate(commits: Sequence[Sequence[float]], skip: int) -> float:
