@@ -27,3 +27,17 @@ def test_a_quota_scales_compute_and_errors_are_fractions_of_the_measure() -> Non
     assert Compute({100: 0.5}, quota_ref=0.4).step_s(50) == pytest.approx(0.25)
     assert error(110, 100) == pytest.approx(0.1)
     assert summary([0.05, -0.2, 0.1]) == {"median_abs_error": 0.1, "max_abs_error": 0.2}
+
+
+@pytest.mark.timeout(10)
+def test_sizes_outside_the_hosts_are_refused_with_an_example() -> None:
+    import argparse
+
+    from potluck.errors import ConfigError
+    from potluck_lab.bench.plan import add_arguments, configure
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert configure(parser.parse_args(["--sizes", "4"])).sizes == (4,)
+    with pytest.raises(ConfigError, match="e.g. 2,3,4"):
+        configure(parser.parse_args(["--sizes", "1,9"]))

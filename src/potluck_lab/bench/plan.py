@@ -1,6 +1,6 @@
 """``potluck bench plan``: the planner's predictions against measured runs.
 
-    potluck bench plan [--quick] [--no-selection] [--logs DIR] [--json PATH]
+    potluck bench plan [--quick] [--sizes N,N] [--no-selection] [--logs DIR] [--json PATH]
 
 Workers are hosts on one switch (``machine/netns.py``: ``BridgedHosts``), each link
 capped both ways by ``tc tbf``, each worker under a CPU quota of its own (with a high
@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from potluck.errors import ConfigError
 from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
 from potluck.plan.calibrate import slope
 from potluck.plan.ring import allreduce_s
@@ -78,6 +79,8 @@ class PlanBenchConfig:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="2 and 3 workers at two rates, shorter runs")
+    parser.add_argument("--sizes", metavar="N,N", help="cohort sizes to validate "
+                        "(default 2,3,4; --quick 2,3)")
     parser.add_argument("--no-selection", action="store_true",
                         help="leave out the selection of 8 candidates")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
@@ -89,6 +92,15 @@ def configure(args: argparse.Namespace) -> PlanBenchConfig:
     if args.quick:
         config = replace(config, sizes=(2, 3), rates=("20mbit", "320mbit"), steps=11,
                          rounds=4)
+    if args.sizes:
+        try:
+            sizes = tuple(int(n) for n in args.sizes.split(","))
+        except ValueError:
+            sizes = ()
+        if not sizes or min(sizes) < 2 or max(sizes) > len(CANDIDATES):
+            raise ConfigError(f"--sizes {args.sizes!r}: cohort sizes from 2 to "
+                             f"{len(CANDIDATES)}, comma-separated, e.g. 2,3,4")
+        config = replace(config, sizes=sizes)
     for rate in (*config.rates, config.slow_rate, *(r for _, r in CANDIDATES)):
         rate_bits(rate)
     return config
