@@ -39,5 +39,5 @@ def test_sizes_outside_the_hosts_are_refused_with_an_example() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert configure(parser.parse_args(["--sizes", "4"])).sizes == (4,)
-    with pytest.raises(ConfigError, match="e.g. 2,3,4"):
+    with pytest.raises(ConfigError, match=r"e\.g\. 2,3,4"):
         configure(parser.parse_args(["--sizes", "1,9"]))
