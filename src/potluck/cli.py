@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only wires them together. The library's commands are
-``run`` and ``plot``. Others register through the ``potluck.commands`` entry point
+``run``, ``plot`` and ``plan``. Others register through the ``potluck.commands`` entry point
 group, each entry a ``Command``: the lab (``potluck_lab``) adds ``demo`` and ``bench``
 that way, so the library never imports the lab.
 """
@@ -46,6 +46,9 @@ _LIBRARY = (
     Command("plot", "potluck.metrics.plot_cli",
             "write PNG plots of a run (loss, throughput, compute vs wait, shares, events)",
             order=30),
+    Command("plan", "potluck.plan.cli",
+            "predict a cohort's throughput per sync mode and choose its machines",
+            order=35),
 )
 
 

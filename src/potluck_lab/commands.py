@@ -32,6 +32,8 @@ BENCH = Command("bench", "potluck_lab.commands", "side-by-side benchmarks", orde
             "torch DDP (plain, fp16 hook) vs potluck DiLoCo over a rate-limited link"),
     Command("loader", "potluck_lab.bench.loader",
             "the loader's worker processes vs reading in the loop vs torch's DataLoader"),
+    Command("plan", "potluck_lab.bench.plan",
+            "potluck plan's predictions vs measured runs on capped links, and its selection"),
 ))
 
 

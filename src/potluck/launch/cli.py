@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="every worker writes its per-step figures to DIR/ranks/*.jsonl, for "
               "`potluck plot DIR` (scripts on potluck.prepare; on potluck.DataParallel "
               "alone: step times, not samples)")
+    flag("reputation", default=None, metavar="PATH",
+         help="at the end, append this machine's record (its speed, time in the cohort, "
+              "losses, restarts, trust's strikes) to the file PATH, for `potluck plan "
+              "--reputation PATH`; the machine's identity is kept in "
+              "~/.cache/potluck/worker-id")
     flag("token", default=None, metavar="SECRET",
          help="the job's shared secret, at least 8 characters: a worker must prove it to "
               "join an elastic cohort. Visible in ps: prefer $POTLUCK_TOKEN or --token-file")
@@ -445,13 +450,30 @@ def main(args: argparse.Namespace) -> int:
         check_script(config)
         check_writable_dir("--log-dir", config.log_dir, example="logs")
         check_writable_dir("--metrics-dir", config.metrics_dir, example="runs/metrics")
-        return Agent(config, emit=_emit).run()
+        if getattr(args, "reputation", None) is None:
+            return Agent(config, emit=_emit).run()
+        return run_recorded(config, args.reputation)
     except ConfigError as exc:
         print(f"potluck run: {exc}", file=sys.stderr)
         return 2
     except PotluckError as exc:  # RendezvousError and friends: say it once, no traceback
         print(f"potluck run: {exc}", file=sys.stderr)
         return 1
+
+
+def run_recorded(config: LaunchConfig, path: str) -> int:
+    """Run the agent, then append this machine's record to ``path``."""
+    from potluck.launch.ledger import Ledger
+
+    ledger = Ledger(path)
+    config = ledger.with_journals(config)
+    code = Agent(config, emit=_emit).run()
+    record = ledger.write(config, code)
+    if record is not None:
+        _emit(f"potluck run: recorded {record.worker} in {path}: "
+              f"{record.samples_per_s or 0:.1f} samples/s, {record.in_cohort_s:.0f} s in "
+              f"the cohort, lost {record.losses} times, restarted {record.restarts}")
+    return code
 
 
 def check_writable_dir(flag: str, path: str | None, *, example: str) -> None:

@@ -9,6 +9,7 @@ by a switch.
     with BridgedHosts(3) as hosts:             # 10.78.<k>.1, .2, .3 on one switch
         hosts.cut(0)                            # host 0's port down: it reaches nobody
         hosts.split([2, 3])                     # 2 and 3 on a switch of their own
+        hosts.limit("20mbit", [1])              # host 1's uplink and downlink
 
 For the WAN bench and tests (root and iproute2; ``unavailable()`` says why not). Each
 namespace is a host with its own address; the veth between them is the only link, so
@@ -206,6 +207,18 @@ class BridgedHosts(_Namespaces):
     def command(self, host: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside host ``host``'s namespace."""
         return ["ip", "netns", "exec", self.names[host], *argv]
+
+    def limit(self, rate: str | None, hosts: Sequence[int] | None = None) -> None:
+        """Cap each of ``hosts`` (default: all) at ``rate`` both ways: its own end's
+        egress (its uplink) and its port's on the switch (its downlink); None: no cap."""
+        for host in range(len(self.names)) if hosts is None else hosts:
+            for namespace, device in ((self.names[host], self.devices[host]),
+                                      (self.hub, self.ports[host])):
+                if rate is None:
+                    subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device,
+                                    "root"], capture_output=True, timeout=15)
+                else:
+                    _run("tc", "-n", namespace, *tbf_args(device, rate))
 
     def cut(self, host: int) -> None:
         """Take host ``host``'s port on the switch down: it reaches nobody, nobody it."""
