@@ -8,8 +8,9 @@ rank, the path a new machine takes. About 30% of the founders make up a churning
 (``churn_figures``): every few seconds one of them is killed (SIGKILL to its worker)
 or a new node joins in a slot that is down. The others stay for the whole run.
 
-After ``minutes`` of churn the bench tells the job when to stop (``--stop-file``: an
-epoch's end far enough ahead that every worker reads it first). A run passes when:
+After ``minutes`` of churn, once the last joiners are in, the bench tells the job when
+to stop (``--stop-file``: an epoch's end far enough ahead that every worker reads it
+first). A run passes when:
 
 - every node running at the stop exits 0, every killed node's agent exits;
 - every sample of every epoch was committed exactly once (the workers' ledgers);
@@ -169,6 +170,8 @@ def _drive(nodes: Nodes, result: ChurnResult, events: list[ChurnEvent],
         live = len(nodes.members())
         low, high = min(low, live), max(high, live + 1)
     nodes.wait(_after(t0 + result.seconds_planned), math.inf, "")
+    # (a node that arrived after the job's end would find no store to join)
+    nodes.wait(nodes.all_in, limit, "the last joiners were not admitted")
     epochs = stop_epoch(nodes.last_step(), job.steps_per_epoch)
     nodes.stop_at(epochs)
     result.epochs, result.world = epochs, (low, high)

@@ -4,8 +4,8 @@
 session of its own (``potluck_lab.jobs.Processes``) and reads the workers' ``.times``
 traces incrementally (only what was appended), so following 32 workers costs the
 machine little. A node is a member once its worker committed a step. ``reap`` finds
-every process whose command line names the run's directory, so a worker, which its
-agent starts in a session of its own, is found too.
+every process whose command line names the run's trace directory, so a worker, which
+its agent starts in a session of its own, is found too.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ class Nodes:
         """Nodes whose worker committed a step and was not killed since."""
         self._read()
         return {n for n, w in self._workers.items() if w.steps and n not in self._killed}
+
+    def all_in(self) -> bool:
+        """Every node started is a member, or was killed (no joiner is on its way)."""
+        return set(self._agents) <= self.members() | self._killed
 
     def last_step(self) -> int:
         self._read()
@@ -165,10 +169,11 @@ class Nodes:
                     worker.first_commit = worker.first_commit or record["at"]
 
     def _running(self) -> list[int]:
-        """Processes (not this one) whose command line names the run's directory."""
-        mark, found = str(self.workdir).encode(), []
+        """Processes whose command line names the run's trace directory (its agents
+        and workers: ``--trace DIR``)."""
+        mark, found = b"--trace\0" + str(self._trace).encode() + b"\0", []
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            if not entry.name.isdigit():
                 continue
             try:
                 if mark in (entry / "cmdline").read_bytes() and \
