@@ -70,7 +70,7 @@ class ChurnJob:
     def start_limit(self, members: int) -> float:
         """Seconds for the founders to start and commit a first step (imports on 2
         cores: about 4 s of CPU each)."""
-        return 60.0 + 6.0 * members
+        return 60.0 + 10.0 * members
 
 
 @dataclass
