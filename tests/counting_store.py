@@ -48,6 +48,10 @@ class CountingStore(Store):
         self.asked[key] += 1
         return bool(self.inner.delete_key(key))
 
+    def clone(self) -> CountingStore:
+        """The same store and count (a thread's own connection, in a real client)."""
+        return self
+
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         for key in keys:
             self.asked[key] += 1
