@@ -82,15 +82,19 @@ def publish(store: Store, run_id: str, candidate: Candidate) -> None:
     store.set(keys.successor(run_id, slot), candidate.encode())
 
 
-def read(store: Store, run_id: str) -> list[Candidate]:
-    """Every published candidate, in node order."""
+def read(store: Store, run_id: str, first: int = 0) -> tuple[list[Candidate], int]:
+    """The candidates published from slot ``first`` on, in node order, and the slot to
+    read from next time: a published slot never changes, so a reader reads each once.
+    (A slot counted but not yet written stops the count there: it is read next time.)"""
     count = int(store.add(keys.successor_count(run_id), 0))
-    found = []
-    for slot in range(count):
+    found, upto = [], count
+    for slot in range(first, count):
         key = keys.successor(run_id, slot)
         if store.check([key]):
             found.append(Candidate.decode(store.get(key).decode()))
-    return sorted(set(found))
+        else:
+            upto = min(upto, slot)
+    return sorted(set(found)), upto
 
 
 Connect = Callable[[Candidate], "Store"]  # a client of the store a candidate serves
@@ -110,6 +114,7 @@ class Succession:
         self._connect = connect or _client
         self._serve = serve
         self._candidates: list[Candidate] = []
+        self._learned = (where, 0)  # the store read from, and the next slot to read
         self._root: Store | None = None
         self._seeders: list[Callable[[Store], None]] = []
         self._lock = threading.RLock()
@@ -125,14 +130,23 @@ class Succession:
 
     def learn(self, store: Store | None = None) -> None:
         """Read the candidates from ``store`` (the job's, unprefixed; None: the relay
-        given to ``use``), while it lives. A store already lost teaches nothing."""
+        given to ``use``), while it lives: only those published since the last read
+        (an agent learns every second, and every node of a long run published one). A
+        store already lost teaches nothing."""
         source = store if store is not None else self._root
         if source is None:
             return
+        where, first = self._learned
+        if where != self.where:  # the store moved: its list starts anew
+            where, first = self.where, 0
         try:
-            self._candidates = read(source, self.run_id)
+            found, upto = read(source, self.run_id, first)
         except RuntimeError as exc:  # (StoreLostError too: the relay said it)
             log.debug("could not read the store's successors: %s", exc)
+            return
+        known = self._candidates if first else []
+        self._candidates = sorted(set(known) | set(found))
+        self._learned = (where, upto)
 
     @property
     def candidates(self) -> list[Candidate]:

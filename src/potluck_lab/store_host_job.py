@@ -13,6 +13,11 @@ each worker writes into ``DIR``, under ``node<N>-<pid>``:
   (``trained``);
 - ``.pt``: the final parameters, if the worker finished.
 
+``--samples`` and ``--global-batch`` size the job (96 and 12, as the example's).
+``--stop-file PATH``: the job ends after as many epochs as the file says, once it
+holds a number; the caller writes it (atomically) well before that epoch's end, since
+every worker reads it before each step and all must stop at the same boundary.
+
 ``read_traces`` and ``recovery_s`` read them back: which node committed which steps and
 when, and how long the first failure took to the next committed step; ``trained`` the
 samples every committed step trained.
@@ -30,6 +35,7 @@ from pathlib import Path
 import torch
 
 SAMPLES = 96
+GLOBAL_BATCH = 12
 
 
 @dataclass
@@ -104,12 +110,13 @@ def steps_before_failure(trace: Trace) -> int:
     return max((s for s, at in trace.commits if at < first), default=0)
 
 
-def single_process(epochs: int) -> dict[str, torch.Tensor]:
+def single_process(epochs: int, samples: int = SAMPLES,
+                   global_batch: int = GLOBAL_BATCH) -> dict[str, torch.Tensor]:
     """The parameters one process gets training on the job's global batches."""
     from potluck import DataCursor
 
-    x_all, y_all, net, sgd = _setup()
-    cursor = DataCursor(SAMPLES, 12, seed=3)
+    x_all, y_all, net, sgd = _setup(samples)
+    cursor = DataCursor(samples, global_batch, seed=3)
     while cursor.epoch < epochs:
         index = cursor.global_indices()
         sgd.zero_grad()
@@ -120,11 +127,12 @@ def single_process(epochs: int) -> dict[str, torch.Tensor]:
     return net.state_dict()
 
 
-def _setup() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module, torch.optim.SGD]:
+def _setup(samples: int = SAMPLES) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module,
+                                           torch.optim.SGD]:
     """The data, the model and the optimizer, as ``examples/elastic.py`` makes them."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    x_all, y_all = torch.randn(2, SAMPLES, 8, dtype=torch.float64,
+    x_all, y_all = torch.randn(2, samples, 8, dtype=torch.float64,
                                generator=torch.Generator().manual_seed(0))
     net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
     sgd = torch.optim.SGD(net.double().parameters(), lr=0.05, momentum=0.9)
@@ -143,20 +151,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settle-timeout", type=float, default=30.0,
                         help="how long a next generation waits for its members to register")
     parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--stop-file", type=Path, help="holds the epochs to train, once "
+                                                      "the caller knows")
     args = parser.parse_args(argv)
 
-    x_all, y_all, net, sgd = _setup()
-    data = torch.utils.data.TensorDataset(x_all, y_all, torch.arange(SAMPLES))
+    x_all, y_all, net, sgd = _setup(args.samples)
+    data = torch.utils.data.TensorDataset(x_all, y_all, torch.arange(args.samples))
     cohort = potluck.init(timeout=args.timeout, settle_timeout=args.settle_timeout)
-    model, opt, loader = potluck.prepare(net, sgd, data, global_batch=12, seed=3,
-                                         cohort=cohort, timeout=args.timeout,
+    model, opt, loader = potluck.prepare(net, sgd, data, global_batch=args.global_batch,
+                                         seed=3, cohort=cohort, timeout=args.timeout,
                                          checkpoint_dir=args.checkpoint_dir)
     stem = Path(args.trace) / f"node{os.environ.get('GROUP_RANK', '0')}-{os.getpid()}"
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger, \
             stem.with_suffix(".times").open("a") as times:
-        while loader.epoch < args.epochs:
+        while loader.epoch < _epochs(args.epochs, args.stop_file):
             started = loader.epoch  # (a failed step ends the loop mid-epoch)
             for x, y, ids in loader:
+                if loader.epoch >= _epochs(args.epochs, args.stop_file):
+                    break  # (admitted at the last boundary: nothing left to train)
                 time.sleep(args.step_time)
                 epoch, before = loader.epoch, opt.steps
                 times.write(json.dumps({"pending": before + 1, "epoch": epoch,
@@ -179,6 +193,16 @@ def main(argv: list[str] | None = None) -> None:
                       f"{opt.cohort.world_size} workers", flush=True)
     if opt.finish():
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
+
+
+def _epochs(planned: int, stop_file: Path | None) -> int:
+    """``planned``, or fewer once the stop file says so."""
+    if stop_file is None:
+        return planned
+    try:
+        return min(planned, int(stop_file.read_text()))
+    except (OSError, ValueError):  # not written yet
+        return planned
 
 
 if __name__ == "__main__":

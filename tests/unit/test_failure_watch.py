@@ -41,3 +41,24 @@ def test_a_peer_missing_from_a_moved_store_is_given_up_on_after_the_timeout() ->
 @pytest.mark.timeout(30)
 def test_a_peer_that_beats_is_not_given_up_on() -> None:
     assert not _waits_until_marked(beating=True, limit=1.5)
+
+
+@pytest.mark.timeout(30)
+def test_the_watch_asks_the_store_only_while_this_member_waits() -> None:
+    """32 members polling every 50 ms were 640 requests a second on the job's store,
+    mostly from members that waited for nothing. A wait wakes the watch at once."""
+    from tests.counting_store import CountingStore
+
+    store = CountingStore()
+    watch = FailureWatch(store, lambda g: f"failed/{g}", lambda: 0, interval=0.02)
+    try:
+        time.sleep(1.5)
+        idle = store.calls
+        store.set("failed/0", "1")  # another member gave up on the step
+        started = time.monotonic()
+        while not watch.seen(0):  # this member now waits in a collective
+            assert time.monotonic() - started < 0.5
+            time.sleep(0.005)
+    finally:
+        watch.stop()
+    assert idle <= 2, store.asked

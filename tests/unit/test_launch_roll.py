@@ -3,11 +3,16 @@ restart of a plain torch.distributed job clears."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
 from torch._C._distributed_c10d import HashStore
 
 from potluck import keys
 from potluck.launch.job_keys import clear_for_whole_restart, holds_torch_keys
 from potluck.launch.policy import RollCall, roll_call
+from potluck.launch.roll import agent_beats, wait_for_roll
 
 
 def test_an_agent_whose_beat_stopped_is_lost_and_not_waited_for() -> None:
@@ -48,3 +53,33 @@ def test_a_worker_put_out_by_trust_is_not_restarted() -> None:
     assert not_to_restart(died("SeatBannedError"))  # its return refused at admission
     assert not not_to_restart(died("AdmissionError"))  # a wrong token: restarts are due
     assert not not_to_restart(died("RuntimeError")) and not not_to_restart(None)
+
+
+@pytest.mark.timeout(20)
+def test_node_0_asks_once_about_an_agent_that_checked_out_and_reads_beats_as_they_change(
+) -> None:
+    """Node 0 waits for the roll from its own workers' end on, most of a run that lost
+    them early, and a churning run's roll holds every node ever started: an agent that
+    checked out is asked about once, and the beats (one a second) are read twice a
+    second, not at every poll."""
+    from tests.counting_store import CountingStore
+
+    store = CountingStore()
+    store.add(keys.agents("job", "started"), 40)
+    for agent in range(38):
+        store.set(keys.agents("job", f"roll/done/{agent}"), "1")
+    beats = agent_beats(store, "job")
+    for agent in (38, 39):
+        beats.set(keys.heartbeat(f"agent{agent}"), f"{time.time():.6f}")
+    store.asked.clear()
+    waiter = threading.Thread(target=wait_for_roll,
+                              args=(store, "job", 10.0, lambda: False, lambda *_: None))
+    waiter.start()
+    time.sleep(1.6)
+    for agent in (38, 39):
+        store.set(keys.agents("job", f"roll/done/{agent}"), "1")
+    waiter.join(timeout=5)
+    assert not waiter.is_alive()
+    assert store.asked[keys.agents("job", "roll/done/0")] == 1
+    beat = f"{keys.agents('job', 'roll/beats')}/{keys.heartbeat('agent38')}"
+    assert 2 <= store.asked[beat] <= 2 * 5  # (check and get, each half second)

@@ -143,3 +143,35 @@ def test_after_a_move_members_not_yet_there_are_coming_unless_their_node_was_los
     assert coming(members, beats={"c"}, nodes=nodes, lost={0}) == {"b"}
     assert coming(members, beats={"b", "c"}, nodes=nodes, lost={0}) == set()
     assert coming(members, beats=set(), nodes=nodes, lost={0, 1}) == {"c"}
+
+
+@pytest.mark.timeout(10)
+def test_learning_again_reads_only_the_candidates_published_since() -> None:
+    """An agent learns every second and every node of a churning run published one:
+    reading them all each time was 2 requests per node ever started, per agent, per
+    second. A published slot never changes, so each is read once."""
+    from potluck import keys
+    from potluck.succession import publish
+    from tests.counting_store import CountingStore
+
+    store = CountingStore()
+    for node in range(40):
+        publish(store, "run", Candidate(node, "127.0.0.1", 1000 + node))
+    succession = Succession("run", "127.0.0.1:1")
+    succession.learn(store)
+    assert [c.node for c in succession.candidates] == list(range(40))
+    store.asked.clear()
+    succession.learn(store)
+    assert store.calls == 1  # the count alone
+    publish(store, "run", Candidate(40, "127.0.0.1", 1040))
+    store.add(keys.successor_count("run"), 1)  # a slot counted, not yet written
+    store.asked.clear()
+    succession.learn(store)
+    assert store.calls == 1 + 2 + 1 and len(succession.candidates) == 41
+    store.set(keys.successor("run", 41), Candidate(41, "127.0.0.1", 1041).encode())
+    succession.learn(store)
+    assert [c.node for c in succession.candidates][-2:] == [40, 41]
+    succession.where = "127.0.0.1:2"  # the store moved: its list is read anew
+    store.asked.clear()
+    succession.learn(store)
+    assert store.calls == 1 + 2 * 42 and len(succession.candidates) == 42

@@ -23,6 +23,9 @@ AGENT_BEAT = 1.0  # seconds between an elastic agent's heartbeats
 
 
 AGENT_LOST = 5.0  # an agent whose last beat is older is gone (killed, or cut off)
+# Node 0 waits for the roll from its own workers' end, which in a run that lost them
+# early is most of the run: ask about the agents still on it 4 times a second.
+_ROLL_POLL = 0.25
 
 
 class Presence:
@@ -81,15 +84,21 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
 
     deadline = time.monotonic() + timeout
     told: set[int] = set()
+    done: set[int] = set()  # (an agent checks out once: never asked again)
     beats_store = agent_beats(store, run_id)
     # (beat value, when it changed on this node's clock): beats are other hosts' wall
     # clocks, so only their change is compared, never their value (no clock skew)
     changed: dict[int, tuple[float | None, float]] = {}
+    read: dict[str, float] = {}
+    looked = -float("inf")  # when the beats were last read
     while True:
         agents = range(count(store, keys.agents(run_id, "started")))
-        pending = [a for a in agents if not store.check([_roll(run_id, f"done/{a}")])]
+        done |= {a for a in agents
+                 if a not in done and store.check([_roll(run_id, f"done/{a}")])}
+        pending = [a for a in agents if a not in done]
         now = time.monotonic()
-        read = read_beats(beats_store, [f"agent{a}" for a in pending])
+        if now - looked >= AGENT_BEAT / 2:  # (a beat changes once every AGENT_BEAT)
+            read, looked = read_beats(beats_store, [f"agent{a}" for a in pending]), now
         for agent in pending:
             # (no beat at all: on a store that moved, an agent lost with the old host;
             # a live one beats within AGENT_BEAT of its check-in)
@@ -111,7 +120,7 @@ def wait_for_roll(store: Store, run_id: str, timeout: float, stopping: Callable[
                 f"{len(call.waiting)} of {len(agents)} node agents did not check out within "
                 f"{timeout:g} s, and they still beat: a node's workers are still running or "
                 "its agent hangs: see that node's output")
-        time.sleep(0.05)
+        time.sleep(_ROLL_POLL)
 
 
 def _roll(run_id: str, name: str) -> str:

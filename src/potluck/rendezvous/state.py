@@ -11,7 +11,7 @@ loss, leave and timeout are all tested without a store or a socket.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
@@ -104,8 +104,9 @@ def has_quorum(members: Sequence[str], ready: Collection[str],
     return 2 * len(here) > len(every) or (2 * len(here) == len(every) and every[0] in here)
 
 
-def pick_leader(members: Iterable[str], alive: Collection[str]) -> str | None:
-    """The lowest-ranked member still alive: it decides the next generation."""
+def pick_leader(members: Iterable[str], alive: Container[str]) -> str | None:
+    """The lowest-ranked member still alive: it decides the next generation. ``alive``
+    is asked about members in rank order, up to the leader only."""
     return next((m for m in members if m in alive), None)
 
 

@@ -16,7 +16,8 @@ process, as in the launcher's agent. A trial passes when:
 ``run_trial`` is what ``tests/distributed/test_chaos.py`` calls for its CI seeds.
 
 ``--faults store-host`` runs another kind of trial instead: a multi-node job whose
-store's host is killed (``chaos_store_host``).
+store's host is killed (``chaos_store_host``). ``--churn --members 4,8,16,32`` runs one
+job per member count, members killed and joining for ``--minutes`` (``chaos_churn``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from typing import Any
 
 import torch
 
+from potluck.errors import ConfigError
 from potluck.testing import Faults, RankFailed, exactly_once_problems, free_port, run_ranks
-from potluck_lab.bench import chaos_store_host
+from potluck_lab.bench import chaos_churn, chaos_store_host
 from potluck_lab.common import at_least
 from potluck_lab.driver import Bench, drive
 from potluck_lab.elastic_job import (
@@ -241,6 +243,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers: a worker killed, frozen or leaving, and a joiner "
                              "(the default); store-host: the store's host (its agent "
                              "and worker) killed in a 3-node job")
+    parser.add_argument("--churn", action="store_true",
+                        help="many loopback nodes, members killed and joining every few "
+                             "seconds (one run per --members count)")
+    parser.add_argument("--members", default="8", metavar="N[,N...]",
+                        help="--churn: the member counts, one run each (default 8)")
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="--churn: minutes of churn per run (default 10)")
 
 
 FAULT_KINDS = ("workers", "store-host")
@@ -251,22 +260,41 @@ class ChaosBenchConfig:
     trials: int
     seed: int  # the first trial's; trial i uses seed + i
     faults: str = "workers"  # one of FAULT_KINDS
+    members: tuple[int, ...] = ()  # --churn: one run per count (empty: trials)
+    minutes: float = 10.0
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosBenchConfig:
     at_least("--trials", args.trials, 1, "4")
-    return ChaosBenchConfig(args.trials, args.seed, args.faults)
+    if not args.churn:
+        return ChaosBenchConfig(args.trials, args.seed, args.faults)
+    if args.faults != "workers":
+        raise ConfigError(f"--churn with --faults {args.faults}: churn kills and adds "
+                          "workers; run the store-host trials on their own")
+    try:
+        members = tuple(int(n) for n in args.members.split(","))
+    except ValueError:
+        raise ConfigError(f"--members {args.members!r} must be counts separated by "
+                          "commas, e.g. --members 4,8,16,32") from None
+    for count in members:
+        # (a kill must leave a majority of the last generation: the quorum)
+        at_least("--members", count, 3, "8")
+    if not args.minutes > 0:
+        raise ConfigError(f"--minutes {args.minutes:g} must be positive, e.g. --minutes 10")
+    return ChaosBenchConfig(args.trials, args.seed, members=members, minutes=args.minutes)
 
 
 def main(args: argparse.Namespace) -> int:
     return drive(BENCH, args)
 
 
-Trial = TrialResult | chaos_store_host.StoreHostResult
+Trial = TrialResult | chaos_store_host.StoreHostResult | chaos_churn.ChurnResult
 
 
 def run_trials(config: ChaosBenchConfig, logs: Path) -> list[Trial]:
-    """Every trial in turn, each line printed as it ends."""
+    """Every trial in turn (or churn run), each line printed as it ends."""
+    if config.members:
+        return list(_churn_runs(config, logs))
     trials: list[Trial] = []
     for i in range(config.trials):
         seed, workdir = config.seed + i, logs / f"trial{i}"
@@ -279,7 +307,21 @@ def run_trials(config: ChaosBenchConfig, logs: Path) -> list[Trial]:
     return trials
 
 
+def _churn_runs(config: ChaosBenchConfig, logs: Path) -> list[chaos_churn.ChurnResult]:
+    runs = []
+    for count in config.members:
+        run = chaos_churn.run_churn(count, 60 * config.minutes, config.seed,
+                                    logs / f"members{count}")
+        runs.append(run)
+        print(run.line(), flush=True)
+        for problem in run.problems:
+            print(f"    {problem}", flush=True)
+    return runs
+
+
 def _header(config: ChaosBenchConfig) -> str:
+    if config.members:
+        return chaos_churn.header(list(config.members), 60 * config.minutes, config.seed)
     if config.faults == "store-host":
         return (f"potluck bench chaos --faults store-host: {config.trials} trial(s) from "
                 f"seed {config.seed}; {chaos_store_host.header()}")
@@ -293,12 +335,24 @@ def _passed(trials: list[Trial]) -> int:
     return sum(t.passed for t in trials)
 
 
-BENCH = Bench("chaos", config_from_args, run_trials,
-              lambda config, trials: [f"{_passed(trials)}/{len(trials)} trials passed",
-                                      *chaos_store_host.summary(trials)],
-              lambda config, trials: {"job": asdict(JOB) if config.faults == "workers"
-                                      else {"faults": config.faults},
-                                      "passed": _passed(trials),
-                                      "trials": [t.as_dict() for t in trials]},
+def _lines(config: ChaosBenchConfig, trials: list[Trial]) -> list[str]:
+    if config.members:
+        return chaos_churn.summary(_churned(trials))
+    return [f"{_passed(trials)}/{len(trials)} trials passed",
+            *chaos_store_host.summary(trials)]
+
+
+def _payload(config: ChaosBenchConfig, trials: list[Trial]) -> dict[str, Any]:
+    if config.members:
+        return chaos_churn.payload(_churned(trials), 60 * config.minutes, config.seed)
+    return {"job": asdict(JOB) if config.faults == "workers" else {"faults": config.faults},
+            "passed": _passed(trials), "trials": [t.as_dict() for t in trials]}
+
+
+def _churned(trials: list[Trial]) -> list[chaos_churn.ChurnResult]:
+    return [t for t in trials if isinstance(t, chaos_churn.ChurnResult)]
+
+
+BENCH = Bench("chaos", config_from_args, run_trials, _lines, _payload,
               header=_header,
               exit_code=lambda trials: 0 if _passed(trials) == len(trials) else 1)
