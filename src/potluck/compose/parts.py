@@ -149,7 +149,7 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
         config = strategy.config
         return RoundTrustPart(trust, cohort, wrapped.module, strategy, codec=config.codec,
                               error_feedback=config.error_feedback,
-                              assigned=lambda: handout.split, read_range=handout.read_range)
+                              assigned=lambda: handout.split, read_range=handout.read_ranges)
     if trust.round_check is not None:
         raise ConfigError("trust=Trust(round_check=...) checks pseudo-gradients, which only "
                           "rounds have: add sync=potluck.DiLoCo(...), or use "

@@ -42,7 +42,8 @@ from potluck.group import ProcessGroupLike
 from potluck.sync.round_sum import Piece
 from potluck.trust.round_work import WINDOW, RoundCheck, median_gains, round_seed, windows
 
-ReadRange = Callable[[int, int], Any]  # positions [start, stop) of the round's epoch -> batch
+# runs [start, stop) of positions of the round's epoch -> their batches, read at once
+ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]
 
 
 @dataclass
@@ -145,7 +146,8 @@ class WorkCheck:
         """``[target][member]``: the loss at the start minus at ``start - delta``."""
         pieces = list(kept.values())
         start = self._state(pieces, [p.start for p in pieces])
-        batches = [_joined([self._read(a, b) for a, b in runs]) for runs in picked]
+        read = iter(self._read([run for runs in picked for run in runs]))
+        batches = [_joined([next(read) for _ in runs]) for runs in picked]
         first = pieces[0].start
         devices = [first.device] if first.is_cuda else []
         gains = []

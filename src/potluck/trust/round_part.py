@@ -72,8 +72,8 @@ class RoundTrustPart:
                  strategy: Rounds, *, codec: Any = None, error_feedback: bool = True,
                  assigned: Callable[[], Sequence[float] | None] | None = None,
                  read_range: ReadRange | None = None) -> None:
-        """``read_range(start, stop)``: the batch of a round's positions, as the loader
-        reads it (the work check's; required with ``Trust(round_check=...)``)."""
+        """``read_range(runs)``: the batches of runs of a round's positions, as the loader
+        reads them (the work check's; required with ``Trust(round_check=...)``)."""
         if cohort.world_size < 3:
             log.warning("[rank %d] trust=Trust(...) with %d worker(s): robust aggregation "
                         "needs at least 3 (an honest majority) to tell a bad pseudo-gradient "
