@@ -141,11 +141,11 @@ def _findings(first: int, n: int, attack: str = "none") -> list[Finding]:
 
 
 def test_honest_members_are_never_flagged() -> None:
-    """Windows of 3 honest rounds of 3 to 8 members, mid-training: no finding. The
-    measured sweep (POTLUCK_FULL_SWEEPS=1: 66 windows, 363 member-windows) found none;
-    the lowest window mean was 0.62 of the median member's, the limit is 0.3. On the
-    lab's bench, 556 honest member-windows had means 1.14 +- 0.20 (lowest 0.51): 0.3
-    is 4 standard deviations under, about 2e-5 a member and round were they normal."""
+    """Windows of 3 honest rounds of 3 to 8 members, mid-training: no finding (66
+    windows, 363 member-windows with POTLUCK_FULL_SWEEPS=1). On the lab's bench, 556
+    honest member-windows had means 1.14 +- 0.20 of the median member's (lowest 0.51):
+    the limit, 0.3, is 4 standard deviations under, about 2e-5 a member and round were
+    they normal."""
     windows_, checked = 66 if FULL else 10, 0
     for w in range(windows_):
         n = 3 + w % 6
@@ -156,8 +156,8 @@ def test_honest_members_are_never_flagged() -> None:
 
 @pytest.mark.parametrize("attack", ["free_rider", "sign_flip", "ipm", "other_data", "alie"])
 def test_each_attack_is_flagged(attack: str) -> None:
-    """The attacker (rank 0) is flagged in every window of 3 rounds (measured: 13 of 13
-    each; the suite runs 5)."""
+    """The attacker (rank 0) is flagged in every window of 3 rounds (the suite runs 5,
+    POTLUCK_FULL_SWEEPS=1 13)."""
     flagged, windows_ = 0, ROUNDS // WINDOW
     for w in range(windows_):
         found = _findings(WINDOW * w, 4 + w % 3, attack)
@@ -168,8 +168,8 @@ def test_each_attack_is_flagged(attack: str) -> None:
 
 
 def test_a_copier_is_struck_and_the_member_it_copied_is_not() -> None:
-    """The pair is settled against the copier in every window (measured: 13 of 13);
-    the member it copied is never struck."""
+    """The pair is settled against the copier in every window; the member it copied
+    is never struck."""
     settled, windows_ = 0, ROUNDS // WINDOW
     for w in range(windows_):
         found = _findings(WINDOW * w, 4 + w % 3, "copy")
