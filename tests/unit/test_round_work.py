@@ -194,6 +194,13 @@ def test_a_copy_at_the_start_of_training_strikes_nobody_it_cannot_tell() -> None
     assert ([f.rank for f in found], unchecked) in (([], [(0, 1)]), ([0], []))
 
 
+def test_three_targets_get_no_score() -> None:
+    """With 3 targets each one's centering rests on 2 others, one of them maybe the
+    attacker: no score, so no verdict (a non-finite gain still is one)."""
+    table = [[0.5, 0.1, 0.1], [0.1, 0.5, 0.1], [0.1, 0.1, -0.5]]
+    assert all(math.isnan(s) for s in work_scores(table, [0, 1, 2], [1 / 3] * 3))
+
+
 def test_one_bad_round_is_not_enough() -> None:
     """The rule judges the mean of a member's last ``WINDOW`` scores: one round at 0
     (a bad sample) among good ones is not a finding; a window not yet full neither."""
@@ -258,9 +265,10 @@ def test_bad_settings_are_refused_with_the_rule(bad: dict[str, object]) -> None:
 
 
 def test_gains_that_are_not_finite_fail() -> None:
-    scores = work_scores([[math.nan, 1.0, 1.0], [1.0, 2.0, 1.0], [1.0, 1.0, 2.0]], [0, 1, 2],
-                         [1 / 3] * 3)
-    assert scores[0] == -math.inf
+    table = [[math.nan, 1.0, 1.0, 1.0], [1.0, 2.0, 1.0, 1.0], [1.0, 1.0, 2.0, 1.0],
+             [1.0, 1.0, 1.0, 2.0]]
+    scores = work_scores(table, [0, 1, 2, 3], [0.25] * 4)
+    assert scores[0] == -math.inf and all(math.isnan(s) for s in scores[1:])
     found = judge_work({t: [s] for t, s in enumerate(scores)}, TOLERANCE)
     assert [f.rank for f in found] == [0]
 

@@ -26,14 +26,15 @@ checker can neither accuse nor acquit anyone.
 
 The score of a target is the most it has with any one other member left out of the
 table: an attacker's row and column enter every other member's centering, and leaving
-it out undoes what it could add to them. It is scaled to the target's part and divided
-by the median target's. A target is flagged "no work on its data" when the mean of its
-scores over its last ``WINDOW`` checked rounds is under ``1 - tolerance``, or when its
-pseudo-gradient makes the loss on a sample not finite. The mean of a few rounds, not
-one round: one round's score is noisy (a sample of 64), a member that does not work
-scores about 0 in every round. A free rider's zero, a sign flip, an inner-product
-attack, the honest mean minus a spread (ALIE), a copy, a replay and training on other
-labels all score about 0 or below.
+it out undoes what it could add to them. So a round is scored with ``LEAST`` (4)
+targets or more; a cohort of 3 trusted members gets no work verdict. The score is
+scaled to the target's part and divided by the median target's. A target is flagged
+"no work on its data" when the mean of its scores over its last ``WINDOW`` checked
+rounds is under ``1 - tolerance``, or when its pseudo-gradient makes the loss on a
+sample not finite. The mean of a few rounds, not one round: one round's score is noisy
+(a sample of 64), a member that does not work scores about 0 in every round. A free
+rider's zero, a sign flip, an inner-product attack, the honest mean minus a spread
+(ALIE), a copy, a replay and training on other labels all score about 0 or below.
 
 A pair that ``round_rules`` flags as copies sent (nearly) the same pseudo-gradient.
 ``settle_copies`` strikes only the one whose recent scores are under the limit while
@@ -55,6 +56,10 @@ from potluck.trust.verdict import COPIED, NO_WORK, Finding, median
 Range = tuple[int, int]
 RUNS = 8  # runs of positions a member's sample is read in
 WINDOW = 3  # checked rounds a member's scores are averaged over
+# Targets a round needs for a score: with 3, each member's centering rests on 2 others
+# (one may be the attacker, and none can be left out), and honest windows spread
+# 0.26 of the median, not 0.20 (the bench: one honest window of 474 at 0.297)
+LEAST = 4
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,8 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
                 shares: Sequence[float]) -> list[float]:
     """Each target's score this round (``gains[t][k]``: target ``targets[t]``'s gain on
     rank ``k``'s sample; ``shares``: each rank's part of the round). ``-inf``: its
-    pseudo-gradient made a loss not finite; NaN: no score this round (fewer than 3
-    targets with finite gains, or no positive median)."""
+    pseudo-gradient made a loss not finite; NaN: no score this round (fewer than
+    ``LEAST`` targets with finite gains, or no positive median)."""
     n = len(targets)
     table = [[gains[t][r] for r in targets] for t in range(n)]
     # a sample whose loss is not finite for most targets says nothing of any of them
@@ -156,7 +161,7 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     bad = {t for t in range(n) if not all(math.isfinite(table[t][k]) for k in known)}
     keep = [k for k in known if k not in bad]
     out = [-math.inf if t in bad else math.nan for t in range(n)]
-    if len(keep) < 3:
+    if len(keep) < LEAST:
         return out
     middle = median([shares[targets[t]] for t in keep]) or 1.0
     # (a gain grows with the local steps between their square root and linearly: the
@@ -168,8 +173,7 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
         return out
     for t in keep:
         rest = [[k for k in keep if k != u] for u in keep if u != t]
-        best = max((_centered(table, sub, t) for sub in rest), default=-math.inf) \
-            if len(keep) > 3 else _centered(table, keep, t)
+        best = max(_centered(table, sub, t) for sub in rest)
         out[t] = best / less[t] / full
     return out
 
