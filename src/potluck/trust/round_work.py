@@ -26,7 +26,9 @@ checker can neither accuse nor acquit anyone.
 
 The score of a target is the most it has with any one other member left out of the
 table: an attacker's row and column enter every other member's centering, and leaving
-it out undoes what it could add to them. So a round is scored with ``LEAST`` (4)
+it out undoes what it could add to them (not what it adds to the median that scales
+every score: gains tens of times an honest member's can inflate it, ``docs/trust.md``
+says so). So a round is scored with ``LEAST`` (4)
 targets or more; a cohort of 3 trusted members gets no work verdict. The score is
 scaled to the target's part and divided by the median target's. A target is flagged
 "no work on its data" when the mean of its scores over its last ``WINDOW`` checked
