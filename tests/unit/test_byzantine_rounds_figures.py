@@ -81,7 +81,8 @@ def test_the_overhead_is_the_median_of_interleaved_ratios() -> None:
 def _results(available: bool) -> dict[str, Any]:
     return {"baselines": [0.3, 0.31], "attacks": _rows(available),
             "false": 0 if available else None, "overhead": 0.02 if available else None,
-            "round_ms": {"plain": 50.0, "trust": 51.0} if available else {},
+            "round_ms": {"plain": 50.0, "trust": 51.0, "floor": 50.5, "floor_overhead": 0.01}
+            if available else {},
             "unavailable": None if available else "prepare() got sync=DiLoCo(...) with "
                                                   "trust=Trust(...): not yet",
             "seconds": 12.0}
@@ -109,6 +110,8 @@ def test_the_report_puts_each_figure_beside_its_goal() -> None:
     assert "false_quarantines 0 of 20 clean runs (goal 0)" in text
     assert "clean_overhead +0.020 (round 51.0 ms with trust vs 50.0 ms without; goal <= " \
            "0.05)" in text
+    assert "the floor: one all-gather of the pseudo-gradient more a round costs +0.010 " \
+           "(50.5 ms a round), the same run" in text
     payload = bench.report_json(CONFIG, _results(True))
     assert payload["trust_contender"] == "available"
     assert {"worst_loss_ratio", "max_rounds_to_quarantine", "false_quarantines",

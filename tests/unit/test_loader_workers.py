@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from potluck.data import DataCursor
-from potluck.data.fetch import BatchKey, Draws, Planned, seeded_read
+from potluck.data.fetch import BatchKey, Draws, Planned, read_batches, seeded_read
 from potluck.data.step_loader import StepLoader
 from potluck.data.workers import WorkerPool
 from potluck.errors import ConfigError, CursorError, LoaderWorkerError
@@ -149,6 +149,21 @@ def test_only_the_generators_a_dataset_draws_from_are_seeded_per_sample() -> Non
     single = seeded_read(OnlyPython(), default_collate,
                          Planned(BatchKey(0, 1, 2), [1], 7), Draws())
     assert float(single[0]) == float(first[1])  # position 1 alike, alone or in the batch
+
+
+def test_runs_read_at_once_equal_runs_read_one_by_one() -> None:
+    """``read_batches`` (the work check's read of many runs) reads each run as
+    ``seeded_read`` does alone, augmentations included, and puts the random state back."""
+    runs = [Planned(BatchKey(0, s, s + 3), [(7 * s + k) % SIZE for k in range(3)], 9)
+            for s in (0, 10, 40)]
+    alone = [seeded_read(Augmenting(), default_collate, run, Draws()) for run in runs]
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    together = read_batches(Augmenting(), default_collate, runs)
+    assert torch.equal(torch.get_rng_state(), before)
+    for a, b in zip(alone, together, strict=True):
+        assert all(torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+                   for x, y in zip(a, b, strict=True))
 
 
 def test_reading_leaves_the_training_random_state_alone() -> None:

@@ -133,7 +133,8 @@ class _Member:
                                        torch.nn.Linear(8, 3))
         self.opt = _optimizer(kind, self.net.parameters())
         self.part = SpotRerun(SpotCheck(_loss, steps=steps, tolerance=TOLERANCE), self.net,
-                              self.opt, read, global_batch=GLOBAL_BATCH, fragments=1,
+                              self.opt, lambda runs: [read(a, b) for a, b in runs],
+                              global_batch=GLOBAL_BATCH, fragments=1,
                               own_start=False, counted=lambda: N)
 
     def warm(self, x: torch.Tensor) -> None:

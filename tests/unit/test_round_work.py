@@ -20,12 +20,14 @@ from torch.nn import functional as F
 from potluck.errors import ConfigError
 from potluck.trust.round_work import (
     RUNS,
+    WINDOW,
     RoundCheck,
     judge_work,
     median_gains,
     round_seed,
     settle_copies,
     windows,
+    work_scores,
 )
 from potluck.trust.verdict import COPIED, NO_WORK, Finding
 
@@ -117,81 +119,118 @@ def _round(seed: int, n: int, attack: str = "none", attacker: int = 0, trained: 
     return median_gains(table, list(range(n)), list(range(n))), list(range(n))
 
 
-def _findings(seed: int, n: int, attack: str = "none") -> list[Finding]:
-    gains, targets = _round(seed, n, attack)
-    found = judge_work(gains, targets, [1.0 / n] * n, TOLERANCE)
+def _scores(seed: int, n: int, attack: str = "none", trained: bool = True) -> list[float]:
+    gains, targets = _round(seed, n, attack, trained=trained)
+    return work_scores(gains, targets, [1.0 / n] * n)
+
+
+def _windows(first: int, n: int, attack: str = "none", trained: bool = True
+             ) -> dict[int, list[float]]:
+    """Each member's scores over ``WINDOW`` rounds (seeds ``first`` on) of ``n`` members."""
+    rounds = [_scores(first + k, n, attack, trained) for k in range(WINDOW)]
+    return {t: [r[t] for r in rounds] for t in range(n)}
+
+
+def _findings(first: int, n: int, attack: str = "none") -> list[Finding]:
+    recent = _windows(first, n, attack)
+    found = judge_work(recent, TOLERANCE)
     if attack == "copy":  # the round's rules flag the pair; the check settles it
         pair = [Finding(0, COPIED, "copy", 1), Finding(1, COPIED, "copy", 0)]
-        found, unchecked = settle_copies(found + pair, gains, targets, [1.0 / n] * n,
-                                         TOLERANCE)
-        assert unchecked == []
+        found, _ = settle_copies(found + pair, recent, TOLERANCE)
     return found
 
 
 def test_honest_members_are_never_flagged() -> None:
-    """200 honest rounds of 3 to 8 members, mid-training: 0 findings in 1,096
-    member-rounds, so the rule's false-positive rate there is under 2.8e-3 a
-    member-round (95% upper bound, 3/1096; 400 rounds gave 0 in 2,196 too). "No work"
-    quarantines at 3 strikes within ``Rules.memory`` (50) rounds: at 2.8e-3, about
-    4e-4 per honest member and 50 rounds (C(50, 3) p^3)."""
-    checked, rounds = 0, 200 if FULL else 48  # (the whole sweep: POTLUCK_FULL_SWEEPS=1)
-    for seed in range(rounds):
-        n = 3 + seed % 6
-        assert _findings(seed, n) == [], seed
+    """Windows of 3 honest rounds of 3 to 8 members, mid-training: no finding (66
+    windows, 363 member-windows with POTLUCK_FULL_SWEEPS=1). On the lab's bench, 556
+    honest member-windows had means 1.14 +- 0.20 of the median member's (lowest 0.51):
+    the limit, 0.3, is 4 standard deviations under, about 2e-5 a member and round were
+    they normal."""
+    windows_, checked = 66 if FULL else 10, 0
+    for w in range(windows_):
+        n = 3 + w % 6
+        assert _findings(WINDOW * w, n) == [], w
         checked += n
-    assert checked == sum(3 + s % 6 for s in range(rounds))
+    assert checked == sum(3 + w % 6 for w in range(windows_))
 
 
-@pytest.mark.parametrize("attack", ["free_rider", "sign_flip", "ipm", "other_data"])
+@pytest.mark.parametrize("attack", ["free_rider", "sign_flip", "ipm", "other_data", "alie"])
 def test_each_attack_is_flagged(attack: str) -> None:
-    """The attacker (rank 0) is flagged in at least 38 of 40 rounds (measured: 40; the
-    suite runs 16 of them)."""
-    flagged, rounds = 0, ROUNDS
-    for seed in range(rounds):
-        found = _findings(seed, 4 + seed % 3, attack)
+    """The attacker (rank 0) is flagged in every window of 3 rounds (the suite runs 5,
+    POTLUCK_FULL_SWEEPS=1 13), the inner-product attack in 4 of 5 at least: -0.5 times
+    the honest mean fits its own sample better than the others' by half the honest
+    members' fit, which the column's centering takes back only in part (measured in
+    the suite: 4 of 5; on the lab's bench it was out at round 3 in 3 seeds of 3)."""
+    flagged, windows_ = 0, ROUNDS // WINDOW
+    for w in range(windows_):
+        found = _findings(WINDOW * w, 4 + w % 3, attack)
         assert all(f.kind == NO_WORK for f in found)
+        assert {f.rank for f in found} <= {0}, found
         flagged += 0 in {f.rank for f in found}
-    assert flagged >= rounds - rounds // 20 - 1, flagged
+    assert flagged * 5 >= windows_ * 4 if attack == "ipm" else flagged == windows_, flagged
 
 
 def test_a_copier_is_struck_and_the_member_it_copied_is_not() -> None:
-    """The pair is settled against the copier in 33 of 40 rounds; in the others the
-    check cannot tell, and both are struck (as without it). Never the copied alone."""
-    settled = 0
-    for seed in range(ROUNDS):
-        struck = {f.rank for f in _findings(seed, 4 + seed % 3, "copy") if f.kind == COPIED}
-        assert struck in ({0}, {0, 1}), (seed, struck)
+    """The pair is settled against the copier in every window; the member it copied
+    is never struck."""
+    settled, windows_ = 0, ROUNDS // WINDOW
+    for w in range(windows_):
+        found = _findings(WINDOW * w, 4 + w % 3, "copy")
+        struck = {f.rank for f in found if f.kind == COPIED}
+        assert struck <= {0} and 1 not in {f.rank for f in found}, (w, found)
         settled += struck == {0}
-    assert settled >= ROUNDS * 3 // 4, settled
+        assert found[0].kind == COPIED or struck == set()  # (the copy is named first)
+    assert settled == windows_, settled
 
 
-def test_a_copy_at_the_start_of_training_cannot_be_told() -> None:
+def test_a_copy_at_the_start_of_training_strikes_nobody_it_cannot_tell() -> None:
     """From an untrained start a round's gain is mostly the task's, the same on every
-    member's samples: the check cannot tell the copier, and both stay struck."""
-    gains, targets = _round(0, 4, "copy", trained=False)
+    member's samples. Where the scores cannot tell the copier, the pair is noted and
+    checked again, and nobody is struck; the member it copied never is."""
+    recent = _windows(0, 4, "copy", trained=False)
     pair = [Finding(0, COPIED, "copy", 1), Finding(1, COPIED, "copy", 0)]
-    found, _ = settle_copies(pair, gains, targets, [0.25] * 4, TOLERANCE)
-    assert sorted(f.rank for f in found) == [0, 1]
-    assert all("could not tell" in f.detail for f in found)
+    found, unchecked = settle_copies(pair, recent, TOLERANCE)
+    assert 1 not in {f.rank for f in found}
+    assert ([f.rank for f in found], unchecked) in (([], [(0, 1)]), ([0], []))
 
 
-def test_alie_is_flagged_in_some_rounds() -> None:
-    """A little-is-enough copy (the honest mean minus one standard deviation) was
-    trained on nobody's data, but it lowers the loss on every member's samples about
-    alike: beyond the tolerance in about a third of rounds (measured: 12 of 40)."""
-    flagged = sum(0 in {f.rank for f in _findings(seed, 4 + seed % 3, "alie")}
-                  for seed in range(ROUNDS))
-    assert ROUNDS // 8 <= flagged <= ROUNDS * 5 // 8, flagged
+def test_three_targets_get_no_score() -> None:
+    """With 3 targets each one's centering rests on 2 others, one of them maybe the
+    attacker: no score, so no verdict (a non-finite gain still is one)."""
+    table = [[0.5, 0.1, 0.1], [0.1, 0.5, 0.1], [0.1, 0.1, -0.5]]
+    assert all(math.isnan(s) for s in work_scores(table, [0, 1, 2], [1 / 3] * 3))
 
 
-def test_a_pair_not_checked_is_kept_for_the_next_round() -> None:
+def test_one_bad_round_is_not_enough() -> None:
+    """The rule judges the mean of a member's last ``WINDOW`` scores: one round at 0
+    (a bad sample) among good ones is not a finding; a window not yet full neither."""
+    assert judge_work({0: [1.0, 0.0, 1.0], 1: [1.0, 1.0, 1.0]}, TOLERANCE) == []
+    assert judge_work({0: [-0.5, -0.5]}, TOLERANCE) == []
+    assert [f.rank for f in judge_work({0: [0.1, 0.2, 0.3], 1: [1.0] * 3}, TOLERANCE)] == [0]
+
+
+def test_an_attacker_aiming_at_one_sample_does_not_flag_its_member() -> None:
+    """An attacker whose pseudo-gradient lowers the loss on one honest member's sample
+    and raises it on the others' enters that member's centering; the score leaves any
+    one member out of the table, so the member still scores over the limit. (Gains
+    tens of times the honest ones still can, through the median that scales every
+    score: ``docs/trust.md`` says so.)"""
+    honest = [[0.5, 0.1, 0.1, 0.1], [0.1, 0.5, 0.1, 0.1], [0.1, 0.1, 0.5, 0.1]]
+    for framing in ([1.0, -0.3, -0.3, 0.0], [2.0, -1.0, -1.0, 0.0]):  # rank 3 aims at 0
+        scores = work_scores([*honest, framing], [0, 1, 2, 3], [0.25] * 4)
+        assert min(scores[:3]) > 1 - TOLERANCE, (framing, scores)
+
+
+def test_a_pair_not_settled_is_kept_for_the_next_round() -> None:
     pair = [Finding(1, COPIED, "copy", 2), Finding(2, COPIED, "copy", 1)]
-    found, unchecked = settle_copies([Finding(0, NO_WORK, "x"), *pair], None, [], [0.25] * 4,
-                                     0.5)
+    found, unchecked = settle_copies([Finding(0, NO_WORK, "x"), *pair], {}, 0.7)
     assert found == [Finding(0, NO_WORK, "x")] and unchecked == [(1, 2)]
-    gains = [[1.0, 1.0, 1.0, 1.0]] * 4  # the check cannot tell: both struck, as before
-    found, unchecked = settle_copies(pair, gains, [0, 1, 2, 3], [0.25] * 4, 0.5)
-    assert sorted(f.rank for f in found) == [1, 2] and unchecked == []
+    alike = {1: [1.0] * WINDOW, 2: [1.0] * WINDOW}  # the scores cannot tell: no strike
+    assert settle_copies(pair, alike, 0.7) == ([], [(1, 2)])
+    apart = {1: [1.0] * WINDOW, 2: [0.0] * WINDOW}
+    found, unchecked = settle_copies(pair, apart, 0.7)
+    assert [f.rank for f in found] == [2] and "it copied" in found[0].detail
+    assert unchecked == []
 
 
 def test_a_target_is_judged_by_the_other_checkers() -> None:
@@ -227,8 +266,11 @@ def test_bad_settings_are_refused_with_the_rule(bad: dict[str, object]) -> None:
 
 
 def test_gains_that_are_not_finite_fail() -> None:
-    found = judge_work([[math.nan, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [0, 1, 2],
-                       [1 / 3] * 3, 0.5)
+    table = [[math.nan, 1.0, 1.0, 1.0], [1.0, 2.0, 1.0, 1.0], [1.0, 1.0, 2.0, 1.0],
+             [1.0, 1.0, 1.0, 2.0]]
+    scores = work_scores(table, [0, 1, 2, 3], [0.25] * 4)
+    assert scores[0] == -math.inf and all(math.isnan(s) for s in scores[1:])
+    found = judge_work({t: [s] for t, s in enumerate(scores)}, TOLERANCE)
     assert [f.rank for f in found] == [0]
 
 

@@ -152,7 +152,7 @@ def aggregator(trust: Trust | None, cohort: Cohort, wrapped: DataParallel,
         config = strategy.config
         return RoundTrustPart(trust, cohort, wrapped.module, strategy, codec=config.codec,
                               error_feedback=config.error_feedback,
-                              assigned=lambda: handout.split, read_range=handout.read_range,
+                              assigned=lambda: handout.split, read_range=handout.read_ranges,
                               optimizer=optimizer, clip_grad_norm=clip_grad_norm)
     if trust.round_check is not None:
         raise ConfigError("trust=Trust(round_check=...) checks pseudo-gradients, which only "

@@ -126,28 +126,45 @@ def seeded_read(dataset: Any, collate: Collate, planned: Planned,
     """Read the batch, each sample under its seed for every generator reads were seen
     to draw from (read again once a generator is first seen to move), then collate
     under the batch's seed. Moves this process's random state (a worker's own)."""
-    key = planned.key
+    return seeded_reads(dataset, collate, [planned], draws)[0]
+
+
+def seeded_reads(dataset: Any, collate: Collate, planned: Sequence[Planned],
+                 draws: Draws = DRAWS) -> list[Any]:
+    """``seeded_read`` of each batch, with one look at the generators for them all (a
+    look costs about as much as reading a few samples)."""
     while True:
         before = draws.states()
-        samples = []
-        for offset, index in enumerate(planned.indices):
-            if draws.seeded:
-                seed_generators(draws.seeded, sample_seed(planned.seed, key.epoch,
-                                                          key.start + offset))
-            samples.append(dataset[index])
+        samples: list[list[Any]] = []
+        for batch in planned:
+            samples.append([])
+            for offset, index in enumerate(batch.indices):
+                if draws.seeded:
+                    seed_generators(draws.seeded, sample_seed(batch.seed, batch.key.epoch,
+                                                              batch.key.start + offset))
+                samples[-1].append(dataset[index])
         moved = draws.moved(before)
         if not moved:
             break
         draws.seeded |= moved  # read again: those draws were not seeded
-    seed_generators(GENERATORS, batch_seed(planned.seed, key))
-    return collate(samples)
+    out = []
+    for batch, read in zip(planned, samples, strict=True):
+        seed_generators(GENERATORS, batch_seed(batch.seed, batch.key))
+        out.append(collate(read))
+    return out
 
 
 def read_batch(dataset: Any, collate: Collate, planned: Planned) -> Any:
     """``seeded_read`` in this process, its random state put back afterwards."""
+    return read_batches(dataset, collate, [planned])[0]
+
+
+def read_batches(dataset: Any, collate: Collate, planned: Sequence[Planned]) -> list[Any]:
+    """``seeded_reads`` in this process, its random state put back afterwards (once for
+    them all: saving it costs more than reading a few samples)."""
     kept = torch.default_generator.get_state(), random.getstate(), numpy.random.get_state()
     try:
-        return seeded_read(dataset, collate, planned)
+        return seeded_reads(dataset, collate, planned)
     finally:
         torch.default_generator.set_state(kept[0])
         random.setstate(kept[1])

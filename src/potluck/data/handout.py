@@ -14,7 +14,8 @@ from typing import Any
 from potluck.errors import ConfigError, CursorError
 
 ReadPart = Callable[[int], Any]  # rank -> that rank's batch of the step handed out
-ReadRange = Callable[[int, int], Any]  # positions [start, stop) of the step's epoch -> a batch
+# runs [start, stop) of positions of the step's epoch -> their batches
+ReadRanges = Callable[[Sequence[tuple[int, int]]], list[Any]]
 
 
 class Handout:
@@ -25,15 +26,16 @@ class Handout:
         self.split: list[int] = []  # samples per rank of the step (or segment) last handed out
         self.batches = 0  # batches handed out so far (a step() without one is a loop bug)
         self._read: ReadPart | None = None
-        self._range: ReadRange | None = None
+        self._ranges: ReadRanges | None = None
         self._steps = 0  # steps handed out (a step handed out again counts again)
 
     def handed(self, split: Sequence[int], read: ReadPart,
-               read_range: ReadRange | None = None) -> None:
+               read_ranges: ReadRanges | None = None) -> None:
         """The loader hands out a step split so (``read(rank)``: that rank's batch;
-        ``read_range(start, stop)``: the batch of any positions of the step's epoch)."""
+        ``read_ranges(runs)``: the batches of any runs of positions of the step's
+        epoch)."""
         self.split, self._read = list(split), read
-        self._range = read_range if read_range is not None else self._range
+        self._ranges = read_ranges if read_ranges is not None else self._ranges
         self._steps += 1
 
     def segment(self, split: Sequence[int]) -> None:
@@ -75,12 +77,13 @@ class Handout:
         return self._read(rank)
 
 
-    def read_range(self, start: int, stop: int) -> Any:
-        """The batch of positions ``[start, stop)`` of the last step's epoch, read as
-        the loader reads it (a round's check of work reads a member's samples so)."""
-        if self._range is None:
-            raise CursorError("read_range(): no step was handed out yet")
-        return self._range(start, stop)
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+        """The batches of runs ``[start, stop)`` of positions of the last step's epoch,
+        read as the loader reads them (a round's check of work reads members' samples
+        so, all at once)."""
+        if self._ranges is None:
+            raise CursorError("read_ranges(): no step was handed out yet")
+        return self._ranges(ranges)
 
 
 def units_of(weight: Callable[[Any], float], batch: Any) -> float:

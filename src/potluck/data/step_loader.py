@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import default_collate
 
 from potluck.data.cursor import DataCursor
-from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch
+from potluck.data.fetch import BatchKey, Fetcher, InProcess, Planned, read_batch, read_batches
 from potluck.data.handout import Handout, units_of
 from potluck.data.memory import MemoryCap
 from potluck.data.permutation import epoch_permutation
@@ -191,7 +191,7 @@ class StepLoader:
             shares = self._shares_for(stop - start, world_size)
             self._handed = (state, shares)
             self.handout.handed(split_counts(stop - start, shares), self.part_of,
-                                self.read_range)
+                                self.read_ranges)
             check_rank(rank, world_size)
             part = split_block(start, stop, shares)[rank]
             if not part and stop > start and rank in self._sitting_out(world_size):
@@ -225,13 +225,15 @@ class StepLoader:
         wanted = self._planned(state.epoch, part.start, part.stop)
         return self._place(read_batch(self.dataset, self.collate, wanted))
 
-    def read_range(self, start: int, stop: int) -> Any:
-        """The batch of positions ``[start, stop)`` of the epoch of the step last handed
-        out, read here as a worker reads it (each sample under its own seed)."""
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+        """The batches of positions ``[start, stop)`` of each range, in the epoch of the
+        step last handed out, read here as a worker reads them (each sample under its
+        own seed; this process's random state saved and put back once)."""
         if self._handed is None:
-            raise CursorError("read_range(): no step was handed out yet")
-        wanted = self._planned(self._handed[0].epoch, start, stop)
-        return self._place(read_batch(self.dataset, self.collate, wanted))
+            raise CursorError("read_ranges(): no step was handed out yet")
+        epoch = self._handed[0].epoch
+        wanted = [self._planned(epoch, start, stop) for start, stop in ranges]
+        return [self._place(b) for b in read_batches(self.dataset, self.collate, wanted)]
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop with this process)."""

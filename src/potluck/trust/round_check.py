@@ -13,7 +13,10 @@ still the round's start. After the round committed (``measure``), on every membe
    run of ``RoundCheck.samples`` of its positions, drawn from a hash of the round's
    reports, read as the loader reads them);
 3. **exchange**: one all-gather of every member's gains (``[targets, members]``
-   float64), of which each gain is the median over the checkers other than the target.
+   float64), of which each gain is the median over the checkers other than the target;
+4. **remember**: the trust part scores the round (``round_work.work_scores``) and the
+   check keeps each member's last ``WINDOW`` scores by member id (``remember``), the
+   window the rule judges.
 
 Bytes a member sends on a checked round: its decoded copies of the targets' slices,
 ``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
@@ -25,7 +28,8 @@ plus ``8 * T * N * (N - 1)`` bytes of gains. Forward passes: ``N * (T + 1)`` of
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +40,10 @@ from potluck.collectives import settle
 from potluck.errors import ConfigError
 from potluck.group import ProcessGroupLike
 from potluck.sync.round_sum import Piece
-from potluck.trust.round_work import RoundCheck, median_gains, round_seed, windows
+from potluck.trust.round_work import WINDOW, RoundCheck, median_gains, round_seed, windows
 
-ReadRange = Callable[[int, int], Any]  # positions [start, stop) of the round's epoch -> batch
+# runs [start, stop) of positions of the round's epoch -> their batches, read at once
+ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]
 
 
 @dataclass
@@ -67,6 +72,16 @@ class WorkCheck:
         self._parts: tuple[tuple[tuple[int, int], ...], ...] = ()
         self._round = 0
         self.forced: set[str] = set()  # members checked next round whatever ``every``
+        self._recent: dict[str, deque[float]] = {}  # each member's last scores
+
+    def remember(self, scores: Mapping[str, float]) -> dict[str, list[float]]:
+        """This round's score of each member checked (by member id; NaN: none this
+        round); each one's last ``WINDOW`` scores, the newest last. A member keeps its
+        scores across memberships: they are its own work's."""
+        for member, score in scores.items():
+            if not math.isnan(score):
+                self._recent.setdefault(member, deque(maxlen=WINDOW)).append(score)
+        return {member: list(self._recent.get(member, ())) for member in scores}
 
     def due(self, round_: int) -> bool:
         """Whether round ``round_`` is checked (its copies kept)."""
@@ -131,7 +146,8 @@ class WorkCheck:
         """``[target][member]``: the loss at the start minus at ``start - delta``."""
         pieces = list(kept.values())
         start = self._state(pieces, [p.start for p in pieces])
-        batches = [_joined([self._read(a, b) for a, b in runs]) for runs in picked]
+        read = iter(self._read([run for runs in picked for run in runs]))
+        batches = [_joined([next(read) for _ in runs]) for runs in picked]
         first = pieces[0].start
         devices = [first.device] if first.is_cuda else []
         gains = []

@@ -43,7 +43,7 @@ from potluck.trust.round_check import ReadRange, WorkCheck
 from potluck.trust.round_exchange import Keeper, RobustRoundSum, RoundReports
 from potluck.trust.round_rules import judge_round
 from potluck.trust.round_spot import SpotRerun
-from potluck.trust.round_work import judge_work, settle_copies
+from potluck.trust.round_work import judge_work, settle_copies, work_scores
 from potluck.trust.verdict import COPIED, DIVERGED, FAR, Evidence, Finding, Strikes, diverged
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ class RoundTrustPart:
                  read_range: ReadRange | None = None,
                  optimizer: torch.optim.Optimizer | None = None,
                  clip_grad_norm: float | None = None) -> None:
-        """``read_range(start, stop)``: the batch of a round's positions, as the loader
-        reads it (the work check's and the spot re-run's; required with
+        """``read_range(runs)``: the batches of runs of a round's positions, as the loader
+        reads them (the work check's and the spot re-run's; required with
         ``Trust(round_check=...)`` or ``Trust(spot_check=...)``); ``optimizer``,
         ``clip_grad_norm``: the inner optimizer and the guard's clip, which the spot
         re-run repeats (required with ``spot_check=``)."""
@@ -215,17 +215,21 @@ class RoundTrustPart:
         local = [f._replace(rank=index[f.rank], party=index.get(f.party, -1)) for f in found
                  if f.kind == COPIED]
         checked = [index[r] for r in targets] if gains is not None else []
-        tolerance = work.config.tolerance
+        recent: dict[int, list[float]] = {}
         if gains is not None:
-            local += judge_work(gains, checked, taken.shares, tolerance)
-        settled, unchecked = settle_copies(local, gains, checked, taken.shares, tolerance)
+            scores = work_scores(gains, checked, taken.shares)
+            kept = work.remember({members[senders[i]]: s for i, s in zip(checked, scores,
+                                                                          strict=True)})
+            recent = {i: kept[members[senders[i]]] for i in checked}
+            local += judge_work(recent, work.config.tolerance)
+        settled, unchecked = settle_copies(local, recent, work.config.tolerance)
         for a, b in unchecked:
             pair = [members[senders[a]], members[senders[b]]]
             work.forced |= set(pair)
             self.events.append({"event": "suspect", "step": steps, "members": pair,
                                 "kind": COPIED})
             note("strike", f"{pair[0]} and {pair[1]} sent (nearly) the same pseudo-gradient; "
-                           "no strike until the work check says which copied (next round)",
+                           "no strike until the work check says which copied",
                  step=steps, member=pair[0])
         back = [f._replace(rank=senders[f.rank], party=senders[f.party] if f.party >= 0 else -1)
                 for f in settled]

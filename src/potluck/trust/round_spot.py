@@ -65,7 +65,7 @@ from potluck.trust.verdict import Finding
 
 log = logging.getLogger(__name__)
 
-ReadRange = Callable[[int, int], Any]
+ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]  # (runs -> batches)
 
 
 class _Round:
@@ -246,7 +246,7 @@ class SpotRerun:
         with torch.random.fork_rng(devices=devices):
             for a, b in ranges:
                 with torch.enable_grad():
-                    loss = self.config.loss(model, self._read(a, b))
+                    loss = self.config.loss(model, self._read([(a, b)])[0])
                     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
                         raise ConfigError(f"SpotCheck's loss(model, batch) returned "
                                           f"{type(loss).__name__}; it must return the "

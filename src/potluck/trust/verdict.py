@@ -63,7 +63,7 @@ KINDS = (NON_FINITE, FAR, DIVERGED, WRONG_AGGREGATE, WRONG_GRADIENT, DISPUTED, R
          FREE_RIDER, COPIED, NO_WORK, WRONG_STEPS)
 _DEFAULT_STRIKES = {NON_FINITE: 1, FAR: 2, DIVERGED: 2, WRONG_AGGREGATE: 1, WRONG_GRADIENT: 1,
                     DISPUTED: 1, REPLAYED: 1, FREE_RIDER: 2, COPIED: 1,
-                    NO_WORK: 3, WRONG_STEPS: 1}
+                    NO_WORK: 1, WRONG_STEPS: 1}  # (no work: already the mean of a few rounds)
 
 
 @dataclass(frozen=True)

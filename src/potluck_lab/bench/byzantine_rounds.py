@@ -8,7 +8,9 @@ each of ``SEEDS`` seeds, the two contenders interleaved. Reported per attack: an
 replica's final held-out loss over the same seed's clean run (plain DiLoCo, no
 attacker), per contender; the rounds from the attack's first corrupted round to the
 attacker's quarantine. Then quarantines over clean runs with trust (false ones), and a
-round's wall time with trust over without (interleaved clean runs).
+round's wall time with trust over without (interleaved clean runs, with a third
+contender: plain DiLoCo with one all-gather of the pseudo-gradient more a round, the
+raw cost of a collective on this machine).
 
 Where ``prepare`` refuses trust with rounds, the trust contender is reported "not
 available" and its figures are None. The first clean run with trust finds that out.
@@ -113,14 +115,19 @@ def _attack(config: RoundsConfig, attack: str, contenders: tuple[str, ...],
 
 
 def _overhead(config: RoundsConfig) -> tuple[float, dict[str, float]]:
-    """Clean runs without the attack wrapper, plain and trust interleaved: each run's
-    mean round past its first; the median over timing rounds of their ratio."""
-    times: dict[str, list[float]] = {"plain": [], "trust": []}
-    for contender in interleaved(("plain", "trust"), config.timing):
-        run = _run(config, "none", contender == "trust", 0, wrap=False)
+    """Clean runs without the attack wrapper, plain, trust and the floor (plain with
+    one all-gather of the pseudo-gradient more a round) interleaved: each run's mean
+    round past its first; the median over timing rounds of trust's ratio to plain.
+    ``round_ms`` also holds the floor's, so the report says what one collective more
+    costs on this machine, in the same run."""
+    times: dict[str, list[float]] = {"plain": [], "trust": [], "floor": []}
+    for contender in interleaved(("plain", "trust", "floor"), config.timing):
+        run = _run(config, "none", contender == "trust", 0, wrap=False,
+                   floor=contender == "floor")
         times[contender].append(fig.mean_round(run["round_times"]))
     return (fig.overhead(times["trust"], times["plain"]),
-            {k: median(v) * 1e3 for k, v in times.items()})
+            {**{k: median(v) * 1e3 for k, v in times.items()},
+             "floor_overhead": fig.overhead(times["floor"], times["plain"])})
 
 
 def report_lines(config: RoundsConfig, results: dict[str, Any]) -> list[str]:
@@ -153,6 +160,9 @@ def report_lines(config: RoundsConfig, results: dict[str, Any]) -> list[str]:
             f"(goal 0)",
             f"clean_overhead {f['clean_overhead']:+.3f} (round {ms['trust']:.1f} ms with "
             f"trust vs {ms['plain']:.1f} ms without; goal <= {goals['clean_overhead']})",
+            *([f"  the floor: one all-gather of the pseudo-gradient more a round costs "
+               f"{ms['floor_overhead']:+.3f} ({ms['floor']:.1f} ms a round), the same run"]
+              if "floor" in ms else []),
             f"({results['seconds']:.0f} s)"]
 
 
@@ -174,9 +184,9 @@ BENCH = Bench("byzantine", config_from_args, measure, report_lines, report_json)
 
 
 def _run(config: RoundsConfig, attack: str, trust: bool, seed: int,
-         wrap: bool = True) -> dict[str, Any]:
+         wrap: bool = True, floor: bool = False) -> dict[str, Any]:
     spec = {"attack": attack, "trust": trust, "seed": seed, "rounds": config.rounds,
-            "inner_steps": config.inner_steps, "wrap": wrap}
+            "inner_steps": config.inner_steps, "wrap": wrap, "floor": floor}
     results = run_ranks(run_rank, WORKERS, free_port(), spec, init_group=False, timeout=300)
     return results[0]  # type: ignore[no-any-return]
 

@@ -41,7 +41,7 @@ def refuses_trust(message: str) -> bool:
 def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: attack (a name or "none"), trust (bool), seed, rounds, inner_steps (H),
     wrap (bool: put the attack wrapper in even with no attack; False for the timing
-    runs)."""
+    runs), floor (bool, optional: one all-gather of the pseudo-gradient more a round)."""
     import logging
 
     import potluck
@@ -71,6 +71,8 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     if spec["wrap"]:
         strategy.register_round_sum(RoundAttack(strategy.round_sum, spec["attack"], attacker,
                                                 seed=spec["seed"]))
+    if spec.get("floor"):
+        strategy.register_round_sum(_with_all_gather(strategy.round_sum))
     relabel = attacker and spec["attack"] == "other_data"
     loss_fn = nn.CrossEntropyLoss()
     times: list[float] = []
@@ -94,6 +96,19 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dic
     return {"loss": final, "round_times": times, "events": events, "rounds": len(times),
             "skipped": strategy.skipped, "start": first_round(spec["attack"]),
             "unavailable": None}
+
+
+def _with_all_gather(inner: Any) -> Any:
+    """``inner``, after one all-gather of the piece's pseudo-gradient: the raw cost of
+    one more collective of a round, the floor of what any check that moves the
+    pseudo-gradients again costs (the timing's third contender)."""
+
+    def summed(piece: Any, group: Any) -> Any:
+        rows = [torch.empty_like(piece.delta) for _ in range(group.size())]
+        group.allgather([rows], [piece.delta]).wait()
+        return inner(piece, group)
+
+    return summed
 
 
 def _trust() -> Any:
