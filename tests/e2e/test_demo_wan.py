@@ -44,7 +44,8 @@ def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
     assert "where DDP was at" not in out
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                 check=True).stdout
-    assert "pl-demo" not in namespaces
+    # (this demo's: another test may run a demo of its own meanwhile)
+    assert f"pl-demo-{demo.pid % 10000}-" not in namespaces, namespaces
     logs = re.search(r"the workers' logs are in (\S+)", out)
     assert logs and Path(logs[1]).parent == tmp_path, out  # (kept for the user, here not /tmp)
 

@@ -89,20 +89,15 @@ def test_prepare_refuses_what_it_decides_itself() -> None:
 
 
 def test_prepare_refuses_what_cannot_go_with_a_sync_strategy() -> None:
-    from potluck import DiLoCo, LocalSGD, Trust, prepare
+    from potluck import DiLoCo, LocalSGD, prepare
     from potluck.compress import CompressedSum, Int8Blockwise
     from potluck.errors import ConfigError
-    from potluck.trust import SpotCheck
 
     net = torch.nn.Linear(2, 1)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
     data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
     with pytest.raises(ConfigError, match=r"balancing .* with DiLoCo\(adaptive=False\)"):
         prepare(net, sgd, data, global_batch=4, sync=LocalSGD(4, adaptive=False), balance=True)
-    spot = Trust(spot_check=SpotCheck(lambda model, batch: model(batch[0]).sum()))
-    with pytest.raises(ConfigError, match=r"with trust=Trust\(spot_check=...\): a spot check "
-                                          r"recomputes one step's gradient"):
-        prepare(net, sgd, data, global_batch=4, sync=LocalSGD(4), trust=spot)
     with pytest.raises(ConfigError, match="comm_hook="):
         prepare(net, sgd, data, global_batch=4, sync=DiLoCo(),
                 comm_hook=CompressedSum(Int8Blockwise()))
