@@ -87,6 +87,45 @@ def test_a_relay_reaches_the_store_and_a_lost_host_is_one_line() -> None:
         host.join()
 
 
+class _Moving:
+    """A store's host process on ``old``, a successor's store on ``new`` published as
+    node 1's candidate, and a succession that knows it; relays from ``relay()``. At the
+    end the host is killed (a SIGKILL ends a stopped process too) and the successor's
+    store let go."""
+
+    def __init__(self) -> None:
+        self.old, self.new = free_port(), free_port()
+        self.host = _start_host(self.old)
+        try:
+            self.successor = TCPStore("127.0.0.1", self.new, None, True,
+                                      timedelta(seconds=10), wait_for_workers=False)
+            first = self._client(self.old)
+            first.wait(["up"])
+            publish(first, "run", Candidate(1, "127.0.0.1", self.new))
+            self.succession = Succession("run", f"127.0.0.1:{self.old}",
+                                         connect=lambda c: self._client(c.port))
+            self.succession.learn(first)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    @staticmethod
+    def _client(port: int) -> TCPStore:
+        return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+    def relay(self) -> RelayStore:
+        return RelayStore(self._client(self.old), f"127.0.0.1:{self.old}",
+                          succession=self.succession)
+
+    def __enter__(self) -> _Moving:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.host.kill()
+        self.host.join()
+        self.__dict__.pop("successor", None)  # (its store stops listening)
+
+
 @pytest.mark.timeout(60)
 def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,22 +136,9 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once(
     new host at once, and the third, whose call began halfway through the first's
     wait, gives up on the old host when the store moves instead of waiting out its
     own ``SILENT_S``."""
-    old, new = free_port(), free_port()
-    host = _start_host(old)
-    successor = TCPStore("127.0.0.1", new, None, True, timedelta(seconds=10),
-                         wait_for_workers=False)
-    try:
-        def client(port: int) -> TCPStore:
-            return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-
-        first = client(old)
-        first.wait(["up"])
-        publish(first, "run", Candidate(1, "127.0.0.1", new))
-        succession = Succession("run", f"127.0.0.1:{old}",
-                                connect=lambda c: client(c.port))
-        succession.learn(first)
-        relays = [RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
-                  for _ in range(3)]
+    with _Moving() as moving:
+        host, succession, new = moving.host, moving.succession, moving.new
+        relays = [moving.relay() for _ in range(3)]
         monkeypatch.setattr(relay, "_host_accepts", lambda where: False)
         _stop(host.pid)
         waiting: list[float] = []  # when a third relay's call, made meanwhile, ends
@@ -132,10 +158,6 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once(
         assert relays[1].where == f"127.0.0.1:{new}"
         third.join()  # it gave up on the silent host as soon as the store moved
         assert waiting[0] - moved < 1.0 and relays[2].add("n", 0) == 1
-    finally:
-        host.kill()  # (a SIGKILL ends a stopped process too)
-        host.join()
-        del successor
 
 
 @pytest.mark.timeout(60)
@@ -146,21 +168,9 @@ def test_a_slow_store_whose_host_accepts_connections_is_waited_for_not_left(
     connections: the call answers from it once it runs again, and the store does not
     move (moving it would split the cohort between two stores). One that never answers
     is lost after ``FROZEN_S``."""
-    old, new = free_port(), free_port()
-    host = _start_host(old)
-    successor = TCPStore("127.0.0.1", new, None, True, timedelta(seconds=10),
-                         wait_for_workers=False)
-    try:
-        def client(port: int) -> TCPStore:
-            return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-
-        first = client(old)
-        first.wait(["up"])
-        publish(first, "run", Candidate(1, "127.0.0.1", new))
-        succession = Succession("run", f"127.0.0.1:{old}",
-                                connect=lambda c: client(c.port))
-        succession.learn(first)
-        store = RelayStore(client(old), f"127.0.0.1:{old}", succession=succession)
+    with _Moving() as moving:
+        host, succession, old, new = moving.host, moving.succession, moving.old, moving.new
+        store = moving.relay()
         _stop(host.pid)
         resume = threading.Timer(2.5 * SILENT_S, os.kill, (host.pid, signal.SIGCONT))
         resume.start()
@@ -173,8 +183,4 @@ def test_a_slow_store_whose_host_accepts_connections_is_waited_for_not_left(
         _stop(host.pid)
         store.add("n", 1)  # (on the successor, after FROZEN_S)
         assert succession.moves == 1 and store.where == f"127.0.0.1:{new}"
-        assert successor.add("n", 0) == 1
-    finally:
-        host.kill()
-        host.join()
-        del successor
+        assert moving.successor.add("n", 0) == 1
