@@ -220,3 +220,22 @@ def test_a_report_has_a_row_per_sender_and_a_column_per_pair() -> None:
     assert report.shape == (3, FIELDS + 3) and len(sketches) == 3
     assert torch.isnan(report[:, 3]).all()  # no last round: no replay measured
     assert report[0, FIELDS + 1] == pytest.approx(4 * 16)  # rows 4 apart in 4 values
+
+
+def test_a_member_with_a_small_part_that_changes_little_is_no_replay() -> None:
+    """Measured on ``examples/cohort.py --far`` under load: parts 0.5, 0.08 and 0.42 of
+    the round, AdamW inside. The small member ran one local step, about the gradient's
+    sign each round, so its change (1.5e-5) was 300x under the median's while its own
+    norm was 20x smaller too: changed by 4% of itself, it is no replay."""
+    gen = torch.Generator().manual_seed(5)
+    shares = [0.5, 0.08, 0.42]
+    sign = torch.sign(torch.randn(DIM, generator=gen, dtype=torch.float64)) * 0.4
+    first = _honest(3, gen, 1.0, shares)
+    first[1] = sign
+    _, sketches = _round(first, shares)
+    second = _honest(3, gen, 1.0, shares)
+    flips = torch.rand(DIM, generator=gen, dtype=torch.float64) < 0.01  # 1% of the signs
+    second[1] = torch.where(flips, -sign, sign)
+    assert _judge(second, shares, sketches) == []
+    second[1] = sign.clone()  # the same member replaying its last copy is caught
+    assert _judge(second, shares, sketches) == [(1, REPLAYED, -1)]

@@ -198,19 +198,32 @@ def _copies(rows: list[list[list[float]]], good: list[int],
 
 def _replays(rows: list[list[list[float]]], good: list[int],
              senders: Sequence[int]) -> list[Finding]:
-    """Senders whose copy is (nearly) their own of the last round, for most owners."""
+    """Senders whose copy is (nearly) their own of the last round, for most owners. A
+    sender's change is measured against its own size (``REPLAY / NORM``), then against
+    the median member's: a member with a small part of the round moves little, and its
+    few local steps can repeat themselves (one Adam step is about the gradient's sign),
+    but it still changes by a fair fraction of itself. A replay changes by nothing."""
     found = []
     for i in good:
         votes = known = 0
         for r in rows:
-            changes = [r[j][REPLAY] for j in good if math.isfinite(r[j][REPLAY])]
-            if not math.isfinite(r[i][REPLAY]) or len(changes) < 3:
+            changes = {j: _change(r[j]) for j in good}
+            known_changes = [c for c in changes.values() if math.isfinite(c)]
+            if not math.isfinite(changes[i]) or len(known_changes) < 3:
                 continue
             known += 1
-            middle = median(changes)
-            votes += middle > 0 and r[i][REPLAY] <= COPY_RATIO * middle
+            middle = median(known_changes)
+            votes += middle > 0 and changes[i] <= COPY_RATIO * middle
         if known and 2 * votes > len(rows):
             found.append(Finding(senders[i], REPLAYED, f"its pseudo-gradient is (nearly) its "
                                  f"own of the last round, for {votes} of {len(rows)} slice "
                                  "owners"))
     return found
+
+
+def _change(row: list[float]) -> float:
+    """A sender's squared change since the last round over its squared norm (NaN: no
+    last round, or a zero copy, which the free rider rule judges)."""
+    if not math.isfinite(row[REPLAY]) or not row[NORM] > 0:
+        return math.nan
+    return row[REPLAY] / row[NORM]
