@@ -34,6 +34,8 @@ BENCH = Command("bench", "potluck_lab.commands", "side-by-side benchmarks", orde
             "the loader's worker processes vs reading in the loop vs torch's DataLoader"),
     Command("plan", "potluck_lab.bench.plan",
             "potluck plan's predictions vs measured runs on capped links, and its selection"),
+    Command("cohort", "potluck_lab.bench.cohort",
+            "the potluck cohort: uneven, unreliable, far apart, one attacker, node 0 lost"),
 ))
 
 

@@ -220,6 +220,13 @@ class BridgedHosts(_Namespaces):
                 else:
                     _run("tc", "-n", namespace, *tbf_args(device, rate))
 
+    def link_bytes(self, host: int) -> tuple[int, int]:
+        """Bytes host ``host`` has sent and received on its link (headers included)."""
+        out = _run("ip", "-n", self.names[host], "-j", "-s", "link", "show", "dev",
+                   self.devices[host])
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
     def cut(self, host: int) -> None:
         """Take host ``host``'s port on the switch down: it reaches nobody, nobody it."""
         _run("ip", "-n", self.hub, "link", "set", self.ports[host], "down")

@@ -1,0 +1,366 @@
+"""``potluck bench cohort``: the potluck cohort, uneven, unreliable, far apart and not
+all honest, with nobody a reliable node 0.
+
+    potluck bench cohort [--quick] [--seed S] [--contenders A,B] [--json PATH]
+
+Four hosts in network namespaces on a switch (``machine/netns.py``), links of 100, 20,
+10 and 5 Mbit/s both ways (``tc tbf``), CPU quotas of 1.0, 0.7, 0.5 and 0.3 of a core
+(cgroup v1, from the first committed step: the machines are slow, their start-up is
+not what is compared). Each host runs ``potluck run --elastic`` with one worker of
+``cohort_job`` (the demo's character transformer), the store on host 0. The faults
+fall at fractions of the training (``cohort_plan``): an attacker for a stretch, a
+worker SIGKILLed and its machine back later as a new node, a link throttled, the
+store's host lost (its link cut, its processes killed).
+
+Contenders, one after the other on the same hosts and faults:
+
+- ``potluck``: the modes this world calls for: DiLoCo rounds planned by speed, int8
+  pseudo-gradients, trust at the round's edge, the store surviving its host;
+- ``potluck-step``: every-step sync, no trust (elastic, the store surviving its host).
+
+Each trains the same samples; the report: time to the target held-out loss, every
+sample exactly once (ledgers), replicas equal at the end, the attacker's quarantine
+(rounds from its first corrupted one), samples never trained, bytes on each link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from potluck.errors import ConfigError
+from potluck_lab.bench import cohort_figures as fig
+from potluck_lab.bench.cohort_plan import LINKS_MBIT, QUOTAS, Fault, attack_rounds, due, schedule
+from potluck_lab.common import BenchError, table
+from potluck_lab.driver import Bench, drive
+from potluck_lab.jobs import Processes
+from potluck_lab.machine.cpu_quota import CpuQuota, join
+from potluck_lab.machine.netns import BridgedHosts, unavailable
+
+CONTENDERS = ("potluck", "potluck-step")
+MODES = {"potluck": "rounds", "potluck-step": "step"}
+SHARES = 16384  # a host's CPU weight against other processes on this machine
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class CohortConfig:
+    seed: int = 0
+    quick: bool = False
+    contenders: tuple[str, ...] = CONTENDERS
+    samples: int = 7680
+    epochs: int = 1
+    global_batch: int = 32
+    inner_steps: int = 10  # H
+    d_model: int = 128
+    layers: int = 2
+    corpus_chars: int = 400_000
+    target_loss: float = 2.6
+    limit_s: float = 1800.0
+    logs: str | None = None
+    job: tuple[str, ...] = field(default=())
+
+    @property
+    def commits_per_round(self) -> int:
+        return self.global_batch * self.inner_steps
+
+
+QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=3840, global_batch=16,
+                     inner_steps=4, d_model=32, layers=1, corpus_chars=100_000,
+                     target_loss=3.2, limit_s=150.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="potluck alone, a tiny model, the same faults and checks")
+    parser.add_argument("--seed", type=int, default=0, help="the faults' schedule")
+    parser.add_argument("--contenders", metavar="A,B",
+                        help=f"of {', '.join(CONTENDERS)} (default: all; --quick: potluck)")
+    parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+
+
+def configure(args: argparse.Namespace) -> CohortConfig:
+    config = QUICK if args.quick else CohortConfig()
+    config = replace(config, seed=args.seed, logs=args.logs)
+    if args.contenders:
+        names = tuple(n.strip() for n in args.contenders.split(",") if n.strip())
+        wrong = [n for n in names if n not in CONTENDERS]
+        if wrong or not names:
+            raise ConfigError(f"--contenders {args.contenders!r}: name some of "
+                              f"{', '.join(CONTENDERS)}, comma-separated")
+        config = replace(config, contenders=names)
+    if args.seed < 0:
+        raise ConfigError(f"--seed {args.seed}: a seed is >= 0")
+    return config
+
+
+def job_args(config: CohortConfig, mode: str, run_dir: Path,
+             attack: tuple[int, tuple[int, int]] | None) -> list[str]:
+    argv = ["-m", "potluck_lab.cohort_job", "--run-dir", str(run_dir), "--mode", mode,
+            "--epochs", str(config.epochs), "--samples", str(config.samples),
+            "--global-batch", str(config.global_batch), "--inner-steps",
+            str(config.inner_steps), "--d-model", str(config.d_model), "--layers",
+            str(config.layers), "--corpus-chars", str(config.corpus_chars),
+            "--seed", str(config.seed)]
+    if attack is not None:
+        node, (first, last) = attack
+        argv += ["--attacker-node", str(node), "--attack-rounds", f"{first}:{last}"]
+    return argv
+
+
+class Cohort:
+    """One contender's run: the agents, the quotas, the faults as they fall."""
+
+    def __init__(self, hosts: BridgedHosts, quotas: list[CpuQuota], config: CohortConfig,
+                 name: str, workdir: Path) -> None:
+        self.hosts, self.quotas, self.config, self.name = hosts, quotas, config, name
+        self.run_dir = workdir / name
+        self.run_dir.mkdir(parents=True)
+        self.mode = MODES[name]
+        self.procs = Processes()
+        self.agents: dict[int, int] = {}  # node rank -> index in procs
+        self.host_of: dict[int, int] = {}  # node rank -> host
+        self.port = 29000 + (os.getpid() * 7 + len(name)) % 3000
+        self.faults = schedule(config.seed)
+        self.fired: list[tuple[Fault, float, float]] = []  # (fault, at progress, wall)
+        self.started = 0.0
+        self.quotas_on = False
+        self.restarted: set[int] = set()  # node ranks of machines that came back
+        self.joined: set[int] = set()  # ... and are members again
+        total_rounds = config.samples * config.epochs // config.commits_per_round
+        attack = next(f for f in self.faults if f.kind == "attack")
+        self.attack = (attack.node, attack_rounds(attack, total_rounds)) \
+            if self.mode == "rounds" else None
+
+    def start_node(self, rank: int, host: int) -> None:
+        c = self.config
+        argv = [sys.executable, "-m", "potluck", "run", "--elastic", "--nnodes", "4:6",
+                "--node-rank", str(rank), "--nproc-per-node", "1", "--master-addr",
+                self.hosts.addresses[0], "--master-port", str(self.port), "--token",
+                "potluck-cohort-bench", "--run-id", f"cohort-{self.name}", "--max-restarts",
+                "0", "--join-timeout", "120", "--no-warm-spare",
+                *job_args(c, self.mode, self.run_dir, self.attack)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.procs.start(self.hosts.command(host, argv), self.run_dir / f"agent{rank}.log",
+                                env=env)
+        self.agents[rank], self.host_of[rank] = len(self.procs.procs) - 1, host
+
+    def run(self) -> dict[str, Any]:
+        for host, mbit in enumerate(LINKS_MBIT):
+            self.hosts.limit(f"{mbit:g}mbit", [host])
+        for quota in self.quotas:
+            quota.set(None)
+        before = [self.hosts.link_bytes(h) for h in range(4)]
+        self.started = time.time()
+        try:
+            for rank in range(4):
+                self.start_node(rank, rank)
+            self._follow()
+        finally:
+            self.procs.stop(grace=2.0, terminate=True)
+        after = [self.hosts.link_bytes(h) for h in range(4)]
+        return self._figures([(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before,
+                                                                             strict=True)])
+
+    def _follow(self) -> None:
+        c = self.config
+        total = c.samples * c.epochs
+        deadline = time.monotonic() + c.limit_s
+        while time.monotonic() < deadline:
+            workers = fig.read_workers(self.run_dir)
+            committed = fig.committed_samples(workers)
+            if not self.quotas_on and committed:
+                self._quotas()
+            ready = [] if self._joining(workers) else due(self.faults, len(self.fired),
+                                                          committed / total)
+            for fault in ready[:1]:
+                self._fire(fault, workers)
+                self.fired.append((fault, committed / total, time.time() - self.started))
+            if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
+                return
+            time.sleep(POLL_S)
+        raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
+
+    def _joining(self, workers: list[fig.Worker]) -> bool:
+        """Whether a restarted machine is still on its way in: the next fault waits
+        for it (a cohort of 2 that loses one more member has no majority left; the
+        partition rule stops it, by design). Its host's quota starts once it is in."""
+        for rank in self.restarted - self.joined:
+            if any(w.node == rank and w.of("member") for w in workers):
+                self.joined.add(rank)
+                for pid in _tree(self.procs.procs[self.agents[rank]].pid):
+                    join(self.quotas[self.host_of[rank]].path, pid)
+        return bool(self.restarted - self.joined)
+
+    def _quotas(self) -> None:
+        for host, fraction in enumerate(QUOTAS):
+            self.quotas[host].set(fraction)
+        for rank, index in self.agents.items():
+            for pid in _tree(self.procs.procs[index].pid):
+                join(self.quotas[self.host_of[rank]].path, pid)
+        self.quotas_on = True
+
+    def _fire(self, fault: Fault, workers: list[fig.Worker]) -> None:
+        if fault.kind == "kill":
+            for pid in _worker_pids(self.run_dir, fault.node):
+                _kill(pid)
+        elif fault.kind == "restart":
+            rank = max(self.agents) + 1
+            self.start_node(rank, fault.node)
+            self.restarted.add(rank)
+        elif fault.kind == "throttle":
+            self.hosts.limit(f"{fault.mbit:g}mbit", [fault.node])
+        elif fault.kind == "store_host":
+            self.hosts.cut(0)
+            proc = self.procs.procs[self.agents[0]]
+            with contextlib.suppress(ProcessLookupError):  # (the group is gone)
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def _figures(self, link_bytes: list[tuple[int, int]]) -> dict[str, Any]:
+        c = self.config
+        workers = fig.read_workers(self.run_dir)
+        once = fig.exactly_once(workers, c.samples, c.epochs)
+        finishers = [w for w in workers if w.params is not None]
+        equal = fig.replicas_equal(torch.load(w.params) for w in finishers
+                                   if w.params is not None)
+        caught = fig.quarantine(workers, self.attack[0]) if self.attack else None
+        return {
+            "contender": self.name, "mode": self.mode,
+            "time_to_target_s": fig.time_to_target(workers, c.target_loss, self.started),
+            "wall_s": max((r["at"] for w in workers for r in w.records), default=self.started)
+            - self.started,
+            "exactly_once": once["twice"] == 0 and once["missing"] == 0,
+            "samples_twice": once["twice"], "samples_lost": once["missing"],
+            "replicas_equal": equal, "finishers": len(finishers),
+            "quarantine": caught,
+            "honest_quarantined": fig.honest_quarantines(
+                workers, self.attack[0] if self.attack else None),
+            "faults": [{"fault": f.describe(), "kind": f.kind, "node": f.node,
+                        "at_progress": round(p, 3), "at_s": round(s, 2)}
+                       for f, p, s in self.fired],
+            "link_bytes": [{"host": h, "mbit": LINKS_MBIT[h], "sent": tx, "received": rx}
+                           for h, (tx, rx) in enumerate(link_bytes)],
+            "final_loss": next((loss for _, loss in reversed(
+                fig.loss_curve(workers, self.started))), None),
+            "logs": str(self.run_dir),
+        }
+
+
+def _worker_pids(run_dir: Path, node: int) -> list[int]:
+    """The pids of node ``node``'s workers (``node<N>-<pid>.log``) still running."""
+    pids = [int(p.stem.split("-")[1]) for p in run_dir.glob(f"node{node}-*.log")]
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc``'s children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def measure(config: CohortConfig, logs: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {"runs": []}
+    hosts = BridgedHosts(4, prefix="pl-coh")
+    quotas = [CpuQuota(f"potluck-cohort-{os.getpid()}-{h}", shares=SHARES) for h in range(4)]
+    with hosts:
+        made = []
+        try:
+            for quota in quotas:
+                made.append(quota.create(None))
+            for name in config.contenders:
+                print(f"{name}: running ...", flush=True)
+                run = Cohort(hosts, quotas, config, name, logs).run()
+                results["runs"].append(run)
+                print(_line(run), flush=True)
+        finally:
+            for quota in made:
+                quota.remove()
+    return results
+
+
+def _line(run: dict[str, Any]) -> str:
+    t = run["time_to_target_s"]
+    q = run["quarantine"]
+    return (f"{run['contender']}: target {'not reached' if t is None else f'reached in {t:.1f} s'}"
+            f", run {run['wall_s']:.1f} s, exactly once {run['exactly_once']} "
+            f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
+            f"{run['replicas_equal']} ({run['finishers']} finishers)"
+            + ("" if q is None else f", attacker out after round {q['round']} "
+               f"({q['rounds']} round(s) from its first corrupted one, {q['evidence']})"))
+
+
+def lines(config: CohortConfig, results: dict[str, Any]) -> list[str]:
+    out = [f"faults (seed {config.seed}):"]
+    out += [f"  {f.describe()}" for f in schedule(config.seed)]
+    rows = [[r["contender"], "-" if r["time_to_target_s"] is None
+             else f"{r['time_to_target_s']:.1f}", f"{r['wall_s']:.1f}",
+             str(r["exactly_once"]), str(r["replicas_equal"]),
+             "-" if not r["quarantine"] else str(r["quarantine"]["rounds"]),
+             str(r["samples_lost"])] for r in results["runs"]]
+    out += ["", *table(["contender", "time to target (s)", "run (s)", "exactly once",
+                        "replicas equal", "rounds to quarantine", "samples lost"], rows)]
+    for r in results["runs"]:
+        out.append(f"{r['contender']}: bytes on each link: " + ", ".join(
+            f"host {b['host']} ({b['mbit']:g} Mbit/s) sent {b['sent'] / 1e6:.2f} MB, "
+            f"received {b['received'] / 1e6:.2f} MB" for b in r["link_bytes"]))
+    return out
+
+
+def payload(config: CohortConfig, results: dict[str, Any]) -> dict[str, Any]:
+    runs = {r["contender"]: r for r in results["runs"]}
+    main = runs.get("potluck") or next(iter(runs.values()))
+    q = main["quarantine"]
+    return {"time_to_target_vs_torchrun": None,
+            "exactly_once": all(r["exactly_once"] for r in runs.values()),
+            "replicas_equal": all(bool(r["replicas_equal"]) for r in runs.values()),
+            "rounds_to_quarantine": None if q is None else q["rounds"],
+            "samples_lost": sum(r["samples_lost"] for r in runs.values()),
+            "runs": results["runs"], "faults": [vars(f) for f in schedule(config.seed)],
+            "config": {k: v for k, v in vars(config).items()}}
+
+
+def _unavailable() -> str | None:
+    from potluck_lab.machine.cpu_quota import unavailable as no_quota
+
+    return unavailable(tools=("ip", "tc")) or no_quota()
+
+
+def main(args: argparse.Namespace) -> int:
+    return drive(BENCH, args)
+
+
+def _exit_code(results: dict[str, Any]) -> int:
+    ok = all(r["exactly_once"] and r["replicas_equal"] for r in results["runs"])
+    return 0 if ok else 1
+
+
+BENCH = Bench("cohort", configure, measure, lines, payload,
+              header=lambda c: (f"potluck bench cohort: 4 hosts, links {LINKS_MBIT} Mbit/s, "
+                                f"quotas {QUOTAS} core, {c.samples} samples x {c.epochs}, "
+                                f"global batch {c.global_batch}, H={c.inner_steps}, target "
+                                f"held-out loss {c.target_loss:g}"),
+              unavailable=_unavailable, logs=lambda config: config.logs,
+              exit_code=_exit_code)

@@ -1,0 +1,115 @@
+"""The figures of ``potluck bench cohort``, from what its workers wrote (pure).
+
+A worker's ``.log`` holds JSON lines (``cohort_job``): ``member``, ``commit``, ``eval``,
+``event`` (the cohort's), ``trust`` (trust's quarantines), ``attack``, ``done``. Its
+``.jsonl`` is its ledger: ``[epoch, ids]`` per committed step or round.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Record = dict[str, Any]
+
+
+@dataclass
+class Worker:
+    """One worker process: its node, its records, its ledger, its final parameters."""
+
+    node: int
+    records: list[Record] = field(default_factory=list)
+    ledger: list[tuple[int, list[int]]] = field(default_factory=list)
+    params: Path | None = None
+
+    def of(self, kind: str) -> list[Record]:
+        return [r for r in self.records if r["kind"] == kind]
+
+    @property
+    def worker_id(self) -> str | None:
+        members = self.of("member")
+        return str(members[0]["worker"]) if members else None
+
+
+def read_workers(run_dir: Path) -> list[Worker]:
+    """Every worker that wrote into ``run_dir`` (``node<N>-<pid>.*``)."""
+    workers = []
+    for path in sorted(run_dir.glob("node*.log")):
+        worker = Worker(int(path.stem.split("-")[0][4:]))
+        worker.records = [json.loads(line) for line in path.read_text().splitlines()
+                          if line.strip()]
+        ledger = path.with_suffix(".jsonl")
+        if ledger.exists():
+            worker.ledger = [(int(e), [int(i) for i in ids]) for e, ids in
+                             (json.loads(line) for line in ledger.read_text().splitlines()
+                              if line.strip())]
+        params = path.with_suffix(".pt")
+        worker.params = params if params.exists() else None
+        workers.append(worker)
+    return workers
+
+
+def committed_samples(workers: Sequence[Worker]) -> int:
+    return sum(len(ids) for w in workers for _, ids in w.ledger)
+
+
+def time_to_target(workers: Sequence[Worker], target: float, started: float) -> float | None:
+    """Seconds from ``started`` to the first held-out loss at or under ``target``."""
+    hits = [r["at"] for w in workers for r in w.of("eval") if r["loss"] <= target]
+    return min(hits) - started if hits else None
+
+
+def loss_curve(workers: Sequence[Worker], started: float) -> list[tuple[float, float]]:
+    """(seconds since ``started``, held-out loss), in time order."""
+    return sorted((r["at"] - started, r["loss"]) for w in workers for r in w.of("eval"))
+
+
+def exactly_once(workers: Sequence[Worker], samples: int, epochs: int) -> dict[str, int]:
+    """Samples committed twice and never committed, over the run's epochs."""
+    counts: Counter[tuple[int, int]] = Counter(
+        (epoch, i) for w in workers for epoch, ids in w.ledger for i in ids)
+    twice = sum(c - 1 for c in counts.values() if c > 1)
+    missing = sum(1 for e in range(epochs) for i in range(samples) if (e, i) not in counts)
+    return {"twice": twice, "missing": missing}
+
+
+def replicas_equal(states: Iterable[dict[str, torch.Tensor]]) -> bool | None:
+    """Whether every finisher's parameters are bitwise equal (None: no finisher)."""
+    states = list(states)
+    if not states:
+        return None
+    first = states[0]
+    return all(state.keys() == first.keys() and all(torch.equal(state[k], first[k])
+                                                   for k in first) for state in states[1:])
+
+
+def quarantine(workers: Sequence[Worker], attacker_node: int) -> dict[str, Any] | None:
+    """The attacker's quarantine: the round it was out after, the first round it
+    corrupted, the rounds between (its first corrupted round counted as 1), the
+    evidence; None if it attacked but was never quarantined, or never attacked."""
+    attacks = sorted(r["round"] for w in workers if w.node == attacker_node
+                     for r in w.of("attack"))
+    ids = {w.worker_id for w in workers if w.node == attacker_node}
+    if not attacks:
+        return None
+    found = [r for w in workers for r in w.of("trust")
+             if r.get("event") == "quarantine" and r.get("member") in ids]
+    if not found:
+        return {"first_attack": attacks[0], "round": None, "rounds": None, "evidence": None}
+    out = min(found, key=lambda r: r["step"])
+    return {"first_attack": attacks[0], "round": out["step"],
+            "rounds": out["step"] - attacks[0] + 1,
+            "evidence": [e.get("kind") for e in out.get("evidence", [])]}
+
+
+def honest_quarantines(workers: Sequence[Worker], attacker_node: int | None) -> list[str]:
+    """Members other than the attacker's that trust quarantined."""
+    bad = {w.worker_id for w in workers if w.node == attacker_node}
+    return sorted({str(r["member"]) for w in workers for r in w.of("trust")
+                   if r.get("event") == "quarantine" and r.get("member") not in bad})

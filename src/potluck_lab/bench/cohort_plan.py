@@ -1,0 +1,81 @@
+"""The cohort of ``potluck bench cohort`` and its faults, from a seed (pure).
+
+Four hosts, uneven in link and speed (``LINKS``, ``QUOTAS``). The faults fall at
+fractions of the run's training (its committed samples), so every contender meets them
+at the same point of its progress, whatever its speed:
+
+- ``attack``: the attacker's worker sends corrupted pseudo-gradients for a stretch;
+- ``kill``: a worker is SIGKILLed; ``restart``: its machine comes back later, a new node;
+- ``throttle``: a link is cut to a fraction of its rate;
+- ``store_host``: the store's host (node 0) is lost: its link cut and its processes killed.
+
+The attacker, the killed worker and the throttled link are three different nodes, none
+of them node 0, so each fault is seen on its own.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+LINKS_MBIT = (100.0, 20.0, 10.0, 5.0)  # each host's link, both ways
+QUOTAS = (1.0, 0.7, 0.5, 0.3)  # each host's CPU, in cores
+THROTTLE = 0.25  # the throttled link keeps this fraction of its rate
+KINDS = ("attack", "kill", "restart", "throttle", "store_host")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """``kind`` on node ``node`` once ``at`` (a fraction) of the run's samples committed;
+    an attack lasts until ``until``; a throttle's new rate is ``mbit``."""
+
+    kind: str
+    node: int
+    at: float
+    until: float = 0.0
+    mbit: float = 0.0
+
+    def describe(self) -> str:
+        if self.kind == "attack":
+            return (f"node {self.node} sends corrupted pseudo-gradients from {self.at:.0%} "
+                    f"to {self.until:.0%} of the run")
+        if self.kind == "kill":
+            return f"node {self.node}'s worker is SIGKILLed at {self.at:.0%}"
+        if self.kind == "restart":
+            return f"node {self.node}'s machine comes back at {self.at:.0%} (a new node)"
+        if self.kind == "throttle":
+            return f"node {self.node}'s link drops to {self.mbit:g} Mbit/s at {self.at:.0%}"
+        return f"node {self.node}, the store's host, is lost at {self.at:.0%} (link and processes)"
+
+
+def schedule(seed: int) -> list[Fault]:
+    """The faults of a run, in the order they fall."""
+    rng = random.Random(seed)
+    attacker, victim, slowed = rng.sample((1, 2, 3), 3)
+
+    def near(centre: float) -> float:
+        return round(centre + rng.uniform(-0.04, 0.04), 3)
+
+    attack = near(0.12)
+    kill = near(0.30)
+    faults = [
+        Fault("attack", attacker, attack, until=round(attack + 0.2, 3)),
+        Fault("kill", victim, kill),
+        Fault("restart", victim, round(kill + 0.12, 3)),
+        Fault("throttle", slowed, near(0.55), mbit=LINKS_MBIT[slowed] * THROTTLE),
+        Fault("store_host", 0, near(0.72)),
+    ]
+    return sorted(faults, key=lambda f: f.at)
+
+
+def due(faults: list[Fault], done: int, progress: float) -> list[Fault]:
+    """The faults not yet fired (past the first ``done``) whose time has come."""
+    return [f for f in faults[done:] if f.at <= progress]
+
+
+def attack_rounds(fault: Fault, total_rounds: int) -> tuple[int, int]:
+    """The rounds ``[first, last)`` an attack covers, of a run of ``total_rounds``
+    (rounds count from 1; at least one round)."""
+    first = max(1, int(fault.at * total_rounds) + 1)
+    last = max(first + 1, int(fault.until * total_rounds) + 1)
+    return first, last

@@ -1,0 +1,191 @@
+"""One worker of ``potluck bench cohort``: the demo's character transformer, trained by
+``potluck run --elastic`` on each host of the cohort.
+
+``--mode rounds``: what a cohort of consumer GPUs calls for: DiLoCo rounds planned by
+speed, int8 pseudo-gradients, trust at the round's edge. ``--mode step``: every-step
+sync, no trust. The global batch, the data and the model are the same in both.
+
+A worker writes into ``--run-dir``, under ``node<N>-<pid>``:
+
+- ``.jsonl``: the samples of each committed step or round (``SampleLedger``);
+- ``.log``: JSON lines: ``eval`` (rank 0 after a commit, every ``--eval-every``
+  commits: the held-out loss, the samples the cohort committed, the wall clock),
+  ``commit`` (the steps, the wall clock), ``event`` (the cohort's events: generations,
+  trust's quarantines), ``done``;
+- ``.pt``: the final parameters, if the worker finished in the cohort.
+
+``--attacker-node N --attack-rounds A:B``: the worker of node N sends its pseudo-
+gradient times -10 (the byzantine bench's sign flip) in rounds A to B - 1 (rounds mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch.futures import Future
+from torch.utils.data import Dataset
+
+SIGN_FLIP = -10.0
+
+
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
+    """``count`` windows of ``context + 1`` tokens at fixed offsets; item i is
+    ``(inputs, targets, i)``."""
+
+    def __init__(self, tokens: torch.Tensor, offsets: torch.Tensor, context: int) -> None:
+        self.tokens, self.offsets, self.context = tokens, offsets, context
+
+    def __len__(self) -> int:
+        return self.offsets.numel()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        start = int(self.offsets[index])
+        window = self.tokens[start: start + self.context + 1]
+        return window[:-1], window[1:], index
+
+
+def split(tokens: int, samples: int, held_out: int, context: int,
+          seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training offsets in the first 90% of the corpus, held-out ones in the rest."""
+    cut = int(tokens * 0.9)
+    gen = torch.Generator().manual_seed(seed)
+    train = torch.randint(0, cut - context - 1, (samples,), generator=gen)
+    test = torch.randint(cut, tokens - context - 1, (held_out,), generator=gen)
+    return train, test
+
+
+class SignFlip:
+    """A round sum that sends this worker's pseudo-gradient times ``SIGN_FLIP`` in rounds
+    ``first`` to ``last - 1``, then hands it to ``inner`` (what modified code could send)."""
+
+    def __init__(self, inner: Any, first: int, last: int, log: Any) -> None:
+        self.inner, self.first, self.last, self.log = inner, first, last, log
+
+    def __call__(self, piece: Any, group: Any) -> Future[torch.Tensor]:
+        if self.first <= piece.round < self.last:
+            piece.delta.mul_(SIGN_FLIP)
+            self.log("attack", round=piece.round)
+        result: Future[torch.Tensor] = self.inner(piece, group)
+        return result
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="potluck_lab.cohort_job")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--mode", choices=("rounds", "step"), default="rounds")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=3840)
+    parser.add_argument("--held-out", type=int, default=128)
+    parser.add_argument("--global-batch", type=int, default=32)
+    parser.add_argument("--inner-steps", type=int, default=10, help="H (rounds mode)")
+    parser.add_argument("--corpus-chars", type=int, default=400_000)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attacker-node", type=int, default=None)
+    parser.add_argument("--attack-rounds", default="0:0", help="A:B, rounds A to B-1")
+    parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import potluck
+    from potluck.compress import Int8Blockwise
+    from potluck.sync import DiLoCoSync
+    from potluck.testing import SampleLedger
+    from potluck.trust import RoundCheck
+    from potluck_lab.models import CharTransformer, ModelConfig, language_model_loss
+    from potluck_lab.text import Vocabulary, load_corpus
+
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    stem = args.run_dir / f"node{node}-{os.getpid()}"
+    log_file: IO[str] = stem.with_suffix(".log").open("a")
+
+    def log(kind: str, **fields: Any) -> None:
+        log_file.write(json.dumps({"kind": kind, "at": time.time(), **fields}) + "\n")
+        log_file.flush()
+
+    text = load_corpus(args.corpus_chars, args.seed)
+    vocab = Vocabulary.from_text(text)
+    tokens = vocab.encode(text)
+    train_at, test_at = split(tokens.numel(), args.samples, args.held_out, args.context,
+                              args.seed)
+    data = Windows(tokens, train_at, args.context)
+    held = Windows(tokens, test_at, args.context)
+    hx = torch.stack([held[i][0] for i in range(len(held))])
+    hy = torch.stack([held[i][1] for i in range(len(held))])
+    torch.manual_seed(args.seed)
+    net = CharTransformer(ModelConfig(vocab.size, args.context, args.d_model, args.layers))
+    adamw = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
+
+    def loss_of(model: Callable[..., Any], batch: Any) -> torch.Tensor:
+        loss: torch.Tensor = language_model_loss(model(batch[0]), batch[1])
+        return loss
+
+    modes: dict[str, Any] = {}
+    if args.mode == "rounds":
+        modes = {"sync": potluck.DiLoCo(inner_steps=args.inner_steps, codec=Int8Blockwise()),
+                 "trust": potluck.Trust(round_check=RoundCheck(loss_of))}
+    cohort = potluck.init(timeout=args.timeout)
+    log("member", node=node, worker=cohort.worker_id, rank=cohort.rank,
+        generation=cohort.generation, workers=cohort.world_size, late=cohort.joined_late)
+    model, opt, loader = potluck.prepare(net, adamw, data, cohort=cohort,
+                                         global_batch=args.global_batch, seed=args.seed,
+                                         drop_last=True, clip_grad_norm=1.0,
+                                         timeout=args.timeout, **modes)
+    first, last = (int(v) for v in args.attack_rounds.split(":"))
+    strategy = opt.part(DiLoCoSync)
+    if args.attacker_node == node and strategy is not None:
+        strategy.register_round_sum(SignFlip(strategy.round_sum, first, last, log))
+    trust_part = next((p for p in opt.parts if getattr(p, "name", None) == "trust"), None)
+    events = told = 0
+    with SampleLedger(stem.with_suffix(".jsonl")) as ledger:
+        pending: list[int] = []
+        while loader.epoch < args.epochs and not opt.left:
+            for x, y, ids in loader:
+                epoch, commits = loader.epoch, opt.progress.steps
+                opt.zero_grad()
+                loss_of(model, (x, y)).backward()  # type: ignore[no-untyped-call]
+                result = opt.step()
+                pending += ids.tolist() if result.committed else []
+                for event in cohort.events[events:]:
+                    log("event", **event)
+                events = len(cohort.events)
+                found = list(getattr(trust_part, "events", None) or [])
+                for event in found[told:]:
+                    log("trust", **event)
+                told = len(found)
+                if opt.progress.steps > commits:
+                    ledger.record(epoch, pending)
+                    pending = []
+                    log("commit", steps=opt.progress.steps, workers=cohort.world_size)
+                    if cohort.rank == 0 and opt.progress.steps % args.eval_every == 0:
+                        with torch.no_grad():
+                            held_loss = float(loss_of(net, (hx, hy)))
+                        log("eval", steps=opt.progress.steps, loss=held_loss,
+                            workers=cohort.world_size)
+                elif result.failed:
+                    pending = []
+    for event in cohort.events[events:]:
+        log("event", **event)
+    finished = opt.finish()
+    if finished:
+        torch.save(net.state_dict(), stem.with_suffix(".pt"))
+    log("done", finished=bool(finished), left=bool(opt.left))
+    log_file.close()
+
+
+if __name__ == "__main__":
+    main()
