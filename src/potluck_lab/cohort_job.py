@@ -159,7 +159,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 opt.zero_grad()
                 loss_of(model, (x, y)).backward()  # type: ignore[no-untyped-call]
                 result = opt.step()
-                pending += ids.tolist() if result.committed else []
+                if result.committed:  # (under rounds: this local step, not the round yet)
+                    pending += ids.tolist()
+                    log("pending", round=commits + 1, epoch=epoch, ids=ids.tolist())
                 for event in cohort.events[events:]:
                     log("event", **event)
                 events = len(cohort.events)
@@ -170,7 +172,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if opt.progress.steps > commits:
                     ledger.record(epoch, pending)
                     pending = []
-                    log("commit", steps=opt.progress.steps, workers=cohort.world_size)
+                    record = getattr(strategy, "last", None)
+                    log("commit", steps=opt.progress.steps, workers=cohort.world_size,
+                        lost=[list(r) for r in record.lost] if record else [])
                     if cohort.rank == 0 and opt.progress.steps % args.eval_every == 0:
                         with torch.no_grad():
                             held_loss = float(loss_of(net, (hx, hy)))

@@ -50,6 +50,7 @@ CONTENDERS = ("potluck", "potluck-step")
 MODES = {"potluck": "rounds", "potluck-step": "step"}
 SHARES = 16384  # a host's CPU weight against other processes on this machine
 POLL_S = 0.2
+END_S = 20.0  # once the job is over, for the agents to exit before they are stopped
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,10 @@ class Cohort:
                 self.fired.append((fault, committed / total, time.time() - self.started))
             if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
                 return
+            if any(r.get("finished") for w in workers for r in w.of("done")):
+                # the job is over: an agent still waiting to join will not be let in
+                self.procs.wait(timeout=max(0.0, min(END_S, deadline - time.monotonic())))
+                return
             time.sleep(POLL_S)
         raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
 
@@ -321,7 +326,8 @@ def lines(config: CohortConfig, results: dict[str, Any]) -> list[str]:
              "-" if not r["quarantine"] else str(r["quarantine"]["rounds"]),
              str(r["samples_lost"])] for r in results["runs"]]
     out += ["", *table(["contender", "time to target (s)", "run (s)", "exactly once",
-                        "replicas equal", "rounds to quarantine", "samples lost"], rows)]
+                        "replicas equal", "rounds to quarantine", "samples lost"],
+                       rows).splitlines()]
     for r in results["runs"]:
         out.append(f"{r['contender']}: bytes on each link: " + ", ".join(
             f"host {b['host']} ({b['mbit']:g} Mbit/s) sent {b['sent'] / 1e6:.2f} MB, "

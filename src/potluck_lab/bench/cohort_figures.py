@@ -70,10 +70,28 @@ def loss_curve(workers: Sequence[Worker], started: float) -> list[tuple[float, f
     return sorted((r["at"] - started, r["loss"]) for w in workers for r in w.of("eval"))
 
 
+def trained(workers: Sequence[Worker]) -> list[tuple[int, list[int]]]:
+    """Every worker's ledger, and the part a worker was killed with after it sent it:
+    its last round, which the others committed with nothing lost (a member lost
+    mid-round makes the commit name the positions it held, handed out again)."""
+    records = [record for w in workers for record in w.ledger]
+    for w in workers:
+        last = max((r["steps"] for r in w.of("commit")), default=0)
+        parts = [r for r in w.of("pending") if r["round"] > last]
+        if w.of("done") or not parts:
+            continue
+        at = parts[0]["round"]
+        others = [r for o in workers if o is not w for r in o.of("commit") if r["steps"] == at]
+        if others and not any(r.get("lost") for r in others):
+            records.append((parts[0]["epoch"],
+                            [i for r in parts if r["round"] == at for i in r["ids"]]))
+    return records
+
+
 def exactly_once(workers: Sequence[Worker], samples: int, epochs: int) -> dict[str, int]:
     """Samples committed twice and never committed, over the run's epochs."""
     counts: Counter[tuple[int, int]] = Counter(
-        (epoch, i) for w in workers for epoch, ids in w.ledger for i in ids)
+        (epoch, i) for epoch, ids in trained(workers) for i in ids)
     twice = sum(c - 1 for c in counts.values() if c > 1)
     missing = sum(1 for e in range(epochs) for i in range(samples) if (e, i) not in counts)
     return {"twice": twice, "missing": missing}
