@@ -158,10 +158,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
                 loss_of(model, (x, y)).backward()  # type: ignore[no-untyped-call]
+                # before the step: a worker can be killed (or quarantined) inside it
+                log("pending", round=commits + 1, epoch=epoch, ids=ids.tolist())
                 result = opt.step()
                 if result.committed:  # (under rounds: this local step, not the round yet)
                     pending += ids.tolist()
-                    log("pending", round=commits + 1, epoch=epoch, ids=ids.tolist())
                 for event in cohort.events[events:]:
                     log("event", **event)
                 events = len(cohort.events)
@@ -182,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             workers=cohort.world_size)
                 elif result.failed:
                     pending = []
+                    log("failed", round=commits + 1)
     for event in cohort.events[events:]:
         log("event", **event)
     finished = opt.finish()

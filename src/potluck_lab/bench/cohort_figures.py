@@ -71,21 +71,35 @@ def loss_curve(workers: Sequence[Worker], started: float) -> list[tuple[float, f
 
 
 def trained(workers: Sequence[Worker]) -> list[tuple[int, list[int]]]:
-    """Every worker's ledger, and the part a worker was killed with after it sent it:
-    its last round, which the others committed with nothing lost (a member lost
-    mid-round makes the commit name the positions it held, handed out again)."""
+    """Every worker's ledger, and the part a worker was killed (or quarantined) with
+    after it sent it: its last step or round, which the others committed with nothing
+    lost (a member lost mid-round makes the commit name the positions it held, handed
+    out again; a member lost mid-step makes the others fail the step and redo it)."""
     records = [record for w in workers for record in w.ledger]
     for w in workers:
-        last = max((r["steps"] for r in w.of("commit")), default=0)
-        parts = [r for r in w.of("pending") if r["round"] > last]
-        if w.of("done") or not parts:
+        parts = [] if w.of("done") else _open_part(w)
+        if not parts:
             continue
         at = parts[0]["round"]
-        others = [r for o in workers if o is not w for r in o.of("commit") if r["steps"] == at]
-        if others and not any(r.get("lost") for r in others):
+        others = [o for o in workers if o is not w]
+        commits = [r for o in others for r in o.of("commit") if r["steps"] == at]
+        redone = any(r["round"] == at for o in others for r in o.of("failed"))
+        if commits and not redone and not any(r.get("lost") for r in commits):
             records.append((parts[0]["epoch"],
                             [i for r in parts if r["round"] == at for i in r["ids"]]))
     return records
+
+
+def _open_part(worker: Worker) -> list[Record]:
+    """The local steps a worker began after its last commit or failed step (logged
+    before each step: it may die inside one)."""
+    part: list[Record] = []
+    for record in worker.records:
+        if record["kind"] in ("commit", "failed"):
+            part = []
+        elif record["kind"] == "pending":
+            part.append(record)
+    return part
 
 
 def exactly_once(workers: Sequence[Worker], samples: int, epochs: int) -> dict[str, int]:

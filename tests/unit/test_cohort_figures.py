@@ -1,0 +1,67 @@
+"""The cohort bench's figures from its workers' records (pure)."""
+
+from __future__ import annotations
+
+import torch
+
+from potluck_lab.bench import cohort_figures as fig
+
+
+def _worker(node: int, records: list[dict], ledger: list[tuple[int, list[int]]]) -> fig.Worker:
+    return fig.Worker(node, records=records, ledger=ledger)
+
+
+def _commit(steps: int, lost: list[list[int]] | None = None) -> dict:
+    return {"kind": "commit", "steps": steps, "at": float(steps), "lost": lost or []}
+
+
+def test_a_part_sent_before_a_kill_counts_once_where_the_round_lost_nothing() -> None:
+    survivor = _worker(0, [_commit(1), _commit(2), {"kind": "done", "finished": True}],
+                       [(0, [0, 1]), (0, [4, 5])])
+    killed = _worker(1, [_commit(1), {"kind": "pending", "round": 2, "epoch": 0, "ids": [6]},
+                         {"kind": "pending", "round": 2, "epoch": 0, "ids": [7]}],
+                     [(0, [2, 3])])
+    assert fig.exactly_once([survivor, killed], 8, 1) == {"twice": 0, "missing": 0}
+    # the round named positions lost with it: they were handed out again, not trained here
+    survivor.records[1] = _commit(2, [[6, 8]])
+    assert fig.exactly_once([survivor, killed], 8, 1) == {"twice": 0, "missing": 2}
+    # every-step sync: the others failed the step and redid it (with the samples)
+    survivor.records[1:2] = [{"kind": "failed", "round": 2}, _commit(2)]
+    survivor.ledger[1] = (0, [4, 5, 6, 7])
+    assert fig.exactly_once([survivor, killed], 8, 1) == {"twice": 0, "missing": 0}
+
+
+def test_twice_and_missing_are_counted() -> None:
+    a = _worker(0, [], [(0, [0, 1, 2])])
+    b = _worker(1, [], [(0, [2])])
+    assert fig.exactly_once([a, b], 4, 1) == {"twice": 1, "missing": 1}
+
+
+def test_the_attackers_quarantine_counts_rounds_from_its_first_corrupted_one() -> None:
+    member = {"kind": "member", "worker": "w2"}
+    attacker = _worker(2, [member, {"kind": "attack", "round": 7},
+                           {"kind": "attack", "round": 8}], [])
+    honest = _worker(0, [{"kind": "member", "worker": "w0"},
+                         {"kind": "trust", "event": "quarantine", "member": "w2", "step": 9,
+                          "evidence": [{"kind": "far from the center"}]}], [])
+    caught = fig.quarantine([honest, attacker], 2)
+    assert caught == {"first_attack": 7, "round": 9, "rounds": 3,
+                      "evidence": ["far from the center"]}
+    assert fig.honest_quarantines([honest, attacker], 2) == []
+    assert fig.quarantine([honest, _worker(3, [], [])], 3) is None  # it never attacked
+
+
+def test_time_to_target_is_the_first_eval_at_or_under_it() -> None:
+    w = _worker(0, [{"kind": "eval", "at": 105.0, "loss": 3.0},
+                    {"kind": "eval", "at": 110.0, "loss": 2.5},
+                    {"kind": "eval", "at": 112.0, "loss": 2.4}], [])
+    assert fig.time_to_target([w], 2.5, 100.0) == 10.0
+    assert fig.time_to_target([w], 1.0, 100.0) is None
+    assert fig.loss_curve([w], 100.0)[0] == (5.0, 3.0)
+
+
+def test_replicas_equal_bitwise() -> None:
+    a = {"w": torch.ones(3)}
+    assert fig.replicas_equal([a, {"w": torch.ones(3)}]) is True
+    assert fig.replicas_equal([a, {"w": torch.ones(3) + 1e-7}]) is False
+    assert fig.replicas_equal([]) is None
