@@ -81,6 +81,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--mode", choices=("rounds", "step"), default="rounds")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--stop-file", type=Path, default=None,
+                        help="once it holds a number, the job ends after that many epochs "
+                             "(every worker reads it before each step)")
     parser.add_argument("--samples", type=int, default=3840)
     parser.add_argument("--held-out", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=32)
@@ -153,8 +156,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     events = told = 0
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger:
         pending: list[int] = []
-        while loader.epoch < args.epochs and not opt.left:
+        while loader.epoch < _epochs(args.epochs, args.stop_file) and not opt.left:
             for x, y, ids in loader:
+                if loader.epoch >= _epochs(args.epochs, args.stop_file):
+                    break  # (admitted at the last boundary: nothing left to train)
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
                 loss_of(model, (x, y)).backward()  # type: ignore[no-untyped-call]
@@ -191,6 +196,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=bool(finished), left=bool(opt.left))
     log_file.close()
+
+
+def _epochs(planned: int, stop_file: Path | None) -> int:
+    """``planned``, or fewer once the stop file says so."""
+    if stop_file is None:
+        return planned
+    try:
+        return min(planned, int(stop_file.read_text()))
+    except (OSError, ValueError):  # not written yet
+        return planned
 
 
 if __name__ == "__main__":

@@ -58,8 +58,9 @@ class CohortConfig:
     seed: int = 0
     quick: bool = False
     contenders: tuple[str, ...] = CONTENDERS
-    samples: int = 7680
-    epochs: int = 1
+    samples: int = 7680  # an epoch
+    epochs: int = 1  # the run's nominal length: the faults fall at fractions of it
+    max_epochs: int = 8  # the job goes on until its faults fell, then one more epoch
     global_batch: int = 32
     inner_steps: int = 10  # H
     d_model: int = 128
@@ -75,7 +76,8 @@ class CohortConfig:
         return self.global_batch * self.inner_steps
 
 
-QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=3840, global_batch=16,
+QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
+                     max_epochs=20, global_batch=16,
                      inner_steps=4, d_model=32, layers=1, corpus_chars=100_000,
                      target_loss=3.2, limit_s=150.0)
 
@@ -108,7 +110,8 @@ def configure(args: argparse.Namespace) -> CohortConfig:
 def job_args(config: CohortConfig, mode: str, run_dir: Path,
              attack: tuple[int, tuple[int, int]] | None) -> list[str]:
     argv = ["-m", "potluck_lab.cohort_job", "--run-dir", str(run_dir), "--mode", mode,
-            "--epochs", str(config.epochs), "--samples", str(config.samples),
+            "--epochs", str(config.max_epochs), "--stop-file", str(run_dir / "stop"),
+            "--samples", str(config.samples),
             "--global-batch", str(config.global_batch), "--inner-steps",
             str(config.inner_steps), "--d-model", str(config.d_model), "--layers",
             str(config.layers), "--corpus-chars", str(config.corpus_chars),
@@ -138,7 +141,7 @@ class Cohort:
         self.quotas_on = False
         self.restarted: set[int] = set()  # node ranks of machines that came back
         self.joined: set[int] = set()  # ... and are members again
-        total_rounds = config.samples * config.epochs // config.commits_per_round
+        total_rounds = config.samples * config.epochs // config.commits_per_round  # nominal
         attack = next(f for f in self.faults if f.kind == "attack")
         self.attack = (attack.node, attack_rounds(attack, total_rounds)) \
             if self.mode == "rounds" else None
@@ -187,6 +190,8 @@ class Cohort:
             for fault in ready[:1]:
                 self._fire(fault, workers)
                 self.fired.append((fault, committed / total, time.time() - self.started))
+            if len(self.fired) == len(self.faults) and not self._joining(workers):
+                self._stop_after(workers)
             if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
                 return
             if any(r.get("finished") for w in workers for r in w.of("done")):
@@ -196,12 +201,28 @@ class Cohort:
             time.sleep(POLL_S)
         raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
 
+    def _stop_after(self, workers: list[fig.Worker]) -> None:
+        """Every fault fell: the job ends after the epoch after the current one (every
+        worker reads the file before each step, so all stop at that epoch's end)."""
+        stop = self.run_dir / "stop"
+        if stop.exists():
+            return
+        epoch = max((e for w in workers for e, _ in w.ledger), default=0)
+        temporary = stop.with_suffix(".tmp")
+        temporary.write_text(str(min(self.config.max_epochs, epoch + 2)))
+        temporary.replace(stop)
+
+    def epochs_trained(self) -> int:
+        stop = self.run_dir / "stop"
+        return int(stop.read_text()) if stop.exists() else self.config.max_epochs
+
     def _joining(self, workers: list[fig.Worker]) -> bool:
-        """Whether a restarted machine is still on its way in: the next fault waits
-        for it (a cohort of 2 that loses one more member has no majority left; the
-        partition rule stops it, by design). Its host's quota starts once it is in."""
+        """Whether a restarted machine is still on its way in (its worker has not
+        committed a step yet): the next fault waits for it (a cohort of 2 that loses
+        one more member has no majority left; the partition rule stops it, by design).
+        Its host's quota starts once it is in."""
         for rank in self.restarted - self.joined:
-            if any(w.node == rank and w.of("member") for w in workers):
+            if any(w.node == rank and w.of("commit") for w in workers):
                 self.joined.add(rank)
                 for pid in _tree(self.procs.procs[self.agents[rank]].pid):
                     join(self.quotas[self.host_of[rank]].path, pid)
@@ -234,7 +255,7 @@ class Cohort:
     def _figures(self, link_bytes: list[tuple[int, int]]) -> dict[str, Any]:
         c = self.config
         workers = fig.read_workers(self.run_dir)
-        once = fig.exactly_once(workers, c.samples, c.epochs)
+        once = fig.exactly_once(workers, c.samples, self.epochs_trained())
         finishers = [w for w in workers if w.params is not None]
         equal = fig.replicas_equal(torch.load(w.params) for w in finishers
                                    if w.params is not None)
@@ -245,6 +266,7 @@ class Cohort:
             "wall_s": max((r["at"] for w in workers for r in w.records), default=self.started)
             - self.started,
             "exactly_once": once["twice"] == 0 and once["missing"] == 0,
+            "epochs": self.epochs_trained(),
             "samples_twice": once["twice"], "samples_lost": once["missing"],
             "replicas_equal": equal, "finishers": len(finishers),
             "quarantine": caught,
