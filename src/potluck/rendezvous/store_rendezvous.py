@@ -87,6 +87,7 @@ class StoreRendezvous:
         self._trained: tuple[str, ...] = ()
         self._registering: tuple[int, str] | None = None  # (n, id) while next_generation
         self._seats: dict[str, str] = {}  # members' seats, as learned
+        self._left = False  # announced leaving: a moved store hears that, not a beat
         self._succession = succession_of(store)
         if self._succession is not None:  # the store may move: write back what it held
             self._succession.seeder(self._seed)
@@ -363,6 +364,7 @@ class StoreRendezvous:
     def announce_leave(self) -> None:
         """Leave gracefully: the next generation forms without this worker at once."""
         self._store.set(keys.leave(self.worker_id), f"{time.time():.6f}")
+        self._left = True
         self.close()
         self.membership = None
 
@@ -490,6 +492,9 @@ class StoreRendezvous:
         record wins; the others are equal), its own heartbeat and seat, and the seats it
         banned."""
         store = PrefixStore(self.config.prefix, root)
+        if self._left:  # (a joiner that rejoined under another id: this one is gone)
+            store.set(keys.leave(self.worker_id), "left before the store moved")
+            return
         record = self._record
         if record is not None and self.membership is not None:
             store.compare_set(keys.generation(record.generation), "", record.encode())
