@@ -15,11 +15,6 @@ import pytest
 from tests.e2e.helpers import ROOT
 
 
-@pytest.mark.skip(reason="known defect: a joiner whose live-state broadcast fails because a "
-                         "member was killed meanwhile exits instead of rejoining "
-                         "(step/live_state.py receive; the members recover without it), so a "
-                         "churn run can end with a node exited 1; run `potluck bench chaos "
-                         "--churn --members 6 --minutes 0.33 --seed 3` by hand until fixed")
 @pytest.mark.timeout(420)
 def test_a_short_churn_run_loses_nothing_and_reports_its_recovery(tmp_path: Path) -> None:
     out = tmp_path / "churn.json"

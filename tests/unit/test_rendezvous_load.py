@@ -71,3 +71,31 @@ def test_a_follower_waiting_at_a_boundary_asks_little() -> None:
     finally:
         leader.join()
     assert store.calls < 400, store.asked.most_common(5)
+
+
+def test_a_joiner_waiting_to_be_admitted_asks_little() -> None:
+    """Sixteen founders waiting for generation 0 at 2 requests each per 20 ms kept node
+    0's store from answering a new connection for 30 s (on 2 cores)."""
+    store = CountingStore()
+    root = PrefixStore(CONFIG.prefix, store)
+    root.set(keys.FOUNDER, "m0")  # the founder is there: this worker waits
+    root.set(keys.heartbeat("m0"), f"{time.time():.6f}")
+    joiner = StoreRendezvous(store, "j", CONFIG)
+    formed = Record(1, ("m0", "j"), "m0", "admit", joined=("j",))
+
+    def admit() -> None:
+        root.set(keys.generation(1), formed.encode())
+        root.set(keys.verdict("j"), f"{keys.ADMITTED}1")
+
+    leader = _later(1.0, admit)
+    try:
+        membership = joiner.join()
+    finally:
+        leader.join()
+        joiner.close()
+    assert membership.generation == 1 and membership.rank == 1
+    asked = store.asked[f"{CONFIG.prefix}/{keys.verdict('j')}"] + \
+        store.asked[f"{CONFIG.prefix}/{keys.challenge('j')}"]
+    # a look for a challenge every 0.1 s, for the verdict every 0.25 s: about 14 in the
+    # second (it was 2 every 20 ms: 100)
+    assert asked < 30, store.asked.most_common(5)

@@ -1,4 +1,5 @@
-"""Admission exchange and heartbeats on an in-memory store (HashStore: no sockets)."""
+"""Admission exchange and heartbeats on an in-memory store (HashStore: no sockets); a
+heartbeat outlives transient store errors."""
 
 from __future__ import annotations
 
@@ -100,3 +101,54 @@ def test_heartbeat_beats_until_stopped_then_ages() -> None:
     time.sleep(0.15)
     assert read_beats(store, ["w"])["w"] == last
     assert fresh(last + 0.1, {"w": last}, timeout=0.05) == set()
+
+
+class _Flaky(HashStore):
+    """A store whose next ``failures`` writes fail as over a lost connection; a clone (a
+    new connection) is the store itself, counted."""
+
+    def __init__(self, failures: float) -> None:
+        super().__init__()
+        self.failures, self.clones = failures, 0
+
+    def clone(self) -> _Flaky:
+        self.clones += 1
+        return self
+
+    def set(self, key: str, value: str) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("Connection reset by peer")
+        super().set(key, value)
+
+
+def test_a_heartbeat_goes_on_after_transient_store_errors() -> None:
+    store = _Flaky(failures=0)
+    beat = Heartbeat(store, "w", interval=0.02, patience=5.0).start()
+    try:
+        store.failures = 5  # five beats in a row fail: 0.1 s without a beat
+        deadline = time.monotonic() + 5
+        while store.failures and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert beat.running and store.clones >= 5  # a new connection for each retry
+        assert time.monotonic() - beat.last_ok < 0.5  # beats get through again
+        assert time.time() - read_beats(store, ["w"])["w"] < 0.5
+    finally:
+        beat.stop()
+
+
+def test_a_heartbeat_gives_up_after_its_patience() -> None:
+    store = _Flaky(failures=0)
+    beat = Heartbeat(store, "w", interval=0.02, patience=0.3).start()
+    try:
+        store.failures = float("inf")
+        time.sleep(0.2)
+        assert beat.running  # within its patience: still trying
+        deadline = time.monotonic() + 5
+        while beat.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not beat.running
+        assert time.monotonic() - beat.last_ok >= 0.3
+    finally:
+        beat.stop()

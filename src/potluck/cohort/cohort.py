@@ -125,6 +125,18 @@ class Cohort:
         self._move(started, reason)
         return self.membership
 
+    def rejoin(self, reason: str) -> Membership:
+        """A joiner whose live state did not arrive (a member was lost meanwhile): it
+        abandons this generation (the members still waiting give up at once), leaves
+        it, and waits in the join queue again under a new id. It holds nothing yet, so
+        nothing is lost; a later boundary admits it."""
+        started = time.monotonic()
+        self.mark_step_failed()
+        self.group.release(reason, abort=True)
+        self.membership = self._source.rejoin()
+        self._move(started, reason)
+        return self.membership
+
     def committed(self) -> None:
         """A step (or round) committed in this generation: every member of it trained
         together, so it is the one a split cohort's quorum counts from."""

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -65,17 +66,12 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
             prefix=keys.rendezvous_root(env.run_id), quorum=env.num_nodes > 1)
         store = _agent_store(env, timeout)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        # The agent that started this process reports its death under this key (and
-        # writes it again on a store that moved).
-        mine = keys.process(env.run_id, os.getpid())
-        store.set(mine, worker_id)
-        succession = succession_of(store)
-        if succession is not None:
-            succession.seeder(lambda root: root.set(mine, worker_id))
+        named = _ProcessKey(store, keys.process(env.run_id, os.getpid()))
+        named(worker_id)
         # A restarted worker keeps its seat (host, node, local rank), not its id.
         seat = f"{socket.gethostname()}:node{env.node_rank}:local{env.local_rank}"
         cohort = join_elastic(store, worker_id, config, spec, keys.elastic_root(env.run_id),
-                              device=placed, env=env, seat=seat)
+                              device=placed, env=env, seat=seat, named=named)
     else:
         store = connect_store(env, timeout)
         session = _session()
@@ -102,12 +98,30 @@ _INITS = itertools.count()  # static cohorts this process has formed
 
 def join_elastic(store: Store, worker_id: str, config: RendezvousConfig, spec: GroupSpec,
                  root: str = "potluck/elastic", *, device: torch.device | None = None,
-                 env: WorkerEnv | None = None, seat: str | None = None) -> Cohort:
+                 env: WorkerEnv | None = None, seat: str | None = None,
+                 named: Callable[[str], None] = lambda worker_id: None) -> Cohort:
     """Join (or found) the elastic cohort that meets on ``store`` under ``root``;
-    ``seat``: where it runs (a quarantined member's seat is refused; default its id)."""
-    membership = RendezvousMembership(store, worker_id, config, root, seat)
+    ``seat``: where it runs (a quarantined member's seat is refused; default its id);
+    ``named(id)`` hears each new id a joiner takes when it rejoins."""
+    membership = RendezvousMembership(store, worker_id, config, root, seat, named)
     return Cohort(membership, store, spec, lambda g: keys.elastic_group(root, g),
                   device=device, env=env)
+
+
+class _ProcessKey:
+    """The agent that started this process reports its death under ``keys.process``:
+    the key names the worker's current id (a joiner that rejoins takes a new one). It
+    is written again on a store that moved."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self._store, self._key, self._id = store, key, ""
+        succession = succession_of(store)
+        if succession is not None:
+            succession.seeder(lambda root: root.set(self._key, self._id))
+
+    def __call__(self, worker_id: str) -> None:
+        self._id = worker_id
+        self._store.set(self._key, worker_id)
 
 
 def _token(env: WorkerEnv) -> str:

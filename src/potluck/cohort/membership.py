@@ -39,6 +39,11 @@ class MembershipSource(Protocol):
 
     def next_generation(self, reason: str) -> Membership: ...
 
+    def rejoin(self) -> Membership:
+        """A joiner whose live state did not arrive leaves its generation and waits in
+        the join queue again, under a new id."""
+        ...
+
     def pending_joiners(self) -> bool: ...
 
     def announce_leave(self) -> None: ...
@@ -81,6 +86,12 @@ class FixedMembership:
             "resuming from a checkpoint) or run it elastic (potluck run --elastic)",
             rank=self._membership.rank, generation=0, cause=reason)
 
+    def rejoin(self) -> Membership:
+        raise PeerLostError(
+            f"rank {self._membership.rank} of a fixed-size job cannot rejoin it: nobody "
+            "joins a fixed job late (run it elastic: potluck run --elastic)",
+            rank=self._membership.rank, generation=0, cause="rejoin")
+
     def pending_joiners(self) -> bool:
         return False
 
@@ -113,10 +124,14 @@ class RendezvousMembership:
     elastic = True
 
     def __init__(self, store: Store, worker_id: str, config: RendezvousConfig,
-                 root: str, seat: str | None = None) -> None:
+                 root: str, seat: str | None = None,
+                 named: Callable[[str], None] = lambda worker_id: None) -> None:
+        """``named(id)`` hears each new id this worker takes (``rejoin``): the launcher's
+        agent reports a dead worker under its current id."""
         self.worker_id = worker_id
         self.rendezvous = StoreRendezvous(store, worker_id, config, seat)
-        self._store, self._root = store, root
+        self._store, self._root, self._seat, self._named = store, root, seat, named
+        self._first_id, self._rejoins = worker_id, 0
         self._failures: FailureWatch | None = None
 
     def join(self) -> Membership:
@@ -144,6 +159,19 @@ class RendezvousMembership:
 
     def next_generation(self, reason: str) -> Membership:
         return self._cut_off_guard(lambda: self.rendezvous.next_generation(reason))
+
+    def rejoin(self) -> Membership:
+        """Leave the current generation and join again as a new worker (an id is joined
+        once: its verdict and leave key stay on the store). The seat stays. The failure
+        watch goes on: it reads the generation from the new rendezvous."""
+        config = self.rendezvous.config
+        self.rendezvous.announce_leave()  # the members' next generation leaves it out
+        self._rejoins += 1
+        self.worker_id = f"{self._first_id}.{self._rejoins}"
+        self._named(self.worker_id)
+        self.rendezvous = StoreRendezvous(self._store, self.worker_id, config,
+                                          self._seat or self._first_id)
+        return self.rendezvous.join()
 
     def pending_joiners(self) -> bool:
         return bool(self.rendezvous.pending_joiners())

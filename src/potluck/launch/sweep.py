@@ -70,8 +70,10 @@ class Sweeper:
             watched = list(self._watched)
         for pid in watched:
             view = view_worker(self._store, self._run_id, pid, self._ids.get(pid))
-            if view.worker_id is not None:
+            if view.worker_id is not None and not view.left:
                 self._ids[pid] = view.worker_id
+            else:  # (a worker that left and runs on rejoins under a new id: read it anew)
+                self._ids.pop(pid, None)
             why = why_end(view, finished_for=finished_for, grace=self._grace)
             if why is not None:
                 with self._lock:

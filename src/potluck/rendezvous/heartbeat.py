@@ -6,10 +6,19 @@ across threads). A worker that dies or is frozen (SIGSTOP) stops writing, so its
 beat ages past ``timeout`` and it counts as gone. The reader compares a beat with its
 own wall clock: clocks of different hosts must agree to well within ``timeout``
 (NTP does), which is why the timeout is seconds, not milliseconds.
+
+A beat that fails is not the end of the heartbeat. Store errors (``RuntimeError``:
+c10d's store and network errors, potluck's ``StoreLostError``; ``OSError``) are
+transient: the writer warns once, takes a new connection and beats again every
+``interval``, and says when a beat gets through again. It gives up only after
+``patience`` seconds without a beat that got through (default 120 s, longer than any
+rendezvous waits): by then every member has counted this one gone. Any other error is
+a bug and ends the thread with its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,6 +30,10 @@ from potluck import keys
 from potluck.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# Seconds without a beat that got through before the writer gives up: past any wait of
+# the rendezvous (settle_timeout + heartbeat_timeout), so the member is out by then.
+PATIENCE = 120.0
 
 
 def fresh(now: float, beats: Mapping[str, float], timeout: float) -> set[str]:
@@ -48,11 +61,12 @@ class Heartbeat:
         interval: float,
         *,
         clock: Callable[[], float] = time.time,
+        patience: float = PATIENCE,
     ) -> None:
         if not interval > 0:
             raise ConfigError(f"heartbeat interval={interval!r} must be > 0 seconds, e.g. 1.0")
         self.worker_id = worker_id
-        self.interval = interval
+        self.interval, self.patience = interval, patience
         self._clock = clock
         # This thread's own connection (torch's stubs lack ``Store.clone``).
         self._store: Store = getattr(store, "clone")()  # noqa: B009
@@ -86,9 +100,29 @@ class Heartbeat:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        failing = False  # the last beat failed: say so once, and again when one gets through
         while not self._stop.wait(self.interval):
             try:
                 self.beat()
-            except (RuntimeError, OSError) as exc:  # store gone: the job is ending anyway
-                log.warning("heartbeat of %s stopped: %s", self.worker_id, exc)
-                return
+            except (RuntimeError, OSError) as exc:  # the store's: transient (see above)
+                silent = time.monotonic() - self.last_ok
+                if silent > self.patience:
+                    log.error("heartbeat of %s stopped: no beat got through for %.0f s "
+                              "(patience %g s): %s", self.worker_id, silent, self.patience,
+                              exc)
+                    return
+                if not failing:
+                    log.warning("a heartbeat of %s failed (%s): trying again every %g s "
+                                "on a new connection", self.worker_id, exc, self.interval)
+                failing = True
+                self._reconnect()
+                continue
+            if failing:
+                log.warning("heartbeat of %s got through again", self.worker_id)
+                failing = False
+
+    def _reconnect(self) -> None:
+        """A new connection for the next beat (a broken one may never answer again)."""
+        # (unreachable now: the next beat tries the old connection again)
+        with contextlib.suppress(RuntimeError, OSError):
+            self._store = getattr(self._store, "clone")()  # noqa: B009

@@ -58,6 +58,11 @@ NEXT = "next:"
 # member looking at every poll made 3 requests a member, per member, per 20 ms: with 32
 # members the store answered nothing else while a generation formed.
 LOOK_S = 0.25
+# How often a joiner waiting to be admitted looks for a challenge (seconds): one request
+# a look. It asks for its verdict once it answered, else every LOOK_S. Sixteen founders
+# waiting for generation 0 at 2 requests each per 20 ms kept node 0's store so busy on 2
+# cores that a new connection got no answer for 30 s, nor a challenge's answer in 5 s.
+JOIN_TICK_S = 0.1
 
 
 class StoreRendezvous:
@@ -87,6 +92,7 @@ class StoreRendezvous:
         self._trained: tuple[str, ...] = ()
         self._registering: tuple[int, str] | None = None  # (n, id) while next_generation
         self._seats: dict[str, str] = {}  # members' seats, as learned
+        self._left = False  # announced leaving: a moved store hears that, not a beat
         self._succession = succession_of(store)
         if self._succession is not None:  # the store may move: write back what it held
             self._succession.seeder(self._seed)
@@ -157,10 +163,13 @@ class StoreRendezvous:
         answered = ""
         beats: dict[str, tuple[float | None, float]] = {}  # (see _check_orphaned)
         looked = 0.0  # when the members' heartbeats were last read (once an interval)
+        asked = -float("inf")  # when the verdict was last read
         while True:
-            admitted = admission.read_verdict(self._store, self.worker_id)
-            if admitted is not None:
-                return Record.decode(self._store.get(keys.generation(admitted)))
+            if answered or time.monotonic() - asked >= LOOK_S:
+                asked, admitted = time.monotonic(), admission.read_verdict(
+                    self._store, self.worker_id)
+                if admitted is not None:
+                    return Record.decode(self._store.get(keys.generation(admitted)))
             if self._store.check([keys.challenge(self.worker_id)]):
                 nonce = self._store.get(keys.challenge(self.worker_id)).decode()
                 if nonce != answered:
@@ -181,7 +190,7 @@ class StoreRendezvous:
                     "its members call admit() at a step boundary: check that the job is "
                     "running and calls it, or raise join_timeout"
                 )
-            time.sleep(cfg.poll_interval)
+            time.sleep(max(cfg.poll_interval, JOIN_TICK_S))
 
     def _check_orphaned(self, seen: dict[str, tuple[float | None, float]]) -> None:
         """A joiner's wait: raise once no member of the newest generation (or the
@@ -235,9 +244,10 @@ class StoreRendezvous:
         moved_on = keys.generation(current.generation + 1)
         leader, looked = self.worker_id, -float("inf")
         while not self._store.check([key]):
-            if self._store.check([moved_on]):  # e.g. it was frozen while the others healed
-                return self._adopt(Record.decode(self._store.get(moved_on)), started)
-            if time.monotonic() - looked >= LOOK_S:
+            if time.monotonic() - looked >= LOOK_S:  # (the slow news: who leads, and
+                # whether the others healed while this member was frozen)
+                if self._store.check([moved_on]):
+                    return self._adopt(Record.decode(self._store.get(moved_on)), started)
                 leader, looked = self._leader(current.members), time.monotonic()
             if leader == self.worker_id:
                 self._store.compare_set(key, "", self._decide_boundary(current))
@@ -363,6 +373,7 @@ class StoreRendezvous:
     def announce_leave(self) -> None:
         """Leave gracefully: the next generation forms without this worker at once."""
         self._store.set(keys.leave(self.worker_id), f"{time.time():.6f}")
+        self._left = True
         self.close()
         self.membership = None
 
@@ -490,6 +501,9 @@ class StoreRendezvous:
         record wins; the others are equal), its own heartbeat and seat, and the seats it
         banned."""
         store = PrefixStore(self.config.prefix, root)
+        if self._left:  # (a joiner that rejoined under another id: this one is gone)
+            store.set(keys.leave(self.worker_id), "left before the store moved")
+            return
         record = self._record
         if record is not None and self.membership is not None:
             store.compare_set(keys.generation(record.generation), "", record.encode())

@@ -120,8 +120,7 @@ class Boundary:
             try:
                 allreduce_max(flags, cohort.group, "the wait for joiners")
             except PeerLostError:  # another member died while waiting
-                cohort.recover("a collective failed while waiting for workers")
-                self._changed()
+                self._recover("a collective failed while waiting for workers")
                 continue
             action = poll_action(flags.tolist())
             if action is Action.ADMIT:
@@ -143,9 +142,17 @@ class Boundary:
         if cohort.membership.joined:
             try:
                 self._state.send(cohort)
-            except PeerLostError:
-                cohort.recover("a joiner did not take the live state")
-                self._changed()
+            except PeerLostError:  # a joiner, or a member, was lost during the broadcast
+                cohort.mark_step_failed()  # (those still in it give up at once)
+                self._recover("the live state's broadcast failed")
+
+    def _recover(self, why: str) -> None:
+        """The next generation, then the realignment every recovery does: a joiner that
+        took the state and members that went on to the step recover by the step's path
+        (``StepTransaction``), which realigns too, so both sides run one protocol."""
+        self._cohort.recover(why)
+        self._state.realign(self._cohort)
+        self._changed()
 
     def _stop_below_minimum(self) -> None:
         cohort = self._cohort

@@ -22,7 +22,7 @@ from potluck.checkpoint import CheckpointManager
 from potluck.cohort import Cohort
 from potluck.collectives import allgather_tensor, broadcast_object
 from potluck.data import DataCursor
-from potluck.errors import ConfigError, RendezvousError
+from potluck.errors import ConfigError, PeerLostError, RendezvousError
 from potluck.protocol import FIX
 from potluck.reducer import DataParallel
 from potluck.step.guard import GuardedOptimizer
@@ -32,6 +32,9 @@ from potluck.step.parts import StepPart
 # between joining and building its optimizer (say, a first optimizer's imports) may take
 # seconds. A joiner that dies meanwhile is noticed at once (closed connection).
 STATE_TIMEOUT = timedelta(seconds=120)
+# How many times a joiner whose live state did not arrive joins again. Each failure is
+# a member lost during the broadcast (or the state's timeout): rare, but churn makes it.
+REJOINS = 3
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +115,24 @@ class LiveState:
                          device=cohort.device, timeout=STATE_TIMEOUT)
 
     def receive(self, cohort: Cohort) -> None:
-        """A joiner takes the cohort's live state (sent by ``send``)."""
-        try:
-            state = broadcast_object(None, cohort.group, device=cohort.device,
-                                     timeout=STATE_TIMEOUT)
-        except RuntimeError as exc:
-            raise RendezvousError(
-                f"[rank {cohort.rank}] admitted, but the live state did not arrive within "
-                f"{STATE_TIMEOUT.total_seconds():g} s ({exc}); the cohort went on without "
-                "this worker: start it again to rejoin (and build the model and optimizer "
-                "before joining, so joining is quick)"
-            ) from exc
+        """A joiner takes the cohort's live state (sent by ``send``). If it does not
+        arrive (a member was lost during the broadcast), the joiner goes back to the
+        join queue and takes it at a later boundary, ``REJOINS`` times at most."""
+        for tries in range(REJOINS + 1):
+            try:
+                state = broadcast_object(None, cohort.group, device=cohort.device,
+                                         timeout=STATE_TIMEOUT)
+                break
+            except PeerLostError as exc:
+                if tries == REJOINS:
+                    raise RendezvousError(
+                        f"[rank {cohort.rank}] admitted {REJOINS + 1} times, but the live "
+                        f"state never arrived ({exc}); the cohort went on without this "
+                        "worker: start it again to rejoin (and build the model and "
+                        "optimizer before joining, so joining is quick)") from exc
+                log.warning("[rank %d] admitted, but the live state did not arrive (%s): "
+                            "back to the join queue", cohort.rank, exc)
+                cohort.rejoin("the live state did not arrive")
         try:
             compare_settings(self._settings, state.get("settings"), cohort.rank)
         except ConfigError:

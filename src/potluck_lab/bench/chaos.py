@@ -250,6 +250,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--churn: the member counts, one run each (default 8)")
     parser.add_argument("--minutes", type=float, default=10.0,
                         help="--churn: minutes of churn per run (default 10)")
+    parser.add_argument("--logs", metavar="DIR",
+                        help="keep every run's logs (each node's output, the traces) here")
 
 
 FAULT_KINDS = ("workers", "store-host")
@@ -262,12 +264,13 @@ class ChaosBenchConfig:
     faults: str = "workers"  # one of FAULT_KINDS
     members: tuple[int, ...] = ()  # --churn: one run per count (empty: trials)
     minutes: float = 10.0
+    logs: str | None = None  # kept here (else removed after the run)
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosBenchConfig:
     at_least("--trials", args.trials, 1, "4")
     if not args.churn:
-        return ChaosBenchConfig(args.trials, args.seed, args.faults)
+        return ChaosBenchConfig(args.trials, args.seed, args.faults, logs=args.logs)
     if args.faults != "workers":
         raise ConfigError(f"--churn with --faults {args.faults}: churn kills and adds "
                           "workers; run the store-host trials on their own")
@@ -281,7 +284,8 @@ def config_from_args(args: argparse.Namespace) -> ChaosBenchConfig:
         at_least("--members", count, 3, "8")
     if not args.minutes > 0:
         raise ConfigError(f"--minutes {args.minutes:g} must be positive, e.g. --minutes 10")
-    return ChaosBenchConfig(args.trials, args.seed, members=members, minutes=args.minutes)
+    return ChaosBenchConfig(args.trials, args.seed, members=members, minutes=args.minutes,
+                            logs=args.logs)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -354,5 +358,5 @@ def _churned(trials: list[Trial]) -> list[chaos_churn.ChurnResult]:
 
 
 BENCH = Bench("chaos", config_from_args, run_trials, _lines, _payload,
-              header=_header,
+              header=_header, logs=lambda config: config.logs,
               exit_code=lambda trials: 0 if _passed(trials) == len(trials) else 1)

@@ -63,7 +63,8 @@ class Nodes:
                 f"{self.founders}:{self._max}", "--node-rank", str(rank),
                 "--nproc-per-node", "1", "--master-port", str(self._port), "--token",
                 "churn-bench", "--run-id", self._run_id, "--max-restarts", "0",
-                "--join-timeout", "600", *self._job,
+                "--join-timeout", "600", "--log-dir", str(self.workdir / f"logs{rank}"),
+                *self._job,
                 "--checkpoint-dir", str(self.workdir / f"checkpoints{rank}")]
         self._procs.start(argv, self.workdir / f"node{rank}.log")
         self._agents[rank] = len(self._procs.procs) - 1
