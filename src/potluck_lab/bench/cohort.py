@@ -152,7 +152,8 @@ class Cohort:
                 "--node-rank", str(rank), "--nproc-per-node", "1", "--master-addr",
                 self.hosts.addresses[0], "--master-port", str(self.port), "--token",
                 "potluck-cohort-bench", "--run-id", f"cohort-{self.name}", "--max-restarts",
-                "0", "--join-timeout", "120", "--no-warm-spare",
+                "0", "--join-timeout", "120", "--no-warm-spare", "--log-dir",
+                str(self.run_dir / f"worker-logs{rank}"),
                 *job_args(c, self.mode, self.run_dir, self.attack)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.procs.start(self.hosts.command(host, argv), self.run_dir / f"agent{rank}.log",
