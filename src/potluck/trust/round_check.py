@@ -14,6 +14,7 @@ still the round's start. After the round committed (``measure``), on every membe
    reports, read as the loader reads them);
 3. **exchange**: one all-gather of every member's gains (``[targets, members]``
    float64), of which each gain is the median over the checkers other than the target;
+   the fingerprint of each member's global parameters rides with them when it is due;
 4. **remember**: the trust part scores the round (``round_work.work_scores``) and the
    check keeps each member's last ``WINDOW`` scores by member id (``remember``), the
    window the rule judges.
@@ -56,6 +57,15 @@ class _Kept:
     start: torch.Tensor
     owners: tuple[int, ...]
     copies: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A checked round: the median gains ``[target][member]``, and every member's word
+    carried with them (None: none was)."""
+
+    gains: list[list[float]]
+    carried: list[int] | None
 
 
 class WorkCheck:
@@ -105,9 +115,13 @@ class WorkCheck:
         self._kept, self._parts, self._round = {}, (), 0
 
     def measure(self, round_: int, targets: Sequence[int], digest: bytes,
-                group: ProcessGroupLike, device: torch.device) -> list[list[float]] | None:
+                group: ProcessGroupLike, device: torch.device,
+                carry: int | None = None) -> Measured | None:
         """The median gains ``[target][member]`` of round ``round_``'s ``targets``
-        (ranks that owned slices); None where the round was not kept whole."""
+        (ranks that owned slices); None where the round was not kept whole. ``carry``:
+        a 64-bit word of this member's that rides with its gains (the fingerprint of
+        its global parameters: one collective less a round); every member's comes back
+        in ``Measured.carried``."""
         kept, parts, kept_round = self._kept, self._parts, self._round
         self.forget()
         n = group.size()
@@ -116,12 +130,19 @@ class WorkCheck:
             return None
         deltas = self._gather(kept, targets, group)
         picked = windows(parts, self.config.samples, round_seed(round_, digest))
-        mine = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64,
-                            device=device)
+        gains = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64)
+        words = gains.reshape(-1)
+        if carry is not None:  # (its bits, as a float64: the gains' dtype)
+            words = torch.cat([words, torch.tensor([carry], dtype=torch.int64)
+                               .view(torch.float64)])
+        mine = words.to(device)
         table = [torch.zeros_like(mine) for _ in range(n)]
         _all_gather(group, table, mine, "the work check's gains")
+        rows = [t.cpu() for t in table]
         owners = next(iter(kept.values())).owners
-        return median_gains([t.cpu().tolist() for t in table], owners, targets)
+        gathered = [r[:gains.numel()].view(gains.shape).tolist() for r in rows]
+        carried = None if carry is None else [int(r[-1:].view(torch.int64)) for r in rows]
+        return Measured(median_gains(gathered, owners, targets), carried)
 
     def _gather(self, kept: dict[str, _Kept], targets: Sequence[int],
                 group: ProcessGroupLike) -> list[list[torch.Tensor]]:
