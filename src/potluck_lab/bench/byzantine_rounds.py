@@ -33,7 +33,10 @@ from potluck_lab.driver import Bench
 from potluck_lab.round_attacks import ROUND_ATTACKS
 
 WORKERS = 4
-INNER_STEPS = 8  # H: a round is 8 global batches of 256
+# H: a round is 16 global batches of 256. Trust's cost is per round, so a user takes H
+# as large as the checks allow: at H = 32 and 64 the work check caught ALIE and a
+# copier only at rounds 5 and 6; at 16 it still does so by round 3.
+INNER_STEPS = 16
 ROUNDS = 16  # per run (10 with --quick)
 SEEDS = 3  # per attack (1 with --quick)
 CLEAN_RUNS = 20  # with trust, for false quarantines (4 with --quick)
