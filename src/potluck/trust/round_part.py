@@ -103,7 +103,8 @@ class RoundTrustPart:
         keepers: list[Keeper] = [k.keep for k in (self.work, self.rerun) if k is not None]
         self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
                                        codec, error_feedback, assigned, strategy.traffic,
-                                       _each(keepers) if keepers else None)
+                                       _each(keepers) if keepers else None,
+                                       self._wanted if self.work is not None else None)
         strategy.register_round_sum(self.exchange)
         if self.rerun is not None:
             strategy.watch_inner_steps(self.rerun)
@@ -196,6 +197,20 @@ class RoundTrustPart:
         record(self.strikes, found, steps, cohort.membership.members, self.events,
                self._removals, cohort.rank)
 
+    def _targets(self, round_: int, senders: Sequence[int]) -> list[int]:
+        """The work check's targets of a round: every sender each ``every`` rounds, and
+        the members of pairs left unsettled last round."""
+        work, members = self.work, self._cohort.membership.members
+        assert work is not None and work.config is not None
+        every = round_ % work.config.every == 0
+        return [r for r in senders
+                if every or (r < len(members) and members[r] in work.forced)]
+
+    def _wanted(self, piece: Piece, owners: tuple[int, ...]) -> tuple[int, ...]:
+        """Whose whole pseudo-gradients the round sum hands the work check this round."""
+        assert self.work is not None
+        return tuple(self._targets(piece.round, owners)) if self.work.due(piece.round) else ()
+
     def _check_work(self, found: list[Finding], taken: RoundReports, steps: int,
                     fingerprint: int | None) -> tuple[list[Finding], list[int] | None]:
         """The work check of the round's targets (every member each ``every`` rounds,
@@ -204,10 +219,9 @@ class RoundTrustPart:
         member's, sent with its gains; every member's comes back where they went."""
         work, cohort = self.work, self._cohort
         assert work is not None and work.config is not None
-        members, senders = cohort.membership.members, list(taken.senders)
-        forced, work.forced = work.forced, set()
-        every = taken.round % work.config.every == 0
-        targets = [r for r in senders if every or members[r] in forced]
+        senders = list(taken.senders)
+        members, targets = cohort.membership.members, self._targets(taken.round, senders)
+        work.forced = set()
         gains, prints = None, None
         if targets:
             digest = taken.reports.numpy().tobytes()
@@ -311,8 +325,9 @@ def _each(keepers: Sequence[Keeper]) -> Keeper:
     if len(keepers) == 1:
         return keepers[0]
 
-    def keep(piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
+    def keep(piece: Piece, owners: tuple[int, ...], wanted: tuple[int, ...],
+             copies: Sequence[torch.Tensor]) -> None:
         for each in keepers:
-            each(piece, owners, copies)
+            each(piece, owners, wanted, copies)
 
     return keep
