@@ -36,7 +36,7 @@ WORKERS = 4
 # H: a round is 16 global batches of 256. Trust's cost is per round, so a user takes H
 # as large as the checks allow: at H = 32 and 64 the work check caught ALIE and a
 # copier only at rounds 5 and 6; at 16 it still does so by round 3.
-INNER_STEPS = 16
+INNER_STEPS = 16  # (8 with --quick: a run that checks the bench works, not its figures)
 ROUNDS = 16  # per run (10 with --quick)
 SEEDS = 3  # per attack (1 with --quick)
 CLEAN_RUNS = 20  # with trust, for false quarantines (4 with --quick)
@@ -62,7 +62,8 @@ def config_from_args(args: Any) -> RoundsConfig:
                           f"{', '.join(ROUND_ATTACKS)}")
     quick = bool(args.quick)
     return RoundsConfig(tuple(dict.fromkeys(args.attack or ROUND_ATTACKS)),
-                        10 if quick else ROUNDS, INNER_STEPS, 1 if quick else SEEDS,
+                        10 if quick else ROUNDS, 8 if quick else INNER_STEPS,
+                        1 if quick else SEEDS,
                         4 if quick else CLEAN_RUNS, 2 if quick else TIMING, quick)
 
 
