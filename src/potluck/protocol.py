@@ -14,7 +14,9 @@ gathered a word per setting) are not.
 from __future__ import annotations
 
 VERSION = "0.1.0"  # the package's (``potluck.__version__``)
-WIRE = 2  # 2: trust's far steps and DiLoCo's partly trained rounds ride in the live state
+# 3: the rounds' work check's copies ride in the round sum's second all-to-all;
+# 2: trust's far steps and DiLoCo's partly trained rounds ride in the live state
+WIRE = 3
 
 
 def running() -> str:

@@ -162,15 +162,23 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
     assert unguarded[0]["loss"] > 2 * clean[0]["loss"], (unguarded[0]["loss"], clean[0]["loss"])
 
 
+def _mse(model: Any, batch: Any) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
 @pytest.mark.timeout(200)
-def test_a_diverged_replica_is_repaired_from_the_majority() -> None:
+@pytest.mark.parametrize("work_check", [False, True], ids=["alone", "with the work check"])
+def test_a_diverged_replica_is_repaired_from_the_majority(work_check: bool) -> None:
     """Rank 2's global model and outer momentum are nudged after round 2: the next
     round's fingerprints name it, it is repaired from the majority (its outer
     optimizer's state too: else it steps apart again) and struck once (not
-    quarantined), and every replica ends equal."""
+    quarantined), and every replica ends equal. With the work check, the fingerprints
+    ride with its gains."""
     from potluck import Trust
+    from potluck.trust import RoundCheck
 
-    results = _run(Trust(), diverge=2)
+    results = _run(Trust(round_check=RoundCheck(_mse, samples=8) if work_check else None),
+                   diverge=2)
     repairs = [e for e in results[0]["events"] if e["event"] == "repair"]
     assert [e["members"] for e in repairs] == [["rank2"]], results[0]["events"]
     for result in results[1:]:

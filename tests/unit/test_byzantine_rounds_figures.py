@@ -39,7 +39,7 @@ def _rows(available: bool) -> dict[str, dict[str, Any]]:
     trust = available or None
     return {
         "sign_flip": fig.attack_row([math.inf, math.inf], trust and [1.01, 1.03],
-                                    trust and [2, 3]),
+                                    trust and [2, 3], trust_vs_honest=trust and [0.97, 0.99]),
         "free_rider": fig.attack_row([1.0, 1.02], trust and [1.08, 1.0], trust and [None, 1],
                                      honest_quarantined=1),
     }
@@ -60,6 +60,7 @@ def test_the_figures_where_trust_is_available() -> None:
     assert out["hurt_attacks"] == ["sign_flip"]
     assert out["worst_loss_ratio"] == pytest.approx(1.04)  # free rider's median
     assert out["worst_loss_ratio_where_hurt"] == pytest.approx(1.02)  # sign flip's only
+    assert out["worst_loss_ratio_where_hurt_vs_honest"] == pytest.approx(0.98)
     assert out["max_rounds_to_quarantine"] == math.inf  # the free rider got away once
     assert out["false_quarantines"] == 0 and out["clean_overhead"] == 0.02
 
@@ -79,7 +80,7 @@ def test_the_overhead_is_the_median_of_interleaved_ratios() -> None:
 
 
 def _results(available: bool) -> dict[str, Any]:
-    return {"baselines": [0.3, 0.31], "attacks": _rows(available),
+    return {"baselines": [0.3, 0.31], "honest": [0.31, 0.32], "attacks": _rows(available),
             "false": 0 if available else None, "overhead": 0.02 if available else None,
             "round_ms": {"plain": 50.0, "trust": 51.0, "floor": 50.5, "floor_overhead": 0.01}
             if available else {},
@@ -106,6 +107,8 @@ def test_the_report_puts_each_figure_beside_its_goal() -> None:
     lines = bench.report_lines(CONFIG, _results(True))
     text = "\n".join(lines)
     assert "worst_loss_ratio 1.0400, where plain DiLoCo is hurt 1.0200 (goal <= 1.05" in text
+    assert "against a clean run of the 3 honest members alone, where plain DiLoCo is " \
+           "hurt: 0.9800" in text
     assert "max_rounds_to_quarantine inf (goal <= 3, over every attack)" in text
     assert "false_quarantines 0 of 20 clean runs (goal 0)" in text
     assert "clean_overhead +0.020 (round 51.0 ms with trust vs 50.0 ms without; goal <= " \

@@ -1,12 +1,12 @@
 """``WorkCheck``: the I/O of the work check under rounds (the rule: ``round_work.py``).
 
-On a round it checks, trust's round sum hands it, per piece, each owner's decoded
-copies of its slice (``keep``); it copies the piece's global parameters then, which are
-still the round's start. After the round committed (``measure``), on every member:
+On a round it checks, trust's round sum hands it, per piece, every target's whole
+pseudo-gradient as the slices' owners decoded it (``keep``): each owner adds its copy
+of the targets' slices to the aggregate it hands out, so no collective of its own
+moves them. It copies the piece's global parameters then, which are still the round's
+start. After the round committed (``measure``), on every member:
 
-1. **gather**: one all-gather per piece, in which each slice owner contributes its
-   decoded copy of every target's slice: every member then holds every target's whole
-   pseudo-gradient, as the owners aggregated it;
+1. **targets**: the round's targets' pseudo-gradients, kept;
 2. **evaluate**: on a functional copy of the model (``torch.func.functional_call``,
    under ``torch.random.fork_rng``, without gradients), the loss at the round's start
    and at ``start - delta`` of each target, on each member's sample of the round (a
@@ -14,15 +14,16 @@ still the round's start. After the round committed (``measure``), on every membe
    reports, read as the loader reads them);
 3. **exchange**: one all-gather of every member's gains (``[targets, members]``
    float64), of which each gain is the median over the checkers other than the target;
+   the fingerprint of each member's global parameters rides with them when it is due;
 4. **remember**: the trust part scores the round (``round_work.work_scores``) and the
    check keeps each member's last ``WINDOW`` scores by member id (``remember``), the
    window the rule judges.
 
 Bytes a member sends on a checked round: its decoded copies of the targets' slices,
 ``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
-``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, in the parameters' dtype),
-plus ``8 * T * N * (N - 1)`` bytes of gains. Forward passes: ``N * (T + 1)`` of
-``samples`` samples each, on every member.
+``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, in the parameters' dtype; in
+the round sum's second all-to-all), plus ``8 * T * N * (N - 1)`` bytes of gains.
+Forward passes: ``N * (T + 1)`` of ``samples`` samples each, on every member.
 """
 
 from __future__ import annotations
@@ -49,13 +50,22 @@ ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]
 @dataclass
 class _Kept:
     """One piece of a checked round: its parameters, their start values (flat), the
-    owners then, and this member's decoded copies of its slice (``[owners, size]``;
-    None where it owned none)."""
+    owners then, the targets and each target's whole pseudo-gradient of the piece."""
 
     members: tuple[int, ...]
     start: torch.Tensor
     owners: tuple[int, ...]
-    copies: torch.Tensor | None
+    targets: tuple[int, ...]
+    deltas: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A checked round: the median gains ``[target][member]``, and every member's word
+    carried with them (None: none was)."""
+
+    gains: list[list[float]]
+    carried: list[int] | None
 
 
 class WorkCheck:
@@ -87,16 +97,18 @@ class WorkCheck:
         """Whether round ``round_`` is checked (its copies kept)."""
         return bool(self.forced) or round_ % self.config.every == 0
 
-    def keep(self, piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
-        """The round sum's call for each piece: kept on a round that is checked."""
+    def keep(self, piece: Piece, owners: tuple[int, ...], targets: tuple[int, ...],
+             deltas: Sequence[torch.Tensor]) -> None:
+        """For each piece of a round that is checked: the ``targets``' whole
+        pseudo-gradients of it (``deltas``, in targets' order)."""
         if not self.due(piece.round):
             return
         if piece.round != self._round:
             self._kept, self._parts, self._round = {}, (), piece.round
         values = self._global()
         start = torch.cat([values[i].detach().reshape(-1) for i in piece.members]).clone()
-        kept = None if copies is None else copies.detach().to(piece.delta.dtype).clone()
-        self._kept[piece.key] = _Kept(piece.members, start, owners, kept)
+        kept = [d.detach().to(piece.delta.dtype).clone() for d in deltas]
+        self._kept[piece.key] = _Kept(piece.members, start, owners, targets, kept)
         if piece.parts:
             self._parts = piece.parts
 
@@ -105,41 +117,35 @@ class WorkCheck:
         self._kept, self._parts, self._round = {}, (), 0
 
     def measure(self, round_: int, targets: Sequence[int], digest: bytes,
-                group: ProcessGroupLike, device: torch.device) -> list[list[float]] | None:
+                group: ProcessGroupLike, device: torch.device,
+                carry: int | None = None) -> Measured | None:
         """The median gains ``[target][member]`` of round ``round_``'s ``targets``
-        (ranks that owned slices); None where the round was not kept whole."""
+        (ranks that owned slices); None where the round was not kept whole. ``carry``:
+        a 64-bit word of this member's that rides with its gains (the fingerprint of
+        its global parameters: one collective less a round); every member's comes back
+        in ``Measured.carried``."""
         kept, parts, kept_round = self._kept, self._parts, self._round
         self.forget()
         n = group.size()
         # (the same answer on every member: each keeps the same pieces of a checked round)
-        if not kept or kept_round != round_ or len(parts) != n:
+        if not kept or kept_round != round_ or len(parts) != n or any(
+                k.targets != tuple(targets) for k in kept.values()):
             return None
-        deltas = self._gather(kept, targets, group)
+        deltas = [k.deltas for k in kept.values()]
         picked = windows(parts, self.config.samples, round_seed(round_, digest))
-        mine = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64,
-                            device=device)
+        gains = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64)
+        words = gains.reshape(-1)
+        if carry is not None:  # (its bits, as a float64: the gains' dtype)
+            words = torch.cat([words, torch.tensor([carry], dtype=torch.int64)
+                               .view(torch.float64)])
+        mine = words.to(device)
         table = [torch.zeros_like(mine) for _ in range(n)]
         _all_gather(group, table, mine, "the work check's gains")
+        rows = [t.cpu() for t in table]
         owners = next(iter(kept.values())).owners
-        return median_gains([t.cpu().tolist() for t in table], owners, targets)
-
-    def _gather(self, kept: dict[str, _Kept], targets: Sequence[int],
-                group: ProcessGroupLike) -> list[list[torch.Tensor]]:
-        """Every target's whole pseudo-gradient, per piece (in the pieces' order)."""
-        out: list[list[torch.Tensor]] = []
-        me = group.rank()
-        for piece in kept.values():
-            owners = piece.owners
-            size = max(1, math.ceil(piece.start.numel() / len(owners)))
-            rows = [owners.index(t) for t in targets]
-            send = (piece.copies[rows].reshape(-1) if me in owners and piece.copies is not None
-                    else torch.zeros(len(rows) * size, dtype=piece.start.dtype,
-                                     device=piece.start.device))
-            gathered = [torch.empty_like(send) for _ in range(group.size())]
-            _all_gather(group, gathered, send, "the work check's pseudo-gradients")
-            slices = torch.stack([gathered[o].view(len(rows), size) for o in owners], dim=1)
-            out.append([s.reshape(-1)[:piece.start.numel()] for s in slices])
-        return out
+        gathered = [r[:gains.numel()].view(gains.shape).tolist() for r in rows]
+        carried = None if carry is None else [int(r[-1:].view(torch.int64)) for r in rows]
+        return Measured(median_gains(gathered, owners, targets), carried)
 
     def _gains(self, kept: dict[str, _Kept], deltas: list[list[torch.Tensor]],
                picked: Sequence[Sequence[tuple[int, int]]]) -> list[list[float]]:

@@ -12,12 +12,16 @@ exchange does for a bucket:
    parts, which every member holds and which must tile the round's block), never by a
    number a member claims; and reports on every copy (``round_rules.slice_report``);
 3. a second all-to-all hands every member each owner's aggregate and report, so every
-   member ends with the same combined pseudo-gradient and the same reports.
+   member ends with the same combined pseudo-gradient and the same reports. Where the
+   work check wants some members' whole copies this round (``wanted``), each owner
+   adds its decoded copy of their slices to what it hands out (the check needs no
+   collective of its own for them).
 
 A quarantined member sends nothing and owns nothing: its copy has weight 0. Bytes per
 round: the two all-to-alls move what a ring all-reduce moves (each member sends
 ``(N - 1) / N`` of its encoded copy, each owner its aggregate to ``N - 1`` members),
-plus each owner's report, ``8 * s * (4 + s)`` bytes a piece for ``s`` members.
+plus each owner's report, ``8 * s * (4 + s)`` bytes a piece for ``s`` members, plus
+``(s - 1) * T / s`` of a copy for each of ``T`` wanted members.
 
 The reports of a round are summed over its pieces and kept (``take``) for the trust
 part, which judges them once the round committed (``round_part.py``).
@@ -43,7 +47,10 @@ from potluck.trust.aggregate import Aggregator
 from potluck.trust.lanes import lanes_for
 from potluck.trust.round_rules import FIELDS, FINITE, slice_report
 
-Keeper = Callable[[Piece, tuple[int, ...], "torch.Tensor | None"], None]
+# (piece, its owners, the wanted members, their whole decoded copies of it in that order)
+Keeper = Callable[[Piece, tuple[int, ...], tuple[int, ...], Sequence[torch.Tensor]], None]
+# (piece, its owners) -> the members whose whole copies every member gets this round
+Wanted = Callable[[Piece, tuple[int, ...]], tuple[int, ...]]
 
 
 @dataclass
@@ -65,14 +72,16 @@ class RobustRoundSum:
                  member: Callable[[int], str], codec: Codec | None = None,
                  error_feedback: bool = True,
                  assigned: Callable[[], Sequence[float] | None] | None = None,
-                 traffic: Traffic | None = None, keeper: Keeper | None = None) -> None:
+                 traffic: Traffic | None = None, keeper: Keeper | None = None,
+                 wanted: Wanted | None = None) -> None:
         """``trusted(world_size)``: the ranks whose copies count; ``member(rank)``: its
         id (replays are compared per member); ``assigned()``: the members' parts of the
         round as the loader split it, for a piece sent mid-round (Streaming DiLoCo's
         earlier fragments), whose ``Piece.shares`` is empty; ``traffic``: where the bytes
         sent are counted (the strategy's, so its round records count them); ``keeper``:
         handed each piece with this owner's decoded copies of its slice (the work
-        check's, ``round_check.py``)."""
+        check's, ``round_check.py``); ``wanted``: whose whole copies (the owners'
+        decoded ones) the keeper gets."""
         self.aggregator, self._trusted, self._member = aggregator, trusted, member
         self.lanes = lanes_for(codec, error_feedback)
         self._assigned = assigned or (lambda: None)
@@ -80,7 +89,7 @@ class RobustRoundSum:
         self._keys: dict[str, int] = {}  # a piece's key: its index for the lanes' feedback
         self._sketches: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
         self._round: RoundReports | None = None
-        self._keeper = keeper
+        self._keeper, self._wanted = keeper, wanted
         self._open: int | None = None  # the round whose pieces went out, not committed
         self._sent: set[str] = set()  # and the keys of its pieces sent so far
     def take(self) -> RoundReports | None:
@@ -122,24 +131,24 @@ class RobustRoundSum:
         weights = torch.tensor([shares[r] for r in owners], dtype=torch.float64)
         size = max(1, math.ceil(flat.numel() / len(owners)))
         received, width = self._scatter(piece, flat, owners, size, group)
-        stride = size + wire.per_word(flat.dtype) * len(owners) * (FIELDS + len(owners))
+        wanted = tuple(self._wanted(piece, owners)) if self._wanted is not None else ()
+        carried = size * (1 + len(wanted))  # the aggregate, then each wanted copy's slice
+        stride = carried + wire.per_word(flat.dtype) * len(owners) * (FIELDS + len(owners))
         if me in owners:
             rows = received.view(len(owners), width)
             copies = rows if not self.lanes.coded else self.lanes.copies(rows, size)
             value = self.aggregator.aggregate(copies, weights.to(copies.device, copies.dtype))
             report = self._report(piece.key, owners, copies, value,
                                   [shares[r] for r in owners])
-            if self._keeper is not None:
-                self._keeper(piece, owners, copies)
             outgoing = torch.empty(n, stride, dtype=flat.dtype, device=flat.device)
             outgoing[0, :size] = value.to(flat.dtype)
-            outgoing[0, size:] = wire.to_values(report.view(-1).view(torch.int64),
-                                                flat.dtype).to(flat.device)
+            for j, target in enumerate(wanted):
+                outgoing[0, size * (j + 1):size * (j + 2)] = copies[owners.index(target)]
+            outgoing[0, carried:] = wire.to_values(report.view(-1).view(torch.int64),
+                                                   flat.dtype).to(flat.device)
             outgoing[1:] = outgoing[0]
         else:
             outgoing = torch.empty(0, dtype=flat.dtype, device=flat.device)
-            if self._keeper is not None:
-                self._keeper(piece, owners, None)
         self.traffic.sent += outgoing.numel() // n * (n - 1) * flat.element_size()
         result = torch.empty(stride * len(owners), dtype=flat.dtype, device=flat.device)
         work = group.alltoall_base(  # type: ignore[attr-defined]
@@ -148,9 +157,12 @@ class RobustRoundSum:
         wait_for(work, group, "the round's robust aggregation (gather)")
         rows = result.view(len(owners), stride)
         combined = rows[:, :size].reshape(-1)[:flat.numel()].clone()
-        reports = torch.stack([wire.to_words(rows[k, size:]).view(torch.float64)
+        reports = torch.stack([wire.to_words(rows[k, carried:]).view(torch.float64)
                                .view(len(owners), FIELDS + len(owners)).cpu()
                                for k in range(len(owners))])
+        if self._keeper is not None:
+            self._keeper(piece, owners, wanted, [rows[:, size * (j + 1):size * (j + 2)].reshape(-1)
+                                         [:flat.numel()] for j in range(len(wanted))])
         self._keep(piece.round, owners, [shares[r] for r in owners], reports)
         done: Future[torch.Tensor] = Future()
         done.set_result(combined.view_as(piece.delta))

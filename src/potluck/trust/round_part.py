@@ -12,12 +12,15 @@ round, on every member alike:
    member that did not do the work is struck (a pair not checked this round is noted
    without a strike and checked the next);
 2. **agreement**: every ``Trust.fingerprint_every`` rounds the members compare a
-   fingerprint of their global parameters (one small all-gather). A member whose
+   fingerprint of their global parameters (one small all-gather, or none on a round
+   the work check measures: the fingerprints ride with its gains). A member whose
    fingerprint differs from the majority's is struck for it and repaired from the
    majority (a broadcast of the global parameters, the replica and its buffers);
 3. **quarantine**: as every-step trust's (``part.py``): an elastic cohort removes the
    member at this boundary and bans its seat; a fixed cohort keeps it in the group, but
-   it owns no slice and its copy gets weight 0 (its part of each round is lost).
+   it owns no slice and its copy gets weight 0. It sits out: the loader hands it one
+   sample of each round and the others the rest, so the round's samples are still
+   trained (one lost a round).
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class RoundTrustPart:
         keepers: list[Keeper] = [k.keep for k in (self.work, self.rerun) if k is not None]
         self.exchange = RobustRoundSum(config.aggregator, self.trusted, self._member,
                                        codec, error_feedback, assigned, strategy.traffic,
-                                       _each(keepers) if keepers else None)
+                                       _each(keepers) if keepers else None,
+                                       self._wanted if self.work is not None else None)
         strategy.register_round_sum(self.exchange)
         if self.rerun is not None:
             strategy.watch_inner_steps(self.rerun)
@@ -176,14 +180,17 @@ class RoundTrustPart:
             self.strikes.observe_far(steps, [members[i] for i in taken.senders],
                                      {members[f.rank] for f in found if f.kind == FAR})
         every = self.config.fingerprint_every
+        due = bool(every) and steps % every == 0
         try:
+            prints = None
             if taken is not None and self.work is not None:
-                found = self._check_work(found, taken, steps)
+                found, prints = self._check_work(found, taken, steps,
+                                                 self._print() if due else None)
             if taken is not None and self.rerun is not None:
                 found += self.rerun.check(taken.round, taken.reports.numpy().tobytes(),
                                           taken.senders, cohort.group, cohort.device)
-            if every and steps % every == 0:
-                found += self._agree(steps)
+            if due:
+                found += self._agree(steps, prints)
         except PeerLostError:
             if not cohort.elastic:
                 raise
@@ -192,23 +199,39 @@ class RoundTrustPart:
         record(self.strikes, found, steps, cohort.membership.members, self.events,
                self._removals, cohort.rank)
 
-    def _check_work(self, found: list[Finding], taken: RoundReports,
-                    steps: int) -> list[Finding]:
+    def _targets(self, round_: int, senders: Sequence[int]) -> list[int]:
+        """The work check's targets of a round: every sender each ``every`` rounds, and
+        the members of pairs left unsettled last round."""
+        work, members = self.work, self._cohort.membership.members
+        assert work is not None and work.config is not None
+        every = round_ % work.config.every == 0
+        return [r for r in senders
+                if every or (r < len(members) and members[r] in work.forced)]
+
+    def _wanted(self, piece: Piece, owners: tuple[int, ...]) -> tuple[int, ...]:
+        """Whose whole pseudo-gradients the round sum hands the work check this round."""
+        assert self.work is not None
+        return tuple(self._targets(piece.round, owners)) if self.work.due(piece.round) else ()
+
+    def _check_work(self, found: list[Finding], taken: RoundReports, steps: int,
+                    fingerprint: int | None) -> tuple[list[Finding], list[int] | None]:
         """The work check of the round's targets (every member each ``every`` rounds,
         and the pairs left unsettled last round), in the senders' index space of the
-        pure rule; pairs flagged as copies are settled by it."""
+        pure rule; pairs flagged as copies are settled by it. ``fingerprint``: this
+        member's, sent with its gains; every member's comes back where they went."""
         work, cohort = self.work, self._cohort
         assert work is not None and work.config is not None
-        members, senders = cohort.membership.members, list(taken.senders)
-        forced, work.forced = work.forced, set()
-        every = taken.round % work.config.every == 0
-        targets = [r for r in senders if every or members[r] in forced]
-        gains = None
+        senders = list(taken.senders)
+        members, targets = cohort.membership.members, self._targets(taken.round, senders)
+        work.forced = set()
+        gains, prints = None, None
         if targets:
             digest = taken.reports.numpy().tobytes()
-            measured = work.measure(taken.round, targets, digest, cohort.group, cohort.device)
+            measured = work.measure(taken.round, targets, digest, cohort.group, cohort.device,
+                                    carry=fingerprint)
             if measured is not None:
-                gains = [[row[r] for r in senders] for row in measured]
+                gains = [[row[r] for r in senders] for row in measured.gains]
+                prints = measured.carried
         else:
             work.forget()
         index = {r: i for i, r in enumerate(senders)}
@@ -233,18 +256,24 @@ class RoundTrustPart:
                  step=steps, member=pair[0])
         back = [f._replace(rank=senders[f.rank], party=senders[f.party] if f.party >= 0 else -1)
                 for f in settled]
-        return [f for f in found if f.kind != COPIED] + back
+        return [f for f in found if f.kind != COPIED] + back, prints
 
-    def _agree(self, steps: int) -> list[Finding]:
-        """Every member's fingerprint of its global parameters; a diverged one is
-        repaired from the majority (and struck)."""
+    def _print(self) -> int:
+        """The fingerprint of this member's global parameters."""
+        return self._prints(self._strategy.global_parameters)
+
+    def _agree(self, steps: int, values: list[int] | None = None) -> list[Finding]:
+        """Every member's fingerprint of its global parameters (``values``: gathered
+        already, with the work check's gains); a diverged one is repaired from the
+        majority (and struck)."""
         group, n = self._cohort.group, self._cohort.group.size()
         device = self._cohort.device  # (NCCL talks in device tensors)
-        mine = torch.tensor([self._prints(self._strategy.global_parameters)],
-                            dtype=torch.int64, device=device)
-        prints = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
-        settle(lambda: group.allgather([prints], [mine]), group, "the replicas' fingerprints")
-        values = [int(p.item()) for p in prints]
+        if values is None:
+            mine = torch.tensor([self._print()], dtype=torch.int64, device=device)
+            prints = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+            settle(lambda: group.allgather([prints], [mine]), group,
+                   "the replicas' fingerprints")
+            values = [int(p.item()) for p in prints]
         trusted = self.trusted(n)
         bad = diverged(values, trusted)
         if not bad:
@@ -298,8 +327,9 @@ def _each(keepers: Sequence[Keeper]) -> Keeper:
     if len(keepers) == 1:
         return keepers[0]
 
-    def keep(piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
+    def keep(piece: Piece, owners: tuple[int, ...], wanted: tuple[int, ...],
+             copies: Sequence[torch.Tensor]) -> None:
         for each in keepers:
-            each(piece, owners, copies)
+            each(piece, owners, wanted, copies)
 
     return keep

@@ -120,7 +120,8 @@ class SpotRerun:
         if kept is not None and kept.snapshot is None and (done >= self.config.steps or final):
             kept.snapshot = [p.detach().clone() for p in self._params]
 
-    def keep(self, piece: Piece, owners: tuple[int, ...], copies: torch.Tensor | None) -> None:
+    def keep(self, piece: Piece, owners: tuple[int, ...], wanted: tuple[int, ...],
+             copies: Sequence[torch.Tensor]) -> None:
         """The round sum's call for each piece: the last one carries every member's parts."""
         if piece.parts:
             self._parts = piece.parts

@@ -33,7 +33,10 @@ from potluck_lab.driver import Bench
 from potluck_lab.round_attacks import ROUND_ATTACKS
 
 WORKERS = 4
-INNER_STEPS = 8  # H: a round is 8 global batches of 256
+# H: a round is 16 global batches of 256. Trust's cost is per round, so a user takes H
+# as large as the checks allow: at H = 32 and 64 the work check caught ALIE and a
+# copier only at rounds 5 and 6; at 16 it still does so by round 3.
+INNER_STEPS = 16  # (8 with --quick: a run that checks the bench works, not its figures)
 ROUNDS = 16  # per run (10 with --quick)
 SEEDS = 3  # per attack (1 with --quick)
 CLEAN_RUNS = 20  # with trust, for false quarantines (4 with --quick)
@@ -59,7 +62,8 @@ def config_from_args(args: Any) -> RoundsConfig:
                           f"{', '.join(ROUND_ATTACKS)}")
     quick = bool(args.quick)
     return RoundsConfig(tuple(dict.fromkeys(args.attack or ROUND_ATTACKS)),
-                        10 if quick else ROUNDS, INNER_STEPS, 1 if quick else SEEDS,
+                        10 if quick else ROUNDS, 8 if quick else INNER_STEPS,
+                        1 if quick else SEEDS,
                         4 if quick else CLEAN_RUNS, 2 if quick else TIMING, quick)
 
 
@@ -73,10 +77,12 @@ def measure(config: RoundsConfig, logs: Path) -> dict[str, Any]:
         print(f"trust: not available under rounds ({unavailable})", flush=True)
     contenders = ("plain",) if unavailable else ("plain", "trust")
     baselines = [_run(config, "none", False, seed)["loss"] for seed in seeds]
+    honest = [_run(config, "none", False, seed, workers=WORKERS - 1)["loss"] for seed in seeds]
     print(f"clean runs (plain DiLoCo, no attacker): held-out loss "
-          f"{', '.join(f'{b:.4f}' for b in baselines)} (seeds {', '.join(map(str, seeds))})",
+          f"{', '.join(f'{b:.4f}' for b in baselines)} (seeds {', '.join(map(str, seeds))}); "
+          f"the {WORKERS - 1} honest members alone: {', '.join(f'{h:.4f}' for h in honest)}",
           flush=True)
-    attacks = {attack: _attack(config, attack, contenders, baselines)
+    attacks = {attack: _attack(config, attack, contenders, baselines, honest)
                for attack in config.attacks}
     false: int | None = None
     overhead: float | None = None
@@ -86,29 +92,33 @@ def measure(config: RoundsConfig, logs: Path) -> dict[str, Any]:
                           for seed in range(1, config.clean_runs)]
         false = sum(fig.any_quarantine(r["events"]) for r in runs)
         overhead, round_ms = _overhead(config)
-    return {"baselines": baselines, "attacks": attacks, "false": false,
+    return {"baselines": baselines, "honest": honest, "attacks": attacks, "false": false,
             "overhead": overhead, "round_ms": round_ms, "unavailable": unavailable,
             "seconds": time.monotonic() - started}
 
 
 def _attack(config: RoundsConfig, attack: str, contenders: tuple[str, ...],
-            baselines: list[float]) -> dict[str, Any]:
+            baselines: list[float], honest: list[float]) -> dict[str, Any]:
     ratios: dict[str, list[float]] = {c: [] for c in contenders}
+    vs_honest: list[float] = []
     caught: list[int | None] = []
-    honest = 0
+    quarantined = 0  # honest members quarantined
     for seed in range(config.seeds):
         for contender in interleaved(contenders, 1):
             run = _run(config, attack, contender == "trust", seed)
             ratios[contender].append(fig.ratio(run["loss"], baselines[seed]))
             if contender == "trust":
+                vs_honest.append(fig.ratio(run["loss"], honest[seed]))
                 rounds, others = fig.quarantines(run["events"], ATTACKER)
                 caught.append(fig.rounds_to_quarantine(rounds, run["start"]))
-                honest += others
+                quarantined += others
     trust = "trust" in contenders
     row = fig.attack_row(ratios["plain"], ratios["trust"] if trust else None,
-                         caught if trust else None, honest)
-    said = (f"trust {row['trust']:.4g}x (worst seed {row['trust_worst_seed']:.4g}x), "
-            f"quarantined after {caught} round(s), {honest} honest member(s) quarantined"
+                         caught if trust else None, quarantined,
+                         vs_honest if trust else None)
+    said = (f"trust {row['trust']:.4g}x (worst seed {row['trust_worst_seed']:.4g}x; "
+            f"{row['trust_vs_honest']:.4g}x the honest members alone), quarantined after "
+            f"{caught} round(s), {quarantined} honest member(s) quarantined"
             if trust else "trust not available")
     print(f"  {attack}: plain DiLoCo {row['plain']:.4g}x, {said}", flush=True)
     return row
@@ -154,6 +164,8 @@ def report_lines(config: RoundsConfig, results: dict[str, Any]) -> list[str]:
             f"worst_loss_ratio {f['worst_loss_ratio']:.4f}, where plain DiLoCo is hurt "
             f"{f['worst_loss_ratio_where_hurt']:.4f} (goal <= {goals['worst_loss_ratio']} "
             f"there; the worst attack's median over {config.seeds} seed(s))",
+            f"  against a clean run of the {WORKERS - 1} honest members alone, where plain "
+            f"DiLoCo is hurt: {f['worst_loss_ratio_where_hurt_vs_honest']:.4f}",
             f"max_rounds_to_quarantine {f['max_rounds_to_quarantine']} (goal <= "
             f"{goals['max_rounds_to_quarantine']}, over every attack)",
             f"false_quarantines {f['false_quarantines']} of {config.clean_runs} clean runs "
@@ -173,7 +185,8 @@ def report_json(config: RoundsConfig, results: dict[str, Any]) -> dict[str, Any]
             "goals": fig.GOALS,
             "trust_contender": "not available" if unavailable else "available",
             "trust_unavailable": unavailable, "attacks": results["attacks"],
-            "clean_loss": results["baselines"], "seeds": config.seeds,
+            "clean_loss": results["baselines"],
+            "clean_loss_honest_members": results.get("honest"), "seeds": config.seeds,
             "clean_runs": config.clean_runs, "rounds": config.rounds,
             "inner_steps": config.inner_steps, "workers": WORKERS,
             "attacker_rank": ATTACKER, "round_ms": results["round_ms"] or None,
@@ -184,10 +197,10 @@ BENCH = Bench("byzantine", config_from_args, measure, report_lines, report_json)
 
 
 def _run(config: RoundsConfig, attack: str, trust: bool, seed: int,
-         wrap: bool = True, floor: bool = False) -> dict[str, Any]:
+         wrap: bool = True, floor: bool = False, workers: int = WORKERS) -> dict[str, Any]:
     spec = {"attack": attack, "trust": trust, "seed": seed, "rounds": config.rounds,
             "inner_steps": config.inner_steps, "wrap": wrap, "floor": floor}
-    results = run_ranks(run_rank, WORKERS, free_port(), spec, init_group=False, timeout=300)
+    results = run_ranks(run_rank, workers, free_port(), spec, init_group=False, timeout=300)
     return results[0]  # type: ignore[no-any-return]
 
 

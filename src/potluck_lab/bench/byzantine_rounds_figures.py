@@ -50,19 +50,23 @@ def rounds_to_quarantine(caught: Sequence[int], start: int) -> int | None:
 
 def attack_row(plain: Sequence[float], trust: Sequence[float] | None,
                caught: Sequence[int | None] | None,
-               honest_quarantined: int = 0) -> dict[str, Any]:
+               honest_quarantined: int = 0,
+               trust_vs_honest: Sequence[float] | None = None) -> dict[str, Any]:
     """One attack over its seeds: loss ratios per contender (median, worst seed) and
     rounds to quarantine (the most; None if a seed never caught it). ``trust`` and
-    ``caught`` are None where trust was not available."""
+    ``caught`` are None where trust was not available. ``trust_vs_honest``: the trust
+    contender's losses over a clean run of the honest members alone, per seed."""
     row: dict[str, Any] = {"plain": median(plain), "plain_by_seed": list(plain),
                            "hurts_plain": median(plain) > HURT}
     if trust is None or caught is None:
         return {**row, "trust": None, "trust_worst_seed": None, "trust_by_seed": None,
-                "rounds_to_quarantine": None, "rounds_to_quarantine_by_seed": None,
+                "trust_vs_honest": None, "rounds_to_quarantine": None,
+                "rounds_to_quarantine_by_seed": None,
                 "honest_quarantined": None}
     found = [c for c in caught if c is not None]
     return {**row, "trust": median(trust), "trust_worst_seed": max(trust),
             "trust_by_seed": list(trust),
+            "trust_vs_honest": median(trust_vs_honest) if trust_vs_honest else None,
             "rounds_to_quarantine": None if len(found) < len(caught) else max(found),
             "rounds_to_quarantine_by_seed": list(caught),
             "honest_quarantined": honest_quarantined}
@@ -74,10 +78,12 @@ def figures(attacks: Mapping[str, Mapping[str, Any]], false: int | None,
 
     ``worst_loss_ratio``: the trust contender's worst attack (median over seeds);
     ``worst_loss_ratio_where_hurt``: the same over the attacks that hurt plain DiLoCo,
-    the goal's scope. ``max_rounds_to_quarantine``: over every attack, infinite if one
-    was never caught."""
+    the goal's scope; ``..._vs_honest``: the same against a clean run of the honest
+    members alone (what the run can reach once the attacker is out).
+    ``max_rounds_to_quarantine``: over every attack, infinite if one was never caught."""
     hurt = [a for a, r in attacks.items() if r["hurts_plain"]]
     out: dict[str, Any] = {"worst_loss_ratio": None, "worst_loss_ratio_where_hurt": None,
+                           "worst_loss_ratio_where_hurt_vs_honest": None,
                            "max_rounds_to_quarantine": None, "false_quarantines": None,
                            "clean_overhead": None, "hurt_attacks": hurt}
     if not available:
@@ -87,6 +93,9 @@ def figures(attacks: Mapping[str, Mapping[str, Any]], false: int | None,
             "worst_loss_ratio": max((r["trust"] for r in attacks.values()), default=math.nan),
             "worst_loss_ratio_where_hurt": max((attacks[a]["trust"] for a in hurt),
                                                default=math.nan),
+            "worst_loss_ratio_where_hurt_vs_honest": max(
+                (v for a in hurt if (v := attacks[a].get("trust_vs_honest")) is not None),
+                default=math.nan),
             "max_rounds_to_quarantine": max((math.inf if c is None else c for c in caught),
                                             default=math.nan),
             "false_quarantines": false, "clean_overhead": overhead}
