@@ -24,7 +24,14 @@ from torch import nn
 
 from potluck.balance import BalanceConfig
 from potluck.cohort import Cohort, init
-from potluck.compose.parts import aggregator, choose, reconciler, share_policy, untrusted
+from potluck.compose.parts import (
+    aggregator,
+    choose,
+    reconciler,
+    share_policy,
+    steward,
+    untrusted,
+)
 from potluck.data import DataCursor
 from potluck.data.handout import Handout
 from potluck.data.step_loader import StepLoader, check_workers
@@ -150,9 +157,12 @@ def prepare(
                                    group=cohort.group, recoverable=cohort.elastic,
                                    agree=(lambda: not wrapped.reducer.agreed_result)
                                    if guard is None and strategy is None else False)
+        swap = steward(cohort, observer, global_batch, strategy,
+                       choice.balance is not None)
         cursor = DataCursor(len(dataset), rounds * global_batch, seed=seed, drop_last=drop_last)
         transaction = StepTransaction(guarded, wrapped, cohort, cursor,
-                                      parts=(policy, *parts, *([guard] if guard else [])),
+                                      parts=(policy, *parts, *([guard] if guard else []),
+                                             *([swap] if swap else [])),
                                       minimum=minimum, checkpoint_dir=checkpoint_dir,
                                       resume=resume, observer=observer,
                                       handed=lambda: handout.batches, settings=agreed)

@@ -39,7 +39,13 @@ class MembershipSource(Protocol):
 
     def next_generation(self, reason: str) -> Membership: ...
 
-    def pending_joiners(self) -> bool: ...
+    def pending_joiners(self) -> bool:
+        """Whether workers wait that the cohort would admit now (it has room)."""
+        ...
+
+    def spares(self) -> int:
+        """Workers waiting to be admitted, room or not."""
+        ...
 
     def announce_leave(self) -> None: ...
 
@@ -83,6 +89,9 @@ class FixedMembership:
 
     def pending_joiners(self) -> bool:
         return False
+
+    def spares(self) -> int:
+        return 0
 
     def announce_leave(self) -> None:
         """Nobody to tell: a fixed job ends for everyone together."""
@@ -146,7 +155,10 @@ class RendezvousMembership:
         return self._cut_off_guard(lambda: self.rendezvous.next_generation(reason))
 
     def pending_joiners(self) -> bool:
-        return bool(self.rendezvous.pending_joiners())
+        return self.rendezvous.room() > 0 and bool(self.rendezvous.pending_joiners())
+
+    def spares(self) -> int:
+        return len(self.rendezvous.pending_joiners())
 
     def announce_leave(self) -> None:
         self.rendezvous.announce_leave()
