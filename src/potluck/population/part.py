@@ -138,6 +138,9 @@ class SwapPart:
             values[0][2], self._batch, int(values[0][3]), self._balanced,
             frozenset(self._protected))
         self._checks.append(check(self.rule, data))
+        log.info("[rank %d] swap check after step %d: %s (members %s)", cohort.rank, steps,
+                 self._checks[-1], [(round(m.compute_s_per_sample, 6), m.link_s_per_byte)
+                                    for m in data.members])
         decision = decide(self.rule, self._checks)
         if decision is None:
             return
