@@ -2,7 +2,7 @@
 
 It hears each committed step's figures from the step observer (a ``StepSink``): this
 member's compute per sample and the step's wall time. Every ``rule.every`` steps of a
-generation all members check together: each probes its link (``probe``), one
+generation, from its first full window on, all members check together: each probes its link (``probe``), one
 all-gather shares every member's figures and rank 0's count of waiting spares, and
 every member reaches the same verdict from the same numbers (``swap.check`` and
 ``swap.decide``). A decision names one member: it leaves at this step's boundary as in
@@ -53,6 +53,7 @@ class SwapPart:
         self._steps = 0  # committed steps, as every member counts them
         self._since = 0  # the step the current generation's checks count from
         self._figures: deque[tuple[float, float]] = deque(maxlen=rule.every)
+        self._probes: deque[float] = deque(maxlen=3)  # its last probes: one is noisy
         self._checks: list[Check] = []
         self._protected: dict[str, int] = {}  # came in by a swap -> until step
         self._leaving: list[tuple[str, str]] = []
@@ -80,7 +81,9 @@ class SwapPart:
     def on_commit(self, steps: int) -> None:
         self._steps, self._leaving = steps, []
         counted = steps - self._since
-        if counted < self.rule.every or counted % self.rule.every:
+        # (none in a generation's first window: its first steps are warm-up, and the
+        # checks that decide a swap must all see the same members at work)
+        if counted < self.rule.window or counted % self.rule.every:
             return
         started = time.perf_counter()
         try:
@@ -121,7 +124,9 @@ class SwapPart:
         compute = statistics.median(c for c, _ in figures) if figures else float("nan")
         step_s = statistics.median(s for _, s in figures) if figures else float("nan")
         spares = cohort.spares() if cohort.rank == 0 else 0
-        row = torch.tensor([compute, self._probe(), step_s, float(spares)],
+        self._probes.append(self._probe())
+        link = statistics.median(self._probes)
+        row = torch.tensor([compute, link, step_s, float(spares)],
                            dtype=torch.float64)
         try:
             rows = allgather_tensor(row, cohort.group)

@@ -11,12 +11,12 @@ the spare in its place:
 ``wire`` is what the measured step spends beyond the current set's compute: the
 all-reduce and the step's overheads. It scales with the slowest link of the set, since
 a ring goes as fast as its slowest member. A spare of unknown speed counts as the
-median of the members it joins, on a link as good as their median.
+median of the members it joins, on a link no better than their slowest.
 
 A check blames the member whose absence predicts the most throughput, if the measured
 throughput is below ``(1 - drag)`` of that prediction. The cohort swaps it when the
-last ``checks`` checks (a window of steps) all blamed it. Hysteresis: no check counts
-before a full check's steps in the current generation, so one swap at most per window;
+last ``checks`` checks (a window of steps) all blamed it. Hysteresis: no check runs in
+a generation's first window (its warm-up), so one swap at most per window;
 and a member that came in by a swap cannot be blamed for two windows after.
 """
 
@@ -134,7 +134,7 @@ def predicted_without(check: CheckInput, member: str) -> float:
         raise ValueError(f"predicted_without: {member!r} is not one of several members")
     spare_c = check.spare_s_per_sample or statistics.median(
         m.compute_s_per_sample for m in others)
-    spare_l = statistics.median(m.link_s_per_byte for m in others)
+    spare_l = max(m.link_s_per_byte for m in others)  # (no better than the worst)
     now = [m.compute_s_per_sample for m in check.members]
     then = [m.compute_s_per_sample for m in others] + [spare_c]
     wire = max(0.0, check.step_s - compute_s(now, check.global_batch, check.balanced))

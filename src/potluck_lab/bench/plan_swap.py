@@ -35,7 +35,7 @@ from potluck_lab.machine.netns import BridgedHosts
 
 NODES = 4
 SWAP_HEADER = ("potluck bench plan --swap: 3 members and a spare on 80mbit links, one "
-               "member's link throttled to 8mbit mid-run; --swap-drag 0.3 --swap-window 8")
+               "member's link throttled to 8mbit mid-run; --swap-drag 0.3 --swap-window 12")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class SwapConfig:
     steps: int = 150
     throttle_at: int = 30
     drag: float = 0.3
-    window: int = 8
+    window: int = 12
     global_batch: int = 96
     limit_s: float = 240.0
 
