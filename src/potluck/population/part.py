@@ -2,8 +2,9 @@
 
 It hears each committed step's figures from the step observer (a ``StepSink``): this
 member's compute per sample and the step's wall time. Every ``rule.every`` steps of
-a generation, from its first full window on, all members check together: each probes its link (``probe``), one
-all-gather shares every member's figures and rank 0's count of waiting spares, and
+a generation, from its first full window on, all members check together. Each
+probes its link (``probe``; the median of its last 3 probes counts), one all-gather
+shares every member's figures and rank 0's count of waiting spares, and
 every member reaches the same verdict from the same numbers (``swap.check`` and
 ``swap.decide``). A decision names one member: it leaves at this step's boundary as in
 a planned leave (``departures``), and the boundary admits a spare in the same new
