@@ -15,7 +15,7 @@ from potluck.errors import ConfigError
 from potluck.launch.config import LaunchConfig
 from potluck.rendezvous.membership import Membership, RendezvousConfig
 from potluck.rendezvous.store_rendezvous import StoreRendezvous
-from potluck_lab.bench.plan_swap import Commit, swap_figures
+from potluck_lab.bench.plan_swap import Commit, compute_figures, swap_figures
 
 CONFIG = RendezvousConfig(token="t", expected=2, max_size=2, heartbeat_interval=0.1,
                           heartbeat_timeout=1.0, join_timeout=15.0, admission_timeout=5.0,
@@ -99,3 +99,13 @@ def test_the_bench_figures_read_the_swap_and_the_throughput_from_the_commits() -
     assert got["after_samples_per_s"] == pytest.approx(1000)
     assert got["throughput_ratio_after_vs_healthy"] == pytest.approx(1.0)
     assert got["throttled_samples_per_s"] == pytest.approx(100)
+
+
+@pytest.mark.timeout(5)
+def test_the_bench_reads_the_members_compute_healthy_and_after_the_swap() -> None:
+    computes = [(step, 0.002 if step <= 20 else 0.01) for step in range(1, 41)
+                for _ in range(3)]
+    got = compute_figures(computes, throttled_after=20, swap_step=26)
+    assert got == {"compute_ms_healthy": pytest.approx(2.0),
+                   "compute_ms_after": pytest.approx(10.0)}
+    assert compute_figures(computes, 20, None)["compute_ms_after"] is None

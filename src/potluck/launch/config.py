@@ -102,7 +102,7 @@ class LaunchConfig:
         if self.swap_window < 4:
             raise ConfigError(
                 f"--swap-window {self.swap_window} must be at least 4 steps (the cohort "
-                "checks every quarter window, and a swap needs several checks in a row)")
+                "checks every quarter window, and a swap weighs several checks)")
 
     def validated(self) -> LaunchConfig:
         """Self, after checking every field; raises ``ConfigError`` naming the bad one."""

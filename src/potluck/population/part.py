@@ -1,15 +1,16 @@
 """``SwapPart``: the step part that keeps the cohort's population healthy.
 
 It hears each committed step's figures from the step observer (a ``StepSink``): this
-member's compute per sample and the step's wall time. Every ``rule.every`` steps of
-a generation, from its first full window on, all members check together. Each
-probes its link (``probe``; the median of its last 3 probes counts), one all-gather
-shares every member's figures and rank 0's count of waiting spares, and
-every member reaches the same verdict from the same numbers (``swap.check`` and
-``swap.decide``). A decision names one member: it leaves at this step's boundary as in
-a planned leave (``departures``), and the boundary admits a spare in the same new
-generation. Rank 0 notes the decision (``potluck.events``: the status page and the
-``rank_step`` journal). A lost peer during the check skips it: the next step recovers.
+member's compute per sample and the step's wall time. Each member probes its link
+(``probe``) once every ``rule.every`` steps, each at its own step. Every ``rule.every``
+steps of a generation all members check together: one all-gather shares every
+member's figures and rank 0's count of waiting spares, and every member reaches the
+same verdict from the same numbers: the window's checks weighed together
+(``swap.check``), from the generation's first full window on. A decision names one
+member: it leaves at this step's boundary as in a planned leave (``departures``), and
+the boundary admits a spare in the same new generation. Rank 0 notes the decision
+(``potluck.events``: the status page and the ``rank_step`` journal).
+A lost peer during the check skips it: the next step recovers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from potluck.events import Note
 from potluck.metrics.observer import StepFigures
 from potluck.population.probe import LinkProbe
 from potluck.population.swap import (
-    Check,
     CheckInput,
     MemberCost,
     SwapDecision,
@@ -53,13 +53,14 @@ class SwapPart:
         self._batch, self._balanced = global_batch, balanced
         self._steps = 0  # committed steps, as every member counts them
         self._since = 0  # the step the current generation's checks count from
-        self._figures: deque[tuple[float, float]] = deque(maxlen=rule.every)
-        self._probes: deque[float] = deque(maxlen=3)  # its last probes: one is noisy
-        self._checks: list[Check] = []
+        # (each step's figures over the window; each check's members over the window)
+        self._figures: deque[tuple[float, float]] = deque(maxlen=rule.every * rule.checks)
+        self._rows: deque[list[MemberCost]] = deque(maxlen=rule.checks)
         self._protected: dict[str, int] = {}  # came in by a swap -> until step
         self._leaving: list[tuple[str, str]] = []
         self._swapped = False  # a swap at this boundary: protect who joins
         self._own_s = 0.0  # time this part took after the last step (not the step's)
+        self._link = float("nan")  # this member's last probe, this generation
         self.decisions: list[SwapDecision] = []
 
     # ------------------------------------------------------------ the observer's sink
@@ -82,13 +83,18 @@ class SwapPart:
     def on_commit(self, steps: int) -> None:
         self._steps, self._leaving = steps, []
         counted = steps - self._since
-        # (none in a generation's first window: its first steps are warm-up, and the
-        # checks that decide a swap must all see the same members at work)
-        if counted < self.rule.window or counted % self.rule.every:
-            return
+        every = self.rule.every
         started = time.perf_counter()
         try:
-            self._check(steps)
+            # Each member probes once between checks, at its own step (rank mod every):
+            # probes at once would queue on the store host's link, and the later one
+            # would read that link's queue as its own (a steady 2x, seen in the bench).
+            if counted >= 1 and steps % every == self._cohort.rank % every:
+                self._link = self._probe()
+            # (a generation's checks all see the same members at work: its first window
+            # of them only gathers figures)
+            if counted >= every and counted % every == 0:
+                self._check(steps)
         finally:
             self._own_s = time.perf_counter() - started
 
@@ -101,8 +107,9 @@ class SwapPart:
             for joined in self._cohort.membership.joined:
                 self._protected[joined] = self._steps + self.rule.protect
             self._swapped = False
-        self._since, self._checks = self._steps, []
+        self._since, self._link = self._steps, float("nan")
         self._figures.clear()
+        self._rows.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self._steps, "since": self._since,
@@ -122,12 +129,11 @@ class SwapPart:
     def _check(self, steps: int) -> None:
         cohort = self._cohort
         figures = list(self._figures)
-        compute = statistics.median(c for c, _ in figures) if figures else float("nan")
+        mine = figures[-self.rule.every:]
+        compute = statistics.median(c for c, _ in mine) if mine else float("nan")
         step_s = statistics.median(s for _, s in figures) if figures else float("nan")
         spares = cohort.spares() if cohort.rank == 0 else 0
-        self._probes.append(self._probe())
-        link = statistics.median(self._probes)
-        row = torch.tensor([compute, link, step_s, float(spares)],
+        row = torch.tensor([compute, self._link, step_s, float(spares)],
                            dtype=torch.float64)
         try:
             rows = allgather_tensor(row, cohort.group)
@@ -138,16 +144,17 @@ class SwapPart:
         if any(v != v for r in values for v in r[:3]):  # a member without figures: skip
             return
         members = cohort.membership.members
+        self._rows.append([MemberCost(m, r[0], r[1])
+                           for m, r in zip(members, values, strict=True)])
         self._protected = {m: s for m, s in self._protected.items() if s > steps}
-        data = CheckInput(
-            steps, [MemberCost(m, r[0], r[1]) for m, r in zip(members, values, strict=True)],
-            values[0][2], self._batch, int(values[0][3]), self._balanced,
-            frozenset(self._protected))
-        self._checks.append(check(self.rule, data))
-        log.info("[rank %d] swap check after step %d: %s (members %s)", cohort.rank, steps,
-                 self._checks[-1], [(round(m.compute_s_per_sample, 6), m.link_s_per_byte)
-                                    for m in data.members])
-        decision = decide(self.rule, self._checks)
+        data = CheckInput(steps, list(self._rows), values[0][2], self._batch,
+                          int(values[0][3]), self._balanced, frozenset(self._protected))
+        verdict = check(self.rule, data)
+        log.info("[rank %d] swap check after step %d: %s; members (ms a sample, Mbit/s): "
+                 "%s", cohort.rank, steps, verdict,
+                 [(round(m.compute_s_per_sample * 1e3, 3),
+                   round(8e-6 / max(m.link_s_per_byte, 1e-18), 1)) for m in self._rows[-1]])
+        decision = decide(self.rule, verdict)
         if decision is None:
             return
         self.decisions.append(decision)

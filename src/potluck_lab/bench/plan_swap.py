@@ -10,7 +10,9 @@ member for the spare within the window.
 
 Figures (``swap_figures``, pure): the steps from the throttle to the swap, the
 throughput after it over the healthy cohort's (the step intervals), and whether
-every sample was trained exactly once (the workers' ledgers).
+every sample was trained exactly once (the workers' ledgers). The members' compute a
+step in each phase (``compute_figures``, from the ``rank_step`` journals) is CPU work
+only: where it stretches, other jobs on the host held the workers back.
 """
 
 from __future__ import annotations
@@ -34,14 +36,19 @@ from potluck_lab.common import BenchError
 from potluck_lab.machine.netns import BridgedHosts
 
 NODES = 4
-SWAP_HEADER = ("potluck bench plan --swap: 3 members and a spare on 80mbit links, one "
-               "member's link throttled to 8mbit mid-run; --swap-drag 0.3 --swap-window 12")
+
+
+def swap_header(throttle: bool) -> str:
+    what = ("one member's link throttled to 8mbit mid-run" if throttle
+            else "no link throttled (the control)")
+    return (f"potluck bench plan --swap: 3 members and a spare on 80mbit links, {what}; "
+            "--swap-drag 0.3 --swap-window 12")
 
 
 @dataclass(frozen=True)
 class SwapConfig:
     rate: str = "80mbit"
-    slow_rate: str = "8mbit"
+    slow_rate: str | None = "8mbit"  # (None: no throttle, a healthy run)
     steps: int = 150
     throttle_at: int = 30
     drag: float = 0.3
@@ -112,8 +119,7 @@ def run_swap(config: SwapConfig, logs: Path) -> dict[str, Any]:
             port = 29000 + random.randrange(2000)
             agents = [_start(hosts, node, port, config, logs, trace, metrics)
                       for node in range(NODES)]
-            _wait(lambda: len(list(trace.glob("*.hello"))) == NODES, agents, config.limit_s)
-            time.sleep(2.0)  # (the last one into the join queue)
+            _wait(lambda: (trace / "spare.queued").exists(), agents, config.limit_s)
             at = max(config.throttle_at, _steps(trace) + 10)
             if at > config.steps // 2:
                 raise BenchError(f"the workers took until step {at - 10} of "
@@ -121,8 +127,10 @@ def run_swap(config: SwapConfig, logs: Path) -> dict[str, Any]:
             _wait(lambda: _steps(trace) >= at, agents, config.limit_s)
             members = sorted({c.node for c in read_commits(trace)})
             victim = next(n for n in members if n != 0)
-            throttled_after = _steps(trace)  # (the last step before: an upper bound)
-            hosts.limit(config.slow_rate, [victim])
+            if config.slow_rate is not None:
+                hosts.limit(config.slow_rate, [victim])
+            # (the last step committed once the throttle holds: the steps after it drag)
+            throttled_after = _steps(trace)
             deadline = time.monotonic() + config.limit_s
             codes = [a.wait(timeout=max(1.0, deadline - time.monotonic())) for a in agents]
         except subprocess.TimeoutExpired:
@@ -134,10 +142,13 @@ def run_swap(config: SwapConfig, logs: Path) -> dict[str, Any]:
                     os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
     figures = swap_figures(read_commits(trace), victim, throttled_after, config.global_batch)
+    figures.update(compute_figures(_journal(metrics), throttled_after, figures["swap_step"]))
     problems = exactly_once_problems(trace, config.steps * config.global_batch)
+    notes = _swap_notes(metrics)
     return {**figures, "throttled_after": throttled_after, "exit_codes": codes,
             "exactly_once": not problems, "exactly_once_problems": problems[:3],
-            "swap_note": _swap_note(metrics), "window": config.window,
+            "swap_note": next(iter(notes), None), "swaps": len(notes),
+            "throttled": config.slow_rate is not None, "window": config.window,
             "drag": config.drag, "victim_node": victim}
 
 
@@ -149,7 +160,8 @@ def _start(hosts: BridgedHosts, node: int, port: int, config: SwapConfig, logs: 
             "--run-id", "swap", "--cohort-size", "3", "--swap-drag", f"{config.drag:g}",
             "--swap-window", str(config.window), "--metrics-dir", str(metrics),
             "-m", "potluck_lab.bench.plan_swap_job", "--trace", str(trace),
-            "--steps", str(config.steps), "--global-batch", str(config.global_batch)]
+            "--steps", str(config.steps), "--global-batch", str(config.global_batch),
+            "--hellos", str(NODES)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with (logs / f"node{node}.log").open("wb") as sink:
         return subprocess.Popen(hosts.command(node, argv), stdout=sink,
@@ -170,14 +182,40 @@ def _wait(done: Any, agents: list[subprocess.Popen[bytes]], limit: float) -> Non
         time.sleep(0.05)
 
 
-def _swap_note(metrics: Path) -> dict[str, Any] | None:
-    """The swap's ``event`` record from the ``rank_step`` journals, if one was noted."""
+def compute_figures(computes: list[tuple[int, float]], throttled_after: int,
+                    swap_step: int | None, settle: int = 5) -> dict[str, float | None]:
+    """The members' median compute a step (ms), healthy and after the swap, from
+    (step, seconds) pairs: the phases of ``swap_figures``."""
+    def median_ms(low: int, high: float) -> float | None:
+        chosen = [s for step, s in computes if low <= step <= high]
+        return 1e3 * statistics.median(chosen) if chosen else None
+
+    return {"compute_ms_healthy": median_ms(max(2, throttled_after // 3), throttled_after),
+            "compute_ms_after": None if swap_step is None
+            else median_ms(swap_step + settle, float("inf"))}
+
+
+def _journal(metrics: Path) -> list[tuple[int, float]]:
+    """(committed step, compute seconds) of every member's steps (``rank_step``)."""
+    out = []
+    for path in sorted(metrics.rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "rank_step" and record.get("compute_s") is not None:
+                out.append((int(record["step"]) + 1, float(record["compute_s"])))
+    return out
+
+
+def _swap_notes(metrics: Path) -> list[dict[str, Any]]:
+    """The swaps' ``event`` records in the ``rank_step`` journals (rank 0 notes each),
+    in step order."""
+    notes = []
     for path in sorted(metrics.rglob("*.jsonl")):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record.get("what") == "swap":
-                return dict(record)
-    return None
+                notes.append(dict(record))
+    return sorted(notes, key=lambda n: n.get("step", 0))
 
 
 def swap_lines(results: dict[str, Any]) -> list[str]:
@@ -185,14 +223,27 @@ def swap_lines(results: dict[str, Any]) -> list[str]:
         value = results.get(key)
         return "-" if value is None else f"{value:.1f} samples/s"
 
+    def ms(key: str) -> str:
+        value = results.get(key)
+        return "-" if value is None else f"{value:.1f} ms"
+
     note = results.get("swap_note") or {}
     ratio = results.get("throughput_ratio_after_vs_healthy")
+    if not results.get("throttled", True):
+        return [f"no link throttled; {results['swaps']} swap(s) (a healthy cohort should "
+                f"make none); exactly_once: {results['exactly_once']}",
+                f"cohort {per_s('healthy_samples_per_s')} (steps to "
+                f"{results['throttled_after']}), members' compute a step "
+                f"{ms('compute_ms_healthy')}",
+                f"event: {note.get('text', 'none noted')}"]
     return [
         f"throttled node {results['victim_node']}'s link after step {results['throttled_after']}; "
         f"swap at step {results['swap_step']} (window {results['window']}, drag "
         f"{results['drag']:g})",
         f"healthy {per_s('healthy_samples_per_s')}, throttled "
         f"{per_s('throttled_samples_per_s')}, after the swap {per_s('after_samples_per_s')}",
+        f"members' compute a step (CPU only): healthy {ms('compute_ms_healthy')}, after "
+        f"the swap {ms('compute_ms_after')}",
         f"swap_after_steps: {results['swap_after_steps']}; "
         f"throughput_ratio_after_vs_healthy: {'-' if ratio is None else f'{ratio:.3f}'}; "
         f"exactly_once: {results['exactly_once']}",
