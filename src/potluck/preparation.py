@@ -157,15 +157,12 @@ def prepare(
                                    group=cohort.group, recoverable=cohort.elastic,
                                    agree=(lambda: not wrapped.reducer.agreed_result)
                                    if guard is None and strategy is None else False)
-        swap = steward(cohort, observer, global_batch, strategy,
-                       choice.balance is not None)
         cursor = DataCursor(len(dataset), rounds * global_batch, seed=seed, drop_last=drop_last)
-        transaction = StepTransaction(guarded, wrapped, cohort, cursor,
-                                      parts=(policy, *parts, *([guard] if guard else []),
-                                             *([swap] if swap else [])),
-                                      minimum=minimum, checkpoint_dir=checkpoint_dir,
-                                      resume=resume, observer=observer,
-                                      handed=lambda: handout.batches, settings=agreed)
+        transaction = StepTransaction(
+            guarded, wrapped, cohort, cursor, minimum=minimum, checkpoint_dir=checkpoint_dir,
+            parts=(policy, *parts, *([guard] if guard else []),
+                   *steward(choice, cohort, observer, strategy, global_batch)),
+            resume=resume, observer=observer, handed=lambda: handout.batches, settings=agreed)
         loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                             collate=collate, shares=policy.shares, handout=handout,
                             stop=lambda: transaction.left, redone=lambda: transaction.redone,

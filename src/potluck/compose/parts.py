@@ -229,13 +229,14 @@ def _cap(given: int | None, config: BalanceConfig | None) -> int | None:
     return given if given is not None else balancing
 
 
-def steward(cohort: Cohort, observer: StepObserver, global_batch: int,
-            strategy: object | None, balanced: bool) -> SwapPart | None:
+def steward(choice: Choice, cohort: Cohort, observer: StepObserver,
+            strategy: object | None, global_batch: int) -> tuple[SwapPart, ...]:
     """The swap part when the launcher asked for one (``--swap-drag``), on an elastic
-    cohort training every step; it hears each step's figures from ``observer``."""
+    cohort training every step (none otherwise); it hears each step's figures from
+    ``observer``."""
     env = cohort.env
     if env.swap_drag is None or not cohort.elastic:
-        return None
+        return ()
     if strategy is not None:
         raise ConfigError(
             f"potluck run --swap-drag {env.swap_drag:g} with sync={type(strategy).__name__}"
@@ -243,6 +244,6 @@ def steward(cohort: Cohort, observer: StepObserver, global_batch: int,
             "round's figures are not that; drop --swap-drag, or sync every step")
     part = SwapPart(SwapRule(env.swap_drag, env.swap_window), cohort,
                     StoreProbe(cohort.store, keys.link_probe(env.run_id, cohort.worker_id)),
-                    global_batch=global_batch, balanced=balanced)
+                    global_batch=global_batch, balanced=choice.balance is not None)
     observer.add_sink(part)
-    return part
+    return (part,)
