@@ -3,10 +3,11 @@
 Four hosts on a switch, every link capped at ``rate`` both ways. Each starts
 ``potluck run --elastic --nnodes 3:4 --cohort-size 3 --swap-drag D --swap-window W``
 (``plan_swap_job``) at once: the first three workers to join found the cohort, and the
-fourth waits as a spare. Once every worker started to join and ``throttle_at`` steps
-committed, the link of a member other than node 0 (the store's host) drops to
-``slow_rate`` (a ``tc tbf`` change in its namespace). The cohort should swap that
-member for the spare within the window.
+fourth waits as a spare (the founders train once all four started). Once the spare
+waits and ``throttle_at`` steps committed, the link of a member other than node 0 (the
+store's host) drops to ``slow_rate`` (a ``tc tbf`` change in its namespace). The
+cohort should swap that member for the spare within the window. With ``slow_rate``
+None (``--no-throttle``), nobody is throttled: the control, which should swap nobody.
 
 Figures (``swap_figures``, pure): the steps from the throttle to the swap, the
 throughput after it over the healthy cohort's (the step intervals), and whether
