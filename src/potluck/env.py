@@ -49,6 +49,11 @@ METRICS_DIR = "POTLUCK_METRICS_DIR"  # `potluck run --metrics-dir`: rank_step jo
 FOUNDERS = "POTLUCK_FOUNDERS"
 MIN_WORKERS = "POTLUCK_MIN_WORKERS"
 MIN_WORKERS_TIMEOUT = "POTLUCK_MIN_WORKERS_TIMEOUT"
+# The cohort's wanted size (more workers wait as spares) and the swap of a member that
+# drags it down for a spare: `potluck run --cohort-size N --swap-drag F --swap-window S`.
+COHORT_SIZE = "POTLUCK_COHORT_SIZE"
+SWAP_DRAG = "POTLUCK_SWAP_DRAG"
+SWAP_WINDOW = "POTLUCK_SWAP_WINDOW"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 # A warm spare's pipe: the agent writes the environment of the worker it replaces there.
 STANDBY_FD = "POTLUCK_STANDBY_FD"
@@ -83,6 +88,12 @@ class WorkerEnv:
     """Elastic: generation 0 forms with this many workers (None: ``world_size``)."""
     min_workers: int = 1
     min_workers_timeout: float = 60.0
+    cohort_size: int | None = None
+    """Elastic: the wanted size; joiners beyond it wait as spares (None: no cap)."""
+    swap_drag: float | None = None
+    """Swap a member that drags the cohort below this fraction of its prediction."""
+    swap_window: int = 20
+    """The steps over which the drag must hold before a swap."""
     elastic: bool = False
     """Started by ``potluck run --elastic``: ``potluck.init()`` joins an elastic cohort."""
     balance: bool = False
@@ -204,6 +215,9 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         founders=_int(env, FOUNDERS, None, minimum=1),
         min_workers=_int(env, MIN_WORKERS, 1, minimum=1) or 1,
         min_workers_timeout=_seconds(env, MIN_WORKERS_TIMEOUT, 60.0),
+        cohort_size=_int(env, COHORT_SIZE, None, minimum=1),
+        swap_drag=_fraction(env, SWAP_DRAG),
+        swap_window=_int(env, SWAP_WINDOW, 20, minimum=4) or 20,
         elastic=env.get(ELASTIC, "") == "1",
         balance=env.get(BALANCE, "") == "1",
         status=env.get(STATUS, "") == "1",
@@ -260,6 +274,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int
         ) from None
     if value < minimum:
         raise ConfigError(f"{name}={value} must be at least {minimum}; fix or unset it")
+    return value
+
+
+def _fraction(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise ConfigError(f"{name}={raw!r} must be a fraction between 0 and 1, e.g. 0.3")
     return value
 
 

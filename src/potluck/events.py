@@ -24,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-WHATS = ("checkpoint", "rebalance", "memory", "strike", "quarantine", "repair")
+WHATS = ("checkpoint", "rebalance", "memory", "strike", "quarantine", "repair", "swap")
 
 
 @dataclass(frozen=True)

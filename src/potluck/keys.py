@@ -78,6 +78,11 @@ def status_pulse(run_id: str, worker: str) -> str:
     return f"potluck/{run_id}/status/w/{worker}"
 
 
+def link_probe(run_id: str, worker: str) -> str:
+    """The blob a member writes and reads back to time its link (``potluck.population``)."""
+    return f"potluck/{run_id}/probe/{worker}"
+
+
 def agents(run_id: str, name: str) -> str:
     """The launchers' agents: ``started``, ``done``, ``attempt<k>`` ..."""
     return f"potluck/{run_id}/agents/{name}"

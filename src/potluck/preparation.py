@@ -24,7 +24,14 @@ from torch import nn
 
 from potluck.balance import BalanceConfig
 from potluck.cohort import Cohort, init
-from potluck.compose.parts import aggregator, choose, reconciler, share_policy, untrusted
+from potluck.compose.parts import (
+    aggregator,
+    choose,
+    reconciler,
+    share_policy,
+    steward,
+    untrusted,
+)
 from potluck.data import DataCursor
 from potluck.data.handout import Handout
 from potluck.data.step_loader import StepLoader, check_workers
@@ -151,11 +158,11 @@ def prepare(
                                    agree=(lambda: not wrapped.reducer.agreed_result)
                                    if guard is None and strategy is None else False)
         cursor = DataCursor(len(dataset), rounds * global_batch, seed=seed, drop_last=drop_last)
-        transaction = StepTransaction(guarded, wrapped, cohort, cursor,
-                                      parts=(policy, *parts, *([guard] if guard else [])),
-                                      minimum=minimum, checkpoint_dir=checkpoint_dir,
-                                      resume=resume, observer=observer,
-                                      handed=lambda: handout.batches, settings=agreed)
+        transaction = StepTransaction(
+            guarded, wrapped, cohort, cursor, minimum=minimum, checkpoint_dir=checkpoint_dir,
+            parts=(policy, *parts, *([guard] if guard else []),
+                   *steward(choice, cohort, observer, strategy, global_batch)),
+            resume=resume, observer=observer, handed=lambda: handout.batches, settings=agreed)
         loader = StepLoader(dataset, cursor, lambda: (cohort.rank, cohort.world_size),
                             collate=collate, shares=policy.shares, handout=handout,
                             stop=lambda: transaction.left, redone=lambda: transaction.redone,

@@ -101,8 +101,18 @@ class Cohort:
     # ----------------------------------------------------------------- membership
 
     def pending_joiners(self) -> bool:
-        """Whether workers wait to be admitted (rank 0 asks; no I/O for a fixed job)."""
+        """Whether workers wait that the cohort would admit now: it has room below its
+        wanted size (rank 0 asks; no I/O for a fixed job)."""
         return self._source.pending_joiners()
+
+    def spares(self) -> int:
+        """Workers waiting to be admitted, room or not (rank 0 asks)."""
+        return self._source.spares()
+
+    @property
+    def store(self) -> Store:
+        """The job's store, as this worker reaches it (a link probe uses it)."""
+        return self._store
 
     def boundary(self) -> bool:
         """At a step boundary (every member calls it): admit joiners, drop leavers.

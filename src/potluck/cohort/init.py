@@ -63,6 +63,7 @@ def init(*, timeout: float = 60.0, backend: str | None = None,
             token=_token(env), expected=env.founders or env.world_size,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             settle_timeout=settle_timeout, join_timeout=join_timeout,
+            max_size=env.cohort_size,
             prefix=keys.rendezvous_root(env.run_id), quorum=env.num_nodes > 1)
         store = _agent_store(env, timeout)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

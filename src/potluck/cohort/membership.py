@@ -44,7 +44,13 @@ class MembershipSource(Protocol):
         the join queue again, under a new id."""
         ...
 
-    def pending_joiners(self) -> bool: ...
+    def pending_joiners(self) -> bool:
+        """Whether workers wait that the cohort would admit now (it has room)."""
+        ...
+
+    def spares(self) -> int:
+        """Workers waiting to be admitted, room or not."""
+        ...
 
     def announce_leave(self) -> None: ...
 
@@ -94,6 +100,9 @@ class FixedMembership:
 
     def pending_joiners(self) -> bool:
         return False
+
+    def spares(self) -> int:
+        return 0
 
     def announce_leave(self) -> None:
         """Nobody to tell: a fixed job ends for everyone together."""
@@ -174,7 +183,10 @@ class RendezvousMembership:
         return self.rendezvous.join()
 
     def pending_joiners(self) -> bool:
-        return bool(self.rendezvous.pending_joiners())
+        return self.rendezvous.room() > 0 and bool(self.rendezvous.pending_joiners())
+
+    def spares(self) -> int:
+        return len(self.rendezvous.pending_joiners())
 
     def announce_leave(self) -> None:
         self.rendezvous.announce_leave()

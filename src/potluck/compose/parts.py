@@ -7,7 +7,9 @@
 - ``share_policy``: how a step is split: equal, the user's, balanced by speed (the
   ``Balancer``), or the round's plan (the strategy itself);
 - ``aggregator``: how copies are aggregated: the mean (None) or robustly, with checks
-  (``potluck.trust``, imported only when asked for).
+  (``potluck.trust``, imported only when asked for);
+- ``steward``: whether a member that drags the cohort down is swapped for a waiting
+  spare (``potluck.population``, ``potluck run --swap-drag``).
 
 Each takes the objects built before it, never one built after: ``Handout`` is how the
 loader, built last, tells the others what it handed out.
@@ -23,12 +25,15 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from potluck import keys
 from potluck.balance import BalanceConfig, Balancer
 from potluck.cohort import Cohort
 from potluck.compose.table import Aggregate, Hook, Modes, Reconcile, refusals
 from potluck.data.handout import Handout
 from potluck.data.memory import MemoryCap
 from potluck.errors import ConfigError
+from potluck.metrics.observer import StepObserver
+from potluck.population import StoreProbe, SwapPart, SwapRule
 from potluck.reducer import DataParallel
 from potluck.reducer.clock import ComputeClock
 from potluck.reducer.contribution import Contribution
@@ -222,3 +227,23 @@ def _cap(given: int | None, config: BalanceConfig | None) -> int | None:
         raise ConfigError(f"prepare(max_micro_batch={given}) and BalanceConfig("
                           f"max_micro_batch={balancing}) disagree: give this rank's cap once")
     return given if given is not None else balancing
+
+
+def steward(choice: Choice, cohort: Cohort, observer: StepObserver,
+            strategy: object | None, global_batch: int) -> tuple[SwapPart, ...]:
+    """The swap part when the launcher asked for one (``--swap-drag``), on an elastic
+    cohort training every step (none otherwise); it hears each step's figures from
+    ``observer``."""
+    env = cohort.env
+    if env.swap_drag is None or not cohort.elastic:
+        return ()
+    if strategy is not None:
+        raise ConfigError(
+            f"potluck run --swap-drag {env.swap_drag:g} with sync={type(strategy).__name__}"
+            "(...): a swap compares the steps of training that syncs every step, and a "
+            "round's figures are not that; drop --swap-drag, or sync every step")
+    part = SwapPart(SwapRule(env.swap_drag, env.swap_window), cohort,
+                    StoreProbe(cohort.store, keys.link_probe(env.run_id, cohort.worker_id)),
+                    global_batch=global_batch, balanced=choice.balance is not None)
+    observer.add_sink(part)
+    return (part,)

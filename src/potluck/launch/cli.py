@@ -62,6 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "joiners, then checkpoints and exits (default 1)")
     flag("min-workers-timeout", type=float, default=60.0, metavar="S",
          help="seconds to wait for joiners below --min-workers (default 60)")
+    flag("cohort-size", type=int, default=None, metavar="N",
+         help="--elastic: the cohort's wanted size; more workers wait as spares and are "
+              "admitted when a member leaves or is lost (default: admit every worker)")
+    flag("swap-drag", type=float, default=None, metavar="FRACTION",
+         help="--elastic with --cohort-size: swap a member for a waiting spare when the "
+              "cohort runs FRACTION or more below its prediction without that member "
+              "(e.g. 0.3; default: never swap)")
+    flag("swap-window", type=int, default=20, metavar="STEPS",
+         help="steps over which --swap-drag must hold before a swap (default 20)")
     flag("no-warm-spare", dest="warm_spare", action="store_false",
          help="--elastic with --max-restarts: do not keep a worker process warm (torch "
               "imported, at the lowest CPU priority) for the next restart; restarts then "
@@ -208,6 +217,9 @@ def config_from_args(args: argparse.Namespace,
         token=resolve_token(args.token, args.token_file, os.environ),
         min_workers=args.min_workers,
         min_workers_timeout=args.min_workers_timeout,
+        cohort_size=args.cohort_size,
+        swap_drag=args.swap_drag,
+        swap_window=args.swap_window,
         log_dir=args.log_dir,
         local_ranks_filter=parse_local_ranks(args.local_ranks_filter),
         warm_spare=args.warm_spare,

@@ -47,6 +47,11 @@ class LaunchConfig:
     min_workers: int = 1
     """Elastic: below this many workers the cohort waits for joiners, then checkpoints."""
     min_workers_timeout: float = 60.0
+    cohort_size: int | None = None
+    """Elastic: the wanted size; more workers wait as spares."""
+    swap_drag: float | None = None
+    """Elastic: swap a member that drags the cohort this much for a spare (None: never)."""
+    swap_window: int = 20
     log_dir: str | None = None
     """torchrun's ``--log-dir``: every worker's output is also written under it."""
     local_ranks_filter: tuple[int, ...] | None = None
@@ -71,6 +76,33 @@ class LaunchConfig:
     def founders(self) -> int:
         """Workers that form generation 0 (the MIN nodes' workers)."""
         return self.nproc_per_node * (self.nnodes if self.min_nodes is None else self.min_nodes)
+
+    def _check_population(self) -> None:
+        """--cohort-size, --swap-drag, --swap-window: values and what they need."""
+        if self.cohort_size is not None:
+            if not self.elastic:
+                raise ConfigError(
+                    f"--cohort-size {self.cohort_size} only applies to --elastic runs "
+                    "(spares wait to be admitted into a running cohort); add --elastic")
+            if self.cohort_size < max(self.founders, self.min_workers):
+                raise ConfigError(
+                    f"--cohort-size {self.cohort_size} is below the {self.founders} workers "
+                    f"that found the cohort or --min-workers {self.min_workers}: raise it, "
+                    "or start fewer founding nodes (--nnodes MIN:MAX)")
+        if self.swap_drag is None:
+            return
+        if self.cohort_size is None:
+            raise ConfigError(
+                f"--swap-drag {self.swap_drag:g} needs --cohort-size N: a swap takes a "
+                "waiting spare, and only workers beyond the wanted size wait as spares")
+        if not 0 < self.swap_drag < 1:
+            raise ConfigError(
+                f"--swap-drag {self.swap_drag:g} must be a fraction between 0 and 1 (0.3: "
+                "swap a member whose absence would make the cohort 30% faster or more)")
+        if self.swap_window < 4:
+            raise ConfigError(
+                f"--swap-window {self.swap_window} must be at least 4 steps (the cohort "
+                "checks every quarter window, and a swap weighs several checks)")
 
     def validated(self) -> LaunchConfig:
         """Self, after checking every field; raises ``ConfigError`` naming the bad one."""
@@ -142,6 +174,7 @@ class LaunchConfig:
                 f"({self.nnodes} node(s) x {self.nproc_per_node} = {self.world_size}); "
                 "lower it or raise --nnodes / --nproc-per-node"
             )
+        self._check_population()
         if not self.min_workers_timeout > 0:
             raise ConfigError(
                 f"--min-workers-timeout {self.min_workers_timeout} must be a positive "
@@ -234,6 +267,11 @@ def worker_environ(
         env[names.METRICS_DIR] = config.metrics_dir
     if config.etcd is not None:
         env[names.ETCD] = config.etcd
+    if config.cohort_size is not None:
+        env[names.COHORT_SIZE] = str(config.cohort_size)
+    if config.swap_drag is not None:
+        env[names.SWAP_DRAG] = f"{config.swap_drag:g}"
+        env[names.SWAP_WINDOW] = str(config.swap_window)
     if config.elastic:
         env[names.ELASTIC] = "1"
         env[names.FOUNDERS] = str(config.founders)

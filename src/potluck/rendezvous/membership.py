@@ -35,6 +35,9 @@ class RendezvousConfig:
     """Generation 0 is formed once this many workers were admitted (or at join_timeout)."""
     min_size: int = 1
     """Fewer workers than this by a deadline is a ``RendezvousError``, not a generation."""
+    max_size: int | None = None
+    """The cohort's wanted size: joiners beyond it wait in the queue as spares, admitted
+    when a member leaves or is lost (None: admit every joiner)."""
     prefix: str = "potluck/rdzv"
     poll_interval: float = 0.02
     quorum: bool = False
@@ -53,6 +56,10 @@ class RendezvousConfig:
                 f"heartbeat_timeout={self.heartbeat_timeout} must exceed heartbeat_interval="
                 f"{self.heartbeat_interval}, e.g. 5x, or live workers look dead"
             )
+        if self.max_size is not None and self.max_size < max(self.expected, self.min_size):
+            raise ConfigError(
+                f"max_size={self.max_size} must be >= expected={self.expected} and "
+                f"min_size={self.min_size}: the cohort's wanted size holds its founders")
         if not 1 <= self.min_size <= self.expected:
             raise ConfigError(
                 f"min_size={self.min_size} must be >= 1 and <= expected={self.expected}"

@@ -27,6 +27,7 @@ wins and every worker returns the same membership, even if two believed they led
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Collection
 
@@ -228,6 +229,13 @@ class StoreRendezvous:
         current = set(self.membership.members) if self.membership else {self.worker_id}
         return self._queue.pending(current)
 
+    def room(self) -> int:
+        """How many joiners the cohort would admit now: its wanted size less its members
+        (no I/O; without a wanted size, as many as come)."""
+        members = len(self.membership.members) if self.membership else 1
+        cap = self.config.max_size
+        return sys.maxsize if cap is None else max(0, cap - members)
+
     # ---------------------------------------------------------------- boundaries
 
     def admit(self) -> Membership:
@@ -265,6 +273,9 @@ class StoreRendezvous:
     def _decide_boundary(self, current: Membership) -> str:
         leavers = tuple(m for m in current.members if self._store.check([keys.leave(m)]))
         pending = self._refuse_banned(self.pending_joiners())
+        kept = tuple(m for m in current.members if m not in leavers)
+        if self.config.max_size is not None:  # the others wait on as spares
+            pending = pending[:max(0, self.config.max_size - len(kept))]
         accepted: list[str] = []
         if pending:
             accepted, _ = admission.check_answers(
@@ -272,7 +283,6 @@ class StoreRendezvous:
                 timeout=self.config.admission_timeout, poll=self.config.poll_interval)
         if not accepted and not leavers:
             return SAME
-        kept = tuple(m for m in current.members if m not in leavers)
         reason = "admit" if accepted else "leave"
         record = Record(current.generation + 1, kept + tuple(accepted), self.worker_id,
                         reason, joined=tuple(accepted), left=leavers)

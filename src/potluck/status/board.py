@@ -304,7 +304,8 @@ def notices(pulses: list[dict[str, Any]]) -> list[str]:
 def _standing(note: Mapping[str, Any]) -> str:
     """The table's trust cell after a trust note: ``quarantined (step 12)``."""
     what = str(note.get("what"))
-    label = {"strike": "struck", "repair": "repaired", "quarantine": "quarantined"}.get(
+    label = {"strike": "struck", "repair": "repaired", "quarantine": "quarantined",
+             "swap": "swapped out"}.get(
         what, what)
     step = note.get("step")
     return label if step is None else f"{label} (step {step})"

@@ -93,6 +93,16 @@ class Gatekeeper(StepPart, Protocol):
 
 
 @runtime_checkable
+class Steward(StepPart, Protocol):
+    """A part that can let a member go cleanly (``potluck.population``: a swap for a
+    waiting spare): after its ``on_commit`` the transaction takes ``departures()``
+    (member id, why); the named member leaves at this step's boundary as in a planned
+    leave, and nobody is banned."""
+
+    def departures(self) -> list[tuple[str, str]]: ...
+
+
+@runtime_checkable
 class BeforeUpdate(StepPart, Protocol):
     """A part that acts between a step's synchronized backward and the optimizer's update
     (``potluck.trust``: its spot check's copy of the parameters). Called on every step

@@ -46,7 +46,7 @@ from potluck.step.boundary import Boundary
 from potluck.step.guard import GuardedOptimizer, StepResult
 from potluck.step.live_state import LiveState, Progress
 from potluck.step.minimum import MinimumSize
-from potluck.step.parts import BeforeUpdate, Gatekeeper, StepPart, SyncStrategy
+from potluck.step.parts import BeforeUpdate, Gatekeeper, StepPart, Steward, SyncStrategy
 
 DEFAULT_CHECKPOINT_DIR = "potluck-checkpoints"
 
@@ -89,6 +89,8 @@ class StepTransaction:
             self._sync = next((p for p in parts if isinstance(p, SyncStrategy)), None)
             # Parts that can remove a member (trust), looked up once: not every step.
             self._gatekeepers = tuple(p for p in parts if isinstance(p, Gatekeeper))
+            # Parts that let a member go cleanly (a swap for a spare).
+            self._stewards = tuple(p for p in parts if isinstance(p, Steward))
             # Parts that act before the update (trust's spot-check copy): not under a
             # sync strategy, whose steps' gradients are local.
             self._before_update = () if self._sync is not None else tuple(
@@ -246,6 +248,7 @@ class StepTransaction:
         for part in self.parts:
             part.on_commit(self.progress.steps)
         quarantined = self._remove_quarantined()
+        self._let_go()
         self.boundary.after_commit(expel=quarantined is not None)
         if quarantined:
             raise QuarantinedError(
@@ -318,6 +321,13 @@ class StepTransaction:
         if mine:
             self.boundary.request_leave()
         return mine
+
+    def _let_go(self) -> None:
+        """A steward part (a swap) named this worker: it leaves at this boundary."""
+        for member, why in (d for part in self._stewards for d in part.departures()):
+            if member == self.cohort.worker_id and self.cohort.elastic:
+                log.warning("[rank %d] leaving the cohort: %s", self.cohort.rank, why)
+                self.boundary.request_leave()
 
     def _redo(self) -> None:
         self.progress.redone += 1

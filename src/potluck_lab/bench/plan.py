@@ -48,6 +48,7 @@ from potluck_lab.bench.plan_figures import (
 )
 from potluck_lab.bench.plan_job import mlp_parameters
 from potluck_lab.bench.plan_runs import Runs, Spec
+from potluck_lab.bench.plan_swap import SwapConfig, run_swap, swap_header, swap_lines
 from potluck_lab.bench.wan import rate_bits
 from potluck_lab.common import BenchError, table
 from potluck_lab.driver import Bench, drive
@@ -74,6 +75,8 @@ class PlanBenchConfig:
     skip_rounds: int = 1
     selection: bool = True
     logs: str | None = None
+    swap: bool = False
+    throttle: bool = True  # --swap: throttle a member's link (False: a healthy control)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,12 +86,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 2,3,4; --quick 2,3)")
     parser.add_argument("--no-selection", action="store_true",
                         help="leave out the selection of 8 candidates")
+    parser.add_argument("--swap", action="store_true",
+                        help="instead: a member's link throttled mid-run and a spare "
+                        "waiting (potluck run --swap-drag); the swap, the throughput "
+                        "after it and the exactly-once check")
+    parser.add_argument("--no-throttle", action="store_true",
+                        help="with --swap: throttle nobody, and count the swaps a "
+                        "healthy cohort makes (it should make none)")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
 
 def configure(args: argparse.Namespace) -> PlanBenchConfig:
-    config = PlanBenchConfig(selection=not args.no_selection, logs=args.logs)
+    if args.no_throttle and not args.swap:
+        raise ConfigError("--no-throttle is a --swap run's control: add --swap")
+    config = PlanBenchConfig(selection=not args.no_selection, logs=args.logs,
+                             swap=args.swap, throttle=not args.no_throttle)
     if args.quick:
         config = replace(config, sizes=(2, 3), rates=("20mbit", "320mbit"), steps=11,
                          rounds=4)
@@ -271,6 +284,12 @@ def repeatability(config: PlanBenchConfig, runs: Runs, cal: Calibration) -> dict
 
 
 def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
+    if config.swap:
+        try:
+            return run_swap(SwapConfig(steps=100 if config.steps < 14 else 150,
+                                       slow_rate="8mbit" if config.throttle else None), logs)
+        except NetnsError as exc:
+            raise BenchError(str(exc).splitlines()[0]) from None
     hosts_needed = len(CANDIDATES) if config.selection else max(config.sizes)
     try:
         with BridgedHosts(hosts_needed, prefix="pl-plan") as hosts, \
@@ -306,6 +325,8 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
 
 
 def lines(config: PlanBenchConfig, results: dict[str, Any]) -> list[str]:
+    if config.swap:
+        return swap_lines(results)
     rows = [[r["run"], f"{r['predicted']:.1f}", f"{r['measured']:.1f}", f"{r['error']:+.1%}"]
             for r in results["rows"]]
     out = [table(["run", "predicted samples/s", "measured", "error"], rows)]
@@ -347,7 +368,7 @@ def main(args: argparse.Namespace) -> int:
 
 BENCH = Bench("plan", configure, measure, lines,
               lambda config, results: {**results, "config": vars(config)},
-              header=lambda c: (f"potluck bench plan: {c.sizes} workers at {c.rates}, "
-                                f"quota {c.quota:g} core each, global batch "
-                                f"{c.global_batch}, DiLoCo H={c.inner_steps}"),
+              header=lambda c: swap_header(c.throttle) if c.swap else (
+                  f"potluck bench plan: {c.sizes} workers at {c.rates}, quota {c.quota:g} "
+                  f"core each, global batch {c.global_batch}, DiLoCo H={c.inner_steps}"),
               unavailable=_unavailable, logs=lambda config: config.logs)
