@@ -164,10 +164,11 @@ def median_gains(table: Sequence[Sequence[Sequence[float]]], checkers: Sequence[
 
 def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
                 shares: Sequence[float]) -> list[float]:
-    """Each target's score this round (``gains[t][k]``: target ``targets[t]``'s gain on
-    rank ``k``'s sample; ``shares``: each rank's part of the round). ``-inf``: its
-    pseudo-gradient made a loss not finite; NaN: no score this round (fewer than
-    ``LEAST`` targets with finite gains, or no positive median)."""
+    """Each target's score this round, a ``Score`` carrying the round's signal
+    (``gains[t][k]``: target ``targets[t]``'s gain on rank ``k``'s sample; ``shares``:
+    each rank's part of the round). ``-inf``: its pseudo-gradient made a loss not
+    finite; NaN: no score this round (fewer than ``LEAST`` targets with finite gains,
+    or no positive median)."""
     n = len(targets)
     table = [[gains[t][r] for r in targets] for t in range(n)]
     # a sample whose loss is not finite for most targets says nothing of any of them
