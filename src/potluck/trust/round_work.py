@@ -24,24 +24,35 @@ exchanged, and each one is the median over the checkers other than the target, s
 every honest member holds the same table and reaches the same verdict, and one lying
 checker can neither accuse nor acquit anyone.
 
+Each target's gains are first divided by how a gain grows with its part of the round
+(``less``: the median part's is 1), so every row is read at the median member's part.
+A smaller part's smaller update lowers the loss less on every sample, its own
+included; centered as it was, that difference counted against its own sample's score
+(``potluck bench cohort`` quarantined its slowest honest member so).
+
 The score of a target is the most it has with any one other member left out of the
 table: an attacker's row and column enter every other member's centering, and leaving
 it out undoes what it could add to them (not what it adds to the median that scales
 every score: gains tens of times an honest member's can inflate it, ``docs/trust.md``
 says so). So a round is scored with ``LEAST`` (4)
 targets or more; a cohort of 3 trusted members gets no work verdict. The score is
-scaled to the target's part and divided by the median target's. A target is flagged
-"no work on its data" when the mean of its scores over its last ``WINDOW`` checked
-rounds is under ``1 - tolerance``, or when its pseudo-gradient makes the loss on a
-sample not finite. The mean of a few rounds, not one round: one round's score is noisy
-(a sample of 64), a member that does not work scores about 0 in every round. A free
-rider's zero, a sign flip, an inner-product attack, the honest mean minus a spread
-(ALIE), a copy, a replay and training on other labels all score about 0 or below.
+the target's shortfall under the median target's, in units of its noise: ``1 - (1 -
+best / median) / noisier``, ``noisier`` being 1 at the median part and more below it.
+A target is flagged "no work on its data" when the mean of its scores over its last
+``WINDOW`` checked rounds is under ``1 - tolerance``, and the median member's own-data
+signal over those rounds stands out of the noise (``round_noise.significant``); or
+when its pseudo-gradient makes the loss on a sample not finite. The mean of a few
+rounds, not one round: one round's score is noisy (a sample of 64), a member that
+does not work scores about 0 in every round. A free rider's zero, a sign flip, an
+inner-product attack, the honest mean minus a spread (ALIE), a copy, a replay and
+training on other labels all score about 0 or below. Early in training every update
+lowers the loss on every sample alike: the median's own-data signal is then noise,
+and no window is judged.
 
 A pair that ``round_rules`` flags as copies sent (nearly) the same pseudo-gradient.
 ``settle_copies`` strikes only the one whose recent scores are under the limit while
-the other's are not: the other did the work. Until both hold a full window the pair
-is noted, not struck.
+the other's are not: the other did the work. Until both windows are judged the pair is
+noted, not struck.
 """
 
 from __future__ import annotations
@@ -52,12 +63,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
+from potluck.trust.round_noise import WINDOW as WINDOW
+from potluck.trust.round_noise import Score, gain_noise, noisier, score_noise, significant
 from potluck.trust.spot import Loss
 from potluck.trust.verdict import COPIED, NO_WORK, Finding, median
 
 Range = tuple[int, int]
 RUNS = 8  # runs of positions a member's sample is read in
-WINDOW = 3  # checked rounds a member's scores are averaged over
 # Targets a round needs for a score: with 3, each member's centering rests on 2 others
 # (one may be the attacker, and none can be left out), and honest windows spread
 # 0.26 of the median, not 0.20 (the bench: one honest window of 474 at 0.297)
@@ -152,10 +164,11 @@ def median_gains(table: Sequence[Sequence[Sequence[float]]], checkers: Sequence[
 
 def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
                 shares: Sequence[float]) -> list[float]:
-    """Each target's score this round (``gains[t][k]``: target ``targets[t]``'s gain on
-    rank ``k``'s sample; ``shares``: each rank's part of the round). ``-inf``: its
-    pseudo-gradient made a loss not finite; NaN: no score this round (fewer than
-    ``LEAST`` targets with finite gains, or no positive median)."""
+    """Each target's score this round, a ``Score`` carrying the round's signal
+    (``gains[t][k]``: target ``targets[t]``'s gain on rank ``k``'s sample; ``shares``:
+    each rank's part of the round). ``-inf``: its pseudo-gradient made a loss not
+    finite; NaN: no score this round (fewer than ``LEAST`` targets with finite gains,
+    or no positive median)."""
     n = len(targets)
     table = [[gains[t][r] for r in targets] for t in range(n)]
     # a sample whose loss is not finite for most targets says nothing of any of them
@@ -170,13 +183,19 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # least growth spares an honest member that ran fewer)
     less = {t: max(min(r, math.sqrt(r)), 1e-12)
             for t in keep for r in [max(shares[targets[t]] / middle, 1e-12)]}
-    full = median([_centered(table, keep, t) / less[t] for t in keep])
+    # each target's gains at the median member's part, before any centering: a smaller
+    # part's smaller update would otherwise count against its own sample's score
+    table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
+    full = median([_centered(table, keep, t) for t in keep])
     if not full > 0:
         return out
+    noise = score_noise(len(keep)) * gain_noise(table, keep)
+    signal = full / noise if noise > 0 else math.inf
     for t in keep:
         rest = [[k for k in keep if k != u] for u in keep if u != t]
         best = max(_centered(table, sub, t) for sub in rest)
-        out[t] = best / less[t] / full
+        # its shortfall under the median, in units of its score's noise
+        out[t] = Score(1 - (1 - best / full) / noisier(less, keep, t), signal)
     return out
 
 
@@ -198,12 +217,11 @@ def judge_work(recent: Mapping[int, Sequence[float]], tolerance: float) -> list[
             found.append(Finding(target, NO_WORK, "its pseudo-gradient makes the loss on a "
                                                   "member's sample not finite"))
             continue
-        mean = window_mean(scores)
-        if mean < 1 - tolerance:
+        if under(scores, 1 - tolerance):
             found.append(Finding(target, NO_WORK, f"its pseudo-gradient lowers the loss on its "
-                                 f"own samples, over the others', {mean:.2f}x as much as the "
-                                 f"median member's (mean of its last {WINDOW} checked rounds; "
-                                 f"limit {1 - tolerance:.2g})"))
+                                 f"own samples, over the others', {window_mean(scores):.2f}x "
+                                 f"as much as the median member's (mean of its last {WINDOW} "
+                                 f"checked rounds; limit {1 - tolerance:.2g})"))
     return found
 
 
@@ -211,6 +229,15 @@ def window_mean(scores: Sequence[float]) -> float:
     """The mean of the last ``WINDOW`` scores; NaN while fewer are known."""
     last = list(scores)[-WINDOW:]
     return sum(last) / WINDOW if len(last) == WINDOW else math.nan
+
+
+def under(scores: Sequence[float], limit: float) -> bool | None:
+    """Whether the mean of the last ``WINDOW`` scores is under ``limit``; None while it
+    cannot tell: fewer scores, or the median member's work on its own data not standing
+    out of the noise over their rounds (``round_noise.significant``)."""
+    if len(scores) < WINDOW or not significant(scores):
+        return None
+    return window_mean(scores) < limit
 
 
 def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]],
@@ -225,8 +252,8 @@ def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]
     unchecked: list[tuple[int, int]] = []
     limit = 1 - tolerance
     for a, b in sorted(pairs):
-        low = {r for r in (a, b) if window_mean(recent.get(r, ())) < limit}
-        high = {r for r in (a, b) if window_mean(recent.get(r, ())) >= limit}
+        low = {r for r in (a, b) if under(recent.get(r, ()), limit) is True}
+        high = {r for r in (a, b) if under(recent.get(r, ()), limit) is False}
         if len(low) != 1 or len(high) != 1:
             unchecked.append((a, b))
             continue

@@ -1,0 +1,148 @@
+"""The work check's noise (``trust/round_noise.py``) and the rule's parts that use it:
+gains compared at the median member's part, and windows judged only where the median
+member's work on its own data stands out of the noise."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from potluck.trust.round_noise import (
+    SIGNAL_Z,
+    WINDOW,
+    Score,
+    gain_noise,
+    noisier,
+    score_noise,
+    significant,
+)
+from potluck.trust.round_work import judge_work, under, window_mean, work_scores
+
+LIMIT = 0.3  # 1 - RoundCheck's tolerance
+
+# Rounds 1 to 4 of `potluck bench cohort --quick` (4 members, parts of 8 to 36 samples),
+# as the check measured them: gains[t][k], and each member's part of the round. The
+# rule before parts were compared at the median's quarantined member 3 after round 4
+# (scores 0.09, -1.22 and 1.88 of the median's: mean 0.25); it had done its work.
+COHORT = [
+    ([0.25, 0.2969, 0.25, 0.2031],
+     [[0.4177, 0.3862, 0.3718, 0.3389], [0.5132, 0.5045, 0.4649, 0.4189],
+      [0.4315, 0.4089, 0.4212, 0.3553], [0.3339, 0.3175, 0.3077, 0.3129]]),
+    ([0.25, 0.3125, 0.25, 0.1875],
+     [[0.2747, 0.2835, 0.2767, 0.2961], [0.3307, 0.3759, 0.3613, 0.3788],
+      [0.2662, 0.2963, 0.3128, 0.3032], [0.2028, 0.2151, 0.2126, 0.2322]]),
+    ([0.5625, 0.25, 0.125, 0.0625],
+     [[0.3352, 0.2853, 0.2723, 0.2689], [0.1853, 0.1679, 0.1357, 0.1779],
+      [0.0865, 0.0779, 0.076, 0.0893], [0.05, 0.0415, 0.0352, 0.0588]]),
+    ([0.4375, 0.25, 0.125, 0.1875],
+     [[0.0245, 0.0001, 0.0646, -0.0239], [-0.0165, 0.0188, 0.0316, -0.0437],
+      [-0.004, -0.0006, 0.0427, 0.0041], [-0.0035, 0.0, 0.021, 0.0145]]),
+]
+
+
+def _windows(rounds: list[list[float]]) -> dict[int, list[float]]:
+    """Each member's scores over ``rounds`` (work_scores' answers), NaN left out."""
+    return {t: [r[t] for r in rounds if not math.isnan(r[t])] for t in range(len(rounds[0]))}
+
+
+@pytest.mark.timeout(10)
+def test_the_cohort_benchs_honest_slow_member_is_not_flagged() -> None:
+    """The slowest member's smaller update lowered the loss less on every sample; the
+    double-centering counted that against its own sample's score. At the median's part,
+    its scores are 0.91, 1.0, 1.6 and 1.19 of the median member's."""
+    rounds = [work_scores(gains, [0, 1, 2, 3], shares) for shares, gains in COHORT]
+    recent = _windows(rounds)
+    assert judge_work(recent, 1 - LIMIT) == []
+    assert min(window_mean(s[:k]) for s in recent.values() for k in (3, 4)) > 0.7
+
+
+def _alike(rng: random.Random, shares: list[float]) -> list[list[float]]:
+    """A round early in training: every member's update lowers the loss on every sample
+    alike, in proportion to its part (gains grow with the part as the rule assumes) and
+    to how easy the sample is, plus noise; no member's update fits its own sample better."""
+    middle = sorted(shares)[len(shares) // 2]
+    size = [min(s / middle, math.sqrt(s / middle)) for s in shares]
+    ease = [1 + rng.gauss(0, 0.15) for _ in shares]
+    return [[0.3 * size[t] * ease[k] + rng.gauss(0, 0.01) for k in range(len(shares))]
+            for t in range(len(shares))]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("shares", [[0.4, 0.28, 0.2, 0.12], [0.25] * 4])
+def test_gains_alike_on_every_sample_are_not_judged(shares: list[float]) -> None:
+    """Small parts, every update helping every sample alike: the median member's
+    double-centered own gain is noise, and so is every ratio to it (of the windows of 3
+    scored rounds, a quarter fall under the limit). A window is judged only when the
+    median's signal reaches ``SIGNAL_Z`` over it: here 0 to 8 of 1,600 member-windows
+    (seeds 7 to 9), with 0 to 2 findings."""
+    rng, n, count = random.Random(7), len(shares), 400
+    ratios_under = judged = found = 0
+    for _ in range(count):
+        recent = _windows([work_scores(_alike(rng, shares), list(range(n)), shares)
+                           for _ in range(WINDOW)])
+        ratios_under += sum(window_mean(s) < LIMIT for s in recent.values())
+        judged += sum(under(s, LIMIT) is not None for s in recent.values())
+        found += len(judge_work(recent, 1 - LIMIT))
+    assert ratios_under >= 30  # what the ratio alone would flag
+    design = math.erfc(SIGNAL_Z / math.sqrt(2)) / 2  # 0.023: a window's z-score >= 2
+    assert found <= judged <= design * count * n, (judged, found)
+
+
+@pytest.mark.timeout(10)
+def test_a_window_is_judged_once_the_median_signal_stands_out() -> None:
+    weak = [Score(0.0, SIGNAL_Z / math.sqrt(WINDOW) * 0.9)] * WINDOW
+    clear = [Score(0.0, SIGNAL_Z / math.sqrt(WINDOW) * 1.1)] * WINDOW
+    assert not significant(weak) and significant(clear)
+    assert judge_work({0: weak}, 1 - LIMIT) == []
+    assert [f.rank for f in judge_work({0: clear}, 1 - LIMIT)] == [0]
+    assert under(clear[:2], LIMIT) is None  # (a window not full)
+    assert significant([0.0] * WINDOW)  # a plain float carries no signal to doubt
+
+
+@pytest.mark.timeout(10)
+def test_gain_noise_is_the_fit_of_the_cells_off_the_diagonal() -> None:
+    """Against a least-squares fit of a row effect and a column effect on the cells off
+    the diagonal, solved by torch."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (4, 5, 7):
+        table = torch.randn(n, n, generator=gen, dtype=torch.float64)
+        cells = [(u, k) for u in range(n) for k in range(n) if u != k]
+        design = torch.zeros(len(cells), 1 + 2 * n, dtype=torch.float64)
+        for i, (u, k) in enumerate(cells):
+            design[i, 0], design[i, 1 + u], design[i, 1 + n + k] = 1, 1, 1
+        values = torch.tensor([float(table[u, k]) for u, k in cells], dtype=torch.float64)
+        fit = torch.linalg.lstsq(design, values.unsqueeze(1), driver="gelsd").solution
+        residuals = values - (design @ fit).squeeze(1)
+        expected = math.sqrt(float(residuals.pow(2).sum()) / (n * n - 3 * n + 1))
+        assert gain_noise(table.tolist(), list(range(n))) == pytest.approx(expected)
+    assert gain_noise([[1.0, 2.0], [3.0, 4.0]], [0, 1]) == 0.0
+    additive = [[r + c for c in (0.1, 0.5, 0.2, 0.9)] for r in (1.0, 3.0, 2.0, 0.0)]
+    assert gain_noise(additive, [0, 1, 2, 3]) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.timeout(20)
+def test_score_noise_is_a_centered_scores_spread() -> None:
+    """The spread of a double-centered own gain over tables of independent noise."""
+    gen = torch.Generator().manual_seed(1)
+    for n in (4, 6):
+        tables = torch.randn(20000, n, n, generator=gen, dtype=torch.float64)
+        off = ~torch.eye(n, dtype=torch.bool)
+        row = (tables[:, 0, 1:]).mean(1)
+        column = (tables[:, 1:, 0]).mean(1)
+        rest = tables[:, off].mean(1)
+        score = tables[:, 0, 0] - row - column + rest
+        assert float(score.std()) == pytest.approx(score_noise(n), rel=0.03)
+
+
+@pytest.mark.timeout(10)
+def test_a_smaller_part_is_noisier() -> None:
+    keep = [0, 1, 2, 3]
+    equal = dict.fromkeys(keep, 1.0)
+    assert all(noisier(equal, keep, t) == 1.0 for t in keep)
+    small = {**equal, 3: 0.5}
+    assert 1.5 < noisier(small, keep, 3) < 2.0  # (its row's noise doubled, not its column's)
+    assert noisier(small, keep, 0) == 1.0  # (never stricter than a median part's)
+    assert noisier({**equal, 3: 2.0}, keep, 3) == 1.0
