@@ -166,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 # before the step: a worker can be killed (or quarantined) inside it
                 log("pending", round=commits + 1, epoch=epoch, ids=ids.tolist())
                 result = opt.step()
-                if result.committed:  # (under rounds: this local step, not the round yet)
+                if result.committed or opt.progress.steps > commits:
+                    # (under rounds: this local step, or the round's last one, whose
+                    # sync lost a member and was done again by the survivors)
                     pending += ids.tolist()
                 for event in cohort.events[events:]:
                     log("event", **event)
