@@ -239,3 +239,19 @@ def test_a_member_with_a_small_part_that_changes_little_is_no_replay() -> None:
     assert _judge(second, shares, sketches) == []
     second[1] = sign.clone()  # the same member replaying its last copy is caught
     assert _judge(second, shares, sketches) == [(1, REPLAYED, -1)]
+
+
+def test_a_member_that_moved_by_a_few_percent_of_itself_is_no_replay() -> None:
+    """One local step with momentum a round (a member with a tiny part): its
+    pseudo-gradient moves by a few percent of itself a round while the others move by
+    all of theirs. Not a replay; a copy that moved by under 1% of itself is."""
+    gen = torch.Generator().manual_seed(9)
+    shares = [0.45, 0.1, 0.45]
+    first = _honest(3, gen, 1.0, shares)
+    _, sketches = _round(first, shares)
+    second = _honest(3, gen, 1.0, shares)
+    wiggle = torch.randn(DIM, generator=gen, dtype=torch.float64)
+    second[1] = first[1] + 0.03 * first[1].norm() / wiggle.norm() * wiggle  # 3% of itself
+    assert _judge(second, shares, sketches) == []
+    second[1] = first[1] + 0.002 * first[1].norm() / wiggle.norm() * wiggle  # 0.2%
+    assert _judge(second, shares, sketches) == [(1, REPLAYED, -1)]

@@ -53,6 +53,7 @@ from potluck.trust.verdict import (
 
 FREE_RATIO = 0.3  # honest members' weighted norms are within a few tens of % of each other
 COPY_RATIO = 0.01  # squared: a copy is 10x closer than an honest pair, at least
+REPLAY_CHANGE = 1e-4  # squared, over the norm's: a replay moved by under 1% of itself
 SKETCH = 256  # values in the sketch an owner keeps of each sender's copy
 
 # The columns of a report row: one row per sender, then one column per sender.
@@ -202,7 +203,10 @@ def _replays(rows: list[list[list[float]]], good: list[int],
     sender's change is measured against its own size (``REPLAY / NORM``), then against
     the median member's: a member with a small part of the round moves little, and its
     few local steps can repeat themselves (one Adam step is about the gradient's sign),
-    but it still changes by a fair fraction of itself. A replay changes by nothing."""
+    but it still changes by a fair fraction of itself. A replay changes by nothing: the
+    change must also be under 1% of its norm (``REPLAY_CHANGE``), since one local step of
+    an optimizer with momentum moves a member's pseudo-gradient by only a few percent a
+    round, honestly."""
     found = []
     for i in good:
         votes = known = 0
@@ -213,7 +217,7 @@ def _replays(rows: list[list[list[float]]], good: list[int],
                 continue
             known += 1
             middle = median(known_changes)
-            votes += middle > 0 and changes[i] <= COPY_RATIO * middle
+            votes += middle > 0 and changes[i] <= min(COPY_RATIO * middle, REPLAY_CHANGE)
         if known and 2 * votes > len(rows):
             found.append(Finding(senders[i], REPLAYED, f"its pseudo-gradient is (nearly) its "
                                  f"own of the last round, for {votes} of {len(rows)} slice "
