@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from potluck.testing import SampleLedger
     from potluck.trust import RoundCheck
     from potluck_lab.models import CharTransformer, ModelConfig, language_model_loss
+    from potluck_lab.store_host_job import epochs_to_train
     from potluck_lab.text import Vocabulary, load_corpus
 
     args = parse_args(argv)
@@ -156,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     events = told = 0
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger:
         pending: list[int] = []
-        while loader.epoch < _epochs(args.epochs, args.stop_file) and not opt.left:
+        while loader.epoch < epochs_to_train(args.epochs, args.stop_file) and not opt.left:
             for x, y, ids in loader:
-                if loader.epoch >= _epochs(args.epochs, args.stop_file):
+                if loader.epoch >= epochs_to_train(args.epochs, args.stop_file):
                     break  # (admitted at the last boundary: nothing left to train)
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
@@ -198,16 +199,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=bool(finished), left=bool(opt.left))
     log_file.close()
-
-
-def _epochs(planned: int, stop_file: Path | None) -> int:
-    """``planned``, or fewer once the stop file says so."""
-    if stop_file is None:
-        return planned
-    try:
-        return min(planned, int(stop_file.read_text()))
-    except (OSError, ValueError):  # not written yet
-        return planned
 
 
 if __name__ == "__main__":

@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     stem = Path(args.trace) / f"node{os.environ.get('GROUP_RANK', '0')}-{os.getpid()}"
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger, \
             stem.with_suffix(".times").open("a") as times:
-        while loader.epoch < _epochs(args.epochs, args.stop_file):
+        while loader.epoch < epochs_to_train(args.epochs, args.stop_file):
             started = loader.epoch  # (a failed step ends the loop mid-epoch)
             for x, y, ids in loader:
-                if loader.epoch >= _epochs(args.epochs, args.stop_file):
+                if loader.epoch >= epochs_to_train(args.epochs, args.stop_file):
                     break  # (admitted at the last boundary: nothing left to train)
                 time.sleep(args.step_time)
                 epoch, before = loader.epoch, opt.steps
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
 
 
-def _epochs(planned: int, stop_file: Path | None) -> int:
+def epochs_to_train(planned: int, stop_file: Path | None) -> int:
     """``planned``, or fewer once the stop file says so."""
     if stop_file is None:
         return planned
