@@ -38,6 +38,7 @@ import torch
 from potluck.errors import ConfigError
 from potluck.testing import Faults, RankFailed, exactly_once_problems, free_port, run_ranks
 from potluck_lab.bench import chaos_churn, chaos_store_host
+from potluck_lab.bench.trial_checks import TrialChecks
 from potluck_lab.common import at_least
 from potluck_lab.driver import Bench, drive
 from potluck_lab.elastic_job import (
@@ -90,21 +91,9 @@ class ChaosPlan:
 
 
 @dataclass
-class TrialResult:
+class TrialResult(TrialChecks):
     plan: ChaosPlan
-    completed: bool = False
-    exactly_once: bool = False
-    replicas_equal: bool = False
-    max_param_diff: float = float("nan")  # finishers vs one process
     recovery_s: list[tuple[str, float]] = field(default_factory=list)
-    leftover: list[int] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return (self.completed and self.exactly_once and self.replicas_equal
-                and not self.leftover and not self.problems)
 
     def line(self) -> str:
         recovery = ", ".join(f"{c} {s:.2f} s" for c, s in self.recovery_s) or "-"

@@ -47,6 +47,7 @@ from potluck_lab.bench.churn_figures import (
     stop_epoch,
 )
 from potluck_lab.bench.churn_watch import Nodes
+from potluck_lab.bench.trial_checks import TrialChecks
 from potluck_lab.store_host_job import read_traces, single_process, trained
 
 RTOL, ATOL = 1e-9, 1e-12
@@ -74,7 +75,7 @@ class ChurnJob:
 
 
 @dataclass
-class ChurnResult:
+class ChurnResult(TrialChecks):
     members: int
     seconds_planned: float
     seed: int
@@ -83,20 +84,8 @@ class ChurnResult:
     churned: int = 0  # distinct members killed
     world: tuple[int, int] = (0, 0)  # the fewest and most members seen in
     epochs: int = 0
-    completed: bool = False
-    exactly_once: bool = False
-    replicas_equal: bool = False
-    max_param_diff: float = math.nan
     recovery_s: list[float] = field(default_factory=list)  # per loss: detected -> commit
     from_kill_s: list[float] = field(default_factory=list)  # per kill: kill -> commit
-    leftover: list[int] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return (self.completed and self.exactly_once and self.replicas_equal
-                and not self.leftover and not self.problems)
 
     def figures(self) -> dict[str, float]:
         return {"recovery_median_s": percentile(self.recovery_s, 50),

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from potluck.testing import exactly_once_problems, free_port
+from potluck_lab.bench.trial_checks import TrialChecks
 from potluck_lab.store_host_job import (
     SAMPLES,
     Trace,
@@ -66,22 +67,10 @@ class StoreHostPlan:
 
 
 @dataclass
-class StoreHostResult:
+class StoreHostResult(TrialChecks):
     plan: StoreHostPlan
-    completed: bool = False
-    exactly_once: bool = False
-    replicas_equal: bool = False
-    max_param_diff: float = float("nan")  # survivors vs one process
     from_kill_s: list[float] = field(default_factory=list)  # kill -> the commit after
     from_failure_s: list[float] = field(default_factory=list)  # failed step -> commit
-    leftover: list[int] = field(default_factory=list)  # process groups left
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return (self.completed and self.exactly_once and self.replicas_equal
-                and not self.leftover and not self.problems)
 
     def line(self) -> str:
         def seconds(values: list[float]) -> str:

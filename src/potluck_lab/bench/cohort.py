@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,6 @@ class CohortConfig:
     target_loss: float = 2.6
     limit_s: float = 1800.0
     logs: str | None = None
-    job: tuple[str, ...] = field(default=())
 
     @property
     def commits_per_round(self) -> int:
