@@ -7,17 +7,21 @@ are a majority of the three and form the next generation, redo the step in fligh
 finish. Node 0's command run again meanwhile refuses to host a second store for the job
 and says how to join the running one. Every global batch is trained exactly once with
 equal shares and a mean loss, so the final parameters equal one process on the same
-global batches (float64).
+global batches (float64). Every node has ``--status-port``: the page moves with the
+store, and shows the two survivors.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,13 +31,15 @@ from tests.e2e.helpers import ROOT, SCRIPT, assert_equal_to_one_process, kill_le
 EPOCHS = 8
 
 
-def _node(rank: int, port: int, log: Path, out: Path, tmp: Path) -> subprocess.Popen[bytes]:
+def _node(rank: int, port: int, log: Path, out: Path, tmp: Path,
+          status: int) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "potluck", "run", "--nnodes", "3", "--node-rank",
              str(rank), "--master-port", str(port), "--nproc-per-node", "1", "--elastic",
-             "--token", "s3cret-succession", "--run-id", "succession", str(SCRIPT),
-             "--epochs", str(EPOCHS), "--step-time", "0.05", "--out", str(out),
+             "--token", "s3cret-succession", "--run-id", "succession", "--status-port",
+             str(status), str(SCRIPT),
+             "--epochs", str(EPOCHS), "--step-time", "0.1", "--out", str(out),
              "--checkpoint-dir", str(tmp / f"checkpoints{rank}")],
             stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 
@@ -41,9 +47,9 @@ def _node(rank: int, port: int, log: Path, out: Path, tmp: Path) -> subprocess.P
 @pytest.mark.timeout(150)
 def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
         tmp_path: Path) -> None:
-    port, out = free_port(), tmp_path / "final.pt"
+    port, status, out = free_port(), free_port(), tmp_path / "final.pt"
     logs = [tmp_path / f"node{n}.log" for n in range(3)]
-    nodes = [_node(n, port, logs[n], out, tmp_path) for n in range(3)]
+    nodes = [_node(n, port, logs[n], out, tmp_path, status) for n in range(3)]
     try:
         while "epoch 1 done" not in logs[0].read_text():
             assert all(n.poll() is None for n in nodes), logs[0].read_text()[-3000:]
@@ -53,9 +59,10 @@ def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
         while "it moved to node 1 at " not in logs[1].read_text():
             assert nodes[1].poll() is None, logs[1].read_text()[-3000:]
             time.sleep(0.1)
+        page = _moved_page(logs[1], nodes[1], status)
         # Node 0's command again: it must not host a second store for the same job.
         again = tmp_path / "node0-again.log"
-        nodes.append(_node(0, port, again, out, tmp_path))
+        nodes.append(_node(0, port, again, out, tmp_path, status))
         assert nodes[3].wait(timeout=60) == 2, again.read_text()[-3000:]
         for node in nodes[1:3]:
             node.wait()  # (the test's timeout bounds it)
@@ -77,3 +84,23 @@ def test_the_store_moves_when_its_host_is_killed_and_the_run_equals_one_process(
     finished = texts[1] + texts[2]
     assert f"epoch {EPOCHS - 1} done at step {EPOCHS * 8} with 2 workers" in finished
     assert_equal_to_one_process(out, EPOCHS)
+    # the status page went with the store: node 1 serves it, the survivors' pulses on it
+    assert len(page["ranks"]) == 2, page["ranks"]
+    assert any(e["what"] == "store" and "moved to node 1" in e["text"]
+               for e in page["events"]), page["events"]
+
+
+def _moved_page(log: Path, node: subprocess.Popen[bytes], port: int) -> dict[str, Any]:
+    """The status page node 1 serves once the store moved there, as soon as both
+    survivors' pulses are on it (its JSON)."""
+    url = f"http://127.0.0.1:{port}/"
+    while f"the status page is now at {url}" not in log.read_text():
+        assert node.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.1)
+    while True:
+        assert node.poll() is None, log.read_text()[-3000:]
+        with urllib.request.urlopen(f"{url}api/status", timeout=5) as answer:
+            page: dict[str, Any] = json.load(answer)
+        if len(page["ranks"]) == 2:
+            return page
+        time.sleep(0.2)

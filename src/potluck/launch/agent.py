@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING
 
 from potluck import env as potluck_env
 from potluck import keys
-from potluck.errors import BelowMinimumError, RendezvousError
+from potluck.errors import BelowMinimumError, ConfigError, RendezvousError
 from potluck.launch.config import LaunchConfig, Layout, static_layout, worker_environ
 from potluck.launch.forked import Template
 from potluck.launch.job_keys import (
@@ -117,7 +117,9 @@ class Agent:
         self._signal: int | None = None
         self._layout = Layout.assumed(self.config)  # until the nodes have met
         self._reported: set[int] = set()  # pids of workers reported lost (elastic)
-        self._status: StatusService | None = None  # node 0's status page (--status-port)
+        # the status page (--status-port): node 0's, or where the store moved
+        self._status: StatusService | None = None
+        self._status_failed = False  # the moved store's page could not start: not again
         self._template: Template | None = None  # forks warm spares (elastic, Linux)
 
     def run(self) -> int:
@@ -497,6 +499,9 @@ class Agent:
                 if job_store.succession is not None and time.monotonic() - learned > LEARN_S:
                     job_store.learn(store)  # (nodes that came since)
                     learned = time.monotonic()
+                    if (self._status is None and not self._status_failed
+                            and self.config.status_port is not None and job_store.hosting):
+                        self._serve_moved_status(job_store)
                 if self._signal is not None:
                     return Outcome.INTERRUPTED
                 self._end_unneeded(workers, sweeper)
@@ -579,6 +584,37 @@ class Agent:
         url = self._status.url
         self._emit(f"potluck run: status page at {url} (JSON {url}api/status, Prometheus "
                    f"{url}metrics)")
+
+    def _serve_moved_status(self, job_store: JobStore) -> None:
+        """The job's store moved to this node: the status page goes with it (on
+        ``--status-port``, or a free port where that one is taken here). Its history
+        before the move is in the workers' journals (``potluck plot``)."""
+        from potluck.status.service import StatusService
+
+        cfg = self.config
+        assert cfg.status_port is not None
+        host, port, node = job_store.address()
+        failed: ConfigError | None = None
+        for wanted in dict.fromkeys((cfg.status_port, 0)):
+            service = StatusService(cfg.run_id, port, host=cfg.status_host, port=wanted,
+                                    store_host=host)
+            try:
+                self._status = service.start()
+                break
+            except ConfigError as exc:  # (the port is taken on this machine)
+                service.close()
+                failed = exc
+        if self._status is None:
+            self._emit(f"potluck run: the job's store moved to this node, but its status "
+                       f"page could not start here ({failed})")
+            self._status_failed = True
+            return
+        url = self._status.url
+        self._status.event("store", f"the job's store moved to node {node} at {host}:{port}"
+                                    " (its host was lost); the page starts again here, "
+                                    "the run's earlier steps are in its journals")
+        self._emit(f"potluck run: the job's store moved to this node (node {node}): the "
+                   f"status page is now at {url} (JSON {url}api/status)")
 
     def _post_exits(self, results: list[WorkerResult], then: str) -> None:
         """A fixed job's attempt failed: its failed workers' exits, on the status page."""

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch._C._distributed_c10d import Store
+
 from potluck.cohort import Cohort
 from potluck.env import WorkerEnv
 from potluck.metrics.observer import Samples, StepObserver, StepSink, Where
@@ -29,6 +31,7 @@ from potluck.metrics.publisher import (
 from potluck.reducer.clock import ComputeClock
 from potluck.reducer.data_parallel import LocalClock
 from potluck.reducer.reducer import PassStats
+from potluck.relay import RelayStore, succession_of
 
 _made = threading.Event()  # set by the first observer_for of this process
 
@@ -64,7 +67,7 @@ def cohort_observer(cohort: Cohort, passes: Callable[[], PassStats] | None, *,
                          samples=samples, inner=inner, metrics_dir=metrics_dir,
                          events=lambda: list(cohort.events), member=cohort.worker_id,
                          attempt=0 if cohort.elastic else cohort.env.restart_count,
-                         prepared=prepared)
+                         prepared=prepared, store=cohort.store)
 
 
 def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassStats] | None,
@@ -72,11 +75,13 @@ def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassSt
                   inner: LocalClock | None = None, metrics_dir: str | Path | None = None,
                   events: Callable[[], list[dict[str, Any]]] = list,
                   member: str | None = None, attempt: int = 0,
-                  prepared: bool = True) -> StepObserver:
+                  prepared: bool = True, store: Store | None = None) -> StepObserver:
     """A step observer with the sinks ``env`` asks for (``metrics_dir`` wins over its
     directory). ``prepared``: False for a plain script's model (no ``prepare``): its
     pulses say that samples are not counted. (A prepared run under a sync strategy
-    counts none a local step either, but its page needs no notice.)"""
+    counts none a local step either, but its page needs no notice.) ``store``: the
+    cohort's; where it can move to another node (``succession``), the pulses follow
+    it, so the page the new host serves shows this worker."""
     directory = metrics_dir if metrics_dir is not None else env.metrics_dir
     sinks: list[StepSink] = []
     if directory:
@@ -87,8 +92,11 @@ def make_observer(clock: ComputeClock, where: Where, passes: Callable[[], PassSt
     observer = StepObserver(clock, where, passes, samples=samples, inner=inner,
                             sinks=sinks)
     if env.status and env.master_addr is not None and env.master_port is not None:
+        connect: Callable[[], Store] = store_client(env.master_addr, env.master_port)
+        if isinstance(store, RelayStore) and succession_of(store) is not None:
+            connect = store.clone
         observer.add_sink(StorePublisher(
-            store_client(env.master_addr, env.master_port), env.run_id,
+            connect, env.run_id,
             f"{observer.host}:{os.getpid()}", position=observer.position, where=where,
             events=events, member=member, attempt=attempt,
             counts_samples=prepared).start())

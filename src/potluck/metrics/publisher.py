@@ -8,7 +8,8 @@ membership events and notes. The thread keeps
 pulsing while the training thread is blocked in a collective, so a rank whose pulses
 stop is stopped, dead or cut off, not merely waiting; that is how the page names a
 frozen rank. The thread has its own store connection; a store that went away (the run
-ended) ends the thread quietly.
+ended) ends the thread quietly. Its connection may be a relay that follows the store to
+another node (``potluck.succession``): the thread then registers this worker there again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from potluck import keys
 from potluck.events import Note
 from potluck.metrics.journal import Journal
 from potluck.metrics.observer import Position, StepFigures, Where, describe
+from potluck.relay import succession_of
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +141,17 @@ class StorePublisher:
     def _run(self) -> None:
         try:
             store = self._connect()
-            slot = int(store.add(keys.status_count(self._run_id), 1)) - 1
-            store.set(keys.status_slot(self._run_id, slot), self._worker)
-            key = keys.status_pulse(self._run_id, self._worker)
-            while not self._stop.wait(self._interval):
+            succession = succession_of(store)
+            key, moves = keys.status_pulse(self._run_id, self._worker), -1
+            while True:
+                # A store that moved to another node starts without this worker's slot:
+                # it is written again there, so the page the new host serves lists it.
+                if moves != (succession.moves if succession is not None else 0):
+                    moves = succession.moves if succession is not None else 0
+                    slot = int(store.add(keys.status_count(self._run_id), 1)) - 1
+                    store.set(keys.status_slot(self._run_id, slot), self._worker)
+                if self._stop.wait(self._interval):
+                    break
                 store.set(key, json.dumps(self.pulse()))
             store.set(key, json.dumps(self.pulse(done=True)))
         except Exception as exc:  # the store is gone (the run ended): nothing to tell
