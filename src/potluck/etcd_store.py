@@ -22,8 +22,9 @@ and later. ``etcd3gw`` speaks the same gateway but brings three dependencies for
 calls. Blocking reads poll (every 10 ms, backing off to 100 ms): a watch stream would
 need a reader thread per call.
 
-A broken connection is retried for ``LOST_AFTER_S``; then it is ``StoreLostError``,
-one line. ``add``'s transaction is not retried once sent: it may have been applied.
+A broken connection is retried until etcd has failed every call of the process for
+``LOST_AFTER_S``; then it is ``StoreLostError``, one line, and later calls try once.
+``add``'s transaction is not retried once sent: it may have been applied.
 """
 
 from __future__ import annotations
@@ -47,6 +48,33 @@ REQUEST_S = 10.0  # one HTTP request's socket timeout
 _POLL_FIRST_S, _POLL_MAX_S = 0.01, 0.1
 
 Json = dict[str, Any]
+
+
+class _Outages:
+    """Since when each endpoint's calls fail, for the whole process: an outage is
+    judged once. Every store, clone and thread of a process that calls while etcd is
+    down counts from the first failure, so once it was down ``LOST_AFTER_S``, a call
+    tries once and fails (not ``LOST_AFTER_S`` again, call after call, as an agent's
+    shutdown makes a dozen)."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, endpoint: str) -> float:
+        """A call to ``endpoint`` failed: how long its calls have failed (seconds)."""
+        now = time.monotonic()
+        with self._lock:
+            return now - self._since.setdefault(endpoint, now)
+
+    def ended(self, endpoint: str) -> None:
+        """A call to ``endpoint`` was answered."""
+        if endpoint in self._since:
+            with self._lock:
+                self._since.pop(endpoint, None)
+
+
+_OUTAGES = _Outages()
 
 
 class _Refused(Exception):
@@ -221,11 +249,12 @@ class EtcdStore(Store):
         """POST ``body`` to ``path``; connection failures are retried for
         ``LOST_AFTER_S`` (``retry``), then ``StoreLostError``."""
         payload = json.dumps(body).encode()
-        deadline = time.monotonic() + LOST_AFTER_S
         while True:
             try:
                 with self._lock:
-                    return self._post(path, payload)
+                    answer = self._post(path, payload)
+                _OUTAGES.ended(self.endpoint)
+                return answer
             except _Refused as exc:
                 raise RendezvousError(
                     f"etcd at {self.endpoint} refused {what} ({exc}): check that it runs "
@@ -233,7 +262,7 @@ class EtcdStore(Store):
                     f"{self.prefix!r} (etcd's log says why)") from None
             except (OSError, http.client.HTTPException) as exc:
                 self._close()
-                if not retry or time.monotonic() >= deadline:
+                if not retry or _OUTAGES.failed(self.endpoint) >= LOST_AFTER_S:
                     cause = str(exc) or type(exc).__name__
                     raise StoreLostError(self.endpoint, what, cause, etcd=True) from None
                 time.sleep(0.2)
