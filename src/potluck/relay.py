@@ -14,6 +14,12 @@ cut) is, where c10d raises a ``DistNetworkError`` from deep inside:
 ``clone()`` gives a relay on a new connection (the threads that poll keep their own),
 and ``prefixed`` one under a prefix that stays clonable (c10d's ``PrefixStore.clone()``
 cannot clone a store written in Python, so an ``EtcdStore`` takes the prefix itself).
+
+Connections are few and made once. The store's server accepts on its one thread and
+names each peer it accepts (a reverse lookup): a connection costs the whole job's store
+that lookup. So a relay and the relays made from it share one c10d client for the
+process groups (``for_c10d``), not one per generation, and one probe of the store's
+host per process (``Succession.host_accepts``), not one per waiting thread.
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import StoreLostError
 from potluck.etcd_store import EtcdStore
-from potluck.succession import PROBE_S, Candidate, Succession, reachable
+from potluck.succession import Succession
 
 T = TypeVar("T")
 
 SILENT_S = 2.0  # a store that can move and does not answer a quick call in this, and
-#                whose host does not accept a connection either (``reachable``), is lost
+#                whose host does not accept a connection either (``host_accepts``), is lost
 FROZEN_S = 30.0  # one whose host accepts connections but that never answers: lost too
 POLL_S = 0.01  # how often a wait for a key asks again
 _ABSENT = "\x00potluck: no such key\x00"  # a value no key of potluck's holds
@@ -50,10 +56,13 @@ class RelayStore(Store):
     moves to the succession's next host, or is ``StoreLostError``."""
 
     def __init__(self, inner: Store, where: str, *, succession: Succession | None = None,
-                 prefix: str = "") -> None:
+                 prefix: str = "", groups: GroupClient | None = None) -> None:
+        """``groups``: the c10d client the process groups hold, shared with the relay
+        this one is made from (None: this relay starts one)."""
         super().__init__()
         self._inner, self.where = inner, where
         self._succession, self._prefix = succession, prefix
+        self._groups = groups if groups is not None else GroupClient()
         self._moving = threading.Lock()
         Store.set_timeout(self, getattr(inner, "timeout"))  # noqa: B009  (stubs lack it)
 
@@ -124,7 +133,7 @@ class RelayStore(Store):
             # processes do, so one that does not (a cut link, a host gone) is lost; one
             # that does is waited for, up to FROZEN_S (its store is frozen).
             waited = time.monotonic() - started
-            if not _host_accepts(self.where):
+            if not succession.host_accepts(self.where):
                 raise _Silent(f"no answer in {waited:.1f} s, and its host accepts no "
                               "connection (the link to it is cut?)")
             if waited >= FROZEN_S:
@@ -207,14 +216,35 @@ class RelayStore(Store):
     def clone(self) -> RelayStore:
         """A relay on a new connection to the same store."""
         inner = self._call("connect", lambda: getattr(self._inner, "clone")())  # noqa: B009
-        return RelayStore(inner, self.where, succession=self._succession, prefix=self._prefix)
+        return RelayStore(inner, self.where, succession=self._succession, prefix=self._prefix,
+                          groups=self._groups)
+
+
+class GroupClient:
+    """The one c10d client of the store that every process group of a process holds,
+    made at the first group and again only where the store moved. A group per
+    generation on a connection of its own made every member's connection a new one at
+    every join and loss."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Store | None = None
+        self._where = ""
+
+    def get(self, where: str, connect: Callable[[], Store]) -> Store:
+        """The client of the store at ``where``; ``connect`` makes it if there is none."""
+        with self._lock:
+            if self._client is None or self._where != where:
+                self._client, self._where = connect(), where
+            return self._client
 
 
 def for_c10d(store: Store) -> Store:
     """A store c10d's own C++ code may hold (a process group's rendezvous, NCCL's lazy
-    init on its threads): for a relay, a new client of the store where it is now, not
-    the relay (a store written in Python needs the GIL on every call, the deadlock
-    class of pytorch/pytorch#104103); any other store as it is. A relay over etcd gives
+    init on its threads): for a relay, the process's one c10d client of the store where
+    it is now (``GroupClient``), not the relay (a store written in Python needs the GIL
+    on every call, the deadlock class of pytorch/pytorch#104103); any other store as
+    it is. A relay over etcd gives
     its own ``EtcdStore``: no client of etcd is native, and a Python store that only
     C++ holds loses its methods (pybind keeps no Python object alive for it), so the
     relay, which the cohort holds, keeps it alive."""
@@ -222,8 +252,10 @@ def for_c10d(store: Store) -> Store:
         return store
     if isinstance(store._inner, EtcdStore):
         return store._inner
-    client: Store = store._call("connect", lambda: getattr(store._inner, "clone")())  # noqa: B009
-    return client
+    base = _unprefixed(store._inner)
+    client = store._groups.get(
+        store.where, lambda: store._call("connect", lambda: getattr(base, "clone")()))  # noqa: B009
+    return PrefixStore(store._prefix, client) if store._prefix else client
 
 
 def succession_of(store: Store) -> Succession | None:
@@ -238,19 +270,20 @@ def prefixed(store: Store, prefix: str) -> Store:
         # PrefixStore(p, PrefixStore(q, s)) keys "q/p/key": the same as one of "q/p"
         whole = f"{store._prefix}/{prefix}" if store._prefix else prefix
         return RelayStore(_under(store._inner, prefix), store.where,
-                          succession=store._succession, prefix=whole)
+                          succession=store._succession, prefix=whole, groups=store._groups)
     return _under(store, prefix)
+
+
+def _unprefixed(store: Store) -> Store:
+    """The store a chain of ``PrefixStore`` wraps."""
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
 
 
 def _under(store: Store, prefix: str) -> Store:
     """c10d's ``PrefixStore``; for an etcd store one of its own, which clones."""
     return store.under(prefix) if isinstance(store, EtcdStore) else PrefixStore(prefix, store)
-
-
-def _host_accepts(where: str) -> bool:
-    """Whether the store's socket at ``where`` (host:port) accepts a connection."""
-    host, port = where.rsplit(":", 1)
-    return reachable(Candidate(-1, host.strip("[]"), int(port)), timeout=PROBE_S)
 
 
 def _first_line(exc: BaseException) -> str:

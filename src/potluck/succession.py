@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROBE_S = 1.0  # a socket that does not accept a connection within this is not reachable
+# A probe that found the store's host accepting answers for the whole process this long:
+# each probe is a connection the store's one thread accepts and names (a reverse lookup).
+ACCEPTED_S = 10.0
 CONNECT_S = 30.0  # for the chosen host's agent to see the loss and serve
 
 
@@ -118,6 +121,8 @@ class Succession:
         self._root: Store | None = None
         self._seeders: list[Callable[[Store], None]] = []
         self._lock = threading.RLock()
+        self._probing = threading.Lock()
+        self._accepted: dict[str, float] = {}  # where -> when a probe was last accepted
         self.moves = 0  # how many times the store moved
         self.moving = False  # a thread of this process is moving the store now
         self.moved_at = -float("inf")  # when the last move ended (monotonic)
@@ -151,6 +156,20 @@ class Succession:
     @property
     def candidates(self) -> list[Candidate]:
         return list(self._candidates)
+
+    def host_accepts(self, where: str) -> bool:
+        """Whether the store's socket at ``where`` (host:port) accepts a connection.
+        One probe at a time for the whole process, and none for ``ACCEPTED_S`` after one
+        was accepted: every thread of every process waiting on a slow store once probed
+        it every 2 s, and each probe cost the store's thread a reverse lookup."""
+        with self._probing:
+            if time.monotonic() - self._accepted.get(where, -ACCEPTED_S) < ACCEPTED_S:
+                return True
+            host, port = where.rsplit(":", 1)
+            if not reachable(Candidate(-1, host.strip("[]"), int(port))):
+                return False
+            self._accepted[where] = time.monotonic()
+            return True
 
     def seeder(self, seed: Callable[[Store], None]) -> None:
         """``seed(store)`` writes back what this process holds, on every new store."""

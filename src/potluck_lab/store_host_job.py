@@ -46,6 +46,7 @@ class Trace:
     name: str
     commits: list[tuple[int, float]] = field(default_factory=list)
     pending: tuple[int, int, list[int]] | None = None  # its last step's (n, epoch, ids)
+    parts: dict[int, set[int]] = field(default_factory=dict)  # step -> the ids it prepared
     failures: list[tuple[int, float]] = field(default_factory=list)
     params: Path | None = None  # the final parameters, if it finished
 
@@ -65,6 +66,7 @@ def read_traces(directory: Path) -> list[Trace]:
                 trace.failures.append((record["failed"], record["at"]))
             elif "pending" in record:
                 trace.pending = (record["pending"], record["epoch"], record["ids"])
+                trace.parts[record["pending"]] = set(record["ids"])
             else:
                 trace.commits.append((record["step"], record["at"]))
         params = path.with_suffix(".pt")
@@ -77,7 +79,10 @@ def trained(directory: Path) -> list[tuple[int, list[int]]]:
     """Every worker's committed parts (its ledger), and the part a worker was killed
     with where the others committed that step without failing it first (so its part,
     sent before it died, is in the step: it died between the commit and its ledger
-    line). Feed it to ``potluck.testing.exactly_once_problems``."""
+    line), unless a worker that committed that step trained that part itself (the
+    killed one was not in the generation that committed it: it formed without a failed
+    step, after a group that was not built). Feed it to
+    ``potluck.testing.exactly_once_problems``."""
     from potluck.testing import read_ledgers
 
     records = list(read_ledgers(directory))
@@ -87,8 +92,9 @@ def trained(directory: Path) -> list[tuple[int, list[int]]]:
             continue
         step, epoch, ids = trace.pending
         others = [t for t in traces if t is not trace]
-        if any(step in {s for s, _ in t.commits} and step not in {f for f, _ in t.failures}
-               for t in others):
+        committers = [t for t in others if step in {s for s, _ in t.commits}]
+        if any(step not in {f for f, _ in t.failures} for t in committers) and \
+                not any(t.parts.get(step, set()) & set(ids) for t in committers):
             records.append((epoch, ids))
     return records
 

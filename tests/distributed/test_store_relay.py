@@ -139,7 +139,7 @@ def test_a_relay_idle_while_the_store_moved_goes_to_the_new_host_at_once(
     with _Moving() as moving:
         host, succession, new = moving.host, moving.succession, moving.new
         relays = [moving.relay() for _ in range(3)]
-        monkeypatch.setattr(relay, "_host_accepts", lambda where: False)
+        monkeypatch.setattr(succession, "host_accepts", lambda where: False)
         _stop(host.pid)
         waiting: list[float] = []  # when a third relay's call, made meanwhile, ends
 

@@ -29,6 +29,7 @@ from potluck.cohort.groups import GroupSpec, make_group
 from potluck.cohort.membership import MembershipSource
 from potluck.collectives import settle
 from potluck.env import WorkerEnv
+from potluck.errors import RendezvousError
 from potluck.group import GroupHandle, ProcessGroupLike
 from potluck.rendezvous import Membership
 
@@ -52,7 +53,7 @@ class Cohort:
         self.joined_late = self.membership.generation > 0 and \
             source.worker_id in self.membership.joined
         # Only an elastic cohort announces abandoned steps; a fixed one's waits block.
-        self.group = GroupHandle(self._build(self.membership), self.membership.generation,
+        self.group = GroupHandle(self._built(), self.membership.generation,
                                  abandoned=source.step_failed if source.elastic else None)
 
     # ------------------------------------------------------------------- who am I
@@ -169,7 +170,7 @@ class Cohort:
         self._source.announce_leave()
 
     def _move(self, started: float, cause: str) -> None:
-        self.group.reconfigure(self._build(self.membership), self.generation)
+        self.group.reconfigure(self._built(), self.generation)
         event: dict[str, Any] = {"generation": self.generation, "cause": cause,
                                  "left": list(self.membership.left),
                                  "joined": list(self.membership.joined),
@@ -179,6 +180,25 @@ class Cohort:
         log.warning("[rank %d] generation %d: %s (left %s, joined %s) in %.2f s",
                     self.rank, self.generation, cause, event["left"], event["joined"],
                     event["recovery_s"])
+
+    def _built(self) -> ProcessGroupLike:
+        """The current generation's group. A member lost while it is built (Gloo waits
+        for every peer, then gives up) fails the generation in an elastic cohort: the
+        members form the next one and build again, and a joiner, which holds nothing
+        yet, goes back to the join queue (a later boundary admits it)."""
+        while True:
+            try:
+                return self._build(self.membership)
+            except RendezvousError as exc:
+                if not self._source.elastic:
+                    raise
+                log.warning("[rank %d] generation %d: its group was not built (%s); a "
+                            "member was lost meanwhile", self.rank, self.generation, exc)
+                self._source.mark_step_failed(self.generation)  # (those waiting give up)
+                joiner = self.generation > 0 and self.worker_id in self.membership.joined
+                self.membership = (self._source.rejoin() if joiner else
+                                   self._source.next_generation("a member was lost while "
+                                                                "the group was built"))
 
     def _build(self, membership: Membership) -> ProcessGroupLike:
         return make_group(self._spec, self._store, self._prefix(membership.generation),

@@ -68,7 +68,7 @@ class JobStore:
                      else config.port_to_host())
         self._store: Store | None = None
         self._etcd: EtcdStore | None = None
-        self._successor = successor_socket() if successors else None
+        self._successor = successor_socket(config.master_addr) if successors else None
         self._serving: TCPStore | None = None  # the successor store this agent serves
         self.succession: Succession | None = None
 
@@ -184,12 +184,33 @@ def refuse_if_moved(config: LaunchConfig) -> None:
         "admits its workers at a step boundary)")
 
 
-def successor_socket() -> socket.socket:
+def successor_socket(master_addr: str) -> socket.socket:
     """An agent's successor socket: listening from its start, on a free port."""
-    if socket.has_dualstack_ipv6():
-        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True,
+    return server_socket(master_addr, 0)
+
+
+def server_socket(master_addr: str, port: int) -> socket.socket:
+    """A store's listening socket on every interface: IPv4 only where ``master_addr``
+    has no IPv6 address, else dual-stack.
+
+    torch's store server names each peer it accepts, on its one thread, with a reverse
+    lookup. A dual-stack socket sees an IPv4 peer as an IPv4-mapped IPv6 address, which
+    no hosts file lists, so every accept asked DNS. Where DNS drops a query, that is 5 s
+    with the store deaf to everyone: 400 connections took 35 s to serve, not 0.05 s
+    (``tests/distributed/test_store_connections.py``)."""
+    if socket.has_dualstack_ipv6() and _has_ipv6(master_addr):
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
                                     backlog=_BACKLOG)
-    return socket.create_server(("0.0.0.0", 0), backlog=_BACKLOG)
+    return socket.create_server(("0.0.0.0", port), backlog=_BACKLOG)
+
+
+def _has_ipv6(addr: str) -> bool:
+    """Whether ``addr`` names an IPv6 address (a peer may dial it over IPv6)."""
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return True  # (unknown: keep both families)
+    return any(family == socket.AF_INET6 for family, *_ in infos)
 
 
 def advertised_host(config: LaunchConfig) -> str:
@@ -235,10 +256,7 @@ def listen(config: LaunchConfig) -> socket.socket:
     check_local_address(config.master_addr)
     port = config.port_to_host()
     try:
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6,
-                                        dualstack_ipv6=True, backlog=_BACKLOG)
-        return socket.create_server(("0.0.0.0", port), backlog=_BACKLOG)
+        return server_socket(config.master_addr, port)
     except OSError as exc:
         raise ConfigError(
             f"cannot host the store on port {port}: {exc.strerror or exc}; another "
