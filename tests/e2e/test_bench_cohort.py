@@ -23,11 +23,6 @@ WHY = unavailable() or no_quota()
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(WHY is not None, reason=f"bench cohort: {WHY}")
-@pytest.mark.skip(reason="known defect: the work check (trust/round_work.py) can quarantine "
-                  "an honest member at round 3 of this tiny quick model (parts of about 16 "
-                  "samples early in training: 1 run in 2 here); the cohort then has too few "
-                  "members for the store host's loss (no majority) and the run ends short. "
-                  "Run `potluck bench cohort --quick` by hand until the rule is fixed")
 def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path: Path) -> None:
     out_json = tmp_path / "cohort.json"
     run = subprocess.run([sys.executable, "-m", "potluck", "bench", "cohort", "--quick",

@@ -1,6 +1,6 @@
 """The work check's noise (``trust/round_noise.py``) and the rule's parts that use it:
-gains compared at the median member's part, and windows judged only where the median
-member's work on its own data stands out of the noise."""
+gains compared at the median member's part, and a member flagged only where its
+shortfall stands out of its own noise."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from potluck.trust.round_noise import (
-    SIGNAL_Z,
+    JUDGE_Z,
     WINDOW,
     Score,
     gain_noise,
     noisier,
+    power,
     score_noise,
-    significant,
+    shortfall_z,
 )
 from potluck.trust.round_work import judge_work, under, window_mean, work_scores
 
@@ -70,36 +71,82 @@ def _alike(rng: random.Random, shares: list[float]) -> list[list[float]]:
             for t in range(len(shares))]
 
 
+# Three honest members' rounds of `potluck bench cohort --quick`, as the check measured
+# them: (the member, each member's part of the round, gains[t][k]). The bench showed
+# no false quarantine in 15 runs here; these are its lowest honest scores whose rounds
+# were judged, from three runs. In one seat, the rule that judged a window by the
+# median member's signal flagged the member (scores -0.05, 0.17 and 0.22 of the
+# median's: mean 0.12), as it did honest members with parts of 8 to 16 samples in
+# about 1 run in 2 elsewhere. Their parts: 8, 10 and 12 samples.
+SMALL = [
+    (2, [0.25, 0.125, 0.25, 0.375],
+     [[0.1358, 0.1827, 0.0903, 0.1009], [0.0596, 0.156, 0.0299, 0.0321],
+      [0.102, 0.1822, 0.0872, 0.0765], [0.1689, 0.2047, 0.1413, 0.1758]]),
+    (2, [0.203125, 0.15625, 0.25, 0.390625],
+     [[0.3608, 0.3253, 0.3071, 0.3265], [0.3407, 0.3475, 0.3105, 0.325],
+      [0.4114, 0.3858, 0.383, 0.3874], [0.5898, 0.5512, 0.5145, 0.5651]]),
+    (1, [0.4375, 0.1875, 0.125, 0.25],
+     [[0.1446, 0.1131, 0.1518, 0.1024], [-0.0567, -0.0283, -0.013, -0.0733],
+      [0.0822, 0.0723, 0.1155, 0.062], [0.0297, 0.019, 0.0856, -0.0039]]),
+]
+
+
+@pytest.mark.timeout(10)
+def test_an_honest_member_with_a_small_part_is_not_flagged_on_noise() -> None:
+    """Under the limit on the score alone, but its shortfall is within its noise: the
+    other members' own-data work spread as much. The check abstains: a member that did
+    no work would not have stood out of that noise either."""
+    scores = [work_scores(gains, [0, 1, 2, 3], shares)[t] for t, shares, gains in SMALL]
+    assert window_mean(scores) < LIMIT  # (what the median's signal alone flagged)
+    assert judge_work({0: scores}, 1 - LIMIT) == []
+    assert shortfall_z(scores) < JUDGE_Z and power(scores) < JUDGE_Z
+    assert under(scores, LIMIT) is None
+
+
+def _alike(rng: random.Random, shares: list[float]) -> list[list[float]]:
+    """A round early in training: every member's update lowers the loss on every sample
+    alike, in proportion to its part (gains grow with the part as the rule assumes) and
+    to how easy the sample is, plus noise; no member's update fits its own sample better."""
+    middle = sorted(shares)[len(shares) // 2]
+    size = [min(s / middle, math.sqrt(s / middle)) for s in shares]
+    ease = [1 + rng.gauss(0, 0.15) for _ in shares]
+    return [[0.3 * size[t] * ease[k] + rng.gauss(0, 0.01) for k in range(len(shares))]
+            for t in range(len(shares))]
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("shares", [[0.4, 0.28, 0.2, 0.12], [0.25] * 4])
-def test_gains_alike_on_every_sample_are_not_judged(shares: list[float]) -> None:
+def test_gains_alike_on_every_sample_flag_nobody(shares: list[float]) -> None:
     """Small parts, every update helping every sample alike: the median member's
     double-centered own gain is noise, and so is every ratio to it (of the windows of 3
-    scored rounds, a quarter fall under the limit). A window is judged only when the
-    median's signal reaches ``SIGNAL_Z`` over it: here 0 to 8 of 1,600 member-windows
-    (seeds 7 to 9), with 0 to 2 findings."""
+    scored rounds, a quarter fall under the limit). A member is flagged only where its
+    own shortfall reaches ``JUDGE_Z``: 2 and 7 of 1,600 member-windows (seed 7)."""
     rng, n, count = random.Random(7), len(shares), 400
-    ratios_under = judged = found = 0
+    ratios_under = found = 0
     for _ in range(count):
         recent = _windows([work_scores(_alike(rng, shares), list(range(n)), shares)
                            for _ in range(WINDOW)])
         ratios_under += sum(window_mean(s) < LIMIT for s in recent.values())
-        judged += sum(under(s, LIMIT) is not None for s in recent.values())
         found += len(judge_work(recent, 1 - LIMIT))
     assert ratios_under >= 30  # what the ratio alone would flag
-    design = math.erfc(SIGNAL_Z / math.sqrt(2)) / 2  # 0.023: a window's z-score >= 2
-    assert found <= judged <= design * count * n, (judged, found)
+    design = math.erfc(JUDGE_Z / math.sqrt(2)) / 2  # 0.023: a window's z-score >= 2
+    assert found <= design * count * n / 4, found
 
 
 @pytest.mark.timeout(10)
-def test_a_window_is_judged_once_the_median_signal_stands_out() -> None:
-    weak = [Score(0.0, SIGNAL_Z / math.sqrt(WINDOW) * 0.9)] * WINDOW
-    clear = [Score(0.0, SIGNAL_Z / math.sqrt(WINDOW) * 1.1)] * WINDOW
-    assert not significant(weak) and significant(clear)
-    assert judge_work({0: weak}, 1 - LIMIT) == []
+def test_a_member_is_flagged_only_where_its_shortfall_stands_out_of_its_noise() -> None:
+    clear = [Score(0.0, 1.0, 0.5)] * WINDOW  # no work, its noise half the others' work
+    noisy = [Score(0.0, 1.0, 1.5)] * WINDOW  # no work, but a noise that hides it
+    worked = [Score(1.0, 0.0, 0.5)] * WINDOW
+    assert shortfall_z(clear) == pytest.approx(2 * math.sqrt(WINDOW))
     assert [f.rank for f in judge_work({0: clear}, 1 - LIMIT)] == [0]
+    assert judge_work({0: noisy}, 1 - LIMIT) == [] and under(noisy, LIMIT) is None
+    assert under(worked, LIMIT) is False  # (cleared: it would have stood out)
     assert under(clear[:2], LIMIT) is None  # (a window not full)
-    assert significant([0.0] * WINDOW)  # a plain float carries no signal to doubt
+    assert under([0.0] * WINDOW, LIMIT) is True  # a plain float carries no noise to doubt
+    # an attack that begins in the window's last round counts whole
+    began = [Score(1.0, 0.0, 0.3), Score(1.0, 0.0, 0.3), Score(-5.0, 6.0, 1.0)]
+    assert [f.rank for f in judge_work({0: began}, 1 - LIMIT)] == [0]
 
 
 @pytest.mark.timeout(10)

@@ -7,13 +7,15 @@ squares; the diagonal, the own gains, is what the check judges, so it stays out.
 fit's residuals give the noise of one gain (``gain_noise``: ``n * n - 3 * n + 1``
 degrees of freedom, 5 with 4 members).
 
-A round's *signal* is the median member's double-centered own gain over that score's
-standard error. A member's ``Score`` of a round carries it. ``significant``: a window
-of scores is judged only when its rounds' signals, summed over ``sqrt(WINDOW)``, reach
-``SIGNAL_Z``, the z-score of the mean signal: the median member's work on its own data
-stands out of the noise over the window. Without it, the median's score is noise, and
-so is every member's ratio to it: early in training every update lowers the loss on
-every sample alike, and the own gains differ from the others' by less than the noise.
+Honest members' own-data work also differs from member to member by more than that
+noise: on ``potluck bench cohort --quick`` (parts of 4 to 36 samples) their centered
+own gains spread 2 to 4 times the fit's standard error in early rounds. So a member's
+``Score`` carries its shortfall under the other members' median work and that
+shortfall's noise were it honest (``honest_noise``: the fit's noise without its row,
+plus the other members' spread beyond their own noise; the member itself moves
+neither). ``shortfall_z``: the window's shortfalls in units of their noise, as one
+z-score; a member is flagged only where it reaches ``JUDGE_Z``. ``power``: the z-score
+a member that did no work would reach; under ``JUDGE_Z`` the check abstains.
 
 ``noisier``: how many times noisier a member's score is than a median part's member's,
 its gains having been scaled up to the median part.
@@ -25,48 +27,88 @@ import math
 from collections.abc import Mapping, Sequence
 
 WINDOW = 3  # checked rounds a member's scores are averaged over
-# the z-score the median member's signal must reach over a window: without any own-data
-# signal, 1 window in 44 is judged (on the byzantine bench, the attacked windows' z-scores
-# were 2.5 and more)
-SIGNAL_Z = 2.0
+# the z-score a member's shortfall must reach over a window to be flagged, and the one a
+# member that did no work would reach for its window to be judged at all
+JUDGE_Z = 2.0
 
 
 class Score(float):
-    """A member's score of one round (the float), with the round's ``signal``: the
-    median member's double-centered own gain over its standard error."""
+    """A member's score of one round (the float), with its ``shortfall`` under the median
+    member's own-data work (in units of it: 0 for the median, 1 for no work) and
+    ``noise``, that shortfall's standard deviation for an honest member."""
 
-    signal: float
+    shortfall: float
+    noise: float
 
-    def __new__(cls, value: float, signal: float) -> Score:
+    def __new__(cls, value: float, shortfall: float, noise: float) -> Score:
         score = super().__new__(cls, value)
-        score.signal = signal
+        score.shortfall, score.noise = shortfall, noise
         return score
 
 
-def significant(scores: Sequence[float]) -> bool:
-    """Whether the last ``WINDOW`` scores' rounds stand out of the noise (a plain float
-    carries no signal: taken as significant)."""
+def _rounds(scores: Sequence[float]) -> list[Score] | None:
+    """The last ``WINDOW`` scores (None: a plain float among them: it carries no noise)."""
     last = list(scores)[-WINDOW:]
-    signals = [s.signal if isinstance(s, Score) else math.inf for s in last]
-    return len(last) == WINDOW and sum(signals) / math.sqrt(WINDOW) >= SIGNAL_Z
+    return [s for s in last if isinstance(s, Score)] if all(
+        isinstance(s, Score) for s in last) else None
 
 
-def gain_noise(table: Sequence[Sequence[float]], keep: Sequence[int]) -> float:
+def power(scores: Sequence[float]) -> float:
+    """The z-score a member that did no work would reach over the last ``WINDOW``
+    rounds: a shortfall of 1 in each, over its noise (inf: a plain float among them)."""
+    last = _rounds(scores)
+    if last is None:
+        return math.inf
+    return sum(1 / max(s.noise, 1e-12) for s in last) / math.sqrt(WINDOW)
+
+
+def shortfall_z(scores: Sequence[float]) -> float:
+    """The z-score of the member's shortfall over the last ``WINDOW`` rounds: each
+    round's shortfall in units of its own noise, summed over ``sqrt(WINDOW)`` (a round
+    an attack began in counts whole, however quiet the honest rounds before it). A plain
+    float among them: the shortfall's sign, as inf."""
+    last = _rounds(scores)
+    if last is None:
+        return math.copysign(math.inf, sum(1 - s for s in list(scores)[-WINDOW:]))
+    return sum(s.shortfall / max(s.noise, 1e-12) for s in last) / math.sqrt(WINDOW)
+
+
+def honest_noise(others: Sequence[float], errors: Sequence[float], own: float) -> float:
+    """The standard deviation of a target's double-centered own gain were it honest.
+    ``own``: its standard error from the gains' fit. Honest members' own-data work
+    differs by more than that (their parts, their batches, what each memorized): the
+    spread of ``others``, the other members' centered own gains over the table without
+    the target, beyond their standard errors (``errors``), is added. Without the target:
+    an attacker's own gains can neither widen nor narrow its yardstick."""
+    mean = sum(others) / len(others)
+    spread = sum((c - mean) ** 2 for c in others) / max(len(others) - 1, 1)
+    theirs = sum(e ** 2 for e in errors) / len(errors)
+    return math.sqrt(max(0.0, spread - theirs) + own ** 2)
+
+
+def gain_noise(table: Sequence[Sequence[float]], keep: Sequence[int],
+               without: int | None = None) -> float:
     """The standard deviation of a gain about its row and column effects, from the
-    least-squares fit of the cells off the diagonal of ``keep``'s table (0 under 4)."""
+    least-squares fit of the cells off the diagonal of ``keep``'s table (0 under 4);
+    ``without``: a target whose row stays out of the fit (the noise were it honest)."""
     n = len(keep)
     if n < 4:
         return 0.0
-    cells = {(u, k): table[u][k] for u in keep for k in keep if u != k}
-    mean = sum(cells.values()) / len(cells)
-    # (the fit in closed form: each row's and column's sum about the mean, then the
-    # 2 x 2 system of a row effect and the column effect of the same member)
-    rows = {t: sum(cells[t, k] for k in keep if k != t) - (n - 1) * mean for t in keep}
-    cols = {t: sum(cells[u, t] for u in keep if u != t) - (n - 1) * mean for t in keep}
-    row = {t: ((n - 1) * rows[t] + cols[t]) / (n * (n - 2)) for t in keep}
-    col = {t: ((n - 1) * cols[t] + rows[t]) / (n * (n - 2)) for t in keep}
-    squares = sum((g - mean - row[u] - col[k]) ** 2 for (u, k), g in cells.items())
-    return math.sqrt(squares / (n * n - 3 * n + 1))
+    cells = {(u, k): table[u][k] for u in keep for k in keep if u != k and u != without}
+    rows = sorted({u for u, _ in cells})
+    free = len(cells) - len(rows) - n + 1  # (the degrees of freedom left)
+    row = dict.fromkeys(rows, 0.0)
+    col = dict.fromkeys(keep, 0.0)
+    # (the fit by alternating row and column means: exact on these small tables once it
+    # settles, as the cells tie every row to every column)
+    for _ in range(200):
+        for u in rows:
+            row[u] = sum(g - col[k] for (v, k), g in cells.items() if v == u) / (n - 1)
+        for k in keep:
+            mine = [(v, g) for (v, j), g in cells.items() if j == k]
+            col[k] = sum(g - row[v] for v, g in mine) / len(mine)
+    squares = sum((g - row[u] - col[k]) ** 2 for (u, k), g in cells.items())
+    return math.sqrt(squares / free)
 
 
 def score_noise(n: int) -> float:

@@ -36,18 +36,23 @@ it out undoes what it could add to them (not what it adds to the median that sca
 every score: gains tens of times an honest member's can inflate it, ``docs/trust.md``
 says so). So a round is scored with ``LEAST`` (4)
 targets or more; a cohort of 3 trusted members gets no work verdict. The score is
-the target's shortfall under the median target's, in units of its noise: ``1 - (1 -
-best / median) / noisier``, ``noisier`` being 1 at the median part and more below it.
+the target's shortfall under the median target's: ``1 - (1 - best / median) /
+noisier``, ``noisier`` being 1 at the median part and more below it.
+
 A target is flagged "no work on its data" when the mean of its scores over its last
-``WINDOW`` checked rounds is under ``1 - tolerance``, and the median member's own-data
-signal over those rounds stands out of the noise (``round_noise.significant``); or
-when its pseudo-gradient makes the loss on a sample not finite. The mean of a few
-rounds, not one round: one round's score is noisy (a sample of 64), a member that
-does not work scores about 0 in every round. A free rider's zero, a sign flip, an
-inner-product attack, the honest mean minus a spread (ALIE), a copy, a replay and
-training on other labels all score about 0 or below. Early in training every update
-lowers the loss on every sample alike: the median's own-data signal is then noise,
-and no window is judged.
+``WINDOW`` checked rounds is under ``1 - tolerance`` and its shortfall stands out of
+its own noise (``round_noise.shortfall_z``: a z-score of ``JUDGE_Z``); or when its
+pseudo-gradient makes the loss on a sample not finite. Its noise is what an honest
+member's shortfall would be: the fit's noise of one gain without its row, and the
+spread of the other members' own-data work, which differs between honest members by
+more than that fit says (their parts, their batches). Where even a member that did no
+work would not stand out of that noise (``round_noise.power``: small parts, early in
+training, when every update lowers the loss on every sample alike), the check
+abstains: not enough data to judge the member's work. The mean of a few rounds, not
+one round: one round's score is noisy, a member that does not work scores about 0 in
+every round. A free rider's zero, a sign flip, an inner-product attack, the honest
+mean minus a spread (ALIE), a copy, a replay and training on other labels all score
+about 0 or below.
 
 A pair that ``round_rules`` flags as copies sent (nearly) the same pseudo-gradient.
 ``settle_copies`` strikes only the one whose recent scores are under the limit while
@@ -63,8 +68,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
+from potluck.trust.round_noise import (
+    JUDGE_Z,
+    Score,
+    gain_noise,
+    honest_noise,
+    noisier,
+    power,
+    score_noise,
+    shortfall_z,
+)
 from potluck.trust.round_noise import WINDOW as WINDOW
-from potluck.trust.round_noise import Score, gain_noise, noisier, score_noise, significant
 from potluck.trust.spot import Loss
 from potluck.trust.verdict import COPIED, NO_WORK, Finding, median
 
@@ -186,16 +200,27 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # each target's gains at the median member's part, before any centering: a smaller
     # part's smaller update would otherwise count against its own sample's score
     table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
-    full = median([_centered(table, keep, t) for t in keep])
+    centered = [_centered(table, keep, t) for t in keep]
+    full = median(centered)
     if not full > 0:
         return out
-    noise = score_noise(len(keep)) * gain_noise(table, keep)
-    signal = full / noise if noise > 0 else math.inf
     for t in keep:
-        rest = [[k for k in keep if k != u] for u in keep if u != t]
-        best = max(_centered(table, sub, t) for sub in rest)
-        # its shortfall under the median, in units of its score's noise
-        out[t] = Score(1 - (1 - best / full) / noisier(less, keep, t), signal)
+        # its yardstick were it honest: the noise without its row in the fit (an
+        # attacker's gains may vary from sample to sample tens of times an honest
+        # member's), and the spread of the others' work over the table without it
+        error = gain_noise(table, keep, without=t)
+        rest = [k for k in keep if k != t]
+        others = [_centered(table, rest, u) for u in rest]
+        spread = honest_noise(others, [score_noise(len(rest)) * error * noisier(less, keep, u)
+                                       for u in rest],
+                              score_noise(len(keep)) * error * noisier(less, keep, t))
+        best = max(_centered(table, [k for k in keep if k != u], t) for u in rest)
+        value = 1 - (1 - best / full) / noisier(less, keep, t)
+        # its shortfall under the others' work, in units of its noise were it honest: an
+        # attacker moves neither (the value, under the median's, sizes the effect)
+        typical = median(others)
+        out[t] = (Score(value, 1 - best / typical, spread / typical) if typical > 0
+                  else Score(value, 0.0, math.inf))
     return out
 
 
@@ -232,12 +257,16 @@ def window_mean(scores: Sequence[float]) -> float:
 
 
 def under(scores: Sequence[float], limit: float) -> bool | None:
-    """Whether the mean of the last ``WINDOW`` scores is under ``limit``; None while it
-    cannot tell: fewer scores, or the median member's work on its own data not standing
-    out of the noise over their rounds (``round_noise.significant``)."""
-    if len(scores) < WINDOW or not significant(scores):
+    """Whether the mean of the last ``WINDOW`` scores is under ``limit`` and the
+    member's shortfall stands out of its own noise (``round_noise.shortfall_z`` at least
+    ``JUDGE_Z``). None while it cannot tell: fewer scores, or, short of a finding, too
+    little data to judge this member's work (a member that did no work would not have
+    stood out of this one's noise: ``round_noise.power``)."""
+    if len(scores) < WINDOW:
         return None
-    return window_mean(scores) < limit
+    if window_mean(scores) < limit and shortfall_z(scores) >= JUDGE_Z:
+        return True
+    return None if power(scores) < JUDGE_Z else False
 
 
 def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]],
