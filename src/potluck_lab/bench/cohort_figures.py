@@ -155,12 +155,13 @@ def group_starts(workers: Sequence[Worker]) -> list[tuple[float, int]]:
 
 
 def steps_redone(workers: Sequence[Worker]) -> list[tuple[float, int]]:
-    """Each restart of a torch DDP group: (when, the steps committed before it past the
-    checkpoint it resumed from, to be trained again)."""
+    """Each restart of a torch DDP group: (when, the steps the group before it had
+    committed past the checkpoint this one resumed from: to be trained again)."""
     commits = [(r["at"], int(r["steps"])) for w in workers for r in w.of("commit")]
+    starts = group_starts(workers)
     out = []
-    for at, resumed in group_starts(workers)[1:]:
-        reached = max((step for t, step in commits if t < at), default=0)
+    for (before, was), (at, resumed) in zip(starts, starts[1:], strict=False):
+        reached = max((step for t, step in commits if before <= t < at), default=was)
         out.append((at, max(0, reached - resumed)))
     return out
 
