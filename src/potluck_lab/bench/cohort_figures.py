@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,7 @@ def steps_redone(workers: Sequence[Worker]) -> list[tuple[float, int]]:
     commits = [(r["at"], int(r["steps"])) for w in workers for r in w.of("commit")]
     starts = group_starts(workers)
     out = []
-    for (before, was), (at, resumed) in zip(starts, starts[1:], strict=False):
+    for (before, was), (at, resumed) in pairwise(starts):
         reached = max((step for t, step in commits if before <= t < at), default=was)
         out.append((at, max(0, reached - resumed)))
     return out
