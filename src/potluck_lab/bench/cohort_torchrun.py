@@ -3,7 +3,8 @@ checkpoints, what a user would pick today.
 
 Each host runs the real torchrun (``python -m torch.distributed.run --nnodes 3:4
 --nproc-per-node 1 --rdzv-backend c10d``) with one worker of ``cohort_ddp_job``; the
-rendezvous store is on host 0, torchrun's rendezvous settings are its defaults. The
+rendezvous store is on host 0. torchrun's rendezvous settings are its defaults, but
+for a store read's timeout (10 minutes: loaded machines start far apart). The
 faults fall at the same fractions of the training as for potluck (the newest committed
 step's position):
 
@@ -47,6 +48,9 @@ from potluck_lab.machine.cpu_quota import CgroupError, CpuQuota, join
 from potluck_lab.machine.netns import BridgedHosts
 
 MAX_RESTARTS = 50  # torchrun's --max-restarts: every fault may cost one or two
+# A store read's timeout: the machines here start a minute or more apart when loaded,
+# and torchrun's 60 s made the agents give up before host 0's store was up
+READ_TIMEOUT_S = 600
 POLL_S = 0.2
 END_S = 30.0  # after the stop step, for the workers to finish and the agents to exit
 
@@ -104,6 +108,7 @@ class TorchrunCohort:
                 "--rdzv-endpoint", f"{self.hosts.addresses[self.endpoint]}:{self.port}",
                 # (in a namespace the host's name resolves elsewhere: say who hosts it)
                 "--rdzv-conf", ",".join([f"is_host={int(host == self.endpoint)}",
+                                         f"read_timeout={READ_TIMEOUT_S}",
                                          *self.config.torchrun_rdzv_conf]),
                 "--local-addr", address,
                 *ddp_job_args(self.config, host, self.run_dir, self.attack)]
