@@ -77,11 +77,12 @@ def test_the_faults_fall_in_order_on_three_different_nodes_and_never_on_node_0()
 @pytest.mark.skipif(WHY is not None, reason=f"bench cohort: {WHY}")
 def test_the_torchrun_contender_meets_every_fault_and_its_replicas_end_equal(
         tmp_path: Path) -> None:
-    """torchrun + torch DDP on the four hosts, the quick model, torchrun's last call
-    shortened to 1 s so that it fits a test (with keep-alives of 1 s, 2 missed, the
-    machine back was not let in within the limit here, cause not found): every fault falls, torchrun restarts the group after the kill and for the
-    machine back, the harness starts it again after the store's host is lost, and the
-    3 survivors end with equal replicas; nothing is left running."""
+    """torchrun + torch DDP on the four hosts, the quick model. torchrun's last call is
+    1 s, so that it fits a test. (With keep-alives of 1 s, 2 missed, the machine back
+    was not let in within the limit here; cause not found.) Every fault falls, torchrun
+    restarts the group after the kill and for the machine back, the harness starts it
+    again after the store's host is lost, and the 3 survivors end with equal replicas;
+    nothing is left running."""
     config = replace(QUICK, contenders=("torchrun",), torchrun_limit_s=180.0,
                      torchrun_rdzv_conf=("last_call_timeout=1",))
     run = measure(config, tmp_path)["runs"][0]
