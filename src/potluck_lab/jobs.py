@@ -2,8 +2,11 @@
 
 ``Processes`` starts commands, each with its output in a log file, tells which one
 ended, and stops and reaps them all: a process in a session of its own is stopped with
-its whole group (what it started goes too). ``run_agent`` runs the launcher's agent in
-this process, as ``potluck run`` would, while a follower reads the workers' records.
+its whole group (what it started goes too). ``process_tree`` lists a process and its
+descendants; ``kill_group`` kills a session's whole group, ``kill_tree`` a process and
+all its descendants: a lost machine.
+``run_agent`` runs the launcher's agent in this process, as ``potluck run`` would, while
+a follower reads the workers' records.
 """
 
 from __future__ import annotations
@@ -94,6 +97,36 @@ class Processes:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.stop()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc``'s children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s process group (a process started in a session of its own)."""
+    _signal(proc, True, signal.SIGKILL)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every descendant, also those in sessions of their own (as
+    torchrun starts its workers): a lost machine. ``pid`` is stopped first, so that it
+    starts nothing while its tree is read."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    for member in process_tree(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
 
 
 def _wait_gone(group: int, limit: float = 10.0) -> None:

@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,46 +39,30 @@ import torch
 
 from potluck.errors import ConfigError
 from potluck_lab.bench import cohort_figures as fig
-from potluck_lab.bench.cohort_plan import LINKS_MBIT, QUOTAS, Fault, attack_rounds, due, schedule
-from potluck_lab.common import BenchError, table
+from potluck_lab.bench import cohort_report as report
+from potluck_lab.bench.cohort_plan import (
+    CONTENDERS,
+    LINKS_MBIT,
+    QUICK,
+    QUOTAS,
+    CohortConfig,
+    Fault,
+    attack_rounds,
+    due,
+    schedule,
+    torchrun_limit,
+)
+from potluck_lab.bench.cohort_torchrun import TorchrunCohort
+from potluck_lab.common import BenchError
 from potluck_lab.driver import Bench, drive
-from potluck_lab.jobs import Processes
+from potluck_lab.jobs import Processes, kill_group, process_tree
 from potluck_lab.machine.cpu_quota import CpuQuota, join
 from potluck_lab.machine.netns import BridgedHosts, unavailable
 
-CONTENDERS = ("potluck", "potluck-step")
 MODES = {"potluck": "rounds", "potluck-step": "step"}
 SHARES = 16384  # a host's CPU weight against other processes on this machine
 POLL_S = 0.2
 END_S = 20.0  # once the job is over, for the agents to exit before they are stopped
-
-
-@dataclass(frozen=True)
-class CohortConfig:
-    seed: int = 0
-    quick: bool = False
-    contenders: tuple[str, ...] = CONTENDERS
-    samples: int = 7680  # an epoch
-    epochs: int = 1  # the run's nominal length: the faults fall at fractions of it
-    max_epochs: int = 8  # the job goes on until its faults fell, then one more epoch
-    global_batch: int = 32
-    inner_steps: int = 10  # H
-    d_model: int = 128
-    layers: int = 2
-    corpus_chars: int = 400_000
-    target_loss: float = 2.6
-    limit_s: float = 1800.0
-    logs: str | None = None
-
-    @property
-    def commits_per_round(self) -> int:
-        return self.global_batch * self.inner_steps
-
-
-QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
-                     max_epochs=20, global_batch=16,
-                     inner_steps=4, d_model=32, layers=1, corpus_chars=100_000,
-                     target_loss=3.2, limit_s=150.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the faults' schedule")
     parser.add_argument("--contenders", metavar="A,B",
                         help=f"of {', '.join(CONTENDERS)} (default: all; --quick: potluck)")
+    parser.add_argument("--torchrun-limit", type=float, metavar="S",
+                        help="seconds torchrun may run (default: 10 times potluck's time to "
+                             "the target where potluck ran first and reached it, else 1800)")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
@@ -101,6 +88,11 @@ def configure(args: argparse.Namespace) -> CohortConfig:
             raise ConfigError(f"--contenders {args.contenders!r}: name some of "
                               f"{', '.join(CONTENDERS)}, comma-separated")
         config = replace(config, contenders=names)
+    if args.torchrun_limit is not None:
+        if not args.torchrun_limit > 0:
+            raise ConfigError(f"--torchrun-limit {args.torchrun_limit:g}: give a positive "
+                              "number of seconds, e.g. --torchrun-limit 3600")
+        config = replace(config, torchrun_limit_s=args.torchrun_limit)
     if args.seed < 0:
         raise ConfigError(f"--seed {args.seed}: a seed is >= 0")
     return config
@@ -224,7 +216,7 @@ class Cohort:
         for rank in self.restarted - self.joined:
             if any(w.node == rank and w.of("commit") for w in workers):
                 self.joined.add(rank)
-                for pid in _tree(self.procs.procs[self.agents[rank]].pid):
+                for pid in process_tree(self.procs.procs[self.agents[rank]].pid):
                     join(self.quotas[self.host_of[rank]].path, pid)
         return bool(self.restarted - self.joined)
 
@@ -232,7 +224,7 @@ class Cohort:
         for host, fraction in enumerate(QUOTAS):
             self.quotas[host].set(fraction)
         for rank, index in self.agents.items():
-            for pid in _tree(self.procs.procs[index].pid):
+            for pid in process_tree(self.procs.procs[index].pid):
                 join(self.quotas[self.host_of[rank]].path, pid)
         self.quotas_on = True
 
@@ -248,9 +240,7 @@ class Cohort:
             self.hosts.limit(f"{fault.mbit:g}mbit", [fault.node])
         elif fault.kind == "store_host":
             self.hosts.cut(0)
-            proc = self.procs.procs[self.agents[0]]
-            with contextlib.suppress(ProcessLookupError):  # (the group is gone)
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(self.procs.procs[self.agents[0]])
 
     def _figures(self, link_bytes: list[tuple[int, int]]) -> dict[str, Any]:
         c = self.config
@@ -294,20 +284,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (``/proc``'s children lists)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return out
-
-
 def measure(config: CohortConfig, logs: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"runs": []}
     hosts = BridgedHosts(4, prefix="pl-coh")
@@ -317,57 +293,26 @@ def measure(config: CohortConfig, logs: Path) -> dict[str, Any]:
         try:
             for quota in quotas:
                 made.append(quota.create(None))
-            for name in config.contenders:
+            for name in order(config.contenders):
                 print(f"{name}: running ...", flush=True)
-                run = Cohort(hosts, quotas, config, name, logs).run()
+                if name == "torchrun":
+                    potluck = next((r for r in results["runs"] if r["contender"] == "potluck"),
+                                   None)
+                    limit = torchrun_limit(config, potluck and potluck["time_to_target_s"])
+                    run = TorchrunCohort(hosts, quotas, config, logs, limit).run()
+                else:
+                    run = Cohort(hosts, quotas, config, name, logs).run()
                 results["runs"].append(run)
-                print(_line(run), flush=True)
+                print(report.line(run), flush=True)
         finally:
             for quota in made:
                 quota.remove()
     return results
 
 
-def _line(run: dict[str, Any]) -> str:
-    t = run["time_to_target_s"]
-    q = run["quarantine"]
-    return (f"{run['contender']}: target {'not reached' if t is None else f'reached in {t:.1f} s'}"
-            f", run {run['wall_s']:.1f} s, exactly once {run['exactly_once']} "
-            f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
-            f"{run['replicas_equal']} ({run['finishers']} finishers)"
-            + ("" if q is None else f", attacker out after round {q['round']} "
-               f"({q['rounds']} round(s) from its first corrupted one, {q['evidence']})"))
-
-
-def lines(config: CohortConfig, results: dict[str, Any]) -> list[str]:
-    out = [f"faults (seed {config.seed}):"]
-    out += [f"  {f.describe()}" for f in schedule(config.seed)]
-    rows = [[r["contender"], "-" if r["time_to_target_s"] is None
-             else f"{r['time_to_target_s']:.1f}", f"{r['wall_s']:.1f}",
-             str(r["exactly_once"]), str(r["replicas_equal"]),
-             "-" if not r["quarantine"] else str(r["quarantine"]["rounds"]),
-             str(r["samples_lost"])] for r in results["runs"]]
-    out += ["", *table(["contender", "time to target (s)", "run (s)", "exactly once",
-                        "replicas equal", "rounds to quarantine", "samples lost"],
-                       rows).splitlines()]
-    for r in results["runs"]:
-        out.append(f"{r['contender']}: bytes on each link: " + ", ".join(
-            f"host {b['host']} ({b['mbit']:g} Mbit/s) sent {b['sent'] / 1e6:.2f} MB, "
-            f"received {b['received'] / 1e6:.2f} MB" for b in r["link_bytes"]))
-    return out
-
-
-def payload(config: CohortConfig, results: dict[str, Any]) -> dict[str, Any]:
-    runs = {r["contender"]: r for r in results["runs"]}
-    main = runs.get("potluck") or next(iter(runs.values()))
-    q = main["quarantine"]
-    return {"time_to_target_vs_torchrun": None,
-            "exactly_once": all(r["exactly_once"] for r in runs.values()),
-            "replicas_equal": all(bool(r["replicas_equal"]) for r in runs.values()),
-            "rounds_to_quarantine": None if q is None else q["rounds"],
-            "samples_lost": sum(r["samples_lost"] for r in runs.values()),
-            "runs": results["runs"], "faults": [vars(f) for f in schedule(config.seed)],
-            "config": {k: v for k, v in vars(config).items()}}
+def order(names: tuple[str, ...]) -> list[str]:
+    """The contenders in their order, torchrun last (its limit is from potluck's run)."""
+    return sorted(names, key=lambda name: name == "torchrun")
 
 
 def _unavailable() -> str | None:
@@ -380,15 +325,10 @@ def main(args: argparse.Namespace) -> int:
     return drive(BENCH, args)
 
 
-def _exit_code(results: dict[str, Any]) -> int:
-    ok = all(r["exactly_once"] and r["replicas_equal"] for r in results["runs"])
-    return 0 if ok else 1
-
-
-BENCH = Bench("cohort", configure, measure, lines, payload,
+BENCH = Bench("cohort", configure, measure, report.lines, report.payload,
               header=lambda c: (f"potluck bench cohort: 4 hosts, links {LINKS_MBIT} Mbit/s, "
                                 f"quotas {QUOTAS} core, {c.samples} samples x {c.epochs}, "
                                 f"global batch {c.global_batch}, H={c.inner_steps}, target "
                                 f"held-out loss {c.target_loss:g}"),
               unavailable=_unavailable, logs=lambda config: config.logs,
-              exit_code=_exit_code)
+              exit_code=report.exit_code)

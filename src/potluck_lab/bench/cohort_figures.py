@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,31 @@ def honest_quarantines(workers: Sequence[Worker], attacker_node: int | None) -> 
     bad = {w.worker_id for w in workers if w.node == attacker_node}
     return sorted({str(r["member"]) for w in workers for r in w.of("trust")
                    if r.get("event") == "quarantine" and r.get("member") not in bad})
+
+
+def group_starts(workers: Sequence[Worker]) -> list[tuple[float, int]]:
+    """Each start of a torch DDP group (its rank 0's ``start``): (wall clock, the step it
+    resumed from), in time order."""
+    return sorted((r["at"], int(r["resumed"])) for w in workers for r in w.of("start")
+                  if r["rank"] == 0)
+
+
+def steps_redone(workers: Sequence[Worker]) -> list[tuple[float, int]]:
+    """Each restart of a torch DDP group: (when, the steps the group before it had
+    committed past the checkpoint this one resumed from: to be trained again)."""
+    commits = [(r["at"], int(r["steps"])) for w in workers for r in w.of("commit")]
+    starts = group_starts(workers)
+    out = []
+    for (before, was), (at, resumed) in pairwise(starts):
+        reached = max((step for t, step in commits if before <= t < at), default=was)
+        out.append((at, max(0, reached - resumed)))
+    return out
+
+
+def redone_at_faults(redone: Sequence[tuple[float, int]],
+                     fired_at: Sequence[float]) -> list[int]:
+    """The steps redone after each fault (by the restarts from its wall clock to the
+    next fault's); restarts before the first fault count nowhere."""
+    bounds = [*fired_at, float("inf")]
+    return [sum(steps for at, steps in redone if bounds[i] <= at < bounds[i + 1])
+            for i in range(len(fired_at))]

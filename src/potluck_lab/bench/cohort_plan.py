@@ -9,6 +9,8 @@ at the same point of its progress, whatever its speed:
 - ``throttle``: a link is cut to a fraction of its rate;
 - ``store_host``: the store's host (node 0) is lost: its link cut and its processes killed.
 
+``CohortConfig`` is the run: the model, the data, the limits, the contenders.
+
 The attacker, the killed worker and the throttled link are three different nodes, none
 of them node 0, so each fault is seen on its own.
 """
@@ -22,6 +24,42 @@ LINKS_MBIT = (100.0, 20.0, 10.0, 5.0)  # each host's link, both ways
 QUOTAS = (1.0, 0.7, 0.5, 0.3)  # each host's CPU, in cores
 THROTTLE = 0.25  # the throttled link keeps this fraction of its rate
 KINDS = ("attack", "kill", "restart", "throttle", "store_host")
+CONTENDERS = ("potluck", "potluck-step", "torchrun")
+
+
+@dataclass(frozen=True)
+class CohortConfig:
+    """The bench's run. ``limit_s`` bounds a potluck contender's run; ``torchrun_limit_s``
+    bounds torchrun's (None: 10 times potluck's time to target where potluck ran and
+    reached it, else ``limit_s``)."""
+
+    seed: int = 0
+    quick: bool = False
+    contenders: tuple[str, ...] = CONTENDERS
+    samples: int = 7680  # an epoch
+    epochs: int = 1  # the run's nominal length: the faults fall at fractions of it
+    max_epochs: int = 8  # the job goes on until its faults fell, then one more epoch
+    global_batch: int = 32
+    inner_steps: int = 10  # H
+    d_model: int = 128
+    layers: int = 2
+    corpus_chars: int = 400_000
+    target_loss: float = 2.6
+    limit_s: float = 1800.0
+    torchrun_limit_s: float | None = None
+    checkpoint_every: int = 20  # torchrun: global steps between checkpoints
+    torchrun_rdzv_conf: tuple[str, ...] = ()  # torchrun's rendezvous beyond its defaults
+    logs: str | None = None
+
+    @property
+    def commits_per_round(self) -> int:
+        return self.global_batch * self.inner_steps
+
+
+QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
+                     max_epochs=20, global_batch=16,
+                     inner_steps=4, d_model=32, layers=1, corpus_chars=100_000,
+                     target_loss=3.2, limit_s=150.0, checkpoint_every=10)
 
 
 @dataclass(frozen=True)
@@ -71,6 +109,14 @@ def schedule(seed: int) -> list[Fault]:
 def due(faults: list[Fault], done: int, progress: float) -> list[Fault]:
     """The faults not yet fired (past the first ``done``) whose time has come."""
     return [f for f in faults[done:] if f.at <= progress]
+
+
+def torchrun_limit(config: CohortConfig, potluck_s: float | None) -> float:
+    """How long the torchrun contender may run: the flag, else 10 times potluck's time
+    to target, else the potluck contenders' limit."""
+    if config.torchrun_limit_s is not None:
+        return config.torchrun_limit_s
+    return 10.0 * potluck_s if potluck_s is not None else config.limit_s
 
 
 def attack_rounds(fault: Fault, total_rounds: int) -> tuple[int, int]:

@@ -1,0 +1,123 @@
+"""The report of ``potluck bench cohort`` from its runs' figures (pure): the printed
+lines, the ``--json`` payload, the exit code, and potluck's time to target against
+torchrun's.
+
+``versus_torchrun``: potluck's time to the target over torchrun's (the goal: 1/30 or
+less). Where torchrun did not reach the target within its limit, the ratio is over the
+limit (a bound: the true ratio is smaller), and the goal is potluck within a tenth of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from potluck_lab.bench.cohort_plan import CohortConfig, schedule
+from potluck_lab.common import table
+
+Run = dict[str, Any]
+GOAL = 30.0  # potluck this many times sooner
+
+
+def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
+    """potluck's time to target over torchrun's; None where either did not run or
+    potluck did not reach the target."""
+    ours, theirs = runs.get("potluck"), runs.get("torchrun")
+    if ours is None or theirs is None or ours["time_to_target_s"] is None:
+        return None
+    mine, limit = ours["time_to_target_s"], theirs["limit_s"]
+    if theirs["time_to_target_s"] is not None:
+        ratio = mine / theirs["time_to_target_s"]
+        return {"ratio": ratio, "torchrun_reached": True, "met": ratio <= 1.0 / GOAL}
+    return {"ratio": mine / limit, "torchrun_reached": False, "met": mine <= limit / 10.0}
+
+
+def _potluck_line(run: Run) -> str:
+    t = run["time_to_target_s"]
+    q = run["quarantine"]
+    return (f"{run['contender']}: target {'not reached' if t is None else f'reached in {t:.1f} s'}"
+            f", run {run['wall_s']:.1f} s, exactly once {run['exactly_once']} "
+            f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
+            f"{run['replicas_equal']} ({run['finishers']} finishers)"
+            + ("" if q is None else f", attacker out after round {q['round']} "
+               f"({q['rounds']} round(s) from its first corrupted one, {q['evidence']})"))
+
+
+def _torchrun_line(run: Run) -> str:
+    t = run["time_to_target_s"]
+    reached = (f"not reached within {run['limit_s']:.0f} s" if t is None
+               else f"reached in {t:.1f} s")
+    return (f"torchrun: target {reached}, run {run['wall_s']:.1f} s, {run['restarts']} "
+            f"restart(s), {run['steps_redone']} steps redone ({run['samples_redone']} "
+            f"samples), replicas equal {run['replicas_equal']} ({run['finishers']} finishers)")
+
+
+def line(run: Run) -> str:
+    """One run in a line, printed as it ends."""
+    return _torchrun_line(run) if run["contender"] == "torchrun" else _potluck_line(run)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def lines(config: CohortConfig, results: dict[str, Any]) -> list[str]:
+    out = [f"faults (seed {config.seed}):"]
+    out += [f"  {f.describe()}" for f in schedule(config.seed)]
+    rows = [[r["contender"], "-" if r["time_to_target_s"] is None
+             else f"{r['time_to_target_s']:.1f}", f"{r['wall_s']:.1f}",
+             _cell(r["exactly_once"]), _cell(r["replicas_equal"]),
+             "-" if not r["quarantine"] else _cell(r["quarantine"]["rounds"]),
+             _cell(r["samples_lost"])] for r in results["runs"]]
+    out += ["", *table(["contender", "time to target (s)", "run (s)", "exactly once",
+                        "replicas equal", "rounds to quarantine", "samples lost"],
+                       rows).splitlines()]
+    for r in results["runs"]:
+        out.append(f"{r['contender']}: bytes on each link: " + ", ".join(
+            f"host {b['host']} ({b['mbit']:g} Mbit/s) sent {b['sent'] / 1e6:.2f} MB, "
+            f"received {b['received'] / 1e6:.2f} MB" for b in r["link_bytes"]))
+        if r["contender"] == "torchrun":
+            out.append("torchrun: steps redone at each fault (since its last checkpoint): "
+                       + ", ".join(f"{f['kind']} {f['steps_redone']} ({f['samples_redone']} "
+                                   "samples)" for f in r["faults"]))
+    out += _versus_lines({r["contender"]: r for r in results["runs"]})
+    return out
+
+
+def _versus_lines(runs: dict[str, Run]) -> list[str]:
+    versus = versus_torchrun(runs)
+    if versus is None:
+        return []
+    mine, limit = runs["potluck"]["time_to_target_s"], runs["torchrun"]["limit_s"]
+    met = "met" if versus["met"] else "not met"
+    if versus["torchrun_reached"]:
+        theirs = runs["torchrun"]["time_to_target_s"]
+        return [f"time to target, potluck over torchrun: {versus['ratio']:.3f} "
+                f"({theirs / mine:.1f}x sooner; goal {GOAL:g}x: {met})"]
+    return [f"time to target, potluck over torchrun: under {versus['ratio']:.3f} (torchrun "
+            f"did not reach it within {limit:.0f} s; potluck in {mine:.1f} s, goal a tenth "
+            f"of the limit: {met})"]
+
+
+def payload(config: CohortConfig, results: dict[str, Any]) -> dict[str, Any]:
+    runs = {r["contender"]: r for r in results["runs"]}
+    ours = [r for r in results["runs"] if r["contender"] != "torchrun"]
+    main = runs.get("potluck") or (ours[0] if ours else None)
+    q = None if main is None else main["quarantine"]
+    versus = None if config.quick else versus_torchrun(runs)
+    return {"time_to_target_vs_torchrun": None if versus is None else versus["ratio"],
+            "torchrun_reached_target": None if versus is None else versus["torchrun_reached"],
+            "time_to_target_goal_met": None if versus is None else versus["met"],
+            "exactly_once": all(r["exactly_once"] for r in ours),
+            "replicas_equal": all(bool(r["replicas_equal"]) for r in ours),
+            "rounds_to_quarantine": None if q is None else q["rounds"],
+            "samples_lost": sum(r["samples_lost"] for r in ours),
+            "runs": results["runs"], "faults": [vars(f) for f in schedule(config.seed)],
+            "config": {k: v for k, v in vars(config).items()}}
+
+
+def exit_code(results: dict[str, Any]) -> int:
+    """1 where a potluck contender lost or repeated a sample or its replicas differ
+    (torchrun's figures are measured, not checked)."""
+    ok = all(r["exactly_once"] and r["replicas_equal"] for r in results["runs"]
+             if r["contender"] != "torchrun")
+    return 0 if ok else 1
