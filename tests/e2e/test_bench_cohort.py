@@ -18,8 +18,11 @@ import pytest
 
 from potluck_lab.bench.cohort import measure
 from potluck_lab.bench.cohort_plan import KINDS, QUICK, attack_rounds, due, schedule
+from potluck_lab.browser import chromium_path
 from potluck_lab.machine.cpu_quota import unavailable as no_quota
 from potluck_lab.machine.netns import unavailable
+from tests import browser
+from tests.e2e.helpers import kill_leftovers
 
 WHY = unavailable() or no_quota()
 
@@ -28,24 +31,41 @@ WHY = unavailable() or no_quota()
 @pytest.mark.skipif(WHY is not None, reason=f"bench cohort: {WHY}")
 def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path: Path) -> None:
     out_json = tmp_path / "cohort.json"
-    run = subprocess.run([sys.executable, "-m", "potluck", "bench", "cohort", "--quick",
-                          "--json", str(out_json), "--logs", str(tmp_path / "logs")],
-                         capture_output=True, text=True, timeout=190, cwd=tmp_path,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
+    bench = subprocess.Popen([sys.executable, "-m", "potluck", "bench", "cohort", "--quick",
+                              "--json", str(out_json), "--logs", str(tmp_path / "logs")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        stdout, stderr = bench.communicate(timeout=190)
+    finally:
+        kill_leftovers([bench])
+    assert bench.returncode == 0, stdout[-4000:] + stderr[-3000:]
     figures = json.loads(out_json.read_text())
     assert figures["time_to_target_vs_torchrun"] is None  # (--quick: potluck alone)
-    assert figures["exactly_once"] is True, run.stdout[-3000:]
-    assert figures["replicas_equal"] is True, run.stdout[-3000:]
+    assert figures["exactly_once"] is True, stdout[-3000:]
+    assert figures["replicas_equal"] is True, stdout[-3000:]
     assert figures["samples_lost"] == 0
-    assert figures["rounds_to_quarantine"] is not None, run.stdout[-3000:]
-    assert 1 <= figures["rounds_to_quarantine"] <= 3, run.stdout[-3000:]
+    assert figures["rounds_to_quarantine"] is not None, stdout[-3000:]
+    assert 1 <= figures["rounds_to_quarantine"] <= 3, stdout[-3000:]
     potluck = figures["runs"][0]
-    assert potluck["honest_quarantined"] == [], run.stdout[-3000:]
+    assert potluck["honest_quarantined"] == [], stdout[-3000:]
     assert {f["kind"] for f in potluck["faults"]} == set(KINDS), potluck["faults"]
-    assert "Traceback" not in run.stderr
+    # what each fault and link cost, and what a person watching saw
+    assert [c["kind"] for c in potluck["fault_costs"]] == [f["kind"] for f in potluck["faults"]]
+    assert all(c["busy_s"] > 0 for c in potluck["link_costs"]), potluck["link_costs"]
+    assert {"events.png", "compute_wait.png"} <= {Path(p).name for p in potluck["plots"]}, potluck
+    shots = {shot["label"]: shot for shot in potluck["status_shots"]}
+    assert set(shots) == {"before-store-loss", "after-store-moved"}, shots
+    for shot in shots.values():
+        if chromium_path() is None:
+            assert "no Chromium" in shot["problem"]
+        else:
+            assert shot["path"] is not None and Path(shot["path"]).stat().st_size > 0, shot
+            browser.keep_artifact(Path(shot["path"]), f"cohort-{shot['label']}.png")
+    assert "Traceback" not in stderr
+    # (this run's namespaces: another cohort bench may run beside it)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "pl-coh-" not in left
+    assert f"pl-coh-{bench.pid % 10000}-" not in left
 
 
 def test_the_faults_fall_in_order_on_three_different_nodes_and_never_on_node_0() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from potluck_lab.bench import cohort_figures as fig
@@ -65,3 +67,20 @@ def test_replicas_equal_bitwise() -> None:
     assert fig.replicas_equal([a, {"w": torch.ones(3)}]) is True
     assert fig.replicas_equal([a, {"w": torch.ones(3) + 1e-7}]) is False
     assert fig.replicas_equal([]) is None
+
+
+def test_a_commit_the_lineage_redid_without_its_member_is_not_counted() -> None:
+    # Measured (--quick --seed 1): the store's host died in round 2's sync; one member's
+    # sync completed (a commit with 3 members), the finisher's failed and it redid the
+    # round alone, handing the others' positions out again (round 3). The member, left
+    # out of the next generation, died in a round 3 of its own.
+    finisher = fig.Worker(0, records=[{**_commit(1), "workers": 3},
+                                      {**_commit(2, [[4, 8]]), "workers": 1},
+                                      {**_commit(3), "workers": 1},
+                                      {"kind": "done", "finished": True}],
+                          ledger=[(0, [0, 1]), (0, [2]), (0, [4, 5, 6, 7])],
+                          params=Path("final.pt"))
+    left = fig.Worker(1, records=[{**_commit(1), "workers": 3}, {**_commit(2), "workers": 3},
+                                  {"kind": "pending", "round": 3, "epoch": 0, "ids": [8]}],
+                      ledger=[(0, [3]), (0, [4, 5])])
+    assert fig.exactly_once([finisher, left], 9, 1) == {"twice": 0, "missing": 1}

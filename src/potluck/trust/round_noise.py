@@ -28,8 +28,13 @@ from collections.abc import Mapping, Sequence
 
 WINDOW = 3  # checked rounds a member's scores are averaged over
 # the z-score a member's shortfall must reach over a window to be flagged, and the one a
-# member that did no work would reach for its window to be judged at all
-JUDGE_Z = 2.0
+# member that did no work would reach for its window to be judged at all. 3, not 2: a run
+# judges hundreds of windows, and the honest spread is read from 3 other members (heavy
+# tails); at 2 an honest member of the quick cohort bench was flagged at round 4 (quiet
+# machine, seed 0). The cost: IPM out at round 4, not 3, in the byzantine bench's quick run.
+JUDGE_Z = 3.0
+# the bar for telling which of a copied pair did not do the work (the copy is certain)
+SETTLE_Z = 2.0
 
 
 class Score(float):

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from potluck.errors import ConfigError
 from potluck.trust.round_noise import (
     JUDGE_Z,
+    SETTLE_Z,
     Score,
     gain_noise,
     honest_noise,
@@ -256,17 +257,17 @@ def window_mean(scores: Sequence[float]) -> float:
     return sum(last) / WINDOW if len(last) == WINDOW else math.nan
 
 
-def under(scores: Sequence[float], limit: float) -> bool | None:
+def under(scores: Sequence[float], limit: float, z: float = JUDGE_Z) -> bool | None:
     """Whether the mean of the last ``WINDOW`` scores is under ``limit`` and the
     member's shortfall stands out of its own noise (``round_noise.shortfall_z`` at least
-    ``JUDGE_Z``). None while it cannot tell: fewer scores, or, short of a finding, too
+    ``z``). None while it cannot tell: fewer scores, or, short of a finding, too
     little data to judge this member's work (a member that did no work would not have
     stood out of this one's noise: ``round_noise.power``)."""
     if len(scores) < WINDOW:
         return None
-    if window_mean(scores) < limit and shortfall_z(scores) >= JUDGE_Z:
+    if window_mean(scores) < limit and shortfall_z(scores) >= z:
         return True
-    return None if power(scores) < JUDGE_Z else False
+    return None if power(scores) < z else False
 
 
 def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]],
@@ -275,14 +276,15 @@ def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]
     member whose recent scores are under ``1 - tolerance`` while the other's are not is
     struck (it did not do the work it sent). A pair the scores cannot settle yet (a
     window not full, both under or both over) is taken out and returned, to be noted
-    and checked again next round."""
+    and checked again next round. The bar is ``SETTLE_Z``, not ``JUDGE_Z``: the copy
+    is certain, the scores only tell which of the two did not do the work."""
     pairs = {tuple(sorted((f.rank, f.party))) for f in found if f.kind == COPIED}
     struck: list[Finding] = []  # (first: a copier's quarantine names the copy)
     unchecked: list[tuple[int, int]] = []
     limit = 1 - tolerance
     for a, b in sorted(pairs):
-        low = {r for r in (a, b) if under(recent.get(r, ()), limit) is True}
-        high = {r for r in (a, b) if under(recent.get(r, ()), limit) is False}
+        low = {r for r in (a, b) if under(recent.get(r, ()), limit, SETTLE_Z) is True}
+        high = {r for r in (a, b) if under(recent.get(r, ()), limit, SETTLE_Z) is False}
         if len(low) != 1 or len(high) != 1:
             unchecked.append((a, b))
             continue

@@ -40,6 +40,8 @@ import torch
 from potluck.errors import ConfigError
 from potluck_lab.bench import cohort_figures as fig
 from potluck_lab.bench import cohort_report as report
+from potluck_lab.bench import cohort_story as story
+from potluck_lab.bench.cohort_costs import Fired, fault_costs, link_costs
 from potluck_lab.bench.cohort_plan import (
     CONTENDERS,
     LINKS_MBIT,
@@ -61,7 +63,9 @@ from potluck_lab.machine.netns import BridgedHosts, unavailable
 
 MODES = {"potluck": "rounds", "potluck-step": "step"}
 SHARES = 16384  # a host's CPU weight against other processes on this machine
+OBSERVER = 4  # the host a person watches the status page from (no cap, no quota)
 POLL_S = 0.2
+MOVED_SHOT_S = 1.0  # a commit this long after the store's host is lost: capture
 END_S = 20.0  # once the job is over, for the agents to exit before they are stopped
 
 
@@ -132,6 +136,9 @@ class Cohort:
         self.quotas_on = False
         self.restarted: set[int] = set()  # node ranks of machines that came back
         self.joined: set[int] = set()  # ... and are members again
+        self.status_port = self.port + 1  # every agent's --status-port (own namespace)
+        self.story = story.Story(hosts, OBSERVER, self.run_dir, 0.0)
+        self.moved_shot = False
         total_rounds = config.samples * config.epochs // config.commits_per_round  # nominal
         attack = next(f for f in self.faults if f.kind == "attack")
         self.attack = (attack.node, attack_rounds(attack, total_rounds)) \
@@ -144,7 +151,9 @@ class Cohort:
                 self.hosts.addresses[0], "--master-port", str(self.port), "--token",
                 "potluck-cohort-bench", "--run-id", f"cohort-{self.name}", "--max-restarts",
                 "0", "--join-timeout", "120", "--no-warm-spare", "--log-dir",
-                str(self.run_dir / f"worker-logs{rank}"),
+                str(self.run_dir / f"worker-logs{rank}"), "--status-port",
+                str(self.status_port), "--status-host", "0.0.0.0", "--metrics-dir",
+                str(self.run_dir / "metrics"),
                 *job_args(c, self.mode, self.run_dir, self.attack)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.procs.start(self.hosts.command(host, argv), self.run_dir / f"agent{rank}.log",
@@ -158,6 +167,7 @@ class Cohort:
             quota.set(None)
         before = [self.hosts.link_bytes(h) for h in range(4)]
         self.started = time.time()
+        self.story.started = self.started
         try:
             for rank in range(4):
                 self.start_node(rank, rank)
@@ -184,6 +194,7 @@ class Cohort:
                 self.fired.append((fault, committed / total, time.time() - self.started))
             if len(self.fired) == len(self.faults) and not self._joining(workers):
                 self._stop_after(workers)
+            self._watch_moved_page(workers)
             if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
                 return
             if any(r.get("finished") for w in workers for r in w.of("done")):
@@ -239,8 +250,26 @@ class Cohort:
         elif fault.kind == "throttle":
             self.hosts.limit(f"{fault.mbit:g}mbit", [fault.node])
         elif fault.kind == "store_host":
+            self.story.capture("before-store-loss", 0, self.status_port)
             self.hosts.cut(0)
             kill_group(self.procs.procs[self.agents[0]])
+
+    def _watch_moved_page(self, workers: list[fig.Worker]) -> None:
+        """Once the store's host is lost and an agent serves the page where the store
+        moved, capture it there, after the survivors' first commit a second past the
+        loss (their pulses are on it by then)."""
+        if self.moved_shot or not any(f.kind == "store_host" for f, _, _ in self.fired):
+            return
+        lost_at = self.started + next(s for f, _, s in self.fired if f.kind == "store_host")
+        if not any(r["at"] > lost_at + MOVED_SHOT_S for w in workers for r in w.of("commit")):
+            return
+        for rank in self.agents:
+            log = self.run_dir / f"agent{rank}.log"
+            port = story.served_port(log.read_text(errors="replace")) if rank else None
+            if port is not None:
+                self.story.capture("after-store-moved", self.host_of[rank], port)
+                self.moved_shot = True
+                return
 
     def _figures(self, link_bytes: list[tuple[int, int]]) -> dict[str, Any]:
         c = self.config
@@ -250,11 +279,13 @@ class Cohort:
         equal = fig.replicas_equal(torch.load(w.params) for w in finishers
                                    if w.params is not None)
         caught = fig.quarantine(workers, self.attack[0]) if self.attack else None
+        pictures, no_plots = story.plots(self.run_dir / "metrics", self.run_dir / "plots")
+        wall = max((r["at"] for w in workers for r in w.records), default=self.started) \
+            - self.started
         return {
             "contender": self.name, "mode": self.mode,
             "time_to_target_s": fig.time_to_target(workers, c.target_loss, self.started),
-            "wall_s": max((r["at"] for w in workers for r in w.records), default=self.started)
-            - self.started,
+            "wall_s": wall,
             "exactly_once": once["twice"] == 0 and once["missing"] == 0,
             "epochs": self.epochs_trained(),
             "samples_twice": once["twice"], "samples_lost": once["missing"],
@@ -269,6 +300,11 @@ class Cohort:
                            for h, (tx, rx) in enumerate(link_bytes)],
             "final_loss": next((loss for _, loss in reversed(
                 fig.loss_curve(workers, self.started))), None),
+            "fault_costs": fault_costs(workers, [Fired(f, s) for f, _, s in self.fired],
+                                       self.started),
+            "link_costs": link_costs(link_bytes, LINKS_MBIT, wall),
+            "status_shots": [shot.record() for shot in self.story.shots],
+            "plots": [str(path) for path in pictures], "no_plots": no_plots,
             "logs": str(self.run_dir),
         }
 
@@ -286,7 +322,7 @@ def _kill(pid: int) -> None:
 
 def measure(config: CohortConfig, logs: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"runs": []}
-    hosts = BridgedHosts(4, prefix="pl-coh")
+    hosts = BridgedHosts(5, prefix="pl-coh")  # (host 4: the observer)
     quotas = [CpuQuota(f"potluck-cohort-{os.getpid()}-{h}", shares=SHARES) for h in range(4)]
     with hosts:
         made = []

@@ -72,15 +72,22 @@ def loss_curve(workers: Sequence[Worker], started: float) -> list[tuple[float, f
 
 
 def trained(workers: Sequence[Worker]) -> list[tuple[int, list[int]]]:
-    """Every worker's ledger, and the part a worker was killed (or quarantined) with
+    """Every worker's ledger (its commits the run's lineage holds, ``_adopted``), and the
+    part a worker was killed (or quarantined) with
     after it sent it: its last step or round, which the others committed with nothing
     lost (a member lost mid-round makes the commit name the positions it held, handed
     out again; a member lost mid-step makes the others fail the step and redo it)."""
-    records = [record for w in workers for record in w.ledger]
+    finishers = [w for w in workers if w.params is not None]
+    records = [record for w in workers
+               for record, commit in zip(w.ledger, [*w.of("commit"), *[None] * len(w.ledger)],
+                                         strict=False)
+               if commit is None or _adopted(commit, finishers)]
     for w in workers:
         parts = [] if w.of("done") else _open_part(w)
         if not parts:
             continue
+        if not all(_adopted(c, finishers) for c in w.of("commit")):
+            continue  # (it left the lineage: its later rounds are not the cohort's)
         at = parts[0]["round"]
         others = [o for o in workers if o is not w]
         commits = [r for o in others for r in o.of("commit") if r["steps"] == at]
@@ -89,6 +96,17 @@ def trained(workers: Sequence[Worker]) -> list[tuple[int, list[int]]]:
             records.append((parts[0]["epoch"],
                             [i for r in parts if r["round"] == at for i in r["ids"]]))
     return records
+
+
+def _adopted(commit: Record, finishers: Sequence[Worker]) -> bool:
+    """Whether the run's lineage (its finishers') holds a worker's commit: not where the
+    finishers committed that round with another number of members. (A member whose
+    round's sync completed while another's failed, and that was then left out of the
+    next generation, logged a commit the cohort redid without it: its part's positions
+    were handed out again and trained by the others.)"""
+    theirs = {int(c["workers"]) for f in finishers for c in f.of("commit")
+              if c["steps"] == commit["steps"]}
+    return not theirs or int(commit["workers"]) in theirs
 
 
 def _open_part(worker: Worker) -> list[Record]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from potluck_lab.bench.cohort_costs import cost_lines
 from potluck_lab.bench.cohort_plan import CohortConfig, schedule
 from potluck_lab.common import table
 
@@ -79,7 +80,24 @@ def lines(config: CohortConfig, results: dict[str, Any]) -> list[str]:
             out.append("torchrun: steps redone at each fault (since its last checkpoint): "
                        + ", ".join(f"{f['kind']} {f['steps_redone']} ({f['samples_redone']} "
                                    "samples)" for f in r["faults"]))
+        else:
+            out += _story_lines(r)
     out += _versus_lines({r["contender"]: r for r in results["runs"]})
+    return out
+
+
+def _story_lines(run: Run) -> list[str]:
+    """What each fault and link cost a potluck run, and what a person watching it saw."""
+    name = run["contender"]
+    out = [f"{name}: what each fault and link cost:",
+           *cost_lines(run.get("fault_costs", []), run.get("link_costs", []))]
+    for shot in run.get("status_shots", []):
+        seen = shot["path"] or f"not taken: {shot['problem']}"
+        out.append(f"{name}: status page {shot['label']} at {shot['at_s']:.0f} s: {seen}")
+    if run.get("plots"):
+        out.append(f"{name}: potluck plot: {', '.join(run['plots'])}")
+    elif run.get("no_plots"):
+        out.append(f"{name}: no plots: {run['no_plots']}")
     return out
 
 
