@@ -468,7 +468,7 @@ def test_add_event_shows_the_agents_events() -> None:
     clocks.advance(3.0)
     board.add_event("checkpoint", "saved step 2")
     assert board.snapshot()["events"] == [
-        {"time": WALL, "step": -1, "what": "exit", "text": "worker h:1 exited with code -9"},
+        {"time": WALL, "step": None, "what": "exit", "text": "worker h:1 exited with code -9"},
         {"time": WALL + 3.0, "step": 2, "what": "checkpoint", "text": "saved step 2"},
     ]
 

@@ -77,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               "pay the interpreter's start-up (seconds) and the spare's memory is saved")
     flag("status-port", type=int, default=None, metavar="PORT",
          help="serve a live status page of the cohort on PORT (0: a free one; node 0 "
-              "serves it, or the node the store moved to): who computes, who waits, the slowest rank and why, events, loss "
-              "and throughput; /api/status (JSON) and /metrics (Prometheus) beside it "
+              "serves it, or the node the store moved to): who computes, who waits, the "
+              "slowest rank and why, events, loss and throughput; /api/status (JSON) "
+              "and /metrics (Prometheus) beside it "
               "(scripts on potluck.prepare; on potluck.DataParallel alone: step times, "
               "not samples)")
     flag("status-host", default="127.0.0.1", metavar="ADDR",

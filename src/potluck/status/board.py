@@ -100,10 +100,12 @@ class StatusBoard:
             self._judge()
 
     def add_event(self, what: str, text: str) -> None:
-        """An event the launcher saw itself (a worker process exited)."""
+        """An event the launcher saw itself (a worker process exited); its step is None
+        before any worker's first (a page that starts where the store moved)."""
         with self._lock:
-            self._events.append({"time": self._wall(), "step": self._step(), "what": what,
-                                 "text": text})
+            step = self._step()
+            self._events.append({"time": self._wall(), "step": step if step >= 0 else None,
+                                 "what": what, "text": text})
 
     # ------------------------------------------------------------------ output
 
