@@ -47,6 +47,7 @@ def _finals(run_dir: Path) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # (its torchrun jobs ran past 100 s beside another xdist worker in CI)
 @pytest.mark.timeout(300)
 def test_a_run_resumed_from_its_checkpoint_equals_the_run_uninterrupted(tmp_path: Path) -> None:
     _torchrun(tmp_path / "whole", tmp_path / "whole-checkpoints")

@@ -56,11 +56,13 @@ def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path:
     assert {"events.png", "compute_wait.png"} <= {Path(p).name for p in potluck["plots"]}, potluck
     shots = {shot["label"]: shot for shot in potluck["status_shots"]}
     assert set(shots) == {"before-store-loss", "after-store-moved"}, shots
-    for shot in shots.values():
+    for shot in shots.values():  # (a capture is best-effort: a line in the report)
         if chromium_path() is None:
             assert "no Chromium" in shot["problem"]
+        elif shot["path"] is None:  # (CI saw Chromium abort once beside other tests)
+            assert shot["problem"].startswith("chromium "), shot
         else:
-            assert shot["path"] is not None and Path(shot["path"]).stat().st_size > 0, shot
+            assert Path(shot["path"]).stat().st_size > 0, shot
             browser.keep_artifact(Path(shot["path"]), f"cohort-{shot['label']}.png")
     assert "Traceback" not in stderr
     # (this run's namespaces: another cohort bench may run beside it)
