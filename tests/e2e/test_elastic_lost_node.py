@@ -46,8 +46,10 @@ def test_the_end_does_not_wait_for_a_node_killed_outright(tmp_path: Path) -> Non
     nodes = [_node(0, port, 1, log0), _node(1, port, 1, log1)]
     try:
         # No deadline of our own: the event, node 0's exit, or the test's timeout.
-        while "epoch 0 done" not in log0.read_text():
-            assert nodes[0].poll() is None, log0.read_text()[-3000:]
+        # (rank 0 prints; in an elastic job it is whichever worker joined first)
+        while "epoch 0 done" not in log0.read_text() + log1.read_text():
+            for node, log in zip(nodes, (log0, log1), strict=True):
+                assert node.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
         workers = _children(nodes[1].pid)
         nodes[1].kill()  # the whole node: its agent, then its worker (no goodbye)
@@ -73,7 +75,7 @@ def test_the_end_does_not_wait_for_a_node_killed_outright(tmp_path: Path) -> Non
     assert not any(pid_alive(w) for w in workers)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_a_half_that_lost_the_stores_host_stops_in_one_line_not_cpp_traces(
         tmp_path: Path) -> None:
     # Node 0 hosts the store: killed outright, it takes the store with it. The store
@@ -85,8 +87,10 @@ def test_a_half_that_lost_the_stores_host_stops_in_one_line_not_cpp_traces(
     log0, log1 = tmp_path / "node0.log", tmp_path / "node1.log"
     nodes = [_node(0, port, 1, log0), _node(1, port, 1, log1)]
     try:
-        while "epoch 0 done" not in log0.read_text():
-            assert nodes[0].poll() is None, log0.read_text()[-3000:]
+        # (rank 0 prints; in an elastic job it is whichever worker joined first)
+        while "epoch 0 done" not in log0.read_text() + log1.read_text():
+            for node, log in zip(nodes, (log0, log1), strict=True):
+                assert node.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
         lost = _children(nodes[0].pid)  # node 0's worker (and any warm spare)
         workers = lost + _children(nodes[1].pid)
@@ -110,5 +114,8 @@ def test_a_half_that_lost_the_stores_host_stops_in_one_line_not_cpp_traces(
         assert noise not in text, f"{noise!r} on node 1's terminal:\n{text[-3000:]}"
     assert "lines of c10d warnings and C++ stack traces here; --log-dir DIR keeps them" \
         in text, text[-3000:]  # (said once, where they were left out)
-    assert took < 40, f"node 1 took {took:.1f} s to end\n{text[-3000:]}"  # (settle 10 s)
+    # What it waits for by design: the settle deadline (30 s, for a member that may come
+    # back), then node 0's agent's beat (5 s); the rest is detection and exits, up to
+    # 15 s on 2 loaded cores. Far below the join timeout (120 s) all the same.
+    assert took < 30 + 5 + 15, f"node 1 took {took:.1f} s to end\n{text[-3000:]}"
     assert not any(pid_alive(w) for w in workers)
