@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path:
             assert "no Chromium" in shot["problem"]
         elif shot["path"] is None:  # (CI saw Chromium abort once beside other tests)
             assert shot["problem"].startswith("chromium "), shot
+            kept = Path(shot["problem"].rsplit("(its stderr: ", 1)[1].rstrip(")"))
+            browser.keep_artifact(kept, f"cohort-{shot['label']}.error.txt")
+            warnings.warn(f"no status page capture: {kept.read_text()[-2000:]}", stacklevel=1)
         else:
             assert Path(shot["path"]).stat().st_size > 0, shot
             browser.keep_artifact(Path(shot["path"]), f"cohort-{shot['label']}.png")

@@ -64,8 +64,10 @@ class Story:
                     url, target, size=(1280, 1400), timeout=SHOT_TIMEOUT_S,
                     prefix=self.hosts.command(self.observer, []))
                 shot = Shot(label, at, path)
-            except RuntimeError as exc:
-                shot = Shot(label, at, None, str(exc).splitlines()[0])
+            except RuntimeError as exc:  # its first line here, Chromium's stderr kept
+                kept = self.out / f"status-{label}.error.txt"
+                kept.write_text(f"{exc}\n")
+                shot = Shot(label, at, None, f"{str(exc).splitlines()[0]} (its stderr: {kept})")
         self.shots.append(shot)
         return shot
 
