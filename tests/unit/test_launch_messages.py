@@ -104,7 +104,10 @@ def test_the_waiting_lines_say_what_for_where_and_the_fix() -> None:
     assert line == ("potluck run: node 1 is waiting for node 0's store at 10.0.0.9:29500 "
                     "(15 s of --join-timeout 300 s; last try: Connection refused): start "
                     "node 0's `potluck run` if it is not running, and check --master-addr "
-                    "and --master-port (node 0's address and port as this node sees them)")
+                    "and --master-port (node 0's address and port as this node sees them); "
+                    "if node 0 was lost mid-run, the store moved: every running node "
+                    "printed where ('it moved to node N at HOST:PORT'), and those are this "
+                    "node's --master-addr and --master-port")
     line = meeting.waiting_for_nodes(0, 1, 2, 25.0, 300.0)
     assert "node 0 is waiting for the other nodes: 1 of 2 node agents" in line
     assert "(25 s of --join-timeout 300 s)" in line and "--run-id" in line

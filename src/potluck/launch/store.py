@@ -318,7 +318,9 @@ def join_store(config: LaunchConfig, stopping: Callable[[], bool], *,
         f"node {config.node_rank} could not reach the store at {where} within "
         f"{config.join_timeout:g} s ({last}); start node 0's `potluck run` with the same "
         "--master-port, and check that --master-addr is node 0's address as this node "
-        "sees it"
+        "sees it; if node 0 was lost mid-run, the store moved to the node the running "
+        "nodes name ('it moved to node N at HOST:PORT'): point --master-addr and "
+        "--master-port there"
     )
 
 
@@ -328,7 +330,10 @@ def waiting_for_store(node_rank: int, where: str, waited: float, timeout: float,
     return (f"potluck run: node {node_rank} is waiting for node 0's store at {where} "
             f"({waited:.0f} s of --join-timeout {timeout:g} s; last try: {last}): start "
             "node 0's `potluck run` if it is not running, and check --master-addr and "
-            "--master-port (node 0's address and port as this node sees them)")
+            "--master-port (node 0's address and port as this node sees them); if node "
+            "0 was lost mid-run, the store moved: every running node printed where "
+            "('it moved to node N at HOST:PORT'), and those are this node's --master-addr "
+            "and --master-port")
 
 
 def _wait_for_listener(addr: str, port: int, deadline: float,
