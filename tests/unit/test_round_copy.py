@@ -27,7 +27,7 @@ from potluck.trust.verdict import COPIED, Finding
 DIM, HIDDEN, CLASSES, STEPS, BATCH, LR, MEMBERS, FLIP = 8, 128, 4, 8, 32, 0.5, 4, 0.3
 PART = STEPS * BATCH  # 256 samples: 32 chunks a side
 FULL = os.environ.get("POTLUCK_FULL_SWEEPS") == "1"  # the measured sweeps, not the suite's
-SEEDS = 2000 if FULL else 200
+SEEDS = 2000 if FULL else 100
 
 
 def _forward(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -71,19 +71,18 @@ def _pair_round(seed: int, shared_from: int) -> float:
     gen = torch.Generator().manual_seed(seed)
     centers, start = _task()
     x, y = _data(gen, centers, MEMBERS * PART)
-    deltas = [_train(start, x[k * PART:(k + 1) * PART], y[k * PART:(k + 1) * PART])
-              for k in range(MEMBERS)]
-    shared = deltas[shared_from]
     others = [k for k in range(MEMBERS) if k not in (0, 1, shared_from)]
+    deltas = {k: _train(start, x[k * PART:(k + 1) * PART], y[k * PART:(k + 1) * PART])
+              for k in (shared_from, *others)}  # (member 1 copies: it trains nothing)
+    shared = deltas[shared_from]
     reference = torch.stack([deltas[k] for k in others]).mean(0)
 
     def values(member: int) -> list[float]:
-        out = []
-        for a, b in chunks([(member * PART, (member + 1) * PART)]):
-            xs, ys = x[a:b], y[a:b]
-            out.append(float(F.cross_entropy(_forward(start - reference, xs), ys)
-                             - F.cross_entropy(_forward(start - shared, xs), ys)))
-        return out
+        """Each chunk's mean loss, as one loss call a chunk would give it."""
+        a, b = member * PART, (member + 1) * PART
+        each = (F.cross_entropy(_forward(start - reference, x[a:b]), y[a:b], reduction="none")
+                - F.cross_entropy(_forward(start - shared, x[a:b]), y[a:b], reduction="none"))
+        return [float(each[s - a:e - a].mean()) for s, e in chunks([(a, b)])]
 
     return pair_z(values(0), values(1))
 
@@ -108,7 +107,7 @@ def test_copier_by_the_combined_z() -> None:
     assert copier((3, 5), [2.5, math.nan]) is None  # (a round it could not tell: left out)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_the_member_copied_is_never_struck_and_the_copier_is_within_3_rounds() -> None:
     """Member 1 copies member 0's pseudo-gradient in windows of ``WINDOW`` rounds, the
     pair settled as the trust part settles it (the rounds' z-scores combined). Member 0
@@ -130,11 +129,11 @@ def test_the_member_copied_is_never_struck_and_the_copier_is_within_3_rounds() -
 def test_a_shared_pseudo_gradient_that_fits_neither_part_names_nobody_at_the_bound() -> None:
     """The null of the designed bound: the pair's shared pseudo-gradient is a third
     member's, so it fits neither part better. A member is named in no more rounds than
-    ``Phi(-3)`` on each side allows (1.35e-3 each; the suite's 200 seeds: 0.3 expected
-    on a side, at most 3 allowed; with POTLUCK_FULL_SWEEPS=1, 2,000 seeds: at most 10)."""
+    ``Phi(-3)`` on each side allows (1.35e-3 each; the suite's 100 seeds: 0.14 expected
+    on a side, at most 2 allowed; with POTLUCK_FULL_SWEEPS=1, 2,000 seeds: at most 10)."""
     zs = [_pair_round(seed, 2) for seed in range(SEEDS)]
     assert all(math.isfinite(z) for z in zs)
-    allowed = 3 if SEEDS <= 200 else 10
+    allowed = 2 if SEEDS <= 100 else 10
     assert sum(z >= COPY_Z for z in zs) <= allowed, sorted(zs)[-5:]
     assert sum(z <= -COPY_Z for z in zs) <= allowed, sorted(zs)[:5]
 
