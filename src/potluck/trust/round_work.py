@@ -55,9 +55,10 @@ mean minus a spread (ALIE), a copy, a replay and training on other labels all sc
 about 0 or below.
 
 A pair that ``round_rules`` flags as copies sent (nearly) the same pseudo-gradient.
-``settle_copies`` strikes only the one whose recent scores are under the limit while
-the other's are not: the other did the work. Until both windows are judged the pair is
-noted, not struck.
+``settle_copies`` strikes only the one that did not do the work: first by the round's
+data (``round_copy``: the shared pseudo-gradient fits the other's part, not its own),
+else by the windows (its recent scores are under the limit while the other's are not).
+Until one of them tells, the pair is noted, not struck.
 """
 
 from __future__ import annotations
