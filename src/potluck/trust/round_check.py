@@ -15,6 +15,10 @@ start. After the round committed (``measure``), on every member:
 3. **exchange**: one all-gather of every member's gains (``[targets, members]``
    float64), of which each gain is the median over the checkers other than the target;
    the fingerprint of each member's global parameters rides with them when it is due;
+   so does each member's z-score of each pair flagged as copies (``round_copy``: the
+   shared pseudo-gradient against the other targets' mean, chunk by chunk, on up to
+   ``RoundCheck.copy_samples`` positions of each of the two parts), of which each
+   is the median over the checkers outside the pair;
 4. **remember**: the trust part scores the round (``round_work.work_scores``) and the
    check keeps each member's last ``WINDOW`` scores by member id (``remember``), the
    window the rule judges.
@@ -23,7 +27,8 @@ Bytes a member sends on a checked round: its decoded copies of the targets' slic
 ``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
 ``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, in the parameters' dtype; in
 the round sum's second all-to-all), plus ``8 * T * N * (N - 1)`` bytes of gains.
-Forward passes: ``N * (T + 1)`` of ``samples`` samples each, on every member.
+Forward passes: ``N * (T + 1)`` of ``samples`` samples each, on every member; and on
+a round with a copied pair, 4 more of ``copy_samples`` samples for the pair.
 """
 
 from __future__ import annotations
@@ -41,7 +46,11 @@ from potluck.collectives import settle
 from potluck.errors import ConfigError
 from potluck.group import ProcessGroupLike
 from potluck.sync.round_sum import Piece
+from potluck.trust.round_copy import chunks, pair_z
 from potluck.trust.round_work import WINDOW, RoundCheck, median_gains, round_seed, windows
+from potluck.trust.verdict import median
+
+Pair = tuple[int, int]
 
 # runs [start, stop) of positions of the round's epoch -> their batches, read at once
 ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]
@@ -61,11 +70,12 @@ class _Kept:
 
 @dataclass(frozen=True)
 class Measured:
-    """A checked round: the median gains ``[target][member]``, and every member's word
-    carried with them (None: none was)."""
+    """A checked round: the median gains ``[target][member]``, every member's word
+    carried with them (None: none was), and each pair's z-score (``round_copy``)."""
 
     gains: list[list[float]]
     carried: list[int] | None
+    paired: list[float]
 
 
 class WorkCheck:
@@ -83,6 +93,7 @@ class WorkCheck:
         self._round = 0
         self.forced: set[str] = set()  # members checked next round whatever ``every``
         self._recent: dict[str, deque[float]] = {}  # each member's last scores
+        self._paired: dict[tuple[str, str], deque[float]] = {}  # each pair's z-scores
 
     def remember(self, scores: Mapping[str, float]) -> dict[str, list[float]]:
         """This round's score of each member checked (by member id; NaN: none this
@@ -92,6 +103,14 @@ class WorkCheck:
             if not math.isnan(score):
                 self._recent.setdefault(member, deque(maxlen=WINDOW)).append(score)
         return {member: list(self._recent.get(member, ())) for member in scores}
+
+    def remember_pairs(self, scores: Mapping[tuple[str, str], float]
+                       ) -> dict[tuple[str, str], list[float]]:
+        """This round's z-score of each copied pair (by member ids, in the order the
+        z-score reads them); each pair's last ``WINDOW`` ones, the newest last."""
+        for pair, z in scores.items():
+            self._paired.setdefault(pair, deque(maxlen=WINDOW)).append(z)
+        return {pair: list(self._paired[pair]) for pair in scores}
 
     def due(self, round_: int) -> bool:
         """Whether round ``round_`` is checked (its copies kept)."""
@@ -118,12 +137,13 @@ class WorkCheck:
 
     def measure(self, round_: int, targets: Sequence[int], digest: bytes,
                 group: ProcessGroupLike, device: torch.device,
-                carry: int | None = None) -> Measured | None:
+                carry: int | None = None, pairs: Sequence[Pair] = ()) -> Measured | None:
         """The median gains ``[target][member]`` of round ``round_``'s ``targets``
         (ranks that owned slices); None where the round was not kept whole. ``carry``:
         a 64-bit word of this member's that rides with its gains (the fingerprint of
         its global parameters: one collective less a round); every member's comes back
-        in ``Measured.carried``."""
+        in ``Measured.carried``. ``pairs``: the ranks of each pair flagged as copies;
+        their z-scores come back in ``Measured.paired`` (NaN: cannot tell)."""
         kept, parts, kept_round = self._kept, self._parts, self._round
         self.forget()
         n = group.size()
@@ -134,7 +154,9 @@ class WorkCheck:
         deltas = [k.deltas for k in kept.values()]
         picked = windows(parts, self.config.samples, round_seed(round_, digest))
         gains = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64)
-        words = gains.reshape(-1)
+        seed = round_seed(round_, digest + b"copies")
+        mine_z = [self._pair(kept, parts, targets, pair, seed) for pair in pairs]
+        words = torch.cat([gains.reshape(-1), torch.tensor(mine_z, dtype=torch.float64)])
         if carry is not None:  # (its bits, as a float64: the gains' dtype)
             words = torch.cat([words, torch.tensor([carry], dtype=torch.int64)
                                .view(torch.float64)])
@@ -145,7 +167,39 @@ class WorkCheck:
         owners = next(iter(kept.values())).owners
         gathered = [r[:gains.numel()].view(gains.shape).tolist() for r in rows]
         carried = None if carry is None else [int(r[-1:].view(torch.int64)) for r in rows]
-        return Measured(median_gains(gathered, owners, targets), carried)
+        paired = []
+        for k, pair in enumerate(pairs):
+            outside = [c for c in owners if c not in pair] or list(owners)
+            values = [float(rows[c][gains.numel() + k]) for c in outside]
+            known = [v for v in values if math.isfinite(v)]
+            paired.append(median(known) if known else math.nan)
+        return Measured(median_gains(gathered, owners, targets), carried, paired)
+
+    def _pair(self, kept: dict[str, _Kept], parts: Sequence[Sequence[tuple[int, int]]],
+              targets: Sequence[int], pair: Pair, seed: int) -> float:
+        """This member's z-score of ``pair``: how much better the pair's shared
+        pseudo-gradient does than the other targets' mean, chunk by chunk, on the
+        first member's part over the second's (NaN: a member of the pair not a target
+        this round, or no other target)."""
+        if not all(r in targets for r in pair) or len(targets) < 3:
+            return math.nan
+        a, b = (targets.index(r) for r in pair)
+        rest = [t for t in range(len(targets)) if t not in (a, b)]
+        pieces = list(kept.values())
+        shared = self._state(pieces, [p.start - (p.deltas[a] + p.deltas[b]) / 2
+                                      for p in pieces])
+        reference = self._state(pieces, [p.start - sum(p.deltas[t] for t in rest) / len(rest)
+                                         for p in pieces])
+        sides = [chunks(runs) for runs in
+                 windows([parts[r] for r in pair], self.config.copy_samples, seed)]
+        read = iter(self._read([c for side in sides for c in side]))
+        batches = [[next(read) for _ in side] for side in sides]
+        first = pieces[0].start
+        with torch.random.fork_rng(devices=[first.device] if first.is_cuda else []), \
+                torch.no_grad():
+            values = [[self._loss(reference, [x]) - self._loss(shared, [x]) for x in side]
+                      for side in batches]
+        return pair_z(values[0], values[1])
 
     def _gains(self, kept: dict[str, _Kept], deltas: list[list[torch.Tensor]],
                picked: Sequence[Sequence[tuple[int, int]]]) -> list[list[float]]:

@@ -225,13 +225,17 @@ class RoundTrustPart:
         members, targets = cohort.membership.members, self._targets(taken.round, senders)
         work.forced = set()
         gains, prints = None, None
+        pairs = sorted({(min(f.rank, f.party), max(f.rank, f.party)) for f in found
+                        if f.kind == COPIED})
+        paired: dict[tuple[int, int], list[float]] = {}
         if targets:
             digest = taken.reports.numpy().tobytes()
             measured = work.measure(taken.round, targets, digest, cohort.group, cohort.device,
-                                    carry=fingerprint)
+                                    carry=fingerprint, pairs=pairs)
             if measured is not None:
                 gains = [[row[r] for r in senders] for row in measured.gains]
                 prints = measured.carried
+                paired = _paired(work, pairs, measured.paired, members)
         else:
             work.forget()
         index = {r: i for i, r in enumerate(senders)}
@@ -245,7 +249,9 @@ class RoundTrustPart:
                                                                           strict=True)})
             recent = {i: kept[members[senders[i]]] for i in checked}
             local += judge_work(recent, work.config.tolerance)
-        settled, unchecked = settle_copies(local, recent, work.config.tolerance)
+        settled, unchecked = settle_copies(local, recent, work.config.tolerance,
+                                           {(index[a], index[b]): z for (a, b), z in
+                                            paired.items()})
         for a, b in unchecked:
             pair = [members[senders[a]], members[senders[b]]]
             work.forced |= set(pair)
@@ -320,6 +326,26 @@ class RoundTrustPart:
 # ``events``, ``quarantined``, ``trusted`` and ``removals`` are the same).
 TrustPart.register(RoundTrustPart)
 
+
+
+def _paired(work: WorkCheck, pairs: Sequence[tuple[int, int]], scores: Sequence[float],
+            members: Sequence[str]) -> dict[tuple[int, int], list[float]]:
+    """Each copied pair's z-scores of its flagged rounds (``round_copy``), by ranks in
+    the order of ``pairs``. The work check keeps them by member ids in sorted order (a
+    new generation may renumber the ranks), the sign turned to match."""
+    keyed: dict[tuple[str, str], float] = {}
+    flips: dict[tuple[int, int], bool] = {}
+    for (a, b), z in zip(pairs, scores, strict=True):
+        flips[(a, b)] = members[a] > members[b]
+        ids = (members[b], members[a]) if flips[(a, b)] else (members[a], members[b])
+        keyed[ids] = -z if flips[(a, b)] else z
+    kept = work.remember_pairs(keyed)
+    out = {}
+    for a, b in pairs:
+        flip = flips[(a, b)]
+        ids = (members[b], members[a]) if flip else (members[a], members[b])
+        out[(a, b)] = [-z for z in kept[ids]] if flip else kept[ids]
+    return out
 
 
 def _each(keepers: Sequence[Keeper]) -> Keeper:

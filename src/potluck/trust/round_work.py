@@ -55,9 +55,10 @@ mean minus a spread (ALIE), a copy, a replay and training on other labels all sc
 about 0 or below.
 
 A pair that ``round_rules`` flags as copies sent (nearly) the same pseudo-gradient.
-``settle_copies`` strikes only the one whose recent scores are under the limit while
-the other's are not: the other did the work. Until both windows are judged the pair is
-noted, not struck.
+``settle_copies`` strikes only the one that did not do the work: first by the round's
+data (``round_copy``: the shared pseudo-gradient fits the other's part, not its own),
+else by the windows (its recent scores are under the limit while the other's are not).
+Until one of them tells, the pair is noted, not struck.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.errors import ConfigError
+from potluck.trust.round_copy import combined, copier
 from potluck.trust.round_noise import (
     JUDGE_Z,
     SETTLE_Z,
@@ -103,12 +105,15 @@ class RoundCheck:
     checked every K rounds (and a pair flagged as copies the round after).
     ``tolerance``: how far under the median member's score a member's mean score over
     its last ``WINDOW`` checked rounds may fall (0.7: it must reach 0.3 of it).
+    ``copy_samples``: positions of each part of a pair flagged as copies read to tell
+    which of the two did the work (``round_copy``; only on rounds with such a pair).
     """
 
     loss: Loss
     samples: int = 64
     every: int = 1
     tolerance: float = 0.7
+    copy_samples: int = 512
 
     def __post_init__(self) -> None:
         if not callable(self.loss):
@@ -120,6 +125,10 @@ class RoundCheck:
         if not _count(self.every) or self.every < 1:
             raise ConfigError(f"RoundCheck(every={self.every!r}) must be an int >= 1 (every "
                               "member is checked every K rounds), e.g. 1")
+        if not _count(self.copy_samples) or self.copy_samples < 32:
+            raise ConfigError(f"RoundCheck(copy_samples={self.copy_samples!r}) must be an int "
+                              ">= 32 (positions of each part of a copied pair read to tell "
+                              "which member did the work), e.g. 512")
         if (isinstance(self.tolerance, bool) or not isinstance(self.tolerance, (int, float))
                 or not 0 <= self.tolerance < 10):
             raise ConfigError(f"RoundCheck(tolerance={self.tolerance!r}) must be a number in "
@@ -271,26 +280,42 @@ def under(scores: Sequence[float], limit: float, z: float = JUDGE_Z) -> bool | N
 
 
 def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]],
-                  tolerance: float) -> tuple[list[Finding], list[tuple[int, int]]]:
-    """``found`` with each copied pair settled by the work check: of a pair, only the
-    member whose recent scores are under ``1 - tolerance`` while the other's are not is
-    struck (it did not do the work it sent). A pair the scores cannot settle yet (a
-    window not full, both under or both over) is taken out and returned, to be noted
-    and checked again next round. The bar is ``SETTLE_Z``, not ``JUDGE_Z``: the copy
-    is certain, the scores only tell which of the two did not do the work."""
+                  tolerance: float,
+                  paired: Mapping[tuple[int, int], Sequence[float]] | None = None,
+                  ) -> tuple[list[Finding], list[tuple[int, int]]]:
+    """``found`` with each copied pair settled: of a pair, only the member that did not
+    do the work it sent is struck. First by the round's data (``paired``: each pair's
+    z-scores of its flagged rounds, ``round_copy``): the member whose part the shared
+    pseudo-gradient fits worse copied. Else by the work check's windows: the member
+    whose recent scores are under ``1 - tolerance`` while the other's are not, at
+    ``SETTLE_Z`` (not ``JUDGE_Z``: the copy is certain, the scores only tell which of
+    the two did not do the work). A pair neither can settle yet is taken out and
+    returned, to be noted and checked again next round."""
     pairs = {tuple(sorted((f.rank, f.party))) for f in found if f.kind == COPIED}
     struck: list[Finding] = []  # (first: a copier's quarantine names the copy)
     unchecked: list[tuple[int, int]] = []
     limit = 1 - tolerance
     for a, b in sorted(pairs):
+        z = combined((paired or {}).get((a, b), ()))
+        by_data = copier((a, b), (paired or {}).get((a, b), ()))
+        if by_data is not None:
+            why = (f"the shared pseudo-gradient fits the other's samples, not its own "
+                   f"(z = {abs(z):.1f} over {len((paired or {})[(a, b)])} round(s)): it copied")
+            struck += _struck(found, by_data, (a, b), why)
+            continue
         low = {r for r in (a, b) if under(recent.get(r, ()), limit, SETTLE_Z) is True}
         high = {r for r in (a, b) if under(recent.get(r, ()), limit, SETTLE_Z) is False}
         if len(low) != 1 or len(high) != 1:
             unchecked.append((a, b))
             continue
-        (copier,) = low
-        struck += [f._replace(detail=f"{f.detail}; its work on its own samples is under the "
-                            "limit, the other's is not: it copied")
-                 for f in found if f.kind == COPIED and f.rank == copier
-                 and {f.rank, f.party} == {a, b}]
+        (low_one,) = low
+        struck += _struck(found, low_one, (a, b), "its work on its own samples is under "
+                                                  "the limit, the other's is not: it copied")
     return struck + [f for f in found if f.kind != COPIED], unchecked
+
+
+def _struck(found: Sequence[Finding], rank: int, pair: tuple[int, int],
+            why: str) -> list[Finding]:
+    """``rank``'s copied findings of ``pair``, with why it is the one that copied."""
+    return [f._replace(detail=f"{f.detail}; {why}") for f in found
+            if f.kind == COPIED and f.rank == rank and {f.rank, f.party} == set(pair)]
