@@ -155,7 +155,10 @@ def _await_victim(victim: subprocess.Popen[bytes], down_at: float, workdir: Path
         stack = log[log.rindex("Current thread"):] if "Current thread" in log else log
         victim.kill()
         victim.wait(timeout=10)
-        message = f"still runs {VICTIM_EXIT_BOUND:g} s after the cut:\n{stack}"
+        raised = workdir / f"rank{VICTIM}.error.json"
+        when = (f"it raised {json.loads(raised.read_text())['at'] - down_at:.1f} s after "
+                "the cut" if raised.exists() else "it raised nothing")
+        message = f"still runs {VICTIM_EXIT_BOUND:g} s after the cut ({when}):\n{stack}"
         raise AssertionError(message) from None
     error = json.loads((workdir / f"rank{VICTIM}.error.json").read_text())
     assert code != 0 and error["type"] == "RendezvousError", error
