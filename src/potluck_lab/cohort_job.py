@@ -163,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     break  # (admitted at the last boundary: nothing left to train)
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
-                loss_of(model, (x, y)).backward()  # type: ignore[no-untyped-call]
+                loss = loss_of(model, (x, y))
+                loss.backward()  # type: ignore[no-untyped-call]
+                opt.report(loss=loss.item())  # (the status page's and the plot's curve)
                 # before the step: a worker can be killed (or quarantined) inside it
                 log("pending", round=commits + 1, epoch=epoch, ids=ids.tolist())
                 result = opt.step()
