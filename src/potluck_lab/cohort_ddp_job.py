@@ -5,7 +5,8 @@ as a user would write it today.
         --rdzv-backend c10d --rdzv-endpoint HOST0:PORT \\
         -m potluck_lab.cohort_ddp_job --run-dir DIR --node-dir DIR/host1 --host 1 ...
 
-The model, the samples, the held-out windows and the global batch are ``cohort_job``'s.
+The model, the samples, the held-out windows and the global batch are ``cohort_job``'s
+(``cohort_data``).
 Each global step's batch is cut into ``world_size`` parts, one per rank (a
 ``DistributedSampler`` over a seeded permutation of each epoch). Every rank saves a
 checkpoint every ``--checkpoint-every`` steps into its node's own directory. At start,
@@ -23,13 +24,11 @@ resumed from), ``commit`` (each step), ``eval`` (rank 0's held-out loss every
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 
-from potluck_lab.cohort_job import SIGN_FLIP, Windows, split
+from potluck_lab.cohort_data import SIGN_FLIP, JsonLog, add_task_args, build_task
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -49,17 +48,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--stop-file", type=Path, default=None,
                         help="once it holds a number S, the job ends after global step S")
-    parser.add_argument("--samples", type=int, default=3840)
-    parser.add_argument("--held-out", type=int, default=128)
-    parser.add_argument("--global-batch", type=int, default=32)
-    parser.add_argument("--corpus-chars", type=int, default=400_000)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    add_task_args(parser)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--checkpoint-every", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attack-steps", default="0:0", help="A:B, steps A to B-1")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout")
     return parser.parse_args(argv)
@@ -105,31 +96,15 @@ def resume(node_dir: Path, rank: int, world_size: int) -> dict[str, Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from potluck_lab.models import CharTransformer, ModelConfig, language_model_loss
-    from potluck_lab.text import Vocabulary, load_corpus
+    from potluck_lab.models import language_model_loss
 
     args = parse_args(argv)
     torch.set_num_threads(1)
     args.node_dir.mkdir(parents=True, exist_ok=True)
     stem = args.run_dir / f"node{args.host}-{os.getpid()}"
-    log_file: IO[str] = stem.with_suffix(".log").open("a")
-
-    def log(kind: str, **fields: Any) -> None:
-        log_file.write(json.dumps({"kind": kind, "at": time.time(), **fields}) + "\n")
-        log_file.flush()
-
-    text = load_corpus(args.corpus_chars, args.seed)
-    vocab = Vocabulary.from_text(text)
-    tokens = vocab.encode(text)
-    train_at, test_at = split(tokens.numel(), args.samples, args.held_out, args.context,
-                              args.seed)
-    data = Windows(tokens, train_at, args.context)
-    held = Windows(tokens, test_at, args.context)
-    hx = torch.stack([held[i][0] for i in range(len(held))])
-    hy = torch.stack([held[i][1] for i in range(len(held))])
-    torch.manual_seed(args.seed)
-    net = CharTransformer(ModelConfig(vocab.size, args.context, args.d_model, args.layers))
-    adamw = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
+    log = JsonLog(stem.with_suffix(".log"))
+    task = build_task(args)
+    net, adamw, data, hx, hy = task.net, task.optimizer, task.data, task.held_x, task.held_y
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -183,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             {"model": net.state_dict(), "optimizer": adamw.state_dict()})
     torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=True, steps=step)
-    log_file.close()
+    log.close()
     dist.destroy_process_group()
 
 

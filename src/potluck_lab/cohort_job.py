@@ -21,44 +21,15 @@ gradient times -10 (the byzantine bench's sign flip) in rounds A to B - 1 (round
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from torch.futures import Future
-from torch.utils.data import Dataset
 
-SIGN_FLIP = -10.0
-
-
-class Windows(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
-    """``count`` windows of ``context + 1`` tokens at fixed offsets; item i is
-    ``(inputs, targets, i)``."""
-
-    def __init__(self, tokens: torch.Tensor, offsets: torch.Tensor, context: int) -> None:
-        self.tokens, self.offsets, self.context = tokens, offsets, context
-
-    def __len__(self) -> int:
-        return self.offsets.numel()
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        start = int(self.offsets[index])
-        window = self.tokens[start: start + self.context + 1]
-        return window[:-1], window[1:], index
-
-
-def split(tokens: int, samples: int, held_out: int, context: int,
-          seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training offsets in the first 90% of the corpus, held-out ones in the rest."""
-    cut = int(tokens * 0.9)
-    gen = torch.Generator().manual_seed(seed)
-    train = torch.randint(0, cut - context - 1, (samples,), generator=gen)
-    test = torch.randint(cut, tokens - context - 1, (held_out,), generator=gen)
-    return train, test
+from potluck_lab.cohort_data import SIGN_FLIP, JsonLog, add_task_args, build_task
 
 
 class SignFlip:
@@ -84,17 +55,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-file", type=Path, default=None,
                         help="once it holds a number, the job ends after that many epochs "
                              "(every worker reads it before each step)")
-    parser.add_argument("--samples", type=int, default=3840)
-    parser.add_argument("--held-out", type=int, default=128)
-    parser.add_argument("--global-batch", type=int, default=32)
+    add_task_args(parser)
     parser.add_argument("--inner-steps", type=int, default=10, help="H (rounds mode)")
-    parser.add_argument("--corpus-chars", type=int, default=400_000)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attacker-node", type=int, default=None)
     parser.add_argument("--attack-rounds", default="0:0", help="A:B, rounds A to B-1")
     parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout")
@@ -107,32 +70,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     from potluck.sync import DiLoCoSync
     from potluck.testing import SampleLedger
     from potluck.trust import RoundCheck
-    from potluck_lab.models import CharTransformer, ModelConfig, language_model_loss
+    from potluck_lab.models import language_model_loss
     from potluck_lab.store_host_job import epochs_to_train
-    from potluck_lab.text import Vocabulary, load_corpus
 
     args = parse_args(argv)
     torch.set_num_threads(1)
     node = int(os.environ.get("GROUP_RANK", "0"))
     stem = args.run_dir / f"node{node}-{os.getpid()}"
-    log_file: IO[str] = stem.with_suffix(".log").open("a")
-
-    def log(kind: str, **fields: Any) -> None:
-        log_file.write(json.dumps({"kind": kind, "at": time.time(), **fields}) + "\n")
-        log_file.flush()
-
-    text = load_corpus(args.corpus_chars, args.seed)
-    vocab = Vocabulary.from_text(text)
-    tokens = vocab.encode(text)
-    train_at, test_at = split(tokens.numel(), args.samples, args.held_out, args.context,
-                              args.seed)
-    data = Windows(tokens, train_at, args.context)
-    held = Windows(tokens, test_at, args.context)
-    hx = torch.stack([held[i][0] for i in range(len(held))])
-    hy = torch.stack([held[i][1] for i in range(len(held))])
-    torch.manual_seed(args.seed)
-    net = CharTransformer(ModelConfig(vocab.size, args.context, args.d_model, args.layers))
-    adamw = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
+    log = JsonLog(stem.with_suffix(".log"))
+    task = build_task(args)
+    net, adamw, data, hx, hy = task.net, task.optimizer, task.data, task.held_x, task.held_y
 
     def loss_of(model: Callable[..., Any], batch: Any) -> torch.Tensor:
         loss: torch.Tensor = language_model_loss(model(batch[0]), batch[1])
@@ -200,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if finished:
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=bool(finished), left=bool(opt.left))
-    log_file.close()
+    log.close()
 
 
 if __name__ == "__main__":
