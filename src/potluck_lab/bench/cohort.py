@@ -39,6 +39,7 @@ import torch
 
 from potluck.errors import ConfigError
 from potluck_lab.bench import cohort_figures as fig
+from potluck_lab.bench import cohort_links as links
 from potluck_lab.bench import cohort_report as report
 from potluck_lab.bench import cohort_story as story
 from potluck_lab.bench.cohort_costs import Fired, fault_costs, link_costs
@@ -161,11 +162,7 @@ class Cohort:
         self.agents[rank], self.host_of[rank] = len(self.procs.procs) - 1, host
 
     def run(self) -> dict[str, Any]:
-        for host, mbit in enumerate(LINKS_MBIT):
-            self.hosts.limit(f"{mbit:g}mbit", [host])
-        for quota in self.quotas:
-            quota.set(None)
-        before = [self.hosts.link_bytes(h) for h in range(4)]
+        before = links.shape(self.hosts, self.quotas)
         self.started = time.time()
         self.story.started = self.started
         try:
@@ -174,9 +171,7 @@ class Cohort:
             self._follow()
         finally:
             self.procs.stop(grace=2.0, terminate=True)
-        after = [self.hosts.link_bytes(h) for h in range(4)]
-        return self._figures([(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before,
-                                                                             strict=True)])
+        return self._figures(links.carried(self.hosts, before))
 
     def _follow(self) -> None:
         c = self.config

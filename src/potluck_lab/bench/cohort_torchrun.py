@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from potluck_lab.bench import cohort_figures as fig
+from potluck_lab.bench import cohort_links as links
 from potluck_lab.bench.cohort_plan import (
     LINKS_MBIT,
     QUOTAS,
@@ -122,11 +123,7 @@ class TorchrunCohort:
         self.agents[host] = len(self.procs.procs) - 1
 
     def run(self) -> dict[str, Any]:
-        for host, mbit in enumerate(LINKS_MBIT):
-            self.hosts.limit(f"{mbit:g}mbit", [host])
-        for quota in self.quotas:
-            quota.set(None)
-        before = [self.hosts.link_bytes(h) for h in range(4)]
+        before = links.shape(self.hosts, self.quotas)
         self.started = time.time()
         try:
             for host in range(4):
@@ -136,9 +133,7 @@ class TorchrunCohort:
             for host in list(self.agents):
                 self._lose(host)
             self.procs.stop(grace=2.0, terminate=True)
-        after = [self.hosts.link_bytes(h) for h in range(4)]
-        return self._figures([(a[0] - b[0], a[1] - b[1])
-                              for a, b in zip(after, before, strict=True)])
+        return self._figures(links.carried(self.hosts, before))
 
     def _follow(self) -> None:
         deadline = time.monotonic() + self.limit_s
