@@ -54,7 +54,8 @@ def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path:
     # what each fault and link cost, and what a person watching saw
     assert [c["kind"] for c in potluck["fault_costs"]] == [f["kind"] for f in potluck["faults"]]
     assert all(c["busy_s"] > 0 for c in potluck["link_costs"]), potluck["link_costs"]
-    assert {"events.png", "compute_wait.png"} <= {Path(p).name for p in potluck["plots"]}, potluck
+    assert {"events.png", "compute_wait.png", "loss.png"} <= \
+        {Path(p).name for p in potluck["plots"]}, potluck  # (loss: the job reports it)
     shots = {shot["label"]: shot for shot in potluck["status_shots"]}
     assert set(shots) == {"before-store-loss", "after-store-moved"}, shots
     for shot in shots.values():  # (a capture is best-effort: a line in the report)

@@ -61,6 +61,10 @@ def test_potlucks_time_over_torchruns_and_its_goal() -> None:
     assert bound == {"ratio": 0.09, "torchrun_reached": False, "met": True}
     assert report.versus_torchrun({"potluck": _run("potluck", 11.0),
                                    "torchrun": _run("torchrun", None, 100.0)})["met"] is False
+    # torchrun gave up before its limit (every agent exited): no bound, no goal met
+    gave_up = {**_run("torchrun", None, 2400.0), "gave_up_s": 600.0}
+    assert report.versus_torchrun({"potluck": _run("potluck", 9.0), "torchrun": gave_up}) \
+        == {"ratio": None, "torchrun_reached": False, "met": False}
     # nothing to compare
     assert report.versus_torchrun({"potluck": _run("potluck", None),
                                    "torchrun": _run("torchrun", 50.0)}) is None
@@ -119,3 +123,10 @@ def test_the_report_reads_torchruns_run_beside_potlucks() -> None:
     assert "not reached within 200 s" in report.line(_torchrun_run())
     assert "kill 7 (224 samples)" in text
     assert "under 0.050 (torchrun did not reach it within 200 s" in text
+    gave_up = {**_torchrun_run(), "gave_up_s": 61.0}
+    assert "torchrun gave up after 61 s (every agent exited" in report.line(gave_up)
+    results = {"runs": [_potluck_run(True), gave_up]}
+    out = report.payload(CohortConfig(), results)
+    assert out["time_to_target_vs_torchrun"] is None and not out["time_to_target_goal_met"]
+    assert "unknown (torchrun gave up after 61 s, before its limit of 200 s" in \
+        "\n".join(report.lines(CohortConfig(), results))

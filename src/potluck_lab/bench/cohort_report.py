@@ -5,6 +5,8 @@ torchrun's.
 ``versus_torchrun``: potluck's time to the target over torchrun's (the goal: 1/30 or
 less). Where torchrun did not reach the target within its limit, the ratio is over the
 limit (a bound: the true ratio is smaller), and the goal is potluck within a tenth of it.
+Where torchrun gave up before its limit (every agent exited, the job unfinished), there
+is no bound: the ratio is None and the goal is not shown.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
     if theirs["time_to_target_s"] is not None:
         ratio = mine / theirs["time_to_target_s"]
         return {"ratio": ratio, "torchrun_reached": True, "met": ratio <= 1.0 / GOAL}
+    if theirs.get("gave_up_s") is not None:
+        return {"ratio": None, "torchrun_reached": False, "met": False}
     return {"ratio": mine / limit, "torchrun_reached": False, "met": mine <= limit / 10.0}
 
 
@@ -45,8 +49,11 @@ def _potluck_line(run: Run) -> str:
 
 def _torchrun_line(run: Run) -> str:
     t = run["time_to_target_s"]
-    reached = (f"not reached within {run['limit_s']:.0f} s" if t is None
-               else f"reached in {t:.1f} s")
+    gave_up = run.get("gave_up_s")
+    reached = (f"reached in {t:.1f} s" if t is not None
+               else f"not reached: torchrun gave up after {gave_up:.0f} s (every agent "
+               "exited; their logs say why)" if gave_up is not None
+               else f"not reached within {run['limit_s']:.0f} s")
     return (f"torchrun: target {reached}, run {run['wall_s']:.1f} s, {run['restarts']} "
             f"restart(s), {run['steps_redone']} steps redone ({run['samples_redone']} "
             f"samples), replicas equal {run['replicas_equal']} ({run['finishers']} finishers)")
@@ -107,6 +114,10 @@ def _versus_lines(runs: dict[str, Run]) -> list[str]:
         return []
     mine, limit = runs["potluck"]["time_to_target_s"], runs["torchrun"]["limit_s"]
     met = "met" if versus["met"] else "not met"
+    if versus["ratio"] is None:
+        return [f"time to target, potluck over torchrun: unknown (torchrun gave up after "
+                f"{runs['torchrun']['gave_up_s']:.0f} s, before its limit of {limit:.0f} s; "
+                "run it again)"]
     if versus["torchrun_reached"]:
         theirs = runs["torchrun"]["time_to_target_s"]
         return [f"time to target, potluck over torchrun: {versus['ratio']:.3f} "

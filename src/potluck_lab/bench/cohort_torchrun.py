@@ -97,6 +97,7 @@ class TorchrunCohort:
         self.started = 0.0
         self.quotas_on = False
         self.coming: dict[int, float] = {}  # host -> when its new agent started
+        self.gave_up_s: float | None = None  # when every agent exited with the job unfinished
         self.total_steps = config.samples * config.epochs // config.global_batch
         attack = next(f for f in self.faults if f.kind == "attack")
         self.attack = (attack.node, attack_steps(attack, self.total_steps))
@@ -154,7 +155,9 @@ class TorchrunCohort:
                 self._stop_at(step + 2)
             live = [self.procs.procs[i] for i in self.agents.values()]
             if all(proc.poll() is not None for proc in live):
-                return  # (the job ended, or torchrun gave up)
+                if not any(w.of("done") for w in workers):  # torchrun gave up
+                    self.gave_up_s = time.time() - self.started
+                return
             if any(w.of("done") for w in workers):
                 self.procs.wait(timeout=max(0.0, min(END_S, deadline - time.monotonic())))
                 return
@@ -235,7 +238,7 @@ class TorchrunCohort:
         return {
             "contender": "torchrun", "mode": "ddp",
             "time_to_target_s": fig.time_to_target(workers, c.target_loss, self.started),
-            "limit_s": self.limit_s,
+            "limit_s": self.limit_s, "gave_up_s": self.gave_up_s,
             "wall_s": max((r["at"] for w in workers for r in w.records), default=self.started)
             - self.started,
             "exactly_once": None, "samples_twice": None, "samples_lost": None,
