@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 NAMES = ("chromium", "chromium-browser", "google-chrome")
+SHORT = 40  # the longest temporary directory Chromium's socket paths fit under
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-dev-shm-usage")
 
@@ -66,12 +67,16 @@ def run_chromium(args: list[str], timeout: float, prefix: Sequence[str] = ()) ->
     if binary is None:
         raise RuntimeError(f"no Chromium on PATH (looked for {', '.join(NAMES)}); "
                            "apt-get install chromium")
-    with tempfile.TemporaryDirectory(prefix="potluck-chromium-",
+    # Chromium's singleton socket goes in $TMPDIR, and a socket's path may not pass 107
+    # bytes: under a long $TMPDIR (a test's) Chromium aborts ("Socket path too long").
+    base = tempfile.gettempdir()
+    with tempfile.TemporaryDirectory(prefix="plc-", dir=base if len(base) <= SHORT else "/tmp",
                                      ignore_cleanup_errors=True) as profile:
         argv = [*prefix, binary, *FLAGS, f"--user-data-dir={profile}", *args]
         # its own session, so a timeout kills the renderer and GPU children too
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "TMPDIR": profile})
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

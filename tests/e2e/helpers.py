@@ -26,12 +26,37 @@ def potluck_run(*argv: str, timeout: float = 60.0) -> subprocess.CompletedProces
     )
 
 
+GRACE_S = 10.0  # a leftover's time to clean up after SIGTERM (its namespaces, its group)
+
+
 def kill_leftovers(procs: Iterable[subprocess.Popen[Any]]) -> None:
-    """Kill and reap whichever of ``procs`` still runs (a test's ``finally``)."""
-    for proc in procs:
-        if proc.poll() is None:
+    """End and reap whichever of ``procs`` still runs (a test's ``finally``): SIGTERM
+    first, so a bench or demo deletes the network namespaces it made (a SIGKILL leaves
+    them behind), then SIGKILL for any that did not end within ``GRACE_S``."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.terminate()
+    for proc in running:
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_to_end(argv: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)``, but a run past ``timeout``
+    is ended as ``kill_leftovers`` ends it (``subprocess.run`` sends SIGKILL), and then
+    raises ``subprocess.TimeoutExpired`` with what it printed."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_leftovers([proc])
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def pid_alive(pid: int) -> bool:

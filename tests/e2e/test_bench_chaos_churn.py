@@ -6,22 +6,21 @@ and at the top level of the JSON."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import ROOT
+from tests.e2e.helpers import ROOT, run_to_end
 
 
 @pytest.mark.timeout(420)
 def test_a_short_churn_run_loses_nothing_and_reports_its_recovery(tmp_path: Path) -> None:
     out = tmp_path / "churn.json"
-    done = subprocess.run([sys.executable, "-m", "potluck", "bench", "chaos", "--churn",
+    done = run_to_end([sys.executable, "-m", "potluck", "bench", "chaos", "--churn",
                            "--members", "6", "--minutes", "0.33", "--seed", "3",
                            "--json", str(out)],
-                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+                      timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("potluck bench chaos --churn: 6 members")

@@ -8,21 +8,20 @@ the recovery summary."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import ROOT
+from tests.e2e.helpers import ROOT, run_to_end
 
 
 @pytest.mark.timeout(200)
 def test_a_trial_kills_the_store_host_and_the_survivors_lose_nothing(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    done = subprocess.run([sys.executable, "-m", "potluck", "bench", "chaos", "--faults",
+    done = run_to_end([sys.executable, "-m", "potluck", "bench", "chaos", "--faults",
                            "store-host", "--trials", "1", "--seed", "5", "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+                      timeout=180, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [trial] = json.loads(out.read_text())["trials"]
     assert trial["passed"] and not trial["problems"], done.stdout[-3000:]

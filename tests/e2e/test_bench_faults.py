@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import ROOT, pid_alive
+from tests.e2e.helpers import ROOT, pid_alive, run_to_end
 
 KILLED = ("potluck+kills", "torchrun+kills")
 FIELDS = ("steps", "kills", "steps_lost", "redone", "recovery_median_s", "recovery_max_s",
@@ -29,8 +29,8 @@ MAX_KILLS = 1
 
 
 def bench(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "potluck", "bench", "faults", *argv],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run_to_end([sys.executable, "-m", "potluck", "bench", "faults", *argv],
+                      timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.timeout(300)

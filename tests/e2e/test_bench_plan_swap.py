@@ -8,14 +8,13 @@ this test's: on a shared host it varies with the other jobs (docs/plan.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from potluck_lab.machine.netns import unavailable
-from tests.e2e.helpers import ROOT
+from tests.e2e.helpers import ROOT, run_to_end
 
 
 @pytest.mark.timeout(200)
@@ -25,10 +24,10 @@ def test_the_dragging_member_is_swapped_for_the_spare_and_nothing_is_lost(
     if why is not None:
         pytest.skip(f"hosts in network namespaces with capped links: {why}")
     out = tmp_path / "swap.json"
-    done = subprocess.run(
+    done = run_to_end(
         [sys.executable, "-m", "potluck", "bench", "plan", "--swap", "--quick", "--json",
          str(out), "--logs", str(tmp_path / "logs")],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        timeout=180, cwd=ROOT,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from potluck_lab.machine import cpu_quota
-from tests.e2e.helpers import ROOT, pid_alive
+from tests.e2e.helpers import ROOT, kill_leftovers, pid_alive
 
 WHY_NOT = cpu_quota.unavailable()
 
@@ -26,9 +26,7 @@ def test_tiny_run_reports_the_four_figures_and_leaves_nothing_behind(tmp_path: P
     try:
         stdout, stderr = bench.communicate(timeout=80)
     finally:
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait()
+        kill_leftovers([bench])  # (SIGTERM first: the bench removes its cgroups)
     assert bench.returncode == 0, stdout + stderr[-3000:]
     assert stdout.startswith("potluck bench straggler: 2 workers on CPUs")
     assert "potluck, balanced" in stdout and "torch DDP, equal" in stdout

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from tests.e2e.helpers import ROOT
+from tests.e2e.helpers import ROOT, run_to_end
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "potluck", "bench", "wan", *argv],
-                          capture_output=True, text=True, timeout=50, cwd=ROOT)
+    return run_to_end([sys.executable, "-m", "potluck", "bench", "wan", *argv],
+                      timeout=50, cwd=ROOT)
 
 
 @pytest.mark.timeout(60)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from potluck_lab.machine.netns import unavailable
+from tests.e2e.helpers import kill_leftovers
 
 
 @pytest.mark.timeout(150)
@@ -27,7 +28,7 @@ def test_wan_demo_shows_diloco_beside_ddp(tmp_path: Path) -> None:
     try:
         out, err = demo.communicate(timeout=140)
     finally:
-        demo.kill()
+        kill_leftovers([demo])  # (SIGTERM first: the demo deletes its namespaces)
     assert demo.returncode == 0, out[-3000:] + err[-3000:]
     assert "torch DDP" in out and "potluck DiLoCo" in out
     found = re.search(r"DiLoCo trained (\d+)x the samples per second with (\d+)x fewer bytes",

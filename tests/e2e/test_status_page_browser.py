@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -109,3 +110,19 @@ def test_status_page_says_when_it_lost_contact() -> None:
     assert "hidden" not in contact.group(1)
     assert "lost contact with the launcher" in contact.group(2)
     assert "HTTP 500" in contact.group(2)
+
+
+@pytest.mark.timeout(300)
+def test_chromium_runs_under_a_long_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chromium's singleton socket goes in $TMPDIR: under a test's long one its path passed
+    # a socket's 107 bytes and Chromium aborted ("Socket path too long", exit -6).
+    need_chromium()
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    assert len(str(deep)) > 100
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with StatusServer(lambda: {"ranks": [], "events": []}) as server:
+        dom = browser.dump_dom(server.url, wait_ms=500, timeout=60)
+    assert "<html" in dom
