@@ -161,7 +161,8 @@ class Cohort:
         self.agents[rank], self.host_of[rank] = len(self.procs.procs) - 1, host
 
     def run(self) -> dict[str, Any]:
-        for host, mbit in enumerate(LINKS_MBIT):
+        for host, mbit in enumerate(LINKS_MBIT):  # (as before the last contender's faults)
+            self.hosts.mend(host)
             self.hosts.limit(f"{mbit:g}mbit", [host])
         for quota in self.quotas:
             quota.set(None)
