@@ -84,3 +84,20 @@ def test_a_commit_the_lineage_redid_without_its_member_is_not_counted() -> None:
                                   {"kind": "pending", "round": 3, "epoch": 0, "ids": [8]}],
                       ledger=[(0, [3]), (0, [4, 5])])
     assert fig.exactly_once([finisher, left], 9, 1) == {"twice": 0, "missing": 1}
+
+
+def test_a_round_the_finisher_took_from_a_member_that_did_not_finish_is_counted() -> None:
+    # Measured (the full run, seed 0): the store's host died in round 2's sync; one
+    # member's sync completed (a commit with 3 members), the finisher's failed, and the
+    # survivors realigned to the furthest step: the finisher took round 2 from the
+    # member (a commit with 2 members that lost nothing). The member then did not finish.
+    finisher = fig.Worker(0, records=[{**_commit(1), "workers": 3},
+                                      {**_commit(2), "workers": 2},
+                                      {**_commit(3), "workers": 2},
+                                      {"kind": "done", "finished": True}],
+                          ledger=[(0, [0, 1]), (0, [2, 3]), (0, [6, 7])],
+                          params=Path("final.pt"))
+    member = fig.Worker(1, records=[{**_commit(1), "workers": 3}, {**_commit(2), "workers": 3},
+                                    {**_commit(3), "workers": 2}],
+                        ledger=[(0, [8]), (0, [4, 5]), (0, [9])])
+    assert fig.exactly_once([finisher, member], 10, 1) == {"twice": 0, "missing": 0}

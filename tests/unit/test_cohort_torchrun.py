@@ -95,6 +95,17 @@ def test_only_the_attackers_worker_flips_and_within_the_attack() -> None:
             assert argv[argv.index("--node-dir") + 1] == f"/run/checkpoints{host}"
 
 
+@pytest.mark.timeout(10)
+def test_torchruns_held_out_loss_is_read_every_10_steps_whatever_potlucks_rounds() -> None:
+    attack = (1, (2, 4))
+    for inner_steps in (4, 10, 30):
+        argv = ddp_job_args(replace(CohortConfig(), inner_steps=inner_steps), 0, Path("/run"),
+                            attack)
+        assert argv[argv.index("--eval-every") + 1] == "10"
+    argv = ddp_job_args(QUICK, 0, Path("/run"), attack)
+    assert argv[argv.index("--eval-every") + 1] == "4"
+
+
 def _potluck_run(once: bool) -> dict[str, Any]:
     return {"contender": "potluck", "time_to_target_s": 10.0, "wall_s": 20.0,
             "exactly_once": once, "replicas_equal": True, "quarantine": None,

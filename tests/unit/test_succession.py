@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from potluck.errors import StoreLostError
-from potluck.rendezvous.state import Action, coming, decide, has_quorum, node_of
+from potluck.rendezvous.state import (
+    Action,
+    coming,
+    decide,
+    has_quorum,
+    node_of,
+    still_coming,
+)
 from potluck.succession import Candidate, Succession, reachable, successors
 
 
@@ -143,6 +150,16 @@ def test_after_a_move_members_not_yet_there_are_coming_unless_their_node_was_los
     assert coming(members, beats={"c"}, nodes=nodes, lost={0}) == {"b"}
     assert coming(members, beats={"b", "c"}, nodes=nodes, lost={0}) == set()
     assert coming(members, beats=set(), nodes=nodes, lost={0, 1}) == {"c"}
+
+
+@pytest.mark.timeout(10)
+def test_members_are_awaited_after_a_move_for_a_beats_timeout_and_a_settle_more() -> None:
+    """A survivor on a busy 5 Mbit/s link reached the moved store more than a beat's
+    timeout (5 s) after the others: it was left out of the next generation."""
+    assert still_coming(0.0, heartbeat_timeout=5.0, settle_timeout=10.0)
+    assert still_coming(5.5, heartbeat_timeout=5.0, settle_timeout=10.0)
+    assert still_coming(15.0, heartbeat_timeout=5.0, settle_timeout=10.0)
+    assert not still_coming(15.5, heartbeat_timeout=5.0, settle_timeout=10.0)
 
 
 @pytest.mark.timeout(10)

@@ -89,6 +89,14 @@ def coming(members: Iterable[str], beats: Collection[str], nodes: Mapping[str, N
             and int(nodes[m][1]) not in lost}
 
 
+def still_coming(since_move: float, heartbeat_timeout: float, settle_timeout: float) -> bool:
+    """Whether members with no beat yet on a store that moved ``since_move`` seconds ago
+    may still be on their way (``coming``). Each survivor finds the new store by itself:
+    one on a slow, busy link, whose store requests queue behind a round's sync, gets
+    there later than a beat's timeout. It has a settle's time more. Pure."""
+    return since_move <= heartbeat_timeout + settle_timeout
+
+
 def has_quorum(members: Sequence[str], ready: Collection[str],
                nodes: Mapping[str, Node] | None = None,
                present: Collection[Node] = ()) -> bool:

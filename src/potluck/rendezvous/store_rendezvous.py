@@ -48,6 +48,7 @@ from potluck.rendezvous.state import (
     decide,
     node_of,
     pick_leader,
+    still_coming,
 )
 
 log = logging.getLogger(__name__)
@@ -425,10 +426,11 @@ class StoreRendezvous:
         beats = read_beats(self._store, members)
         live = fresh(time.time(), beats, self.config.heartbeat_timeout)
         moved = self._succession
-        # A store that moved less than a beat's timeout ago has no beat yet of a member
-        # still on its way there: it is not gone (each survivor moves by itself).
-        if moved is not None and time.monotonic() - moved.moved_at <= \
-                self.config.heartbeat_timeout:
+        # A store that moved a moment ago has no beat yet of a member still on its way
+        # there: it is not gone (each survivor moves by itself).
+        if moved is not None and still_coming(time.monotonic() - moved.moved_at,
+                                              self.config.heartbeat_timeout,
+                                              self.config.settle_timeout):
             live |= coming(members, beats, self._nodes(members), moved.lost)
         return {m for m in live if not self._store.check([keys.leave(m)])}
 

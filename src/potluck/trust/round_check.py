@@ -23,10 +23,10 @@ start. After the round committed (``measure``), on every member:
    check keeps each member's last ``WINDOW`` scores by member id (``remember``), the
    window the rule judges.
 
-Bytes a member sends on a checked round: its decoded copies of the targets' slices,
+Bytes a member sends on a checked round: the targets' slices as they reached it,
 ``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
-``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, in the parameters' dtype; in
-the round sum's second all-to-all), plus ``8 * T * N * (N - 1)`` bytes of gains.
+``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, encoded by the round's codec;
+in the round sum's second all-to-all), plus ``8 * T * N * (N - 1)`` bytes of gains.
 Forward passes: ``N * (T + 1)`` of ``samples`` samples each, on every member; and on
 a round with a copied pair, 4 more of ``copy_samples`` samples for the pair.
 """

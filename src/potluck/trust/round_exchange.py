@@ -14,14 +14,15 @@ exchange does for a bucket:
 3. a second all-to-all hands every member each owner's aggregate and report, so every
    member ends with the same combined pseudo-gradient and the same reports. Where the
    work check wants some members' whole copies this round (``wanted``), each owner
-   adds its decoded copy of their slices to what it hands out (the check needs no
-   collective of its own for them).
+   adds their slices to what it hands out as they reached it, still encoded; every
+   member decodes them as the owner did (decoding is deterministic). The check needs
+   no collective of its own for them, and they cost what the first all-to-all does.
 
 A quarantined member sends nothing and owns nothing: its copy has weight 0. Bytes per
 round: the two all-to-alls move what a ring all-reduce moves (each member sends
 ``(N - 1) / N`` of its encoded copy, each owner its aggregate to ``N - 1`` members),
 plus each owner's report, ``8 * s * (4 + s)`` bytes a piece for ``s`` members, plus
-``(s - 1) * T / s`` of a copy for each of ``T`` wanted members.
+``(s - 1) * T / s`` of an encoded copy for each of ``T`` wanted members.
 
 The reports of a round are summed over its pieces and kept (``take``) for the trust
 part, which judges them once the round committed (``round_part.py``).
@@ -132,7 +133,7 @@ class RobustRoundSum:
         size = max(1, math.ceil(flat.numel() / len(owners)))
         received, width = self._scatter(piece, flat, owners, size, group)
         wanted = tuple(self._wanted(piece, owners)) if self._wanted is not None else ()
-        carried = size * (1 + len(wanted))  # the aggregate, then each wanted copy's slice
+        carried = size + width * len(wanted)  # the aggregate, then each wanted lane
         stride = carried + wire.per_word(flat.dtype) * len(owners) * (FIELDS + len(owners))
         if me in owners:
             rows = received.view(len(owners), width)
@@ -142,8 +143,9 @@ class RobustRoundSum:
                                   [shares[r] for r in owners])
             outgoing = torch.empty(n, stride, dtype=flat.dtype, device=flat.device)
             outgoing[0, :size] = value.to(flat.dtype)
-            for j, target in enumerate(wanted):
-                outgoing[0, size * (j + 1):size * (j + 2)] = copies[owners.index(target)]
+            for j, target in enumerate(wanted):  # (as it came: encoded, 4x fewer bytes in int8)
+                outgoing[0, size + width * j:size + width * (j + 1)] = \
+                    rows[owners.index(target)]
             outgoing[0, carried:] = wire.to_values(report.view(-1).view(torch.int64),
                                                    flat.dtype).to(flat.device)
             outgoing[1:] = outgoing[0]
@@ -161,8 +163,10 @@ class RobustRoundSum:
                                .view(len(owners), FIELDS + len(owners)).cpu()
                                for k in range(len(owners))])
         if self._keeper is not None:
-            self._keeper(piece, owners, wanted, [rows[:, size * (j + 1):size * (j + 2)].reshape(-1)
-                                         [:flat.numel()] for j in range(len(wanted))])
+            self._keeper(piece, owners, wanted, [
+                self.lanes.copies(rows[:, size + width * j:size + width * (j + 1)].contiguous(),
+                                  size).reshape(-1)[:flat.numel()].to(flat.dtype)
+                for j in range(len(wanted))])
         self._keep(piece.round, owners, [shares[r] for r in owners], reports)
         done: Future[torch.Tensor] = Future()
         done.set_result(combined.view_as(piece.delta))

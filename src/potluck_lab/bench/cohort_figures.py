@@ -100,13 +100,16 @@ def trained(workers: Sequence[Worker]) -> list[tuple[int, list[int]]]:
 
 def _adopted(commit: Record, finishers: Sequence[Worker]) -> bool:
     """Whether the run's lineage (its finishers') holds a worker's commit: not where the
-    finishers committed that round with another number of members. (A member whose
-    round's sync completed while another's failed, and that was then left out of the
-    next generation, logged a commit the cohort redid without it: its part's positions
-    were handed out again and trained by the others.)"""
-    theirs = {int(c["workers"]) for f in finishers for c in f.of("commit")
-              if c["steps"] == commit["steps"]}
-    return not theirs or int(commit["workers"]) in theirs
+    finishers redid that round with another number of members, handing positions out
+    again. (A member whose round's sync completed while another's failed, and that was
+    then left out of the next generation, logged a commit the cohort redid without it:
+    its part's positions were handed out again and trained by the others.) A finisher
+    that took the round from that member instead (the survivors realign to the furthest
+    step) logs it as a commit with the new number of members that lost nothing: the
+    lineage holds the member's commit."""
+    redone = {int(c["workers"]) for f in finishers for c in f.of("commit")
+              if c["steps"] == commit["steps"] and c.get("lost")}
+    return not redone or int(commit["workers"]) in redone
 
 
 def _open_part(worker: Worker) -> list[Record]:

@@ -1,8 +1,9 @@
 """The cohort's machines before a contender runs, and the bytes each link carried.
 
-Both contenders of ``potluck bench cohort`` start alike: each host's link capped at its
-rate (``LINKS_MBIT``, both ways), every CPU quota lifted until the run's first commit
-sets it, and each link's byte counters read, so what the run sent is the difference.
+Both contenders of ``potluck bench cohort`` start alike: every host's port on the switch
+up (the last contender's run cut the store's host), each host's link capped at its rate
+(``LINKS_MBIT``, both ways), every CPU quota lifted until the run's first commit sets
+it, and each link's byte counters read, so what the run sent is the difference.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ Counters = list[tuple[int, int]]  # per host: bytes sent, bytes received
 
 
 def shape(hosts: BridgedHosts, quotas: Sequence[CpuQuota]) -> Counters:
-    """Cap the links, lift the quotas; each link's byte counters now."""
+    """Mend and cap the links, lift the quotas; each link's byte counters now."""
     for host, mbit in enumerate(LINKS_MBIT):
+        hosts.mend(host)
         hosts.limit(f"{mbit:g}mbit", [host])
     for quota in quotas:
         quota.set(None)

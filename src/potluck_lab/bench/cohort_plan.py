@@ -40,7 +40,8 @@ class CohortConfig:
     epochs: int = 1  # the run's nominal length: the faults fall at fractions of it
     max_epochs: int = 8  # the job goes on until its faults fell, then one more epoch
     global_batch: int = 32
-    inner_steps: int = 10  # H
+    inner_steps: int = 30  # H of the potluck contender (see docs/benchmarks.md)
+    eval_every: int = 10  # torchrun: global steps between held-out losses
     d_model: int = 128
     layers: int = 2
     corpus_chars: int = 400_000
@@ -58,7 +59,7 @@ class CohortConfig:
 
 QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
                      max_epochs=20, global_batch=16,
-                     inner_steps=4, d_model=32, layers=1, corpus_chars=100_000,
+                     inner_steps=4, eval_every=4, d_model=32, layers=1, corpus_chars=100_000,
                      target_loss=3.2, limit_s=150.0, checkpoint_every=10)
 
 

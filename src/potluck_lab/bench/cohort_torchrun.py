@@ -65,7 +65,7 @@ def ddp_job_args(config: CohortConfig, host: int, run_dir: Path,
             "--samples", str(config.samples), "--global-batch", str(config.global_batch),
             "--d-model", str(config.d_model), "--layers", str(config.layers),
             "--corpus-chars", str(config.corpus_chars), "--seed", str(config.seed),
-            "--eval-every", str(config.inner_steps),
+            "--eval-every", str(config.eval_every),
             "--checkpoint-every", str(config.checkpoint_every)]
     node, (first, last) = attack
     if host == node:

@@ -231,6 +231,10 @@ class BridgedHosts(_Namespaces):
         """Take host ``host``'s port on the switch down: it reaches nobody, nobody it."""
         _run("ip", "-n", self.hub, "link", "set", self.ports[host], "down")
 
+    def mend(self, host: int) -> None:
+        """Bring host ``host``'s port on the switch up again (after ``cut``)."""
+        _run("ip", "-n", self.hub, "link", "set", self.ports[host], "up")
+
     def split(self, island: Sequence[int]) -> None:
         """Move the hosts ``island`` to a bridge of their own: they reach each other
         only, the others each other only."""
