@@ -20,7 +20,16 @@ import torch
 from torch.nn import functional as F
 
 from potluck.errors import ConfigError
-from potluck.trust.round_copy import CHUNK, COPY_Z, chunks, combined, copier, pair_z
+from potluck.trust.round_check import WorkCheck
+from potluck.trust.round_copy import (
+    CHUNK,
+    COPY_Z,
+    chunks,
+    combined,
+    copier,
+    pair_z,
+    t_as_z,
+)
 from potluck.trust.round_work import WINDOW, RoundCheck, settle_copies
 from potluck.trust.verdict import COPIED, Finding
 
@@ -90,12 +99,55 @@ def _pair_round(seed: int, shared_from: int) -> float:
 def test_pair_z_is_welch_and_says_when_it_cannot_tell() -> None:
     first, second = [1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0]
     error = math.sqrt(2 * (5 / 3) / 4)  # each side's variance 5/3, 4 chunks
-    assert pair_z(first, second) == pytest.approx(1 / error)
-    assert pair_z(second, first) == pytest.approx(-1 / error)
+    # (Welch's degrees of freedom with equal variances and 4 chunks a side: 6)
+    assert pair_z(first, second) == pytest.approx(t_as_z(1 / error, 6.0))
+    assert pair_z(second, first) == pytest.approx(-t_as_z(1 / error, 6.0))
     assert math.isnan(pair_z(first[:3], second))  # too few chunks
     assert math.isnan(pair_z([1.0] * 4, [1.0] * 4))  # no spread
     assert math.isnan(pair_z([1.0, math.nan, 2.0, 3.0], second))
     assert chunks([(0, 20), (40, 48)]) == [(0, CHUNK), (CHUNK, 16), (16, 20), (40, 48)]
+
+
+def test_t_as_z_errs_toward_not_striking() -> None:
+    # (degrees of freedom, t, the exact normal z of Student's tail there)
+    for freedom, t, exact in ((3, 5.0, 2.423), (6, 3.0, 2.257), (30, 3.0, 2.783),
+                              (30, 5.0, 4.231)):
+        assert exact - 0.45 <= t_as_z(t, freedom) <= exact, (freedom, t)
+    assert t_as_z(3.0, 1e6) == pytest.approx(3.0, abs=1e-3)
+    assert t_as_z(-3.0, 6.0) == -t_as_z(3.0, 6.0)
+
+
+def _work_check() -> WorkCheck:
+    return WorkCheck(RoundCheck(lambda model, batch: torch.zeros(())),
+                     torch.nn.Linear(2, 1), lambda: [], lambda ranges: [])
+
+
+def test_a_pair_is_looked_at_in_its_first_window_of_measured_rounds_only() -> None:
+    work, pair = _work_check(), ("a", "b")
+    assert work.remember_pairs({pair: math.nan}) == {pair: []}  # (not measured)
+    for z in (1.0, 2.0, 2.5):
+        work.remember_pairs({pair: z})
+    assert work.remember_pairs({pair: 9.0}) == {pair: [1.0, 2.0, 2.5]}
+
+
+@pytest.mark.timeout(60)
+def test_few_chunks_and_many_rounds_strike_an_honest_member_rarely() -> None:
+    """The null again, where the bound is weakest: 4 to 6 chunks a side (a slow member's
+    small part) and a pair flagged for 20 rounds. 2,000 pairs; a strike of either
+    member counts. Designed: at most about 3 looks at Phi(-3) each, 0.4%; with a normal
+    bar on Welch's t and a look every round it was about 2% (40)."""
+    gen = torch.Generator().manual_seed(7)
+    struck = 0
+    for _ in range(2000):
+        work, pair = _work_check(), ("a", "b")
+        for _ in range(20):
+            sides = [torch.randn(int(torch.randint(4, 7, (), generator=gen)), generator=gen)
+                     for _ in range(2)]
+            zs = work.remember_pairs({pair: pair_z(sides[0].tolist(), sides[1].tolist())})
+            if copier((0, 1), zs[pair]) is not None:
+                struck += 1
+                break
+    assert struck <= 12, struck
 
 
 def test_copier_by_the_combined_z() -> None:

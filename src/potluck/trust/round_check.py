@@ -93,7 +93,7 @@ class WorkCheck:
         self._round = 0
         self.forced: set[str] = set()  # members checked next round whatever ``every``
         self._recent: dict[str, deque[float]] = {}  # each member's last scores
-        self._paired: dict[tuple[str, str], deque[float]] = {}  # each pair's z-scores
+        self._paired: dict[tuple[str, str], list[float]] = {}  # each pair's z-scores
 
     def remember(self, scores: Mapping[str, float]) -> dict[str, list[float]]:
         """This round's score of each member checked (by member id; NaN: none this
@@ -107,9 +107,13 @@ class WorkCheck:
     def remember_pairs(self, scores: Mapping[tuple[str, str], float]
                        ) -> dict[tuple[str, str], list[float]]:
         """This round's z-score of each copied pair (by member ids, in the order the
-        z-score reads them); each pair's last ``WINDOW`` ones, the newest last."""
+        z-score reads them); each pair's first ``WINDOW`` measured ones (NaN: not
+        measured this round, not kept). The data looks no more after those: each look
+        is one more chance for a false strike (``round_copy``)."""
         for pair, z in scores.items():
-            self._paired.setdefault(pair, deque(maxlen=WINDOW)).append(z)
+            kept = self._paired.setdefault(pair, [])
+            if math.isfinite(z) and len(kept) < WINDOW:
+                kept.append(z)
         return {pair: list(self._paired[pair]) for pair in scores}
 
     def due(self, round_: int) -> bool:
