@@ -6,7 +6,7 @@ as a user would write it today.
         -m potluck_lab.cohort_ddp_job --run-dir DIR --node-dir DIR/host1 --host 1 ...
 
 The model, the samples, the held-out windows and the global batch are ``cohort_job``'s
-(``cohort_data``).
+(both build them with ``cohort_data``).
 Each global step's batch is cut into ``world_size`` parts, one per rank (a
 ``DistributedSampler`` over a seeded permutation of each epoch). Every rank saves a
 checkpoint every ``--checkpoint-every`` steps into its node's own directory. At start,

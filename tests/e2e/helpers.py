@@ -37,11 +37,11 @@ def kill_leftovers(procs: Iterable[subprocess.Popen[Any]]) -> None:
     for proc in running:
         proc.terminate()
     for proc in running:
-        try:
-            proc.wait(timeout=GRACE_S)
+        try:  # (its pipes read meanwhile: a full one would block its clean-up)
+            proc.communicate(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            proc.communicate()
 
 
 def run_to_end(argv: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -53,8 +53,12 @@ def run_to_end(argv: list[str], timeout: float, **kwargs: Any) -> subprocess.Com
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_leftovers([proc])
-        out, err = proc.communicate()
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
         raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 

@@ -48,7 +48,7 @@ from potluck.trust.aggregate import Aggregator
 from potluck.trust.lanes import lanes_for
 from potluck.trust.round_rules import FIELDS, FINITE, slice_report
 
-# (piece, its owners, the wanted members, their whole decoded copies of it in that order)
+# (piece, its owners, the wanted members, their whole copies of it, decoded, in order)
 Keeper = Callable[[Piece, tuple[int, ...], tuple[int, ...], Sequence[torch.Tensor]], None]
 # (piece, its owners) -> the members whose whole copies every member gets this round
 Wanted = Callable[[Piece, tuple[int, ...]], tuple[int, ...]]
@@ -80,9 +80,10 @@ class RobustRoundSum:
         round as the loader split it, for a piece sent mid-round (Streaming DiLoCo's
         earlier fragments), whose ``Piece.shares`` is empty; ``traffic``: where the bytes
         sent are counted (the strategy's, so its round records count them); ``keeper``:
-        handed each piece with this owner's decoded copies of its slice (the work
-        check's, ``round_check.py``); ``wanted``: whose whole copies (the owners'
-        decoded ones) the keeper gets."""
+        handed each piece with the wanted members' whole copies of it (the work
+        check's, ``round_check.py``); ``wanted``: whose copies the keeper gets. Each
+        slice of a wanted copy travels as its owner received it, encoded, and every
+        member decodes it as the owner did."""
         self.aggregator, self._trusted, self._member = aggregator, trusted, member
         self.lanes = lanes_for(codec, error_feedback)
         self._assigned = assigned or (lambda: None)

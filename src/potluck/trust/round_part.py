@@ -26,7 +26,7 @@ round, on every member alike:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -250,8 +250,7 @@ class RoundTrustPart:
             recent = {i: kept[members[senders[i]]] for i in checked}
             local += judge_work(recent, work.config.tolerance)
         settled, unchecked = settle_copies(local, recent, work.config.tolerance,
-                                           {(index[a], index[b]): z for (a, b), z in
-                                            paired.items()})
+                                           _by_index(paired, index))
         for a, b in unchecked:
             pair = [members[senders[a]], members[senders[b]]]
             work.forced |= set(pair)
@@ -359,3 +358,16 @@ def _each(keepers: Sequence[Keeper]) -> Keeper:
             each(piece, owners, wanted, copies)
 
     return keep
+
+
+def _by_index(paired: Mapping[tuple[int, int], Sequence[float]],
+              index: Mapping[int, int]) -> dict[tuple[int, int], list[float]]:
+    """Each pair's z-scores (by ranks) keyed by the ranks' indexes among the senders,
+    the lower first, as
+    ``settle_copies`` reads them (a z-score's sign says which part ``d`` fits: it flips
+    with the order)."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for (a, b), scores in paired.items():
+        i, j = index[a], index[b]
+        out[(i, j) if i < j else (j, i)] = list(scores) if i < j else [-z for z in scores]
+    return out

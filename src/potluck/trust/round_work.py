@@ -296,11 +296,11 @@ def settle_copies(found: Sequence[Finding], recent: Mapping[int, Sequence[float]
     unchecked: list[tuple[int, int]] = []
     limit = 1 - tolerance
     for a, b in sorted(pairs):
-        z = combined((paired or {}).get((a, b), ()))
-        by_data = copier((a, b), (paired or {}).get((a, b), ()))
+        scores = (paired or {}).get((a, b), ())
+        by_data = copier((a, b), scores)
         if by_data is not None:
             why = (f"the shared pseudo-gradient fits the other's samples, not its own "
-                   f"(z = {abs(z):.1f} over {len((paired or {})[(a, b)])} round(s)): it copied")
+                   f"(z = {abs(combined(scores)):.1f} over {len(scores)} round(s)): it copied")
             struck += _struck(found, by_data, (a, b), why)
             continue
         low = {r for r in (a, b) if under(recent.get(r, ()), limit, SETTLE_Z) is True}

@@ -6,7 +6,7 @@ torchrun's.
 less). Where torchrun did not reach the target within its limit, the ratio is over the
 limit (a bound: the true ratio is smaller), and the goal is potluck within a tenth of it.
 Where torchrun gave up before its limit (every agent exited, the job unfinished), there
-is no bound: the ratio is None and the goal is not shown.
+is no bound: the ratio and whether the goal is met are None.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
     if theirs["time_to_target_s"] is not None:
         ratio = mine / theirs["time_to_target_s"]
         return {"ratio": ratio, "torchrun_reached": True, "met": ratio <= 1.0 / GOAL}
-    if theirs.get("gave_up_s") is not None:
-        return {"ratio": None, "torchrun_reached": False, "met": False}
+    if theirs.get("gave_up_s") is not None:  # (no bound: whether it is met is unknown)
+        return {"ratio": None, "torchrun_reached": False, "met": None}
     return {"ratio": mine / limit, "torchrun_reached": False, "met": mine <= limit / 10.0}
 
 

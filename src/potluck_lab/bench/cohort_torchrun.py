@@ -155,7 +155,8 @@ class TorchrunCohort:
                 self._stop_at(step + 2)
             live = [self.procs.procs[i] for i in self.agents.values()]
             if all(proc.poll() is not None for proc in live):
-                if not any(w.of("done") for w in workers):  # torchrun gave up
+                ended = fig.read_workers(self.run_dir)  # (a "done" written meanwhile)
+                if not any(w.of("done") for w in ended):  # torchrun gave up
                     self.gave_up_s = time.time() - self.started
                 return
             if any(w.of("done") for w in workers):
