@@ -159,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=True, steps=step)
     log.close()
+    # DDP's reducer holds the group: drop it first. Freed last, from Python (with the
+    # GIL held), the reducer destroys the Gloo group there, whose destructor joins a
+    # thread that waits for the GIL: the worker hung at exit (torch 2.13; gdb: main
+    # thread in ~ProcessGroupGloo under ~Reducer, a runloop thread in take_gil).
+    # destroy_process_group then drops the last reference without the GIL.
+    del model
     dist.destroy_process_group()
 
 
