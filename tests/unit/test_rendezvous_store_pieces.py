@@ -18,7 +18,7 @@ from potluck.rendezvous.admission import (
     read_verdict,
     sign,
 )
-from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
+from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats, write_beat
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -115,11 +115,18 @@ class _Flaky(HashStore):
         self.clones += 1
         return self
 
-    def set(self, key: str, value: str) -> None:
+    def _fail(self) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("Connection reset by peer")
+
+    def set(self, key: str, value: str) -> None:
+        self._fail()
         super().set(key, value)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self._fail()
+        return super().compare_set(key, expected, desired)
 
 
 def test_a_heartbeat_goes_on_after_transient_store_errors() -> None:
@@ -152,3 +159,54 @@ def test_a_heartbeat_gives_up_after_its_patience() -> None:
         assert time.monotonic() - beat.last_ok >= 0.3
     finally:
         beat.stop()
+
+
+class _Overtaken(HashStore):
+    """A store on which the next write of a beat lands after another one of the same
+    worker (``later``): as when a relay makes a held-up beat again on a store that moved,
+    after the move wrote back a later beat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.later: str | None = None
+
+    def clone(self) -> _Overtaken:
+        return self
+
+    def _overtake(self, key: str) -> None:
+        if self.later is not None:
+            later, self.later = self.later, None
+            super().set(key, later)
+
+    def set(self, key: str, value: str) -> None:
+        self._overtake(key)
+        super().set(key, value)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self._overtake(key)
+        return super().compare_set(key, expected, desired)
+
+
+def test_a_held_up_beat_never_puts_an_older_time_over_a_later_one() -> None:
+    store = _Overtaken()
+    times = iter([100.0, 102.0, 104.0])
+    beat = Heartbeat(store, "w", interval=60.0, clock=lambda: next(times)).start()
+    try:
+        store.later = "103.000000"  # written back by a move while the beat was held up
+        beat.beat()  # the beat of 102 lands after it
+        assert read_beats(store, ["w"])["w"] == 103.0  # (a set put 102 there)
+        beat.beat()  # and the next one goes over it
+        assert read_beats(store, ["w"])["w"] == 104.0
+    finally:
+        beat.stop()
+
+
+def test_a_beat_creates_its_key_and_replaces_an_older_one_or_its_own() -> None:
+    store = HashStore()  # a store that moved and holds no beat of this worker
+    assert write_beat(store, "w", 5.0, last="3.000000") == "5.000000"
+    store.set(keys.heartbeat("w"), "1.000000")  # an older one, of another writer
+    assert write_beat(store, "w", 6.0, last="5.000000") == "6.000000"
+    # its own last one, even later (the wall clock stepped back): replaced, so that a
+    # clock set back does not freeze the beat for as long
+    assert write_beat(store, "w", 2.0, last="6.000000") == "2.000000"
+    assert read_beats(store, ["w"])["w"] == 2.0

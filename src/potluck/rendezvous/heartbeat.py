@@ -1,6 +1,7 @@
 """Heartbeats: a daemon thread that says "still here", and a reader that judges freshness.
 
-The writer puts ``hb/<id> = <wall-clock seconds>`` every ``interval`` seconds on its own
+The writer puts ``hb/<id> = <wall-clock seconds>`` every ``interval`` seconds (never
+back in time: ``write_beat``) on its own
 store connection (a ``clone()`` of the caller's store: a c10d client must not be shared
 across threads). A worker that dies or is frozen (SIGSTOP) stops writing, so its last
 beat ages past ``timeout`` and it counts as gone. The reader compares a beat with its
@@ -41,6 +42,26 @@ def fresh(now: float, beats: Mapping[str, float], timeout: float) -> set[str]:
     return {worker for worker, last in beats.items() if now - last <= timeout}
 
 
+def write_beat(store: Store, worker: str, now: float, last: str = "") -> str:
+    """Put ``worker``'s beat ``now`` on ``store``, never over a later one; the value the
+    store holds after (answered: the store heard it). ``last``: the value this writer
+    put last, what the store likely holds.
+
+    A beat is a compare-and-set, not a ``set``: a beat held up on a store that then
+    moved is made again on the new one by the relay (``potluck.relay``), after the
+    move wrote back a later beat of the same worker; a ``set`` would put the old time
+    back over it, and for a beat's interval the others would read the worker as
+    seconds gone (a cut-off store host's survivor was left out so)."""
+    key, mine, expected = keys.heartbeat(worker), f"{now:.6f}", last
+    while True:
+        have = store.compare_set(key, expected, mine).decode()
+        if have == mine or (have and have != expected and float(have) >= now):
+            return have
+        # an older beat: over it next; none (c10d answers the expected value for a key
+        # it does not hold, etcd an empty one): create it
+        expected = "" if have == expected else have
+
+
 def read_beats(store: Store, workers: Iterable[str]) -> dict[str, float]:
     """The last beat of each worker that ever beat (a worker that never did is absent)."""
     beats: dict[str, float] = {}
@@ -72,6 +93,7 @@ class Heartbeat:
         self._store: Store = getattr(store, "clone")()  # noqa: B009
         self._stop = threading.Event()
         self.last_ok = time.monotonic()  # when a beat last reached the store
+        self._last = ""  # the value of this writer's last beat on the store
         self._thread = threading.Thread(
             target=self._run, name=f"potluck-heartbeat-{worker_id}", daemon=True
         )
@@ -82,11 +104,8 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
-        key = keys.heartbeat(self.worker_id)
-        self._store.set(key, f"{self._clock():.6f}")
-        # ``set`` gets no reply (it "succeeds" into a dead link's socket buffer); the
-        # answer to ``check`` proves the store heard this beat.
-        self._store.check([key])
+        # (answered: a ``set`` gets no reply, it "succeeds" into a dead link's buffer)
+        self._last = write_beat(self._store, self.worker_id, self._clock(), self._last)
         self.last_ok = time.monotonic()
 
     def stop(self) -> None:

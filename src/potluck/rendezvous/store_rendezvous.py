@@ -37,7 +37,7 @@ from potluck import keys
 from potluck.errors import ConfigError, JobFinishedError, NoQuorumError, RendezvousError
 from potluck.relay import prefixed, succession_of
 from potluck.rendezvous import admission
-from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats
+from potluck.rendezvous.heartbeat import Heartbeat, fresh, read_beats, write_beat
 from potluck.rendezvous.join_queue import JoinQueue
 from potluck.rendezvous.membership import Membership, Record, RendezvousConfig
 from potluck.rendezvous.state import (
@@ -525,7 +525,7 @@ class StoreRendezvous:
             store.compare_set(keys.FOUNDER, "", record.leader)
         if self._registering is not None:  # (a next generation under way: still in it)
             store.set(keys.registration(*self._registering), "the store moved")
-        store.set(keys.heartbeat(self.worker_id), f"{time.time():.6f}")
+        write_beat(store, self.worker_id, time.time())
         store.set(keys.seat(self.worker_id), self.seat)
         for seat, why in self._bans.items():  # a quarantined member's restart stays out
             store.set(keys.ban(seat), why)
