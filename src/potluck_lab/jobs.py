@@ -2,9 +2,10 @@
 
 ``Processes`` starts commands, each with its output in a log file, tells which one
 ended, and stops and reaps them all: a process in a session of its own is stopped with
-its whole group (what it started goes too). ``process_tree`` lists a process and its
-descendants; ``kill_group`` kills a session's whole group, ``kill_tree`` a process and
-all its descendants: a lost machine.
+its whole group (what it started goes too). ``wait_all`` waits for some of them,
+whatever their exit codes. ``process_tree`` lists a process and its descendants;
+``kill_group`` kills a session's whole group, ``kill_tree`` a process and all its
+descendants: a lost machine.
 ``run_agent`` runs the launcher's agent in this process, as ``potluck run`` would, while
 a follower reads the workers' records.
 """
@@ -25,6 +26,19 @@ if TYPE_CHECKING:
     from potluck.launch.config import LaunchConfig
 
 _POLL_S = 0.05
+
+
+def wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> bool:
+    """Until every one of ``procs`` exited (True) or ``timeout`` s passed (False),
+    whatever their exit codes: the last members of a job that lost others on the way
+    (killed: a failed code) are waited for still (``Processes.wait`` ends at the first
+    failure)."""
+    deadline = time.monotonic() + timeout
+    while any(proc.poll() is None for proc in procs):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
 
 
 class Processes:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from potluck_lab import models
-from potluck_lab.jobs import Processes
+from potluck_lab.jobs import Processes, wait_all
 
 SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
 
@@ -65,6 +65,20 @@ def test_wait_ends_at_the_first_failure_and_terminate_asks_first(tmp_path: Path)
     done.start([sys.executable, "-c", "pass"], tmp_path / "ok.log", env=os.environ)
     assert done.wait(timeout=20)
     done.stop()
+
+
+@pytest.mark.timeout(30)
+def test_wait_all_waits_for_the_last_whatever_the_others_codes(tmp_path: Path) -> None:
+    with Processes() as jobs:
+        jobs.start([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "lost.log")
+        jobs.start([sys.executable, "-c", "import time; time.sleep(1.0)"],
+                   tmp_path / "last.log")
+        assert wait_all(jobs.procs, timeout=20)  # (Processes.wait ends at the failure)
+        assert [proc.returncode for proc in jobs.procs] == [3, 0]
+        jobs.start(SLEEP, tmp_path / "sleep.log")
+        started = time.monotonic()
+        assert not wait_all(jobs.procs[2:], timeout=0.3)
+        assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(10)

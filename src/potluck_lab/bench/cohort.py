@@ -58,7 +58,7 @@ from potluck_lab.bench.cohort_plan import (
 from potluck_lab.bench.cohort_torchrun import TorchrunCohort
 from potluck_lab.common import BenchError
 from potluck_lab.driver import Bench, drive
-from potluck_lab.jobs import Processes, kill_group, process_tree
+from potluck_lab.jobs import Processes, kill_group, process_tree, wait_all
 from potluck_lab.machine.cpu_quota import CpuQuota, join
 from potluck_lab.machine.netns import BridgedHosts, unavailable
 
@@ -194,7 +194,8 @@ class Cohort:
                 return
             if any(r.get("finished") for w in workers for r in w.of("done")):
                 # the job is over: an agent still waiting to join will not be let in
-                self.procs.wait(timeout=max(0.0, min(END_S, deadline - time.monotonic())))
+                wait_all([self.procs.procs[i] for i in self.agents.values()],
+                         max(0.0, min(END_S, deadline - time.monotonic())))
                 return
             time.sleep(POLL_S)
         raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")

@@ -44,7 +44,7 @@ from potluck_lab.bench.cohort_plan import (
     due,
     schedule,
 )
-from potluck_lab.jobs import Processes, kill_tree, process_tree
+from potluck_lab.jobs import Processes, kill_tree, process_tree, wait_all
 from potluck_lab.machine.cpu_quota import CgroupError, CpuQuota, join
 from potluck_lab.machine.netns import BridgedHosts
 
@@ -160,7 +160,7 @@ class TorchrunCohort:
                     self.gave_up_s = time.time() - self.started
                 return
             if any(w.of("done") for w in workers):
-                self.procs.wait(timeout=max(0.0, min(END_S, deadline - time.monotonic())))
+                wait_all(live, max(0.0, min(END_S, deadline - time.monotonic())))
                 return
             time.sleep(POLL_S)
 
