@@ -187,7 +187,9 @@ class Cohort:
             for fault in ready[:1]:
                 self._fire(fault, workers)
                 self.fired.append((fault, committed / total, time.time() - self.started))
-            if len(self.fired) == len(self.faults) and not self._joining(workers):
+            reached = fig.time_to_target(workers, c.target_loss, self.started) is not None
+            if len(self.fired) == len(self.faults) and not self._joining(workers) \
+                    and reached:  # (or the job's max_epochs, or the limit, end it)
                 self._stop_after(workers)
             self._watch_moved_page(workers)
             if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
@@ -201,8 +203,9 @@ class Cohort:
         raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
 
     def _stop_after(self, workers: list[fig.Worker]) -> None:
-        """Every fault fell: the job ends after the epoch after the current one (every
-        worker reads the file before each step, so all stop at that epoch's end)."""
+        """Every fault fell and the target was reached: the job ends after the epoch
+        after the current one (every worker reads the file before each step, so all
+        stop at that epoch's end)."""
         stop = self.run_dir / "stop"
         if stop.exists():
             return

@@ -38,7 +38,8 @@ class CohortConfig:
     contenders: tuple[str, ...] = CONTENDERS
     samples: int = 7680  # an epoch
     epochs: int = 1  # the run's nominal length: the faults fall at fractions of it
-    max_epochs: int = 8  # the job goes on until its faults fell, then one more epoch
+    max_epochs: int = 8  # a cap: the job goes on until its faults fell and the target
+    # was reached, then one more epoch
     global_batch: int = 32
     inner_steps: int = 30  # H of the potluck contender (see docs/benchmarks.md)
     eval_every: int = 10  # torchrun: global steps between held-out losses
@@ -57,7 +58,8 @@ class CohortConfig:
         return self.global_batch * self.inner_steps
 
 
-# (max_epochs: only a cap; the stop file ends the job an epoch after the last fault.
+# (max_epochs: only a cap; the stop file ends the job an epoch after the last fault
+# and the target.
 # With rounds of 64 samples 20 epochs took 65 s, and on a loaded machine the killed
 # worker's machine was not back in by then: the faults after it never fell.)
 QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
