@@ -210,3 +210,21 @@ def test_a_beat_creates_its_key_and_replaces_an_older_one_or_its_own() -> None:
     # clock set back does not freeze the beat for as long
     assert write_beat(store, "w", 2.0, last="6.000000") == "2.000000"
     assert read_beats(store, ["w"])["w"] == 2.0
+
+
+class _Restless(HashStore):
+    """A store whose heartbeat key another writer changes before every write."""
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        super().set(key, "1.000000" if expected != "1.000000" else "0.500000")
+        return super().compare_set(key, expected, desired)
+
+
+def test_a_beat_that_cannot_land_fails_and_one_equal_to_its_last_still_lands() -> None:
+    # the same value again on a store without it: an echo of the expected value is not
+    # a write
+    store = HashStore()
+    assert write_beat(store, "w", 5.0, last="5.000000") == "5.000000"
+    assert read_beats(store, ["w"])["w"] == 5.0
+    with pytest.raises(RuntimeError, match="changed under each"):  # (the heartbeat's
+        write_beat(_Restless(), "w", 5.0)  # thread retries it on a new connection)

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # Seconds without a beat that got through before the writer gives up: past any wait of
 # the rendezvous (settle_timeout + heartbeat_timeout), so the member is out by then.
 PATIENCE = 120.0
+# Compare-and-sets a beat tries (one, or two or three after the store moved) before it
+# counts as failed (the heartbeat then retries on a new connection).
+_WRITES = 8
 
 
 def fresh(now: float, beats: Mapping[str, float], timeout: float) -> set[str]:
@@ -52,14 +55,17 @@ def write_beat(store: Store, worker: str, now: float, last: str = "") -> str:
     move wrote back a later beat of the same worker; a ``set`` would put the old time
     back over it, and for a beat's interval the others would read the worker as
     seconds gone (a cut-off store host's survivor was left out so)."""
-    key, mine, expected = keys.heartbeat(worker), f"{now:.6f}", last
-    while True:
+    key, mine = keys.heartbeat(worker), f"{now:.6f}"
+    expected = "" if last == mine else last  # (an echo of it would read as written)
+    for _ in range(_WRITES):
         have = store.compare_set(key, expected, mine).decode()
         if have == mine or (have and have != expected and float(have) >= now):
             return have
-        # an older beat: over it next; none (c10d answers the expected value for a key
-        # it does not hold, etcd an empty one): create it
+        # an older beat: over it next; none (a store answers the expected value for a
+        # key it does not hold): create it
         expected = "" if have == expected else have
+    raise RuntimeError(f"heartbeat of {worker}: the store's key {key} changed under each "
+                       f"of {_WRITES} writes")
 
 
 def read_beats(store: Store, workers: Iterable[str]) -> dict[str, float]:

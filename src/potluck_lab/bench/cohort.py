@@ -187,24 +187,29 @@ class Cohort:
             for fault in ready[:1]:
                 self._fire(fault, workers)
                 self.fired.append((fault, committed / total, time.time() - self.started))
-            reached = fig.time_to_target(workers, c.target_loss, self.started) is not None
+            # (--quick checks no time: its run ends an epoch after the faults, within
+            # its limit; a full run, after the target too, or at its max_epochs)
+            reached = c.quick or fig.time_to_target(workers, c.target_loss,
+                                                    self.started) is not None
             if len(self.fired) == len(self.faults) and not self._joining(workers) \
-                    and reached:  # (or the job's max_epochs, or the limit, end it)
+                    and reached:
                 self._stop_after(workers)
             self._watch_moved_page(workers)
             if all(self.procs.procs[i].poll() is not None for i in self.agents.values()):
                 return
             if any(r.get("finished") for w in workers for r in w.of("done")):
                 # the job is over: an agent still waiting to join will not be let in
-                wait_all([self.procs.procs[i] for i in self.agents.values()],
+                # (not a machine back that never got in: it waits out its join timeout)
+                wait_all([self.procs.procs[i] for rank, i in self.agents.items()
+                          if rank not in self.restarted - self.joined],
                          max(0.0, min(END_S, deadline - time.monotonic())))
                 return
             time.sleep(POLL_S)
         raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
 
     def _stop_after(self, workers: list[fig.Worker]) -> None:
-        """Every fault fell and the target was reached: the job ends after the epoch
-        after the current one (every worker reads the file before each step, so all
+        """Every fault fell (and, in a full run, the target was reached): the job ends
+        after the epoch after the current one (every worker reads the file before each step, so all
         stop at that epoch's end)."""
         stop = self.run_dir / "stop"
         if stop.exists():
