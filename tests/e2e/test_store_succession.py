@@ -13,8 +13,10 @@ store, and shows the two survivors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,15 +33,16 @@ from tests.e2e.helpers import ROOT, SCRIPT, assert_equal_to_one_process, kill_le
 EPOCHS = 8
 
 
-def _node(rank: int, port: int, log: Path, out: Path, tmp: Path,
-          status: int) -> subprocess.Popen[bytes]:
+def _node(rank: int, port: int, log: Path, out: Path, tmp: Path, status: int, *,
+          epochs: int = EPOCHS, where: tuple[str, ...] = ("--nnodes", "3"),
+          ) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "potluck", "run", "--nnodes", "3", "--node-rank",
+            [sys.executable, "-m", "potluck", "run", *where, "--node-rank",
              str(rank), "--master-port", str(port), "--nproc-per-node", "1", "--elastic",
              "--token", "s3cret-succession", "--run-id", "succession", "--status-port",
              str(status), str(SCRIPT),
-             "--epochs", str(EPOCHS), "--step-time", "0.1", "--out", str(out),
+             "--epochs", str(epochs), "--step-time", "0.1", "--out", str(out),
              "--checkpoint-dir", str(tmp / f"checkpoints{rank}")],
             stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 
@@ -106,3 +109,47 @@ def _moved_page(log: Path, node: subprocess.Popen[bytes], port: int) -> dict[str
         if len(page["ranks"]) == 2:
             return page
         time.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+def test_node_0_started_again_as_the_late_node_it_is_told_to_be_joins_the_moved_store(
+        tmp_path: Path) -> None:
+    """Node 0 lost, its command run again: refused, with the late node's command. Run
+    as told (a node rank of its own, ``--nnodes MIN:MAX``, the moved store's address),
+    it is admitted and trains with the survivors. (Before, it waited for node 0's worker
+    count, which the moved store did not hold, until its join timeout.)"""
+    port, status, out = free_port(), free_port(), tmp_path / "final.pt"
+    logs = [tmp_path / f"node{n}.log" for n in range(3)]
+    long = 200  # epochs: the test ends the job once the late node trained
+    nodes = [_node(n, port, logs[n], out, tmp_path, status, epochs=long) for n in range(3)]
+    try:
+        while not any("epoch 1 done" in log.read_text() for log in logs):
+            for n, node in enumerate(nodes):
+                assert node.poll() is None, f"node {n}:\n{logs[n].read_text()[-3000:]}"
+            time.sleep(0.1)
+        os.killpg(nodes[0].pid, signal.SIGKILL)
+        nodes[0].wait()
+        while "it moved to node 1 at " not in logs[1].read_text():
+            assert nodes[1].poll() is None, logs[1].read_text()[-3000:]
+            time.sleep(0.1)
+        again = tmp_path / "node0-again.log"
+        nodes.append(_node(0, port, again, out, tmp_path, status, epochs=long))
+        assert nodes[3].wait(timeout=60) == 2, again.read_text()[-3000:]
+        told = re.search(r"--master-addr (\S+) --master-port (\d+)", again.read_text())
+        assert told is not None, again.read_text()[-3000:]
+        late = tmp_path / "late.log"
+        nodes.append(_node(3, int(told[2]), late, out, tmp_path, status, epochs=long,
+                           where=("--nnodes", "2:4", "--master-addr", told[1])))
+        while "joined at step" not in late.read_text():
+            for n in (1, 2, 4):
+                assert nodes[n].poll() is None, f"node {n}:\n{late.read_text()[-3000:]}"
+            time.sleep(0.2)
+        while not any("with 3 workers" in log.read_text() for log in (*logs[1:], late)):
+            for n in (1, 2, 4):
+                assert nodes[n].poll() is None, f"node {n}:\n{late.read_text()[-3000:]}"
+            time.sleep(0.2)
+    finally:
+        kill_leftovers(nodes)
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)

@@ -187,7 +187,24 @@ def elastic_offset(store: Store, config: LaunchConfig, stopping: Callable[[], bo
             "generation waits for that many); nodes that join later may run any number"
         )
     taken = bump(store, keys.agents(config.run_id, "slots"), config.nproc_per_node)
+    from potluck.relay import succession_of  # (torch: not before the store is reached)
+
+    succession = succession_of(store)
+    if succession is not None:  # the store may move: what a later node reads goes too
+        succession.seeder(lambda root: seed_layout(root, config.run_id, first, taken))
     return first + taken - config.nproc_per_node
+
+
+def seed_layout(store: Store, run_id: str, first: int, taken: int) -> None:
+    """The job's store moved (``potluck.succession``): write back what a node that joins
+    later reads to number its workers (``elastic_offset``): node 0's worker count, and
+    the slots taken, at least up to this node's. Without them a node that joined the
+    moved store waited for node 0 to start its workers until its join timeout."""
+    store.compare_set(keys.agents(run_id, "nproc0"), "", str(first))
+    slots = keys.agents(run_id, "slots")
+    have = str(int(store.add(slots, 0)))
+    while int(have) < taken:  # (only ever up: every survivor writes its own)
+        have = store.compare_set(slots, have, str(taken)).decode()
 
 
 def first_line(exc: BaseException) -> str:
