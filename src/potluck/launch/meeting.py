@@ -201,10 +201,16 @@ def seed_layout(store: Store, run_id: str, first: int, taken: int) -> None:
     the slots taken, at least up to this node's. Without them a node that joined the
     moved store waited for node 0 to start its workers until its join timeout."""
     store.compare_set(keys.agents(run_id, "nproc0"), "", str(first))
-    slots = keys.agents(run_id, "slots")
-    have = str(int(store.add(slots, 0)))
-    while int(have) < taken:  # (only ever up: every survivor writes its own)
-        have = store.compare_set(slots, have, str(taken)).decode()
+    raise_count(store, keys.agents(run_id, "slots"), taken)
+
+
+def raise_count(store: Store, key: str, at_least: int) -> int:
+    """The count at ``key`` raised to at least ``at_least``, never lowered (on a moved
+    store every survivor writes back its own); the count after."""
+    have = int(store.add(key, 0))
+    while have < at_least:
+        have = int(store.compare_set(key, str(have), str(at_least)).decode())
+    return have
 
 
 def first_line(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from potluck import keys
 from potluck.errors import RendezvousError
 from potluck.launch.config import LaunchConfig
-from potluck.launch.meeting import bump, count
+from potluck.launch.meeting import bump, count, raise_count
 from potluck.launch.policy import roll_call
 
 if TYPE_CHECKING:
@@ -56,10 +56,7 @@ class Presence:
         """The store moved: this agent's place on the roll, written back (the count of
         agents raised to cover it; an agent lost with the old host has no beat there,
         and the roll counts it lost)."""
-        started = keys.agents(self._run_id, "started")
-        have = int(root.add(started, 0))
-        while have < self.index + 1:
-            have = int(root.compare_set(started, str(have), str(self.index + 1)).decode())
+        raise_count(root, keys.agents(self._run_id, "started"), self.index + 1)
         root.set(_roll(self._run_id, f"who/{self.index}"), self._who)
         if self._done:  # (checked out before the move: not to be waited for, nor lost)
             root.set(_roll(self._run_id, f"done/{self.index}"), "1")

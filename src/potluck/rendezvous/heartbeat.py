@@ -1,12 +1,12 @@
 """Heartbeats: a daemon thread that says "still here", and a reader that judges freshness.
 
-The writer puts ``hb/<id> = <wall-clock seconds>`` every ``interval`` seconds (never
-back in time: ``write_beat``) on its own
-store connection (a ``clone()`` of the caller's store: a c10d client must not be shared
-across threads). A worker that dies or is frozen (SIGSTOP) stops writing, so its last
-beat ages past ``timeout`` and it counts as gone. The reader compares a beat with its
-own wall clock: clocks of different hosts must agree to well within ``timeout``
-(NTP does), which is why the timeout is seconds, not milliseconds.
+The writer puts ``hb/<id> = <wall-clock seconds>`` every ``interval`` seconds, never back
+in time (``write_beat``), on its own store connection (a ``clone()`` of the caller's
+store: a c10d client must not be shared across threads). A worker that dies or is
+frozen (SIGSTOP) stops writing, so its last beat ages past ``timeout`` and it counts as
+gone. The reader compares a beat with its own wall clock: clocks of different hosts
+must agree to well within ``timeout`` (NTP does), which is why the timeout is seconds,
+not milliseconds.
 
 A beat that fails is not the end of the heartbeat. Store errors (``RuntimeError``:
 c10d's store and network errors, potluck's ``StoreLostError``; ``OSError``) are

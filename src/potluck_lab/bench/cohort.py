@@ -209,8 +209,8 @@ class Cohort:
 
     def _stop_after(self, workers: list[fig.Worker]) -> None:
         """Every fault fell (and, in a full run, the target was reached): the job ends
-        after the epoch after the current one (every worker reads the file before each step, so all
-        stop at that epoch's end)."""
+        after the epoch after the current one (every worker reads the file before each
+        step, so all stop at that epoch's end)."""
         stop = self.run_dir / "stop"
         if stop.exists():
             return

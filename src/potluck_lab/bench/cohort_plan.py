@@ -58,10 +58,10 @@ class CohortConfig:
         return self.global_batch * self.inner_steps
 
 
-# (max_epochs: only a cap; the stop file ends the job an epoch after the last fault
-# and the target.
-# With rounds of 64 samples 20 epochs took 65 s, and on a loaded machine the killed
-# worker's machine was not back in by then: the faults after it never fell.)
+# (max_epochs: only a cap; in --quick the stop file ends the job an epoch after the
+# last fault, whether or not the target was reached. With rounds of 64 samples 20
+# epochs took 65 s, and on a loaded machine the killed worker's machine was not back
+# in by then: the faults after it never fell.)
 QUICK = CohortConfig(quick=True, contenders=("potluck",), samples=1280, epochs=3,
                      max_epochs=60, global_batch=16,
                      inner_steps=4, eval_every=4, d_model=32, layers=1, corpus_chars=100_000,
