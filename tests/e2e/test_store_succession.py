@@ -141,12 +141,12 @@ def test_node_0_started_again_as_the_late_node_it_is_told_to_be_joins_the_moved_
         nodes.append(_node(3, int(told[2]), late, out, tmp_path, status, epochs=long,
                            where=("--nnodes", "2:4", "--master-addr", told[1])))
         while "joined at step" not in late.read_text():
-            for n in (1, 2, 4):
-                assert nodes[n].poll() is None, f"node {n}:\n{late.read_text()[-3000:]}"
+            for n, log in ((1, logs[1]), (2, logs[2]), (4, late)):
+                assert nodes[n].poll() is None, f"node {n}:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
         while not any("with 3 workers" in log.read_text() for log in (*logs[1:], late)):
-            for n in (1, 2, 4):
-                assert nodes[n].poll() is None, f"node {n}:\n{late.read_text()[-3000:]}"
+            for n, log in ((1, logs[1]), (2, logs[2]), (4, late)):
+                assert nodes[n].poll() is None, f"node {n}:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
     finally:
         kill_leftovers(nodes)
