@@ -149,25 +149,41 @@ def test_a_member_is_flagged_only_where_its_shortfall_stands_out_of_its_noise() 
     assert [f.rank for f in judge_work({0: began}, 1 - LIMIT)] == [0]
 
 
+def _lstsq_noise(table: torch.Tensor, keep: list[int], without: int | None) -> float:
+    """The fit's noise by torch's least squares: a constant, a row effect and a column
+    effect on the cells off the diagonal of ``keep``'s table, ``without``'s row out."""
+    at = {u: i for i, u in enumerate(keep)}
+    n = len(keep)
+    cells = [(u, k) for u in keep for k in keep if u != k and u != without]
+    design = torch.zeros(len(cells), 1 + 2 * n, dtype=torch.float64)
+    for i, (u, k) in enumerate(cells):
+        design[i, 0], design[i, 1 + at[u]], design[i, 1 + n + at[k]] = 1, 1, 1
+    values = torch.tensor([float(table[u, k]) for u, k in cells], dtype=torch.float64)
+    fit = torch.linalg.lstsq(design, values.unsqueeze(1), driver="gelsd").solution
+    residuals = values - (design @ fit).squeeze(1)
+    rows = n - (without is not None)
+    return math.sqrt(float(residuals.pow(2).sum()) / (len(cells) - rows - n + 1))
+
+
 @pytest.mark.timeout(10)
 def test_gain_noise_is_the_fit_of_the_cells_off_the_diagonal() -> None:
     """Against a least-squares fit of a row effect and a column effect on the cells off
-    the diagonal, solved by torch."""
+    the diagonal, solved by torch: the whole table, a subset of its members, and each
+    with one target's row left out (``n * n - 3 * n + 1`` degrees of freedom, and
+    ``n - 1`` fewer without a row)."""
     gen = torch.Generator().manual_seed(0)
-    for n in (4, 5, 7):
-        table = torch.randn(n, n, generator=gen, dtype=torch.float64)
-        cells = [(u, k) for u in range(n) for k in range(n) if u != k]
-        design = torch.zeros(len(cells), 1 + 2 * n, dtype=torch.float64)
-        for i, (u, k) in enumerate(cells):
-            design[i, 0], design[i, 1 + u], design[i, 1 + n + k] = 1, 1, 1
-        values = torch.tensor([float(table[u, k]) for u, k in cells], dtype=torch.float64)
-        fit = torch.linalg.lstsq(design, values.unsqueeze(1), driver="gelsd").solution
-        residuals = values - (design @ fit).squeeze(1)
-        expected = math.sqrt(float(residuals.pow(2).sum()) / (n * n - 3 * n + 1))
-        assert gain_noise(table.tolist(), list(range(n))) == pytest.approx(expected)
+    for n in (4, 5, 7, 12):
+        table = torch.randn(n + 2, n + 2, generator=gen, dtype=torch.float64)
+        table = table * torch.logspace(-3, 3, n + 2, dtype=torch.float64)  # rows' scales
+        for keep in (list(range(n)), list(range(2, n + 2))):
+            for without in (None, keep[0], keep[-1]):
+                expected = _lstsq_noise(table, keep, without)
+                assert gain_noise(table.tolist(), keep, without) == pytest.approx(
+                    expected, rel=1e-9), (n, keep, without)
     assert gain_noise([[1.0, 2.0], [3.0, 4.0]], [0, 1]) == 0.0
     additive = [[r + c for c in (0.1, 0.5, 0.2, 0.9)] for r in (1.0, 3.0, 2.0, 0.0)]
     assert gain_noise(additive, [0, 1, 2, 3]) == pytest.approx(0.0, abs=1e-12)
+    assert gain_noise(additive, [0, 1, 2, 3], without=2) == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.timeout(20)

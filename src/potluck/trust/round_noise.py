@@ -95,24 +95,32 @@ def gain_noise(table: Sequence[Sequence[float]], keep: Sequence[int],
                without: int | None = None) -> float:
     """The standard deviation of a gain about its row and column effects, from the
     least-squares fit of the cells off the diagonal of ``keep``'s table (0 under 4);
-    ``without``: a target whose row stays out of the fit (the noise were it honest)."""
+    ``without``: a target whose row stays out of the fit (the noise were it honest).
+
+    The fit is solved in closed form, in O(n * n): a row's and a column's normal
+    equations pair up member by member into 2 x 2 systems, tied only by the sum of the
+    column effects (the row effects' sum is fixed at 0: the fit's one free constant)."""
     n = len(keep)
     if n < 4:
         return 0.0
-    cells = {(u, k): table[u][k] for u in keep for k in keep if u != k and u != without}
-    rows = sorted({u for u, _ in cells})
-    free = len(cells) - len(rows) - n + 1  # (the degrees of freedom left)
-    row = dict.fromkeys(rows, 0.0)
-    col = dict.fromkeys(keep, 0.0)
-    # (the fit by alternating row and column means: exact on these small tables once it
-    # settles, as the cells tie every row to every column)
-    for _ in range(200):
-        for u in rows:
-            row[u] = sum(g - col[k] for (v, k), g in cells.items() if v == u) / (n - 1)
-        for k in keep:
-            mine = [(v, g) for (v, j), g in cells.items() if j == k]
-            col[k] = sum(g - row[v] for v, g in mine) / len(mine)
-    squares = sum((g - row[u] - col[k]) ** 2 for (u, k), g in cells.items())
+    rows = [u for u in keep if u != without]
+    across = {u: sum(table[u][k] for k in keep if k != u) for u in rows}
+    down = {k: sum(table[u][k] for u in rows if u != k) for k in keep}
+    total = sum(across.values())
+    col: dict[int, float] = {}
+    if without is None:
+        # row u: (n-1) r_u + C - c_u = across_u; column u: (n-1) c_u - r_u = down_u
+        det, pull = n * (n - 2), total / (n - 1)  # (pull: C, the column effects' sum)
+        lean = n - 1  # (a column's own coefficient: it misses no row)
+    else:
+        # column ``without`` has every row: (n-1) c_w = down_w; the others miss one row
+        col[without] = down[without] / (n - 1)
+        det, lean = (n - 1) * (n - 2) - 1, n - 2  # (lean: a column without one row)
+        pull = (det * col[without] + n * total - (n - 1) * down[without]) / (det + n - 1)
+    row = {u: (lean * (across[u] - pull) + down[u]) / det for u in rows}
+    col.update({u: ((across[u] - pull) + (n - 1) * down[u]) / det for u in rows})
+    squares = sum((table[u][k] - row[u] - col[k]) ** 2 for u in rows for k in keep if k != u)
+    free = len(rows) * (n - 1) - len(rows) - n + 1  # (the degrees of freedom left)
     return math.sqrt(squares / free)
 
 

@@ -210,7 +210,8 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # each target's gains at the median member's part, before any centering: a smaller
     # part's smaller update would otherwise count against its own sample's score
     table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
-    centered = [_centered(table, keep, t) for t in keep]
+    off: dict[tuple[int, ...], float] = {}
+    centered = [_centered(table, keep, t, off) for t in keep]
     full = median(centered)
     if not full > 0:
         return out
@@ -220,11 +221,11 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
         # member's), and the spread of the others' work over the table without it
         error = gain_noise(table, keep, without=t)
         rest = [k for k in keep if k != t]
-        others = [_centered(table, rest, u) for u in rest]
+        others = [_centered(table, rest, u, off) for u in rest]
         spread = honest_noise(others, [score_noise(len(rest)) * error * noisier(less, keep, u)
                                        for u in rest],
                               score_noise(len(keep)) * error * noisier(less, keep, t))
-        best = max(_centered(table, [k for k in keep if k != u], t) for u in rest)
+        best = max(_centered(table, [k for k in keep if k != u], t, off) for u in rest)
         value = 1 - (1 - best / full) / noisier(less, keep, t)
         # its shortfall under the others' work, in units of its noise were it honest: an
         # attacker moves neither (the value, under the median's, sizes the effect)
@@ -234,13 +235,22 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     return out
 
 
-def _centered(table: Sequence[Sequence[float]], keep: Sequence[int], t: int) -> float:
-    """``t``'s own gain, double-centered over the square table of ``keep``."""
+def _centered(table: Sequence[Sequence[float]], keep: Sequence[int], t: int,
+              off: dict[tuple[int, ...], float] | None = None) -> float:
+    """``t``'s own gain, double-centered over the square table of ``keep``. ``off``: the
+    means of the cells off the diagonal already taken, by ``keep`` (one sum per table,
+    not one per target: O(n ** 4) a round otherwise)."""
     others = [k for k in keep if k != t]
     row = sum(table[t][k] for k in others) / len(others)
     column = sum(table[u][t] for u in others) / len(others)
-    off = [table[u][k] for u in keep for k in keep if u != k]
-    return table[t][t] - row - column + sum(off) / len(off)
+    key = tuple(keep)
+    mean = None if off is None else off.get(key)
+    if mean is None:
+        cells = [table[u][k] for u in keep for k in keep if u != k]
+        mean = sum(cells) / len(cells)
+        if off is not None:
+            off[key] = mean
+    return table[t][t] - row - column + mean
 
 
 def judge_work(recent: Mapping[int, Sequence[float]], tolerance: float) -> list[Finding]:
