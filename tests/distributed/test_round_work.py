@@ -41,7 +41,10 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
     cohort = join(rank, world_size, port)
     try:
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
+        # (with ``norm``: batch norm and dropout, which a forward in train mode would
+        # change, the running statistics and the RNG's draws)
+        extra = [torch.nn.BatchNorm1d(HIDDEN), torch.nn.Dropout(0.2)] if spec["norm"] else []
+        net = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), *extra, torch.nn.ReLU(),
                                   torch.nn.Linear(HIDDEN, CLASSES))
         trust = potluck.Trust(round_check=RoundCheck(_loss) if spec["check"] else None)
         model, opt, loader = potluck.prepare(
@@ -70,6 +73,8 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
         part = opt.part(TrustPart)
         assert part is not None
         return {"global": [g.clone() for g in strategy.global_parameters],
+                "buffers": [b.clone() for b in net.buffers()],
+                "training": [m.training for m in net.modules()],
                 "quarantined": {m: [e.as_dict() for e in ev]
                                 for m, ev in part.quarantined.items()},
                 "events": part.events, "rng": torch.random.get_rng_state()}
@@ -77,17 +82,22 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
         cohort.close()
 
 
-def _run(check: bool, copy: bool) -> list[dict[str, Any]]:
-    spec = {"check": check, "copy": copy}
+def _run(check: bool, copy: bool, norm: bool = False) -> list[dict[str, Any]]:
+    spec = {"check": check, "copy": copy, "norm": norm}
     return run_ranks(_job, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
                      timeout=200)
 
 
 @pytest.mark.timeout(400)
-def test_the_check_changes_nothing_in_a_clean_run() -> None:
-    plain, checked = _run(False, False), _run(True, False)
+@pytest.mark.parametrize("norm", [False, True], ids=["mlp", "batch-norm-dropout"])
+def test_the_check_changes_nothing_in_a_clean_run(norm: bool) -> None:
+    """Global parameters, buffers (batch norm's running statistics), the modules' modes
+    and the RNG equal a run without the check, bit for bit."""
+    plain, checked = _run(False, False, norm), _run(True, False, norm)
     for a, b in zip(plain, checked, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"], strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(a["buffers"], b["buffers"], strict=True))
+        assert a["training"] == b["training"] == [True] * len(a["training"])
         assert torch.equal(a["rng"], b["rng"])
         assert b["quarantined"] == {}
 

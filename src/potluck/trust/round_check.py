@@ -8,7 +8,8 @@ start. After the round committed (``measure``), on every member:
 
 1. **targets**: the round's targets' pseudo-gradients, kept;
 2. **evaluate**: on a functional copy of the model (``torch.func.functional_call``,
-   under ``torch.random.fork_rng``, without gradients), the loss at the round's start
+   in eval mode, its buffers copied, under ``torch.random.fork_rng``, without
+   gradients), the loss at the round's start
    and at ``start - delta`` of each target, on each member's sample of the round (a
    run of ``RoundCheck.samples`` of its positions, drawn from a hash of the round's
    reports, read as the loader reads them);
@@ -35,7 +36,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,7 +230,9 @@ class WorkCheck:
     def _state(self, pieces: Sequence[_Kept], flats: Sequence[torch.Tensor]
                ) -> dict[str, torch.Tensor]:
         """The module's parameters and buffers by name, the kept ones from ``flats``."""
-        state = {name: b.detach() for name, b in self._module.named_buffers()}
+        # (copies: a module may write a buffer in its forward, and the check must not
+        # change the model)
+        state = {name: b.detach().clone() for name, b in self._module.named_buffers()}
         state.update({name: p.detach() for name, p in self._module.named_parameters()})
         for piece, flat in zip(pieces, flats, strict=True):
             at = 0
@@ -250,14 +254,29 @@ class WorkCheck:
             return torch.func.functional_call(module, state, args, kwargs)
 
         total = 0.0
-        for batch in runs:
-            value = self.config.loss(model, batch)
-            if not (isinstance(value, torch.Tensor) and value.numel() == 1):
-                raise ConfigError(f"RoundCheck's loss(model, batch) returned "
-                                  f"{type(value).__name__}; it must return the scalar "
-                                  "loss the loop calls backward() on")
-            total += float(value)
+        with evaluating(module):
+            for batch in runs:
+                value = self.config.loss(model, batch)
+                if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+                    raise ConfigError(f"RoundCheck's loss(model, batch) returned "
+                                      f"{type(value).__name__}; it must return the scalar "
+                                      "loss the loop calls backward() on")
+                total += float(value)
         return total / len(runs)
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode, as a validation loss is taken (no dropout: its masks
+    are noise the gains would carry; batch norm on its running statistics, which it
+    does not update), each submodule's own mode back after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:  # (parents first: a child's own call comes after)
+            m.train(training)
 
 
 def _all_gather(group: ProcessGroupLike, into: list[torch.Tensor], mine: torch.Tensor,
