@@ -25,10 +25,11 @@ def _data() -> torch.utils.data.TensorDataset:
         SAMPLES, 4, generator=gen, dtype=torch.float64))
 
 
-def _net() -> torch.nn.Module:
+def _net(norm: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16, dtype=torch.float64), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 4, dtype=torch.float64))
+    extra = [torch.nn.BatchNorm1d(16, dtype=torch.float64)] if norm else []
+    return torch.nn.Sequential(torch.nn.Linear(8, 16, dtype=torch.float64), *extra,
+                               torch.nn.Tanh(), torch.nn.Linear(16, 4, dtype=torch.float64))
 
 
 def _sync(kind: str) -> Any:
@@ -51,7 +52,7 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
 
     cohort = join(rank, world_size, port)
     try:
-        net, data = _net(), _data()
+        net, data = _net(spec.get("norm", False)), _data()
         trust = spec["trust"]
         model, opt, loader = potluck.prepare(
             net, torch.optim.SGD(net.parameters(), lr=0.05), data, global_batch=GLOBAL_BATCH,
@@ -97,8 +98,8 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
 
 
 def _run(trust: Any, attack: bool = False, diverge: int = 0,
-         sync: str = "diloco") -> list[dict[str, Any]]:
-    spec = {"trust": trust, "attack": attack, "diverge": diverge, "sync": sync}
+         sync: str = "diloco", norm: bool = False) -> list[dict[str, Any]]:
+    spec = {"trust": trust, "attack": attack, "diverge": diverge, "sync": sync, "norm": norm}
     return run_ranks(_job, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
                      timeout=150)
 
@@ -154,12 +155,28 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
                                                          attacked[0]["params"], strict=True))
     assert abs(attacked[0]["loss"] - clean[0]["loss"]) <= 0.1 * clean[0]["loss"], \
         (attacked[0]["loss"], clean[0]["loss"])
-    # Quarantined on a fixed cohort, rank 3 sits out: one sample of each part of a
-    # round (a measuring start and the rest), the others share the rest of the block.
-    assert 1 <= attacked[ATTACKER]["samples"] <= 2, attacked[ATTACKER]["samples"]
+    # Quarantined on a fixed cohort, rank 3 sits out: SIT_OUT samples of each part of a
+    # round (a measuring start and the rest), the others share the rest of the block:
+    # two samples each (SIT_OUT: batch norm refuses a batch of one in train mode).
+    assert 2 <= attacked[ATTACKER]["samples"] <= 4, attacked[ATTACKER]["samples"]
     assert sum(r["samples"] for r in attacked) == H * GLOBAL_BATCH
     unguarded = _run(None, attack=True, sync=sync)
     assert unguarded[0]["loss"] > 2 * clean[0]["loss"], (unguarded[0]["loss"], clean[0]["loss"])
+
+
+@pytest.mark.timeout(200)
+def test_a_quarantined_batch_norm_member_sits_out_and_the_run_ends() -> None:
+    """With batch norm, a member sitting out must get more than one sample a local step
+    (train mode refuses a batch of one): the sign flipper is quarantined by round 3,
+    trains two samples a round from then on, and every member ends the run."""
+    from potluck import Trust
+
+    attacked = _run(Trust(), attack=True, norm=True)
+    for result in attacked:
+        assert set(result["quarantined"]) == {f"rank{ATTACKER}"}
+        assert max(e["step"] for e in result["quarantined"][f"rank{ATTACKER}"]) <= 3
+    assert 2 <= attacked[ATTACKER]["samples"] <= 4, attacked[ATTACKER]["samples"]
+    assert sum(r["samples"] for r in attacked) == H * GLOBAL_BATCH
 
 
 def _mse(model: Any, batch: Any) -> torch.Tensor:

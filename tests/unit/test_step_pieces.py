@@ -143,3 +143,17 @@ def test_a_step_not_applied_forgets_that_it_was_unscaled() -> None:
     scaler.scale((param * torch.tensor([1.0, 2.0])).sum()).backward()  # the redo
     assert guard.step().committed
     assert torch.allclose(param.detach(), torch.tensor([0.9, 0.8]))
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_rank_sitting_out_reads_two_samples_the_others_train_all(rank: int) -> None:
+    """Rank 1 of 3 sits out (quarantined on a fixed cohort): ranks 0 and 2 split each
+    whole step, and rank 1 reads the step's first two samples (batch norm in train mode
+    refuses a batch of one), which another rank trains."""
+    data = TensorDataset(torch.arange(24).float())
+    cursor = DataCursor(24, 8, seed=0)
+    loader = StepLoader(data, cursor, lambda: (rank, 3), sitting_out=lambda n: {1})
+    (batch,) = next(iter(loader))
+    block = cursor.permutation(0)[:8].tolist()
+    expected = {0: block[:4], 1: block[:2], 2: block[4:]}[rank]
+    assert [int(i) for i in batch.tolist()] == expected

@@ -41,6 +41,10 @@ from potluck.data.state import CursorState
 from potluck.data.workers import WorkerPool
 from potluck.errors import ConfigError, CursorError
 
+# the samples a rank sitting out reads a step (or trains a round): two, as batch norm
+# in train mode refuses a batch of one (its quarantine would crash the loop)
+SIT_OUT = 2
+
 Membership = Callable[[], tuple[int, int]]  # () -> (rank, world_size), read every step
 # (samples, weight, total weight or None) of this rank's part: reducer.Contribution.set
 Contribute = Callable[[int, float, "float | None"], None]
@@ -81,11 +85,12 @@ class StepLoader:
         takes); ``place(batch)``: in this process, after the read (e.g. to the device).
         ``sitting_out(world_size)``: ranks whose gradients count for nothing (quarantined
         by trust on a fixed cohort): the others share the whole step, so every sample is
-        still trained once, and such a rank reads the step's first sample only, so its
-        loop still runs the step's collectives (under rounds it is handed one sample of
-        each part of the round, its own: the parts must tile the round's block, and the
-        others' local steps are those of a cohort without it). ``handout``: where it
-        writes what it handed out (the split, the batches), for parts built before it."""
+        still trained once, and such a rank reads the step's first ``SIT_OUT`` samples
+        only, so its loop still runs the step's collectives (under rounds it is handed
+        ``SIT_OUT`` samples of each part of the round, its own: the parts must tile the
+        round's block, and the others' local steps are those of a cohort without it).
+        ``handout``: where it writes what it handed out (the split, the batches), for
+        parts built before it."""
         check_workers(workers, prefetch, read_timeout)
         if (inner_steps is None) != (segments is None):
             given = "inner_steps" if segments is None else "segments"
@@ -195,7 +200,8 @@ class StepLoader:
             check_rank(rank, world_size)
             part = split_block(start, stop, shares)[rank]
             if not part and stop > start and rank in self._sitting_out(world_size):
-                part = range(start, start + 1)  # sitting out: a read, counted for nothing
+                # sitting out: a read, counted for nothing (samples another rank trains)
+                part = range(start, min(stop, start + SIT_OUT))
             if part.stop <= part.start:
                 raise CursorError(
                     f"rank {rank} of {world_size} has no sample in the step at sample "
@@ -333,17 +339,19 @@ class StepLoader:
 
 
 def _one_each(shares: Sequence[float], block: int, out: Collection[int]) -> list[float]:
-    """Under rounds, shares that give each rank sitting ``out`` one sample of the block
-    and the others the rest by ``shares``: a round's parts tile its block, and every
-    member takes part in the round's sync (a quarantined member's copy counts for
-    nothing: its one sample is lost, not its whole share)."""
-    rest = block - len(out)
+    """Under rounds, shares that give each rank sitting ``out`` ``SIT_OUT`` samples of the
+    block (one where the block is too short) and the others the rest by ``shares``: a
+    round's parts tile its block, and every member takes part in the round's sync (a
+    quarantined member's copy counts for nothing: its samples are lost, not its whole
+    share)."""
+    each = SIT_OUT if block - SIT_OUT * len(out) >= len(shares) - len(out) else 1
+    rest = block - each * len(out)
     if rest < 1:
         return [1.0] * len(shares)
     kept = [0.0 if r in out else float(s) for r, s in enumerate(shares)]
     counts = split_counts(rest, kept if any(kept) else
                           [0.0 if r in out else 1.0 for r in range(len(shares))])
-    return [1.0 if r in out else float(c) for r, c in enumerate(counts)]
+    return [float(each) if r in out else float(c) for r, c in enumerate(counts)]
 
 
 def _fitted(shares: Sequence[float], block: int, world_size: int,
