@@ -663,3 +663,45 @@ def test_a_setup_that_would_void_trust_is_refused_at_the_first_step(mistake: str
     say so in their reports: every rank stops at the same step)."""
     for message in run_ranks(_misuse, 4, free_port(), mistake, init_group=False, timeout=100):
         assert said in message, message  # every rank, at the same step
+
+
+def _batch_norm_attacked(rank: int, world_size: int, port: int, steps: int) -> dict[str, Any]:
+    import potluck
+    from potluck_lab.attacks import Attack
+    from potluck_lab.bench.byzantine_job import GLOBAL_BATCH, data, join, model
+
+    cohort = join(rank, world_size, port)
+    train, _ = data(steps)
+    net = model(0)
+    net = torch.nn.Sequential(net[0], torch.nn.BatchNorm1d(net[0].out_features), *net[1:])
+    wrapped, opt, loader = potluck.prepare(
+        net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), train,
+        global_batch=GLOBAL_BATCH, seed=0, cohort=cohort, trust=potluck.Trust())
+    part = opt.part(potluck.trust.TrustPart)
+    assert part is not None
+    wrapped.register_comm_hook(None, Attack(part.exchange, "sign_flip", rank == ATTACKER))
+    sizes = []
+    for xb, yb in loader:
+        sizes.append(len(xb))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+        opt.step()
+        if opt.steps >= steps:
+            break
+    out = {"sizes": sizes, "quarantined": sorted(part.quarantined)}
+    opt.finish()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_quarantined_batch_norm_rank_sits_out_on_two_samples_and_the_run_ends() -> None:
+    """Every step, a fixed cohort: the sign flipper is quarantined, then reads two
+    samples a step (batch norm in train mode refuses one) and the run ends on every
+    rank."""
+    results = run_ranks(_batch_norm_attacked, 4, free_port(), 12, init_group=False,
+                        timeout=100)
+    for result in results:
+        assert result["quarantined"] == [f"rank{ATTACKER}"]
+        assert len(result["sizes"]) == 12
+    assert results[ATTACKER]["sizes"][-1] == 2
+    assert all(r["sizes"][-1] > 2 for i, r in enumerate(results) if i != ATTACKER)
