@@ -33,6 +33,8 @@ N, GLOBAL_BATCH, INNER = 3, 12, 6
 HONEST_SEEDS, ATTACK_SEEDS = 200, 30
 TOLERANCE = 1e-3
 
+RNG = torch.get_rng_state().numel()  # the CPU's random state a payload carries
+
 
 @pytest.mark.timeout(10)
 def test_pick_is_the_same_everywhere_and_never_the_target_as_its_own_checker() -> None:
@@ -222,7 +224,8 @@ def test_a_payload_other_than_the_committed_one_or_laid_out_otherwise_is_off() -
     target.train(batches(parts, GLOBAL_BATCH, N), read, "honest")
     sent = target.part.payload()
     p = sum(q.numel() for q in target.net.parameters())
-    assert sent.numel() == payload_bytes(4 * p, 4 * p, False)  # momentum: one buffer each
+    # momentum: one buffer each; and the CPU's random state (dropout's masks)
+    assert sent.numel() == payload_bytes(4 * p, 4 * p + RNG, False)
     assert checker.part.verify(sent, digest(sent), parts) == 0.0
     forged = sent.clone()
     forged[-1] ^= 1
@@ -239,4 +242,5 @@ def test_adam_state_bytes_are_two_copies_and_a_step_count_a_tensor() -> None:
     member.part.inner_step(2, True)
     p = sum(q.numel() for q in member.net.parameters())
     tensors = len(list(member.net.parameters()))
-    assert member.part.payload().numel() == payload_bytes(4 * p, 2 * 4 * p + 4 * tensors, False)
+    assert member.part.payload().numel() == payload_bytes(4 * p, 2 * 4 * p + 4 * tensors + RNG,
+                                                          False)

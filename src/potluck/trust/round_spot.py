@@ -3,8 +3,9 @@
 During a round, on every member (the sync strategy calls it: an ``InnerWatch``):
 
 - at the round's start: copies of the replica (the global parameters; under Streaming
-  DiLoCo with ``mixing > 0`` the member's own), its buffers, and the inner optimizer's
-  state and options (``inner_state.take``);
+  DiLoCo with ``mixing > 0`` the member's own), its buffers, the inner optimizer's
+  state and options (``inner_state.take``), and the random states (the CPU's, the
+  accelerator's) its first local step draws dropout's masks from;
 - after its first ``SpotCheck.steps`` local steps (or before its replica first changes
   mid-round, or at its last step): a copy of its parameters, the *snapshot*.
 
@@ -72,8 +73,9 @@ class _Round:
     """What this member kept of the round under way."""
 
     def __init__(self, start: list[torch.Tensor], buffers: dict[str, torch.Tensor],
-                 inner: Taken, counted: int) -> None:
+                 inner: Taken, rng: list[torch.Tensor], counted: int) -> None:
         self.start, self.buffers, self.inner, self.counted = start, buffers, inner, counted
+        self.rng = rng  # the random states its first local step drew from
         self.snapshot: list[torch.Tensor] | None = None
 
 
@@ -113,7 +115,8 @@ class SpotRerun:
         with torch.no_grad():
             start = [p.detach().clone() for p in self._params]
             buffers = {name: b.detach().clone() for name, b in self._module.named_buffers()}
-        self._round = _Round(start, buffers, take_state(self._optimizer), self._counted())
+        self._round = _Round(start, buffers, take_state(self._optimizer), self._rng_states(),
+                             self._counted())
 
     def inner_step(self, done: int, final: bool) -> None:
         kept = self._round
@@ -171,13 +174,14 @@ class SpotRerun:
 
     def payload(self) -> torch.Tensor:
         """This member's payload of the round under way (uint8, CPU): its inner state at
-        the start, its own start (if any), its snapshot. Empty when it kept no round:
-        then no layout matches, and a pick finds it off."""
+        the start, its random states then, its own start (if any), its snapshot. Empty
+        when it kept no round: then no layout matches, and a pick finds it off."""
         kept = self._round
         if kept is None or kept.snapshot is None:
             return torch.empty(0, dtype=torch.uint8)
         start = kept.start if self._own_start else []
-        return as_bytes([t for _, _, t in kept.inner.tensors] + start + kept.snapshot)
+        return as_bytes([t for _, _, t in kept.inner.tensors] + kept.rng + start
+                        + kept.snapshot)
 
     def _send(self, chosen: Pick, payload: torch.Tensor, size: int, group: ProcessGroupLike,
               device: torch.device) -> torch.Tensor | None:
@@ -209,17 +213,19 @@ class SpotRerun:
             return math.nan
         if digest(got) != said:
             return math.inf
-        like = [t for _, _, t in kept.inner.tensors]
+        like = [t for _, _, t in kept.inner.tensors] + kept.rng
         starts = list(kept.start) if self._own_start else []
-        if got.numel() != payload_bytes(self._param_bytes, kept.inner.nbytes, self._own_start):
+        state_bytes = sum(t.numel() * t.element_size() for t in like)
+        if got.numel() != payload_bytes(self._param_bytes, state_bytes, self._own_start):
             return math.inf
         values = unpack_bytes(got, like + starts + list(kept.start))
-        state = values[:len(like)]
+        state = values[:len(like) - len(kept.rng)]
+        rng = values[len(like) - len(kept.rng):len(like)]
         start = values[len(like):len(like) + len(starts)] if self._own_start else kept.start
         theirs = values[len(like) + len(starts):]
         ranges = stretch(parts, self._global_batch, kept.counted, self.config.steps,
                          self._fragments)
-        mine = self._steps(start, kept, state, ranges)
+        mine = self._steps(start, kept, state, ranges, rng)
         diff = moved = 0.0
         for param, a, b, s in zip(self._params, theirs, mine, start, strict=True):
             if param.requires_grad:
@@ -228,10 +234,20 @@ class SpotRerun:
         log.debug("spot re-run over %d steps: %.3g", len(ranges), relative(diff, moved))
         return relative(diff, moved)
 
+    def _rng_states(self) -> list[torch.Tensor]:
+        """The random states a local step draws from (dropout's masks): the CPU's, and
+        the model's accelerator's."""
+        states = [torch.get_rng_state()]
+        device = self._params[0].device if self._params else torch.device("cpu")
+        if device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(device))
+        return states
+
     def _steps(self, start: Sequence[torch.Tensor], kept: _Round,
-               state: Sequence[torch.Tensor], ranges: Sequence[tuple[int, int]]
-               ) -> list[torch.Tensor]:
-        """The parameters after the local steps on ``ranges``, from ``start``."""
+               state: Sequence[torch.Tensor], ranges: Sequence[tuple[int, int]],
+               rng: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters after the local steps on ``ranges``, from ``start``, drawing
+        from the target's random states ``rng`` (as ``_rng_states``)."""
         leaves = [s.detach().clone().requires_grad_(p.requires_grad)
                   for s, p in zip(start, self._params, strict=True)]
         optimizer = rerun_optimizer(self._optimizer, [leaves[i] for i in self._order],
@@ -245,6 +261,9 @@ class SpotRerun:
 
         devices = [leaves[0].device] if leaves and leaves[0].is_cuda else []
         with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(rng[0])
+            if devices and len(rng) > 1:
+                torch.cuda.set_rng_state(rng[1], devices[0])
             for a, b in ranges:
                 with torch.enable_grad():
                     loss = self.config.loss(model, self._read([(a, b)])[0])
