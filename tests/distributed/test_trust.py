@@ -630,19 +630,28 @@ def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
     cohort = join(rank, world_size, port)
     train, _ = data(4)
     net = model(0)
-    if mistake == "dropout":  # a new mask each forward: the recomputation cannot match
+    if mistake == "dropout layer":  # a new mask each forward: the recomputation cannot match
         net = torch.nn.Sequential(net[0], torch.nn.Dropout(0.1), *net[1:])
-    spot = SpotCheck(
-        lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), every=1)
-    wrapped, opt, loader = potluck.prepare(
-        net, torch.optim.SGD(net.parameters(), lr=0.05), train, global_batch=GLOBAL_BATCH,
-        cohort=cohort, trust=potluck.Trust(spot_check=spot if mistake == "dropout" else None))
+    drop = 0.1 if mistake == "random loss" else 0.0  # (randomness no layer shows)
+
+    def loss(m: Any, b: Any) -> torch.Tensor:
+        out = torch.nn.functional.dropout(m(b[0]), drop, training=drop > 0)
+        return torch.nn.functional.cross_entropy(out, b[1])
+
+    spot = SpotCheck(loss, every=1) if mistake != "hook" else None
+    try:
+        wrapped, opt, loader = potluck.prepare(
+            net, torch.optim.SGD(net.parameters(), lr=0.05), train,
+            global_batch=GLOBAL_BATCH, cohort=cohort, trust=potluck.Trust(spot_check=spot))
+    except ConfigError as exc:
+        cohort.close()
+        return f"prepare: {exc}"
     if mistake == "hook":
         wrapped.register_comm_hook(None, potluck.allreduce_mean)
     try:
         for xb, yb in loader:
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(wrapped(xb), yb).backward()
+            loss(wrapped, (xb, yb)).backward()
             opt.step()
     except ConfigError as exc:
         return f"step {opt.steps}: {exc}"
@@ -653,14 +662,17 @@ def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("mistake", "said"), [
-    ("hook", "trust's exchange did not see step 1's gradients"),
-    ("dropout", "does not recompute the owners' own gradients")])
+    ("hook", "step 1: trust's exchange did not see step 1's gradients"),
+    ("dropout layer", "prepare: trust=Trust(spot_check=...) every step with dropout in the "
+                      "model (1: Dropout(p=0.1))"),
+    ("random loss", "does not recompute the owners' own gradients")])
 def test_a_setup_that_would_void_trust_is_refused_at_the_first_step(mistake: str,
                                                                       said: str) -> None:
     """A hook registered over trust's would average without it, silently; a spot check
-    whose loss draws a new dropout mask would accuse honest ranks one after another (its
-    owners find that out at the first check, recomputing their own gradients too, and
-    say so in their reports: every rank stops at the same step)."""
+    whose loss draws new random numbers each call would accuse honest ranks one after
+    another. A dropout layer is refused by ``prepare``; randomness no layer shows, by
+    the owners at the first check (recomputing their own gradients too, they say so in
+    their reports: every rank stops at the same step)."""
     for message in run_ranks(_misuse, 4, free_port(), mistake, init_group=False, timeout=100):
         assert said in message, message  # every rank, at the same step
 

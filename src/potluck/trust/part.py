@@ -94,6 +94,8 @@ class TrustPart(metaclass=abc.ABCMeta):  # noqa: B024 (no abstract method: a vir
         ``codec``: the copies travel encoded, each sender's error feedback its own
         (``lanes.py``; ``prepare(comm_hook=CompressedSum(codec))``)."""
         _check_dtypes(module)
+        if config.spot_check is not None:
+            _refuse_dropout(module)
         lanes = lanes_for(codec, error_feedback)
         # through a codec a spot check allows each copy its rounding (``spot_coded.py``)
         self._sent: SentBefore | None = None
@@ -498,6 +500,23 @@ def record(strikes: Strikes, found: Sequence[Finding], steps: int, members: Sequ
         removals.append((evidence.member, why))
         log.warning("[rank %d] trust: quarantined %s (rank %d) after step %d: %s",
                     me, evidence.member, rank, steps, why)
+
+
+def _refuse_dropout(module: torch.nn.Module) -> None:
+    """Every step, a spot check recomputes a rank's gradient elsewhere, under a random
+    state of the checker's own: a dropout layer would draw other masks, and the check
+    would refuse the loss at its first pick (``_refuse_spot_loss``). Said here, before
+    the first step, with the layer's name."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, torch.nn.modules.dropout._DropoutNd) and layer.p > 0:
+            raise ConfigError(
+                f"trust=Trust(spot_check=...) every step with dropout in the model "
+                f"({name or 'the model'}: {type(layer).__name__}(p={layer.p})): a spot check "
+                "recomputes a rank's gradient on another rank, which cannot draw the same "
+                "masks, so every check would find honest ranks off. Set the dropout to 0 "
+                "for spot checks, or drop spot_check= (robust aggregation, audits and the "
+                "other checks stay). Under rounds (sync=DiLoCo(...)) the spot re-run "
+                "carries the member's random states and takes dropout")
 
 
 SPOT_WITH_CODEC = (
