@@ -12,6 +12,7 @@ import torch
 
 from potluck.testing import free_port, join, run_ranks
 from potluck.trust.round_rerun import COMMIT_BYTES, payload_bytes
+from potluck.trust.round_spot import RNG_BYTES
 from potluck.trust.verdict import COPIED, FREE_RIDER, NON_FINITE, REPLAYED, WRONG_STEPS
 
 SAMPLES, GLOBAL_BATCH, ROUND, EPOCHS, CHEAT = 192, 8, 2, 1, 3
@@ -78,16 +79,16 @@ def _job(rank: int, world_size: int, port: int, attack: str) -> dict[str, Any]:
 @pytest.mark.parametrize("attack", ["honest", "honest, dropout", "scales", "other labels"])
 def test_the_spot_rerun_strikes_only_a_member_whose_first_steps_are_wrong(attack: str) -> None:
     """The re-run draws from the target's random states: with dropout an honest member's
-    first steps are re-run bit for bit (before, each checker drew masks of its own: on
-    nanoGPT with dropout 0.2 every honest member was struck, one a round)."""
+    first steps are re-run bit for bit (with masks of each checker's own, on nanoGPT
+    with dropout 0.2, every honest member was struck, one a round)."""
     results = run_ranks(_job, 4, free_port(), attack, init_group=False, timeout=160)
     first = results[0]
     checks, p = first["checks"], first["params"]
     assert checks and all(str(r["checks"]) == str(checks) for r in results)  # (NaN != NaN)
     # float64: the snapshot, and the momentum once the inner optimizer has it (round 2
-    # on); the CPU's random state
-    rng = torch.get_rng_state().numel()
-    payload = {c["round"]: payload_bytes(8 * p, (8 * p if c["round"] > 1 else 0) + rng, False)
+    # on); the random states
+    payload = {c["round"]: payload_bytes(8 * p, (8 * p if c["round"] > 1 else 0) + RNG_BYTES,
+                                         False)
                for c in checks}
     assert [c["payload"] for c in checks] == [payload[c["round"]] for c in checks]
     for rank, result in enumerate(results):  # what each member sent, by the formula

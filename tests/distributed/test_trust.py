@@ -664,7 +664,7 @@ def _misuse(rank: int, world_size: int, port: int, mistake: str) -> str:
 @pytest.mark.parametrize(("mistake", "said"), [
     ("hook", "step 1: trust's exchange did not see step 1's gradients"),
     ("dropout layer", "prepare: trust=Trust(spot_check=...) every step with dropout in the "
-                      "model (1: Dropout(p=0.1))"),
+                      "model: layer '1' is Dropout(p=0.1)"),
     ("random loss", "does not recompute the owners' own gradients")])
 def test_a_setup_that_would_void_trust_is_refused_at_the_first_step(mistake: str,
                                                                       said: str) -> None:

@@ -170,7 +170,7 @@ def test_gain_noise_is_the_fit_of_the_cells_off_the_diagonal() -> None:
     """Against a least-squares fit of a row effect and a column effect on the cells off
     the diagonal, solved by torch: the whole table, a subset of its members, and each
     with one target's row left out (``n * n - 3 * n + 1`` degrees of freedom, and
-    ``n - 1`` fewer without a row)."""
+    ``n - 2`` fewer without a row)."""
     gen = torch.Generator().manual_seed(0)
     for n in (4, 5, 7, 12):
         table = torch.randn(n + 2, n + 2, generator=gen, dtype=torch.float64)

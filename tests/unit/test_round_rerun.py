@@ -26,14 +26,12 @@ from potluck.trust.round_rerun import (
     relative,
     stretch,
 )
-from potluck.trust.round_spot import SpotRerun
+from potluck.trust.round_spot import CPU_RNG_BYTES, RNG_BYTES, SpotRerun
 from potluck.trust.verdict import WRONG_STEPS
 
 N, GLOBAL_BATCH, INNER = 3, 12, 6
 HONEST_SEEDS, ATTACK_SEEDS = 200, 30
 TOLERANCE = 1e-3
-
-RNG = torch.get_rng_state().numel()  # the CPU's random state a payload carries
 
 
 @pytest.mark.timeout(10)
@@ -224,12 +222,16 @@ def test_a_payload_other_than_the_committed_one_or_laid_out_otherwise_is_off() -
     target.train(batches(parts, GLOBAL_BATCH, N), read, "honest")
     sent = target.part.payload()
     p = sum(q.numel() for q in target.net.parameters())
-    # momentum: one buffer each; and the CPU's random state (dropout's masks)
-    assert sent.numel() == payload_bytes(4 * p, 4 * p + RNG, False)
+    # momentum: one buffer each; and the random states (dropout's masks)
+    assert sent.numel() == payload_bytes(4 * p, 4 * p + RNG_BYTES, False)
     assert checker.part.verify(sent, digest(sent), parts) == 0.0
     forged = sent.clone()
     forged[-1] ^= 1
     assert checker.part.verify(forged, digest(sent), parts) == math.inf
+    # random states no generator takes, committed as they are: off, not a checker's crash
+    bad = sent.clone()
+    bad[4 * p:4 * p + CPU_RNG_BYTES] = 0
+    assert checker.part.verify(bad, digest(bad), parts) == math.inf
     assert checker.part.verify(sent[:-4], digest(sent[:-4]), parts) == math.inf
 
 
@@ -242,5 +244,5 @@ def test_adam_state_bytes_are_two_copies_and_a_step_count_a_tensor() -> None:
     member.part.inner_step(2, True)
     p = sum(q.numel() for q in member.net.parameters())
     tensors = len(list(member.net.parameters()))
-    assert member.part.payload().numel() == payload_bytes(4 * p, 2 * 4 * p + 4 * tensors + RNG,
-                                                          False)
+    assert member.part.payload().numel() == payload_bytes(
+        4 * p, 2 * 4 * p + 4 * tensors + RNG_BYTES, False)

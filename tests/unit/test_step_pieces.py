@@ -157,3 +157,24 @@ def test_a_rank_sitting_out_reads_two_samples_the_others_train_all(rank: int) ->
     block = cursor.permutation(0)[:8].tolist()
     expected = {0: block[:4], 1: block[:2], 2: block[4:]}[rank]
     assert [int(i) for i in batch.tolist()] == expected
+
+
+@pytest.mark.parametrize(("shares", "block", "out"), [
+    ([1.0, 1.0, 1.0, 1.0], 64, {3}), ([0.5, 0.25, 0.125], 4, {1}), ([1.0, 1.0, 1.0], 3, {0}),
+    ([0.9, 0.05, 0.05], 5, {0}), ([1.0, 1.0], 1, {1}), ([3.0, 1.0, 1.0, 1.0], 12, {0, 2})])
+def test_a_round_with_a_rank_sitting_out_tiles_its_block_and_leaves_nobody_out(
+        shares: list[float], block: int, out: set[int]) -> None:
+    """Under rounds a rank sitting out gets SIT_OUT samples of a round's block where the
+    others still get one each (else one, then equal shares among the others): the parts
+    tile the block, and no trusted rank is left without a sample."""
+    from potluck.data.split import split_counts
+    from potluck.data.step_loader import SIT_OUT, _one_each
+
+    counts = split_counts(block, _one_each(shares, block, out))
+    assert sum(counts) == block
+    trusted = [c for r, c in enumerate(counts) if r not in out]
+    if block >= len(shares):
+        assert all(c > 0 for c in trusted), counts
+        assert all(1 <= counts[r] <= SIT_OUT for r in out), counts
+    if block - SIT_OUT * len(out) >= 8 * len(trusted):  # (room for it)
+        assert all(counts[r] == SIT_OUT for r in out), counts

@@ -340,18 +340,22 @@ class StepLoader:
 
 def _one_each(shares: Sequence[float], block: int, out: Collection[int]) -> list[float]:
     """Under rounds, shares that give each rank sitting ``out`` ``SIT_OUT`` samples of the
-    block (one where the block is too short) and the others the rest by ``shares``: a
+    block and the others the rest by ``shares`` (one, then equal shares, where that
+    would leave another rank without a sample; one each, where the block is shorter): a
     round's parts tile its block, and every member takes part in the round's sync (a
     quarantined member's copy counts for nothing: its samples are lost, not its whole
     share)."""
-    each = SIT_OUT if block - SIT_OUT * len(out) >= len(shares) - len(out) else 1
-    rest = block - each * len(out)
-    if rest < 1:
-        return [1.0] * len(shares)
     kept = [0.0 if r in out else float(s) for r, s in enumerate(shares)]
-    counts = split_counts(rest, kept if any(kept) else
-                          [0.0 if r in out else 1.0 for r in range(len(shares))])
-    return [float(each) if r in out else float(c) for r, c in enumerate(counts)]
+    equal = [0.0 if r in out else 1.0 for r in range(len(shares))]
+    # (the policy's shares, else equal ones: each trusted rank must get a sample)
+    for each, weights in ((SIT_OUT, kept), (1, kept), (1, equal)):
+        rest = block - each * len(out)
+        if rest < 1 or not any(weights):
+            continue
+        counts = split_counts(rest, weights)
+        if all(c > 0 for r, c in enumerate(counts) if r not in out):
+            return [float(each) if r in out else float(c) for r, c in enumerate(counts)]
+    return [1.0] * len(shares)
 
 
 def _fitted(shares: Sequence[float], block: int, world_size: int,

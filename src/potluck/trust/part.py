@@ -502,21 +502,26 @@ def record(strikes: Strikes, found: Sequence[Finding], steps: int, members: Sequ
                     me, evidence.member, rank, steps, why)
 
 
+DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+            torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+
+
 def _refuse_dropout(module: torch.nn.Module) -> None:
     """Every step, a spot check recomputes a rank's gradient elsewhere, under a random
     state of the checker's own: a dropout layer would draw other masks, and the check
     would refuse the loss at its first pick (``_refuse_spot_loss``). Said here, before
     the first step, with the layer's name."""
     for name, layer in module.named_modules():
-        if isinstance(layer, torch.nn.modules.dropout._DropoutNd) and layer.p > 0:
+        if isinstance(layer, DROPOUTS) and layer.p > 0 and layer.training:
             raise ConfigError(
-                f"trust=Trust(spot_check=...) every step with dropout in the model "
-                f"({name or 'the model'}: {type(layer).__name__}(p={layer.p})): a spot check "
-                "recomputes a rank's gradient on another rank, which cannot draw the same "
-                "masks, so every check would find honest ranks off. Set the dropout to 0 "
-                "for spot checks, or drop spot_check= (robust aggregation, audits and the "
-                "other checks stay). Under rounds (sync=DiLoCo(...)) the spot re-run "
-                "carries the member's random states and takes dropout")
+                f"trust=Trust(spot_check=...) every step with dropout in the model: layer "
+                f"'{name or 'the model'}' is {type(layer).__name__}(p={layer.p}). A spot "
+                "check recomputes a rank's gradient on another rank, which cannot draw the "
+                "same masks, so every check would find honest ranks off. Set the dropout "
+                "to 0 (or the layer to eval mode) for spot checks, or drop spot_check= "
+                "(robust aggregation, audits and the other checks stay). Under rounds "
+                "(sync=DiLoCo(...)) the spot re-run carries the member's random states and "
+                "takes dropout.")
 
 
 SPOT_WITH_CODEC = (

@@ -271,12 +271,14 @@ def evaluating(module: nn.Module) -> Iterator[None]:
     are noise the gains would carry; batch norm on its running statistics, which it
     does not update), each submodule's own mode back after."""
     modes = [(m, m.training) for m in module.modules()]
-    module.eval()
     try:
+        module.eval()
         yield
     finally:
-        for m, training in modes:  # (parents first: a child's own call comes after)
-            m.train(training)
+        # (each flag set back as it was: ``train()`` recurses, so a submodule shared by
+        # two parents, or a frozen child, would take its last parent's mode)
+        for m, training in modes:
+            m.training = training
 
 
 def _all_gather(group: ProcessGroupLike, into: list[torch.Tensor], mine: torch.Tensor,

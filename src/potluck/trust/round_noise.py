@@ -103,6 +103,8 @@ def gain_noise(table: Sequence[Sequence[float]], keep: Sequence[int],
     n = len(keep)
     if n < 4:
         return 0.0
+    if without not in keep:
+        without = None  # (no row of the table to leave out)
     rows = [u for u in keep if u != without]
     across = {u: sum(table[u][k] for k in keep if k != u) for u in rows}
     down = {k: sum(table[u][k] for u in rows if u != k) for k in keep}

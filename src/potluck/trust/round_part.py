@@ -18,9 +18,9 @@ round, on every member alike:
    majority (a broadcast of the global parameters, the replica and its buffers);
 3. **quarantine**: as every-step trust's (``part.py``): an elastic cohort removes the
    member at this boundary and bans its seat; a fixed cohort keeps it in the group, but
-   it owns no slice and its copy gets weight 0. It sits out: the loader hands it one
-   sample of each round and the others the rest, so the round's samples are still
-   trained (one lost a round).
+   it owns no slice and its copy gets weight 0. It sits out: the loader hands it two
+   samples of each part of a round (``SIT_OUT``) and the others the rest, so the
+   round's samples are still trained (two lost a part).
 """
 
 from __future__ import annotations

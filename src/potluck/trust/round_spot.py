@@ -66,6 +66,12 @@ from potluck.trust.verdict import Finding
 
 log = logging.getLogger(__name__)
 
+# a member's random states in its payload, laid out alike on every device: the CPU's
+# generator, a word saying whether an accelerator's follows (1) or not (0), its 16 bytes
+CPU_RNG_BYTES = torch.get_rng_state().numel()
+ACCEL_RNG_BYTES = 16
+RNG_BYTES = CPU_RNG_BYTES + 8 + ACCEL_RNG_BYTES
+
 ReadRange = Callable[[Sequence[tuple[int, int]]], list[Any]]  # (runs -> batches)
 
 
@@ -73,7 +79,7 @@ class _Round:
     """What this member kept of the round under way."""
 
     def __init__(self, start: list[torch.Tensor], buffers: dict[str, torch.Tensor],
-                 inner: Taken, rng: list[torch.Tensor], counted: int) -> None:
+                 inner: Taken, rng: torch.Tensor, counted: int) -> None:
         self.start, self.buffers, self.inner, self.counted = start, buffers, inner, counted
         self.rng = rng  # the random states its first local step drew from
         self.snapshot: list[torch.Tensor] | None = None
@@ -180,7 +186,7 @@ class SpotRerun:
         if kept is None or kept.snapshot is None:
             return torch.empty(0, dtype=torch.uint8)
         start = kept.start if self._own_start else []
-        return as_bytes([t for _, _, t in kept.inner.tensors] + kept.rng + start
+        return as_bytes([t for _, _, t in kept.inner.tensors] + [kept.rng] + start
                         + kept.snapshot)
 
     def _send(self, chosen: Pick, payload: torch.Tensor, size: int, group: ProcessGroupLike,
@@ -213,19 +219,20 @@ class SpotRerun:
             return math.nan
         if digest(got) != said:
             return math.inf
-        like = [t for _, _, t in kept.inner.tensors] + kept.rng
+        like = [t for _, _, t in kept.inner.tensors] + [kept.rng]
         starts = list(kept.start) if self._own_start else []
-        state_bytes = sum(t.numel() * t.element_size() for t in like)
-        if got.numel() != payload_bytes(self._param_bytes, state_bytes, self._own_start):
+        if got.numel() != payload_bytes(self._param_bytes, kept.inner.nbytes + RNG_BYTES,
+                                        self._own_start):
             return math.inf
         values = unpack_bytes(got, like + starts + list(kept.start))
-        state = values[:len(like) - len(kept.rng)]
-        rng = values[len(like) - len(kept.rng):len(like)]
+        state, rng = values[:len(like) - 1], values[len(like) - 1]
         start = values[len(like):len(like) + len(starts)] if self._own_start else kept.start
         theirs = values[len(like) + len(starts):]
         ranges = stretch(parts, self._global_batch, kept.counted, self.config.steps,
                          self._fragments)
         mine = self._steps(start, kept, state, ranges, rng)
+        if mine is None:  # (random states no generator takes: not what an honest member sends)
+            return math.inf
         diff = moved = 0.0
         for param, a, b, s in zip(self._params, theirs, mine, start, strict=True):
             if param.requires_grad:
@@ -234,20 +241,23 @@ class SpotRerun:
         log.debug("spot re-run over %d steps: %.3g", len(ranges), relative(diff, moved))
         return relative(diff, moved)
 
-    def _rng_states(self) -> list[torch.Tensor]:
-        """The random states a local step draws from (dropout's masks): the CPU's, and
-        the model's accelerator's."""
-        states = [torch.get_rng_state()]
+    def _rng_states(self) -> torch.Tensor:
+        """The random states a local step draws from (dropout's masks), ``RNG_BYTES``:
+        the CPU's, and the model's accelerator's where it has one of 16 bytes."""
         device = self._params[0].device if self._params else torch.device("cpu")
-        if device.type == "cuda":
-            states.append(torch.cuda.get_rng_state(device))
-        return states
+        accel = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        carried = accel is not None and accel.numel() == ACCEL_RNG_BYTES
+        flag = torch.tensor([int(carried)], dtype=torch.int64).view(torch.uint8)
+        return torch.cat([torch.get_rng_state(), flag,
+                          accel.cpu() if carried and accel is not None
+                          else torch.zeros(ACCEL_RNG_BYTES, dtype=torch.uint8)])
 
     def _steps(self, start: Sequence[torch.Tensor], kept: _Round,
                state: Sequence[torch.Tensor], ranges: Sequence[tuple[int, int]],
-               rng: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+               rng: torch.Tensor) -> list[torch.Tensor] | None:
         """The parameters after the local steps on ``ranges``, from ``start``, drawing
-        from the target's random states ``rng`` (as ``_rng_states``)."""
+        from the target's random states ``rng`` (as ``_rng_states``; its accelerator's
+        only where both have one). None: states no generator takes."""
         leaves = [s.detach().clone().requires_grad_(p.requires_grad)
                   for s, p in zip(start, self._params, strict=True)]
         optimizer = rerun_optimizer(self._optimizer, [leaves[i] for i in self._order],
@@ -261,9 +271,12 @@ class SpotRerun:
 
         devices = [leaves[0].device] if leaves and leaves[0].is_cuda else []
         with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(rng[0])
-            if devices and len(rng) > 1:
-                torch.cuda.set_rng_state(rng[1], devices[0])
+            try:
+                torch.set_rng_state(rng[:CPU_RNG_BYTES].clone())
+                if devices and int(rng[CPU_RNG_BYTES:CPU_RNG_BYTES + 8].view(torch.int64)):
+                    torch.cuda.set_rng_state(rng[CPU_RNG_BYTES + 8:].clone(), devices[0])
+            except RuntimeError:
+                return None
             for a, b in ranges:
                 with torch.enable_grad():
                     loss = self.config.loss(model, self._read([(a, b)])[0])
