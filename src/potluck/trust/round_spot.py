@@ -245,12 +245,14 @@ class SpotRerun:
         """The random states a local step draws from (dropout's masks), ``RNG_BYTES``:
         the CPU's, and the model's accelerator's where it has one of 16 bytes."""
         device = self._params[0].device if self._params else torch.device("cpu")
-        accel = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        carried = accel is not None and accel.numel() == ACCEL_RNG_BYTES
-        flag = torch.tensor([int(carried)], dtype=torch.int64).view(torch.uint8)
-        return torch.cat([torch.get_rng_state(), flag,
-                          accel.cpu() if carried and accel is not None
-                          else torch.zeros(ACCEL_RNG_BYTES, dtype=torch.uint8)])
+        accel = torch.zeros(ACCEL_RNG_BYTES, dtype=torch.uint8)
+        carried = 0
+        if device.type == "cuda":
+            state = torch.cuda.get_rng_state(device)
+            if state.numel() == ACCEL_RNG_BYTES:
+                accel, carried = state.cpu(), 1
+        flag = torch.tensor([carried], dtype=torch.int64).view(torch.uint8)
+        return torch.cat([torch.get_rng_state(), flag, accel])
 
     def _steps(self, start: Sequence[torch.Tensor], kept: _Round,
                state: Sequence[torch.Tensor], ranges: Sequence[tuple[int, int]],
