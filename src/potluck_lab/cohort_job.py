@@ -88,7 +88,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     modes: dict[str, Any] = {}
     if args.mode == "rounds":
         modes = {"sync": potluck.DiLoCo(inner_steps=args.inner_steps, codec=Int8Blockwise()),
-                 "trust": potluck.Trust(round_check=RoundCheck(loss_of))}
+                 # (64 samples, not the default 128: the check's forwards are a third of
+                 # a round on the 0.3-core host, and the attacker's x-10 stands out at 64)
+                 "trust": potluck.Trust(round_check=RoundCheck(loss_of, samples=64))}
     cohort = potluck.init(timeout=args.timeout)
     log("member", node=node, worker=cohort.worker_id, rank=cohort.rank,
         generation=cohort.generation, workers=cohort.world_size, late=cohort.joined_late)
