@@ -12,6 +12,7 @@ import torch
 
 from potluck.trust.round_noise import (
     JUDGE_Z,
+    ROUND_Z,
     WINDOW,
     Score,
     gain_noise,
@@ -144,9 +145,26 @@ def test_a_member_is_flagged_only_where_its_shortfall_stands_out_of_its_noise() 
     assert under(worked, LIMIT) is False  # (cleared: it would have stood out)
     assert under(clear[:2], LIMIT) is None  # (a window not full)
     assert under([0.0] * WINDOW, LIMIT) is True  # a plain float carries no noise to doubt
-    # an attack that begins in the window's last round counts whole
+    # one round counts at most ROUND_Z of its noise: an attack in the window's last round
+    # alone is not flagged yet, in its last two it is, however quiet the round before
     began = [Score(1.0, 0.0, 0.3), Score(1.0, 0.0, 0.3), Score(-5.0, 6.0, 1.0)]
-    assert [f.rank for f in judge_work({0: began}, 1 - LIMIT)] == [0]
+    assert shortfall_z(began) == pytest.approx(ROUND_Z / math.sqrt(WINDOW))
+    assert judge_work({0: began}, 1 - LIMIT) == []
+    assert [f.rank for f in judge_work({0: began[1:] + began[2:]}, 1 - LIMIT)] == [0]
+
+
+def test_one_round_whose_noise_was_read_too_small_does_not_carry_a_window() -> None:
+    """An honest member of nanoGPT under DiLoCo (dropout 0.2, H = 16, int8, 4 workers;
+    its first 3 checked rounds, as the run scored them). Its second round's shortfall
+    read 4.9 times its noise, from 3 members' spread; the window's z was 3.9 and the
+    member was quarantined at round 3. Within ``ROUND_Z`` a round the window's z is 2.8,
+    and the check abstains: a member that did no work would reach only 2.9."""
+    honest = [Score(-2.724, 3.248, 1.561), Score(-0.275, 1.253, 0.258),
+              Score(1.681, -0.116, 0.729)]
+    assert shortfall_z(honest) == pytest.approx((3.248 / 1.561 + ROUND_Z - 0.116 / 0.729)
+                                                / math.sqrt(WINDOW))
+    assert shortfall_z(honest) < power(honest) < JUDGE_Z
+    assert judge_work({0: honest}, 1 - LIMIT) == [] and under(honest, LIMIT) is None
 
 
 def _lstsq_noise(table: torch.Tensor, keep: list[int], without: int | None) -> float:

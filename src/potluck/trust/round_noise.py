@@ -14,8 +14,10 @@ own gains spread 2 to 4 times the fit's standard error in early rounds. So a mem
 shortfall's noise were it honest (``honest_noise``: the fit's noise without its row,
 plus the other members' spread beyond their own noise; the member itself moves
 neither). ``shortfall_z``: the window's shortfalls in units of their noise, as one
-z-score; a member is flagged only where it reaches ``JUDGE_Z``. ``power``: the z-score
-a member that did no work would reach; under ``JUDGE_Z`` the check abstains.
+z-score, each round's within ``ROUND_Z`` (one round whose noise was read too small
+must not carry a window); a member is flagged only where it reaches ``JUDGE_Z``.
+``power``: the z-score a member that did no work would reach; under ``JUDGE_Z`` the
+check abstains.
 
 ``noisier``: how many times noisier a member's score is than a median part's member's,
 its gains having been scaled up to the median part.
@@ -36,6 +38,12 @@ WINDOW = 3  # checked rounds a member's scores are averaged over
 JUDGE_Z = 3.0
 # the bar for telling which of a copied pair did not do the work (the copy is certain)
 SETTLE_Z = 2.0
+# the most one round's shortfall counts, in units of its noise: a round's noise is read
+# from about 3 degrees of freedom and now and then far too small, so one round must not
+# carry a window. At 3 a window reaches JUDGE_Z only with a shortfall in 2 rounds or more.
+# (Early in nanoGPT's training one honest round read 4.9 and 6.7 of its noise, and its
+# member was quarantined at round 3, in 2 of 4 clean runs.)
+ROUND_Z = 3.0
 
 
 class Score(float):
@@ -61,22 +69,29 @@ def _rounds(scores: Sequence[float]) -> list[Score] | None:
 
 def power(scores: Sequence[float]) -> float:
     """The z-score a member that did no work would reach over the last ``WINDOW``
-    rounds: a shortfall of 1 in each, over its noise (inf: a plain float among them)."""
+    rounds: a shortfall of 1 in each, over its noise, within ``ROUND_Z`` (inf: a plain
+    float among them)."""
     last = _rounds(scores)
     if last is None:
         return math.inf
-    return sum(1 / max(s.noise, 1e-12) for s in last) / math.sqrt(WINDOW)
+    return sum(_capped(1 / max(s.noise, 1e-12)) for s in last) / math.sqrt(WINDOW)
 
 
 def shortfall_z(scores: Sequence[float]) -> float:
     """The z-score of the member's shortfall over the last ``WINDOW`` rounds: each
-    round's shortfall in units of its own noise, summed over ``sqrt(WINDOW)`` (a round
-    an attack began in counts whole, however quiet the honest rounds before it). A plain
-    float among them: the shortfall's sign, as inf."""
+    round's shortfall in units of its own noise, within ``ROUND_Z`` either way, summed
+    over ``sqrt(WINDOW)`` (a round an attack began in counts up to ``ROUND_Z``, however
+    quiet the honest rounds before it). A plain float among them: the shortfall's sign,
+    as inf."""
     last = _rounds(scores)
     if last is None:
         return math.copysign(math.inf, sum(1 - s for s in list(scores)[-WINDOW:]))
-    return sum(s.shortfall / max(s.noise, 1e-12) for s in last) / math.sqrt(WINDOW)
+    return sum(_capped(s.shortfall / max(s.noise, 1e-12)) for s in last) / math.sqrt(WINDOW)
+
+
+def _capped(z: float) -> float:
+    """One round's z-score, within ``ROUND_Z`` either way."""
+    return max(-ROUND_Z, min(ROUND_Z, z))
 
 
 def honest_noise(others: Sequence[float], errors: Sequence[float], own: float) -> float:
