@@ -151,6 +151,8 @@ def test_a_member_is_flagged_only_where_its_shortfall_stands_out_of_its_noise() 
     assert shortfall_z(began) == pytest.approx(ROUND_Z / math.sqrt(WINDOW))
     assert judge_work({0: began}, 1 - LIMIT) == []
     assert [f.rank for f in judge_work({0: began[1:] + began[2:]}, 1 - LIMIT)] == [0]
+    unknown = [*began[:2], Score(-5.0, math.nan, 1.0)]  # (NaN is no verdict, not a cap)
+    assert math.isnan(shortfall_z(unknown)) and judge_work({0: unknown}, 1 - LIMIT) == []
 
 
 def test_one_round_whose_noise_was_read_too_small_does_not_carry_a_window() -> None:

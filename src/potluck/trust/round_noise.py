@@ -42,7 +42,7 @@ SETTLE_Z = 2.0
 # from about 3 degrees of freedom and now and then far too small, so one round must not
 # carry a window. At 3 a window reaches JUDGE_Z only with a shortfall in 2 rounds or more.
 # (Early in nanoGPT's training one honest round read 4.9 and 6.7 of its noise, and its
-# member was quarantined at round 3, in 2 of 4 clean runs.)
+# member was quarantined at round 3, in 2 of 14 clean runs' tables.)
 ROUND_Z = 3.0
 
 
@@ -90,8 +90,8 @@ def shortfall_z(scores: Sequence[float]) -> float:
 
 
 def _capped(z: float) -> float:
-    """One round's z-score, within ``ROUND_Z`` either way."""
-    return max(-ROUND_Z, min(ROUND_Z, z))
+    """One round's z-score, within ``ROUND_Z`` either way (NaN stays NaN: no verdict)."""
+    return z if math.isnan(z) else max(-ROUND_Z, min(ROUND_Z, z))
 
 
 def honest_noise(others: Sequence[float], errors: Sequence[float], own: float) -> float:

@@ -111,7 +111,7 @@ class RoundCheck:
 
     loss: Loss
     # 128, not 64: the gains' noise is mostly the sample's, and at 64 ALIE's shortfall
-    # was about 2 of its noise a round (out at round 4 in 2 of 3 seeds of the bench; at
+    # was about 1.7 of its noise a round (out at round 4 in 2 of 3 seeds of the bench; at
     # 128, round 3 in 13 of 13 and no honest member flagged in 36 clean runs)
     samples: int = 128
     every: int = 1
