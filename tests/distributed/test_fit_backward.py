@@ -90,7 +90,7 @@ def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, An
     model, opt, loader = prepare(net, sgd, Indexed(JOB.samples), cohort=cohort,
                                  global_batch=JOB.global_batch, seed=JOB.data_seed,
                                  balance=balance, **BUCKET_PER_PARAMETER)
-    steps, caps = [], []  # (caps: the memory cap after each step)
+    steps, caps = [], []  # (caps: the memory cap after each step; the last is the run's)
     while opt.cursor.epoch < JOB.epochs:
         for batch in loader:
             # with balancing, gradients stay bucket views between steps: a retry
@@ -103,8 +103,7 @@ def _train(rank: int, world_size: int, port: int, balance: bool) -> dict[str, An
             assert net.spare.grad is None
             assert opt.step().committed
     cohort.close()
-    return {"params": params(net.inner), "steps": steps, "cap": loader.memory.cap,
-            "caps": caps}
+    return {"params": params(net.inner), "steps": steps, "caps": caps}
 
 
 @pytest.mark.timeout(120)
@@ -113,7 +112,7 @@ def test_a_rank_short_of_memory_finds_its_cap_and_the_run_equals_one_process() -
     steps = results[1]["steps"]
     assert steps[0] == [12, 12, 4, 2]  # ran out at 12 and 6: 4 micro-batches of 3
     assert all(step == [12, 12, 4, 0] for step in steps[1:]), steps
-    assert results[1]["cap"] == 3 and results[0]["cap"] is None
+    assert results[1]["caps"][-1] == 3 and results[0]["caps"][-1] is None
     assert all(step[2:] == [1, 0] for step in results[0]["steps"])
     expected = single_process(JOB)
     for result in results:
@@ -128,13 +127,14 @@ def test_with_balancing_a_growing_share_is_retried_smaller_and_stays_exact() -> 
     steps = results[0]["steps"]
     assert steps[0] == [12, 12, 1, 0] and steps[-1][0] >= 3 * steps[-1][1], steps
     assert sum(step[3] for step in steps[1:]) >= 1  # the grown share ran out, and went on
-    assert results[0]["cap"] is not None and results[0]["cap"] <= 13
+    cap = results[0]["caps"][-1]
+    assert cap is not None and cap <= 13
     # from the first error on, each part goes in as many micro-batches as the cap then
     # asks (when the share grows past the room depends on the measured speeds: on a
     # loaded machine, in the run's last steps)
-    capped = [(step, cap) for step, cap in zip(steps, results[0]["caps"], strict=True)
-              if cap is not None]
-    assert capped and all(step[2] == -(-step[0] // cap) for step, cap in capped), steps
+    capped = [(step, c) for step, c in zip(steps, results[0]["caps"], strict=True)
+              if c is not None]
+    assert capped and all(step[2] == -(-step[0] // c) for step, c in capped), steps
     expected = single_process(JOB)
     for result in results:
         for name, value in expected.items():
