@@ -101,3 +101,14 @@ def test_a_round_the_finisher_took_from_a_member_that_did_not_finish_is_counted(
                                     {**_commit(3), "workers": 2}],
                         ledger=[(0, [8]), (0, [4, 5]), (0, [9])])
     assert fig.exactly_once([finisher, member], 10, 1) == {"twice": 0, "missing": 0}
+
+
+def test_a_line_a_worker_is_still_writing_is_left_for_the_next_read(tmp_path: Path) -> None:
+    """The bench reads the logs while the workers write them: a torn last line (an
+    unterminated JSON string, as CI saw once) is not read until it is whole."""
+    log = tmp_path / "node1-7.log"
+    log.write_text('{"kind": "member", "worker": "w1"}\n{"kind": "commit", "ste')
+    (tmp_path / "node1-7.jsonl").write_text('[0, [1, 2]]\n[0, [3')
+    (worker,) = fig.read_workers(tmp_path)
+    assert worker.records == [{"kind": "member", "worker": "w1"}]
+    assert worker.ledger == [(0, [1, 2])]

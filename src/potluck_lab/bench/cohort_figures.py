@@ -38,18 +38,22 @@ class Worker:
         return str(members[0]["worker"]) if members else None
 
 
+def _lines(path: Path) -> list[str]:
+    """The file's whole lines: a running worker may be writing the last one, and a
+    reader following the run sees it torn (an unterminated JSON string)."""
+    return [line for line in path.read_text().split("\n")[:-1] if line.strip()]
+
+
 def read_workers(run_dir: Path) -> list[Worker]:
     """Every worker that wrote into ``run_dir`` (``node<N>-<pid>.*``)."""
     workers = []
     for path in sorted(run_dir.glob("node*.log")):
         worker = Worker(int(path.stem.split("-")[0][4:]))
-        worker.records = [json.loads(line) for line in path.read_text().splitlines()
-                          if line.strip()]
+        worker.records = [json.loads(line) for line in _lines(path)]
         ledger = path.with_suffix(".jsonl")
         if ledger.exists():
             worker.ledger = [(int(e), [int(i) for i in ids]) for e, ids in
-                             (json.loads(line) for line in ledger.read_text().splitlines()
-                              if line.strip())]
+                             (json.loads(line) for line in _lines(ledger))]
         params = path.with_suffix(".pt")
         worker.params = params if params.exists() else None
         workers.append(worker)
