@@ -18,6 +18,7 @@ from potluck.trust.round_noise import (
     gain_noise,
     noisier,
     power,
+    sample_leak,
     score_noise,
     shortfall_z,
 )
@@ -94,11 +95,13 @@ SMALL = [
 
 @pytest.mark.timeout(10)
 def test_an_honest_member_with_a_small_part_is_not_flagged_on_noise() -> None:
-    """Under the limit on the score alone, but its shortfall is within its noise: the
-    other members' own-data work spread as much. The check abstains: a member that did
-    no work would not have stood out of that noise either."""
+    """Its shortfall is within its noise: the other members' own-data work spread as
+    much. The check abstains: a member that did no work would not have stood out of
+    that noise either. (Its samples were harder than the others': centered on its row's
+    and column's means alone, its mean score was under the limit; with its samples'
+    effect taken out it is 0.71.)"""
     scores = [work_scores(gains, [0, 1, 2, 3], shares)[t] for t, shares, gains in SMALL]
-    assert window_mean(scores) < LIMIT  # (what the median's signal alone flagged)
+    assert window_mean(scores) > LIMIT
     assert judge_work({0: scores}, 1 - LIMIT) == []
     assert shortfall_z(scores) < JUDGE_Z and power(scores) < JUDGE_Z
     assert under(scores, LIMIT) is None
@@ -119,10 +122,12 @@ def _alike(rng: random.Random, shares: list[float]) -> list[list[float]]:
 @pytest.mark.parametrize("shares", [[0.4, 0.28, 0.2, 0.12], [0.25] * 4])
 def test_gains_alike_on_every_sample_flag_nobody(shares: list[float]) -> None:
     """Small parts, every update helping every sample alike: the median member's
-    double-centered own gain is noise, and so is every ratio to it (of the windows of 3
-    scored rounds, a quarter fall under the limit). A member is flagged only where its
-    own shortfall reaches ``JUDGE_Z``: 1 of 1,600 member-windows at 3 (seed 7), 2 and 7
-    at 2, more than a normal tail at 2 allows: the spread is read from 3 members."""
+    double-centered own gain is noise, and so is every ratio to it (of the 1,600
+    member-windows of 3 scored rounds, 32 and 24 fall under the limit). A member is
+    flagged only where its own shortfall reaches ``JUDGE_Z``: none is (seed 7). Centered
+    on its row's and column's means alone, without its samples' effect taken out, 48 fell
+    under and 1 was flagged; at a bar of 2, 2 and 7, more than a normal tail at 2
+    allows: the spread is read from 3 members."""
     rng, n, count = random.Random(7), len(shares), 400
     ratios_under = found = 0
     for _ in range(count):
@@ -130,7 +135,7 @@ def test_gains_alike_on_every_sample_flag_nobody(shares: list[float]) -> None:
                            for _ in range(WINDOW)])
         ratios_under += sum(window_mean(s) < LIMIT for s in recent.values())
         found += len(judge_work(recent, 1 - LIMIT))
-    assert ratios_under >= 30  # what the ratio alone would flag
+    assert ratios_under >= 20  # what the ratio alone would flag
     assert found <= count * n / 1000, found  # at most 1 member-window in 1,000
 
 
@@ -167,6 +172,88 @@ def test_one_round_whose_noise_was_read_too_small_does_not_carry_a_window() -> N
                                                 / math.sqrt(WINDOW))
     assert shortfall_z(honest) < power(honest) < JUDGE_Z
     assert judge_work({0: honest}, 1 - LIMIT) == [] and under(honest, LIMIT) is None
+
+
+# Rounds 1 to 3 of nanoGPT under DiLoCo (dropout 0.2, H = 16, int8, 4 workers, shares by
+# speed), as the check measured them: each member's part of the round, and gains[t][k].
+# Member 0's samples were the hardest of every round (the same text in every run: the
+# same seed), and centered on its row's and column's means a third of that counted
+# against it: its shortfall read 1.28, 3.42 and 1.84 of its noise, and it was
+# quarantined at round 3 ("no work on its data") in 2 of 14 clean runs' tables.
+NANOGPT = [
+    ([0.367, 0.191, 0.236, 0.205],
+     [[1.1157, 1.1492, 1.1587, 1.1123], [0.8155, 0.8436, 0.8462, 0.8126],
+      [0.9224, 0.9526, 0.9648, 0.9208], [0.8474, 0.8736, 0.879, 0.8509]]),
+    ([0.312, 0.219, 0.25, 0.219],
+     [[0.1407, 0.1567, 0.1629, 0.1509], [0.1216, 0.1459, 0.1428, 0.1315],
+      [0.1222, 0.1385, 0.1497, 0.1326], [0.125, 0.1365, 0.143, 0.1413]]),
+    ([0.279, 0.233, 0.256, 0.233],
+     [[0.0047, 0.0175, 0.0001, -0.0027], [0.0011, 0.0166, -0.0054, -0.0033],
+      [0.0074, 0.0078, 0.0123, 0.0057], [0.0025, 0.0076, -0.0139, -0.0003]]),
+]
+
+
+@pytest.mark.timeout(10)
+def test_a_sample_every_update_gains_less_on_does_not_count_against_its_member() -> None:
+    """nanoGPT's honest member 0 above. With its samples' effect taken out, its second
+    round's shortfall is 1.6 of its noise, not 3.4, the window's z-score 2.5, and nobody
+    is flagged. Its own-data work is still low this early in training, but within its
+    noise: the check abstains (a member that did no work would reach a z of 2.0)."""
+    rounds = [work_scores(gains, [0, 1, 2, 3], shares) for shares, gains in NANOGPT]
+    recent = _windows(rounds)
+    assert judge_work(recent, 1 - LIMIT) == []
+    second = recent[0][1]
+    assert isinstance(second, Score) and second.shortfall / second.noise < 2
+    assert shortfall_z(recent[0]) < JUDGE_Z and under(recent[0], LIMIT) is None
+
+
+def _additive(n: int, ease: list[float], work: list[float]) -> list[list[float]]:
+    """Gains without noise: a row effect (how much the target's update gains anywhere),
+    a column effect (``ease``: how much any update gains on the sample) and ``work`` on
+    the diagonal."""
+    good = [0.1 * (t + 1) for t in range(n)]
+    return [[1.0 + good[t] + ease[k] + (work[t] if t == k else 0.0) for k in range(n)]
+            for t in range(n)]
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_samples_effect_is_taken_out_of_the_score_and_the_rows_stays(n: int) -> None:
+    """Without noise the score is the own-data work plus ``1 / (n - 1)`` of the row's
+    effect (an update that gains less everywhere counts against its member), whatever
+    the samples' effects; the means of the row and column alone leave ``1 / (n - 1)`` of
+    the column's in it too."""
+    ease = [-0.6, 0.3, 0.1, 0.0, 0.2, 0.0][:n]
+    ease = [e - sum(ease) / n for e in ease]
+    work = [0.05 * (k + 1) for k in range(n)]
+    table = _additive(n, ease, work)
+    good = [0.1 * (t + 1) for t in range(n)]
+    for t in range(n):
+        others = [k for k in range(n) if k != t]
+        row = sum(table[t][k] for k in others) / (n - 1)
+        column = sum(table[u][t] for u in others) / (n - 1)
+        mean = sum(table[u][k] for u in range(n) for k in range(n) if u != k) / (n * (n - 1))
+        centered = table[t][t] - row - column + mean
+        leak = sample_leak(column - mean, row - mean, n, noise=0.0)
+        row_effect = (good[t] - sum(good) / n) / (n - 1)
+        assert leak == pytest.approx(ease[t] / (n - 1))
+        assert centered - leak == pytest.approx(work[t] + row_effect)
+
+
+def test_a_samples_effect_within_its_noise_is_left_in() -> None:
+    """The estimate is taken out in the measure it stands out of its own noise (``n``
+    members: its variance is ``noise ** 2 * (n - 1) ** 2 / (n ** 2 * (n - 2))``)."""
+    n, noise = 4, 0.01
+    spread = noise ** 2 * (n - 1) ** 2 / (n ** 2 * (n - 2))
+    # a column's effect of c and no row's: its column's mean off the diagonal stands c
+    # over the table's, its row's -c / (n - 1)
+    def leak(c: float) -> float:
+        return sample_leak(c, -c / (n - 1), n, noise)
+    assert leak(0.0) == 0.0
+    assert leak(math.sqrt(spread)) == 0.0  # (one standard deviation: nothing)
+    far = 20 * math.sqrt(spread)
+    assert leak(far) == pytest.approx((1 - 1 / 400) * far / (n - 1))
+    assert leak(-far) == -leak(far)
+    assert sample_leak(1.0, 0.0, 2, noise) == 0.0  # (no table of 2 to read it from)
 
 
 def _lstsq_noise(table: torch.Tensor, keep: list[int], without: int | None) -> float:

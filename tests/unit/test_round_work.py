@@ -163,33 +163,40 @@ def test_honest_members_are_never_flagged() -> None:
 @pytest.mark.parametrize("attack", ["free_rider", "sign_flip", "ipm", "other_data", "alie"])
 def test_each_attack_is_flagged(attack: str) -> None:
     """The attacker (rank 0) is flagged in every window of 3 rounds the suite runs (5;
-    with POTLUCK_FULL_SWEEPS=1, 13 of 13, the free rider 12 of 13), the inner-product
-    attack in 4 of 5 at least (10 of 13): -0.5 times the honest mean fits its own sample
+    with POTLUCK_FULL_SWEEPS=1, 13 of 13, the free rider 10 of 13), the inner-product
+    attack in 4 of 5 at least (8 of 13): -0.5 times the honest mean fits its own sample
     better than the others' by half the honest members' fit, which the column's
     centering takes back only in part (on the lab's bench it was out at round 3 in 3
     seeds of 3). Every window here was judged: the median's signal over it had a
-    z-score of 2.2 to 9.7."""
+    z-score of 2.2 to 9.7. Centered on the rows' and columns' means alone, without each
+    sample's effect taken out, the free rider was flagged in 12 of 13 and IPM in 9: a
+    sample harder than the others' had counted against an attacker as it does against
+    an honest member. (A free rider is also caught by its norm, ``round_rules``: out at
+    round 2 on the bench.)"""
     flagged, windows_ = 0, ROUNDS // WINDOW
     for w in range(windows_):
         found = _findings(WINDOW * w, 4 + w % 3, attack)
         assert all(f.kind == NO_WORK for f in found)
         assert {f.rank for f in found} <= {0}, found
         flagged += 0 in {f.rank for f in found}
-    least = 0.75 if attack == "ipm" else 12 / 13
+    least = {"ipm": 0.6, "free_rider": 0.75}.get(attack, 12 / 13)
     assert flagged >= least * windows_, flagged
 
 
 def test_a_copier_is_struck_and_the_member_it_copied_is_not() -> None:
-    """The pair is settled against the copier in every window; the member it copied
-    is never struck."""
+    """By the windows alone (the round's data test, ``round_copy``, is left out here),
+    the pair is settled against the copier in 4 windows of the suite's 5 (with
+    POTLUCK_FULL_SWEEPS=1, 9 of 13; centered on the rows' and columns' means alone, 11
+    of 13); in the others it is noted and checked again. The member it copied is never
+    struck."""
     settled, windows_ = 0, ROUNDS // WINDOW
     for w in range(windows_):
         found = _findings(WINDOW * w, 4 + w % 3, "copy")
         struck = {f.rank for f in found if f.kind == COPIED}
         assert struck <= {0} and 1 not in {f.rank for f in found}, (w, found)
         settled += struck == {0}
-        assert found[0].kind == COPIED or struck == set()  # (the copy is named first)
-    assert settled == windows_, settled
+        assert not struck or found[0].kind == COPIED  # (the copy is named first)
+    assert settled >= 0.65 * windows_, settled
 
 
 def test_a_copy_at_the_start_of_training_strikes_nobody_it_cannot_tell() -> None:

@@ -9,10 +9,13 @@ its row (the target's gains on the others' samples) and of its column (the other
 targets' gains on its sample). Its *score* is that double-centered gain,
 ``G[t][t] - row mean - column mean + mean of the table off its diagonal``. Centering
 the row removes how good the target's pseudo-gradient is anywhere. Centering the
-column removes how easy its sample is for any pseudo-gradient. What is left is the
-work on its own data. Late in training a member's replica at the round's end is worse
-than the start's average on every sample, its own included, so a gain alone says
-little; its score stays above 0.
+column removes how easy its sample is for any pseudo-gradient. Means off the diagonal
+leave ``1 / (n - 1)`` of both in the score: the row's stays (an update that gains less
+everywhere counts against its member), the column's is taken out as far as it stands
+out of its noise (``round_noise.sample_leak``: a hard sample is no fault of its
+member's). What is left is the work on its own data. Late in training a member's
+replica at the round's end is worse than the start's average on every sample, its own
+included, so a gain alone says little; its score stays above 0.
 
 ``RoundCheck`` is the setting; ``windows`` picks each member's sample; ``work_scores``,
 ``judge_work`` and ``settle_copies`` turn the gains into findings. The I/O (the
@@ -78,6 +81,7 @@ from potluck.trust.round_noise import (
     honest_noise,
     noisier,
     power,
+    sample_leak,
     score_noise,
     shortfall_z,
 )
@@ -214,7 +218,10 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # part's smaller update would otherwise count against its own sample's score
     table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
     off: dict[tuple[int, ...], float] = {}
-    centered = [_centered(table, keep, t, off) for t in keep]
+    # one gain's noise: how much of a sample's effect to take out (an attacker whose gains
+    # vary wildly inflates it, and the scores fall back to the means alone)
+    noise = gain_noise(table, keep)
+    centered = [_centered(table, keep, t, noise, off) for t in keep]
     full = median(centered)
     if not full > 0:
         return out
@@ -224,11 +231,12 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
         # member's), and the spread of the others' work over the table without it
         error = gain_noise(table, keep, without=t)
         rest = [k for k in keep if k != t]
-        others = [_centered(table, rest, u, off) for u in rest]
+        others = [_centered(table, rest, u, noise, off) for u in rest]
         spread = honest_noise(others, [score_noise(len(rest)) * error * noisier(less, keep, u)
                                        for u in rest],
                               score_noise(len(keep)) * error * noisier(less, keep, t))
-        best = max(_centered(table, [k for k in keep if k != u], t, off) for u in rest)
+        best = max(_centered(table, [k for k in keep if k != u], t, noise, off)
+                   for u in rest)
         value = 1 - (1 - best / full) / noisier(less, keep, t)
         # its shortfall under the others' work, in units of its noise were it honest: an
         # attacker moves neither (the value, under the median's, sizes the effect)
@@ -239,10 +247,11 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
 
 
 def _centered(table: Sequence[Sequence[float]], keep: Sequence[int], t: int,
-              off: dict[tuple[int, ...], float] | None = None) -> float:
-    """``t``'s own gain, double-centered over the square table of ``keep``. ``off``: the
-    means of the cells off the diagonal already taken, by ``keep`` (one sum per table,
-    not one per target: O(n ** 4) a round otherwise)."""
+              noise: float = 0.0, off: dict[tuple[int, ...], float] | None = None) -> float:
+    """``t``'s own gain, double-centered over the square table of ``keep``, less what of
+    its sample's effect the centering leaves in it (``round_noise.sample_leak``; ``noise``:
+    one gain's). ``off``: the means of the cells off the diagonal already taken, by
+    ``keep`` (one sum per table, not one per target: O(n ** 4) a round otherwise)."""
     others = [k for k in keep if k != t]
     row = sum(table[t][k] for k in others) / len(others)
     column = sum(table[u][t] for u in others) / len(others)
@@ -253,7 +262,8 @@ def _centered(table: Sequence[Sequence[float]], keep: Sequence[int], t: int,
         mean = sum(cells) / len(cells)
         if off is not None:
             off[key] = mean
-    return table[t][t] - row - column + mean
+    leak = sample_leak(column - mean, row - mean, len(keep), noise)
+    return table[t][t] - row - column + mean - leak
 
 
 def judge_work(recent: Mapping[int, Sequence[float]], tolerance: float) -> list[Finding]:
