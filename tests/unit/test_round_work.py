@@ -164,14 +164,14 @@ def test_honest_members_are_never_flagged() -> None:
 def test_each_attack_is_flagged(attack: str) -> None:
     """The attacker (rank 0) is flagged in every window of 3 rounds the suite runs (5;
     with POTLUCK_FULL_SWEEPS=1, 13 of 13, the free rider 10 of 13), the inner-product
-    attack in 4 of 5 at least (8 of 13): -0.5 times the honest mean fits its own sample
+    attack in 4 of 5 at least (7 of 13): -0.5 times the honest mean fits its own sample
     better than the others' by half the honest members' fit, which the column's
     centering takes back only in part (on the lab's bench it was out at round 3 in 3
     seeds of 3). Every window here was judged: the median's signal over it had a
     z-score of 2.2 to 9.7. Centered on the rows' and columns' means alone, without each
     sample's effect taken out, the free rider was flagged in 12 of 13 and IPM in 9: a
-    sample harder than the others' had counted against an attacker as it does against
-    an honest member. (A free rider is also caught by its norm, ``round_rules``: out at
+    sample harder than the others' counted against an attacker as it did against an
+    honest member. (A free rider is also caught by its norm, ``round_rules``: out at
     round 2 on the bench.)"""
     flagged, windows_ = 0, ROUNDS // WINDOW
     for w in range(windows_):
@@ -179,7 +179,10 @@ def test_each_attack_is_flagged(attack: str) -> None:
         assert all(f.kind == NO_WORK for f in found)
         assert {f.rank for f in found} <= {0}, found
         flagged += 0 in {f.rank for f in found}
-    least = {"ipm": 0.6, "free_rider": 0.75}.get(attack, 12 / 13)
+    if attack in ("ipm", "free_rider"):
+        least = {"ipm": (4, 7), "free_rider": (5, 10)}[attack][FULL] / windows_
+    else:
+        least = 12 / 13
     assert flagged >= least * windows_, flagged
 
 

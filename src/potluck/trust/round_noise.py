@@ -42,7 +42,8 @@ SETTLE_Z = 2.0
 # from about 3 degrees of freedom and now and then far too small, so one round must not
 # carry a window. At 3 a window reaches JUDGE_Z only with a shortfall in 2 rounds or more.
 # (Early in nanoGPT's training one honest round read 4.9 and 6.7 of its noise, and that
-# one round carried its member's window to a quarantine at round 3.)
+# one round carried its member's window to a quarantine at round 3, read with scores
+# centered on the means alone, without ``sample_leak``.)
 ROUND_Z = 3.0
 
 
@@ -152,17 +153,17 @@ def sample_leak(column: float, row: float, n: int, noise: float) -> float:
     (at 4 members a third, at 3 a half). The row's stays: an update that gains less on
     every sample counts against its member (a free rider's, an inner-product attack's).
     The column's goes: a sample that every update gains less on is no fault of its
-    member's (early in nanoGPT's training an honest member was quarantined at round 3
-    so). Its least-squares estimate is taken out in the measure it stands out of its own
-    noise: all of it from a sample far harder or easier than the others', little from
-    one within its noise, which would only add noise to the score."""
+    member's (left in, it struck an honest member at round 3 early in nanoGPT's
+    training). Its least-squares estimate is taken out in the measure it stands out of
+    its own noise: all of it from a sample far harder or easier than the others',
+    nothing from one within one standard deviation (it would only add noise)."""
     if n < 3:
         return 0.0
     effect = (column + row / (n - 1)) * (n - 1) ** 2 / (n * (n - 2))
     spread = noise ** 2 * (n - 1) ** 2 / (n ** 2 * (n - 2))  # (the estimate's variance)
-    if not effect ** 2 > spread:
+    if not effect * effect > spread:
         return 0.0
-    return (1 - spread / effect ** 2) * effect / (n - 1)
+    return (1 - spread / (effect * effect)) * effect / (n - 1)
 
 
 def score_noise(n: int) -> float:

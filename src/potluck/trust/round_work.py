@@ -218,20 +218,24 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # part's smaller update would otherwise count against its own sample's score
     table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
     off: dict[tuple[int, ...], float] = {}
-    # one gain's noise: how much of a sample's effect to take out (an attacker whose gains
-    # vary wildly inflates it, and the scores fall back to the means alone)
+    # one gain's noise, with each target's row out of the fit (``errors``: an honest
+    # member's gains vary by it, an attacker's may vary tens of times more) and over the
+    # whole table (``noise``). Each sizes how much of a sample's effect a score takes out
+    # (``sample_leak``): a target's yardstick is read with its row out, so it moves
+    # neither; its own score and the median's with the whole table's (an attacker whose
+    # gains vary wildly inflates it: those scores then fall back to the means alone)
+    errors = {t: gain_noise(table, keep, without=t) for t in keep}
     noise = gain_noise(table, keep)
     centered = [_centered(table, keep, t, noise, off) for t in keep]
     full = median(centered)
     if not full > 0:
         return out
     for t in keep:
-        # its yardstick were it honest: the noise without its row in the fit (an
-        # attacker's gains may vary from sample to sample tens of times an honest
-        # member's), and the spread of the others' work over the table without it
-        error = gain_noise(table, keep, without=t)
+        # its yardstick were it honest: the noise without its row, and the spread of the
+        # others' work over the table without it (the target moves neither)
+        error = errors[t]
         rest = [k for k in keep if k != t]
-        others = [_centered(table, rest, u, noise, off) for u in rest]
+        others = [_centered(table, rest, u, error, off) for u in rest]
         spread = honest_noise(others, [score_noise(len(rest)) * error * noisier(less, keep, u)
                                        for u in rest],
                               score_noise(len(keep)) * error * noisier(less, keep, t))
@@ -247,7 +251,7 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
 
 
 def _centered(table: Sequence[Sequence[float]], keep: Sequence[int], t: int,
-              noise: float = 0.0, off: dict[tuple[int, ...], float] | None = None) -> float:
+              noise: float, off: dict[tuple[int, ...], float] | None = None) -> float:
     """``t``'s own gain, double-centered over the square table of ``keep``, less what of
     its sample's effect the centering leaves in it (``round_noise.sample_leak``; ``noise``:
     one gain's). ``off``: the means of the cells off the diagonal already taken, by
