@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import random
 import time
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from potluck.errors import ConfigError
+from potluck.trust.round_noise import Score
 from potluck.trust.round_work import (
     RUNS,
     WINDOW,
@@ -238,6 +240,21 @@ def test_an_attacker_aiming_at_one_sample_does_not_flag_its_member() -> None:
     for framing in ([1.0, -0.3, -0.3, 0.0], [2.0, -1.0, -1.0, 0.0]):  # rank 3 aims at 0
         scores = work_scores([*honest, framing], [0, 1, 2, 3], [0.25] * 4)
         assert min(scores[:3]) > 1 - TOLERANCE, (framing, scores)
+
+
+@pytest.mark.timeout(30)
+def test_a_targets_own_gains_move_neither_its_shortfalls_yardstick() -> None:
+    """A target's noise (its yardstick) is read without its row: gains of its that vary
+    wildly from sample to sample, or that are all alike, leave it as it was, to the
+    bit. (Its own score moves: its row is its work.)"""
+    gains, targets = _round(7, 5)
+    rng = random.Random(3)
+    for row in ([g * (1 + 20 * rng.gauss(0, 1)) for g in gains[0]], [0.0] * 5,
+                [float(10 ** k) for k in range(5)]):
+        scores = work_scores([row, *gains[1:]], targets, [0.2] * 5)
+        before = work_scores(gains, targets, [0.2] * 5)
+        assert isinstance(scores[0], Score) and isinstance(before[0], Score)
+        assert scores[0].noise == before[0].noise
 
 
 def test_a_pair_not_settled_is_kept_for_the_next_round() -> None:
