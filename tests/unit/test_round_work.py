@@ -249,10 +249,10 @@ def test_a_targets_own_gains_move_neither_its_shortfalls_yardstick() -> None:
     bit. (Its own score moves: its row is its work.)"""
     gains, targets = _round(7, 5)
     rng = random.Random(3)
+    before = work_scores(gains, targets, [0.2] * 5)
     for row in ([g * (1 + 20 * rng.gauss(0, 1)) for g in gains[0]], [0.0] * 5,
                 [float(10 ** k) for k in range(5)]):
         scores = work_scores([row, *gains[1:]], targets, [0.2] * 5)
-        before = work_scores(gains, targets, [0.2] * 5)
         assert isinstance(scores[0], Score) and isinstance(before[0], Score)
         assert scores[0].noise == before[0].noise
 

@@ -218,13 +218,12 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     # part's smaller update would otherwise count against its own sample's score
     table = [[g / less[t] for g in row] if t in less else row for t, row in enumerate(table)]
     off: dict[tuple[int, ...], float] = {}
-    # one gain's noise, with each target's row out of the fit (``errors``: an honest
+    # one gain's noise, with each target's row out of the fit (``error``, below: an honest
     # member's gains vary by it, an attacker's may vary tens of times more) and over the
     # whole table (``noise``). Each sizes how much of a sample's effect a score takes out
     # (``sample_leak``): a target's yardstick is read with its row out, so it moves
     # neither; its own score and the median's with the whole table's (an attacker whose
     # gains vary wildly inflates it: those scores then fall back to the means alone)
-    errors = {t: gain_noise(table, keep, without=t) for t in keep}
     noise = gain_noise(table, keep)
     centered = [_centered(table, keep, t, noise, off) for t in keep]
     full = median(centered)
@@ -233,7 +232,7 @@ def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
     for t in keep:
         # its yardstick were it honest: the noise without its row, and the spread of the
         # others' work over the table without it (the target moves neither)
-        error = errors[t]
+        error = gain_noise(table, keep, without=t)
         rest = [k for k in keep if k != t]
         others = [_centered(table, rest, u, error, off) for u in rest]
         spread = honest_noise(others, [score_noise(len(rest)) * error * noisier(less, keep, u)
