@@ -49,8 +49,10 @@ def test_a_member_waiting_on_a_peer_that_gave_up_is_released_at_once() -> None:
     port = free_port()
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True,
                                        wait_for_workers=False, timeout=timedelta(seconds=30))
-    results = run_ranks(_worker, 2, port, init_group=False, timeout=50)
+    try:
+        results = run_ranks(_worker, 2, port, init_group=False, timeout=50)
+    finally:
+        del store
     assert results[0]["failed"]
     assert results[0]["waited"] < 3.0 < COLLECTIVE_TIMEOUT  # released by the mark
     assert [(r["generation"], r["world_size"]) for r in results] == [(1, 2), (1, 2)]
-    del store

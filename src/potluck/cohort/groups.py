@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import ConfigError, RendezvousError
 from potluck.group import ProcessGroupLike
-from potluck.relay import for_c10d
+from potluck.relay import for_c10d, prefixed
 
 BACKENDS = ("gloo", "nccl")
 
@@ -51,23 +51,52 @@ class GroupSpec:
 
 def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
                generation: int) -> ProcessGroupLike:
-    """Create the backend object under ``prefix``; blocks until every rank connected.
-    The group holds a c10d client of the store, never a relay (``relay.for_c10d``)."""
-    prefixed = PrefixStore(prefix, for_c10d(store))
+    """Create the backend object under ``prefix``; returns once every rank has built its
+    own (``_all_built``). The group holds a c10d client of the store, never a relay
+    (``relay.for_c10d``)."""
+    group = _build(spec, store, prefix, rank, world_size, generation)
+    try:
+        _all_built(spec, store, prefix, rank, world_size, generation)
+    except RendezvousError:
+        del group  # the last reference: its destructor joins its threads here
+        raise
+    return group
+
+
+def _all_built(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
+               generation: int) -> None:
+    """Wait until every rank has its group. Gloo's mesh handshake can finish on one side
+    of a pair before the other: a rank that returned and closed its group at once (a job
+    that ends right after a recovery) would cut its peer's handshake, which would then
+    fail to build a group its peers already count on."""
+    marks = prefixed(store, prefix)
+    marks.set(f"built/{rank}", "1")
+    try:
+        marks.wait([f"built/{r}" for r in range(world_size)], timedelta(seconds=spec.timeout))
+    except (RuntimeError, TimeoutError) as exc:
+        raise RendezvousError(
+            f"rank {rank} of {world_size} built its {spec.backend} group of generation "
+            f"{generation}, but not every peer did within {spec.timeout:g} s ({exc}); a "
+            "peer died or lost its link meanwhile: check every worker's log") from exc
+
+
+def _build(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
+           generation: int) -> ProcessGroupLike:
+    under = PrefixStore(prefix, for_c10d(store))
     delta = timedelta(seconds=spec.timeout)
     try:
         if spec.backend == "nccl":
             nccl: Any = dist.ProcessGroupNCCL
             nccl_opts = nccl.Options()
             nccl_opts._timeout = delta
-            group: ProcessGroupLike = nccl(prefixed, rank, world_size, nccl_opts)
+            group: ProcessGroupLike = nccl(under, rank, world_size, nccl_opts)
             return group
         # torch's stubs lag the bindings: the options class is ``_Options`` at runtime.
         gloo: Any = dist.ProcessGroupGloo
         gloo_opts = gloo._Options()
         gloo_opts._timeout = delta
         gloo_opts._devices = [_gloo_device(spec)]
-        group = gloo(prefixed, rank, world_size, gloo_opts)
+        group = gloo(under, rank, world_size, gloo_opts)
         return group
     except RuntimeError as exc:
         raise RendezvousError(
