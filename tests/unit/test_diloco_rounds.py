@@ -79,7 +79,7 @@ def _speeds_then_parts(parts: tuple[float, float, float, float]) -> Callable[[to
         if tensor.dim() == 1 and tensor.numel() == 2:
             tensor[1] = 1.0
         elif tensor.dim() == 2:
-            tensor[1] = torch.tensor([1.0, 12.0, *parts], dtype=tensor.dtype)
+            tensor[1] = torch.tensor([1.0, 12.0, *parts, 0.05], dtype=tensor.dtype)
 
     return peer
 

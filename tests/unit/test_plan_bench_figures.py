@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from potluck_lab.bench.plan_figures import Compute, error, steady_rate, summary
+from potluck_lab.bench.plan_figures import Compute, error, round_parts, steady_rate, summary
 
 
 @pytest.mark.timeout(10)
@@ -41,3 +41,18 @@ def test_sizes_outside_the_hosts_are_refused_with_an_example() -> None:
     assert configure(parser.parse_args(["--sizes", "4"])).sizes == (4,)
     with pytest.raises(ConfigError, match=r"e\.g\. 2,3,4"):
         configure(parser.parse_args(["--sizes", "1,9"]))
+
+
+@pytest.mark.timeout(10)
+def test_a_rounds_parts_are_its_slowest_members_compute_and_the_median_sync() -> None:
+    ranks = [[[9.0, 0.0, 9.0], [0.30, 0.10, 0.05], [0.32, 0.08, 0.07]],
+             [[9.0, 0.0, 9.0], [0.40, 0.00, 0.06], [0.36, 0.00, 0.05]]]
+    parts = round_parts(ranks, skip=1)  # the first round (one-off costs) left out
+    assert parts["compute_s"] == pytest.approx(0.38)  # rounds' slowest: 0.40 and 0.36
+    assert parts["sync_s"] == pytest.approx(0.0575)  # rounds' medians: 0.055 and 0.06
+
+
+@pytest.mark.timeout(10)
+def test_round_parts_of_a_run_without_steady_rounds_are_empty() -> None:
+    assert round_parts([], skip=1) == {}
+    assert round_parts([[[0.3, 0.0, 0.1]]], skip=1) == {}

@@ -7,10 +7,11 @@ which the ranks exchange their speeds (one tiny all-reduce, no parameters) and s
 the rest of the round by them (``round_plan.segments``). At the end of its part of the
 round a rank runs ``synchronize``:
 
-1. one small float64 all-reduce: every rank's measured speed (the next round's plan),
-   samples and parts of the round's block (who takes part: what a lost member took
-   with it is the rest, which the cursor owes; parts that overlap mean the members
-   split the round differently, and every member starts it again);
+1. one small float64 all-gather: every rank's smoothed speed and its noise (the next
+   round's plan, ``round_plan.replan_round``), samples and parts of the round's block
+   (who takes part: what a lost member took with it is the rest, which the cursor owes;
+   parts that overlap mean the members split the round differently, and every member
+   starts it again);
 2. per (device, dtype): the pseudo-gradient ``global - local``, flattened into one
    buffer and handed to the round sum (``round_sum.py``) with the rank's weight, its
    samples over the participants' (``round_plan.weight``). The default sums the
@@ -46,6 +47,7 @@ import torch
 from torch import nn
 from torch.futures import Future
 
+from potluck.balance.speed import SpeedMeter
 from potluck.collectives import broadcast_coalesced, settle, wait_for
 from potluck.compress import ErrorFeedback, Identity, Traffic
 from potluck.compress.codec import Codec
@@ -60,12 +62,18 @@ from potluck.sync.round_plan import (
     fragment_points,
     local_steps,
     plan_round,
+    replan_round,
     segments,
     weight,
 )
 from potluck.sync.round_sum import CodecSum, Piece, RoundSum
 
 log = logging.getLogger(__name__)
+
+# The past's weight in a rank's round speed: a round averages many local steps already,
+# so the average reaches back about two rounds (a real change restarts it at once:
+# ``SpeedMeter``'s jump).
+ROUND_SMOOTHING = 0.5
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,10 @@ class DiLoCoSync:
                                       nesterov=config.nesterov)
         self.plan: tuple[int, ...] | None = None  # local steps per rank (None: equal)
         self.speeds: list[float | None] = [None] * group.size()
+        # This rank's speed over its rounds, smoothed, and its noise (what it sends); the
+        # syncs in a row that called for a new plan (the same on every rank).
+        self.meter = SpeedMeter(ROUND_SMOOTHING, skip=0)
+        self._calls = 0
         self.rounds = 0
         self.skipped = 0  # rounds whose summed pseudo-gradient was not finite
         self.last: RoundRecord | None = None
@@ -407,6 +419,7 @@ class DiLoCoSync:
         raised here)."""
         if self._compute_s is None:  # a retry after a loss keeps the first measurement
             self._compute_s = time.perf_counter() - self._started - self._blocked
+            self.meter.add(self._samples, self._compute_s)
         if self._voiding is not None:  # the retry in the next generation
             self._void()
             return None
@@ -425,10 +438,14 @@ class DiLoCoSync:
         self._finish_fragment()  # the one sent last, still in flight
         group, world_size = self.group, self.group.size()
         # Who takes part, with what: speed (samples/s), samples, then its part of each
-        # segment [start, stop) (a round has at most two).
+        # segment [start, stop) (a round has at most two), then its speed's noise (-1:
+        # not measured).
         parts = [*self._parts, (0, 0)][:2]
-        mine = torch.tensor([self._samples / max(compute_s, 1e-9), self._samples,
-                             *parts[0], *parts[1]], dtype=torch.float64, device=self.device)
+        speed, noise = self.meter.speed, self.meter.uncertainty
+        mine = torch.tensor([self._samples / max(compute_s, 1e-9) if speed is None else speed,
+                             self._samples, *parts[0], *parts[1],
+                             -1.0 if noise is None else noise],
+                            dtype=torch.float64, device=self.device)
         table = [torch.empty_like(mine) for _ in range(world_size)]
         waiting = time.perf_counter()
         # (gathered, not summed: a member writes its own row and no other's)
@@ -485,8 +502,10 @@ class DiLoCoSync:
                                 self.traffic.sent - sent_before, lost, round_samples)
         self.speeds = [float(r[0]) for r in rows]
         if self.config.adaptive:
-            self.plan = plan_round(self.speeds, self.config.inner_steps, current=self.plan,
-                                   min_gain=self.config.min_gain)
+            self.plan, self._calls = replan_round(
+                self.speeds, [None if r[6] < 0 else float(r[6]) for r in rows],
+                self.config.inner_steps, current=self.plan, calls=self._calls,
+                min_gain=self.config.min_gain)
         self._due, self._segments, self._parts, self._start = 0, (), [], None
         if lost:
             log.warning("round %d committed without positions %s of its block %s (members "
@@ -553,6 +572,7 @@ class DiLoCoSync:
 
     def on_membership(self, rank: int, world_size: int) -> None:
         self.plan, self.speeds, self._rank = None, [None] * world_size, rank
+        self._calls = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The committed state: mid-round, where the round's start is kept, that start
@@ -565,7 +585,7 @@ class DiLoCoSync:
             feedback = {key: value.cpu() for key, value in start.feedback.items()}
         return {"policy": self.config.strategy,
                 "global": [g.detach().clone() for g in global_],
-                "outer": outer, "plan": self.plan,
+                "outer": outer, "plan": self.plan, "plan_calls": self._calls,
                 "speeds": list(self.speeds), "rounds": self.rounds,
                 "feedback": feedback, "feedback_rank": self._rank}
 
@@ -586,6 +606,7 @@ class DiLoCoSync:
         # A copy: torch's optimizer keeps the tensors it is given (the caller's state)
         self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
+        self._calls = int(state.get("plan_calls", 0))
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
         # Error feedback is each rank's own: what its codec left out of its own sends. A
         # state from another rank (a joiner's, a realign's, every resumed rank's but the

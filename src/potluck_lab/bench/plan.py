@@ -8,7 +8,9 @@ CPU weight, so the machine's other work waits). The job is ``plan_job.py``'s MLP
 every step (balanced shares) or DiLoCo. In order:
 
 1. calibration: one worker alone at each batch size a worker takes, every step and
-   DiLoCo (whose local steps skip the reducer's hooks); two workers' plain
+   DiLoCo (whose local steps skip the reducer's hooks), each run ``repeats`` times,
+   interleaved, the median taken (one run alone was off by up to a quarter from the
+   next one here: a worker under a CPU quota on a shared machine); two workers' plain
    all-reduces, uncapped and on the middle link at four sizes (the all-reduce's CPU
    work per byte); two workers on uncapped links, every step and DiLoCo (the
    reducer's and a round's overheads); two on the middle link, every step (the part
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,11 +41,13 @@ from typing import Any
 from potluck.errors import ConfigError
 from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
 from potluck.plan.calibrate import slope
+from potluck.plan.predict import Prediction
 from potluck.plan.ring import allreduce_s
 from potluck_lab.bench.plan_figures import (
     Compute,
     error,
     machine,
+    round_parts,
     steady_rate,
     summary,
 )
@@ -73,6 +78,7 @@ class PlanBenchConfig:
     skip_steps: int = 5
     rounds: int = 5
     skip_rounds: int = 1
+    repeats: int = 3  # each calibration run's, the median taken
     selection: bool = True
     logs: str | None = None
     swap: bool = False
@@ -125,6 +131,7 @@ class Calibration:
     rounds_line: Compute  # a local step of DiLoCo (no hooks)
     overheads: Overheads
     ring: dict[str, Any]  # the plain all-reduces measured, for the record
+    spread: dict[str, list[float]]  # each local step's fastest and slowest repeat
 
 
 def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
@@ -132,19 +139,23 @@ def calibrate(config: PlanBenchConfig, runs: Runs) -> Calibration:
     g, q = config.global_batch, config.quota
     batches = sorted({g // n for n in config.sizes}
                      | ({g // len(CANDIDATES)} if config.selection else set()))
-    lines = {}
-    for mode, skip, periods in (("step", config.skip_steps, config.steps),
-                                ("diloco", config.skip_rounds, config.rounds + 2)):
-        seconds = {}
+    measures: dict[tuple[str, int], list[float]] = {}
+    for _ in range(config.repeats):  # interleaved: a slow spell of the machine hits one
         for batch in batches:
-            commits = runs.run(Spec(mode, [q], [None], periods, batch, config.inner_steps))
-            seconds[batch] = batch / steady_rate(commits, skip)
-        lines[mode] = Compute(seconds, q)
+            for mode, skip, periods in (("step", config.skip_steps, config.steps),
+                                        ("diloco", config.skip_rounds, config.rounds + 2)):
+                commits = runs.run(Spec(mode, [q], [None], periods, batch,
+                                        config.inner_steps))
+                measures.setdefault((mode, batch), []).append(
+                    batch / steady_rate(commits, skip))
+    lines = {mode: Compute({b: statistics.median(measures[mode, b]) for b in batches}, q)
+             for mode in ("step", "diloco")}
     ring = calibrate_ring(config, runs)
     step_s, round_s = _pair_overheads(config, runs, lines, ring["uncapped_s"])
     over = Overheads(step_s=step_s, round_s=round_s, cpu_s_per_byte=ring["cpu_s_per_byte"])
     over = replace(over, overlap=_overlap(config, runs, lines["step"], over))
-    return Calibration(lines["step"], lines["diloco"], over, ring)
+    spread = {f"{mode} {b}": [min(v), max(v)] for (mode, b), v in measures.items()}
+    return Calibration(lines["step"], lines["diloco"], over, ring, spread)
 
 
 def calibrate_ring(config: PlanBenchConfig, runs: Runs) -> dict[str, Any]:
@@ -214,6 +225,10 @@ def _spec(config: PlanBenchConfig, mode: str, n: int, rate: str | None,
 
 
 def predicted(spec: Spec, config: PlanBenchConfig, cal: Calibration) -> float:
+    return forecast(spec, cal).samples_per_s
+
+
+def forecast(spec: Spec, cal: Calibration) -> Prediction:
     n = len(spec.quotas)
     line = cal.line if spec.mode == "step" else cal.rounds_line
     members = [machine(f"w{i}", line.speed(spec.global_batch / n, q),
@@ -221,7 +236,21 @@ def predicted(spec: Spec, config: PlanBenchConfig, cal: Calibration) -> float:
                for i, (q, r) in enumerate(zip(spec.quotas, spec.rates, strict=True))]
     mode = every_step() if spec.mode == "step" else diloco(spec.inner_steps)
     workload = Workload(mlp_parameters(), spec.global_batch, overheads=cal.overheads)
-    return predict(members, workload, mode).samples_per_s
+    return predict(members, workload, mode)
+
+
+def _round_parts(runs: Runs, config: PlanBenchConfig, model: Prediction) -> dict[str, float]:
+    """The run's rounds against the model's: the slowest member's local steps, the sync."""
+    parts = {**round_parts(runs.last_rounds, config.skip_rounds),
+             "model_compute_s": model.compute_s, "model_comm_s": model.comm_s,
+             "model_round_s": model.period_s}
+    if "compute_s" in parts:
+        print(f"  its rounds: the slowest member's local steps {parts['compute_s'] * 1e3:.0f}"
+              f" ms (model {model.compute_s * 1e3:.0f}), the sync "
+              f"{parts['sync_s'] * 1e3:.0f} ms (model's all-reduce "
+              f"{model.comm_s * 1e3:.0f}), a round {model.period_s * 1e3:.0f} ms in the "
+              "model", file=sys.stderr, flush=True)
+    return parts
 
 
 def measured(spec: Spec, config: PlanBenchConfig, runs: Runs) -> float:
@@ -295,15 +324,20 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
         with BridgedHosts(hosts_needed, prefix="pl-plan") as hosts, \
                 Runs(hosts, logs, f"potluck-plan-{os.getpid()}") as runs:
             cal = calibrate(config, runs)
-            print(f"calibrated: {cal.line}, {cal.overheads}", file=sys.stderr, flush=True)
+            print(f"calibrated: {cal.line}, DiLoCo {cal.rounds_line}, {cal.overheads}; "
+                  f"repeats' spread {cal.spread}", file=sys.stderr, flush=True)
             rows: list[dict[str, Any]] = []
             for label, spec in validation_specs(config):
                 got = measured(spec, config, runs)
-                want = predicted(spec, config, cal)
-                rows.append({"run": label, "predicted": want, "measured": got,
-                             "error": error(want, got)})
+                model = forecast(spec, cal)
+                want = model.samples_per_s
+                row = {"run": label, "predicted": want, "measured": got,
+                       "error": error(want, got)}
                 print(f"{label}: predicted {want:.1f}, measured {got:.1f} samples/s",
                       file=sys.stderr, flush=True)
+                if spec.mode == "diloco":
+                    row["round"] = _round_parts(runs, config, model)
+                rows.append(row)
             bounds = link_bounds(config, runs)
             repeat = repeatability(config, runs, cal)
             chosen = selection(config, cal, runs) if config.selection else None
@@ -321,7 +355,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
                             "round_s": cal.overheads.round_s,
                             "overlap": cal.overheads.overlap,
                             "cpu_s_per_byte": cal.overheads.cpu_s_per_byte,
-                            "ring": cal.ring}}
+                            "ring": cal.ring, "spread": cal.spread}}
 
 
 def lines(config: PlanBenchConfig, results: dict[str, Any]) -> list[str]:

@@ -44,6 +44,20 @@ def steady_rate(commits: Sequence[Sequence[float]], skip: int) -> float:
     return sum(c[1] for c in tail[1:]) / (tail[-1][0] - tail[0][0])
 
 
+def round_parts(ranks: Sequence[Sequence[Sequence[float]]], skip: int) -> dict[str, float]:
+    """Where a DiLoCo run's steady rounds went, from each rank's rounds (compute, wait,
+    sync seconds): the median over rounds past ``skip`` of the slowest rank's local
+    compute, and of the ranks' median sync (the pseudo-gradients' sum, the outer step).
+    Empty without a steady round on every rank."""
+    count = min((len(r) for r in ranks), default=0)
+    steady = range(skip, count)
+    if not ranks or not steady:
+        return {}
+    return {"compute_s": statistics.median(max(r[i][0] for r in ranks) for i in steady),
+            "sync_s": statistics.median(statistics.median(r[i][2] for r in ranks)
+                                        for i in steady)}
+
+
 def machine(name: str, speed: float, bps: float | None, cores: float | None = None) -> Machine:
     """A bench worker: ``cores`` is its CPU quota, which its compute runs on."""
     rate = UNLIMITED_BPS if bps is None else bps

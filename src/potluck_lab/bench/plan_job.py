@@ -7,7 +7,8 @@ between the bench puts the process under its CPU quota, so the import runs at fu
 speed and every timed step under the quota. Then it trains ``--periods`` steps (or
 rounds of ``--inner-steps`` global batches) with ``potluck.prepare`` (balanced shares
 every step; local steps by speed in rounds) and writes, on rank 0, the time of each
-commit and its samples to ``--out``.
+commit and its samples to ``--out``; in rounds every rank writes, beside it in
+``rounds-<rank>.json``, each round's local compute, wait and sync seconds.
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     sync = potluck.DiLoCo(inner_steps=a.inner_steps) if a.mode == "diloco" else None
     model, opt, loader = potluck.prepare(net, inner, data, global_batch=a.global_batch,
                                          sync=sync, balance=a.mode == "step" or None)
+    from potluck.sync import DiLoCoSync
+
+    strategy = opt.part(DiLoCoSync)
     commits: list[list[float]] = []
+    rounds: list[list[float]] = []
     while len(commits) < a.periods:
         for x, y in loader:
             opt.zero_grad()
@@ -70,10 +75,16 @@ def main(argv: list[str] | None = None) -> int:
             if opt.steps != before:
                 samples = a.global_batch * (a.inner_steps if sync else 1)
                 commits.append([time.perf_counter(), float(samples)])
+                record = strategy.last if strategy is not None else None
+                if record is not None:
+                    rounds.append([record.compute_s, record.wait_s, record.sync_s])
             if len(commits) >= a.periods:
                 break
     opt.finish()
-    if read_worker_env().rank == 0:
+    rank = read_worker_env().rank
+    if rounds:
+        (a.out.parent / f"rounds-{rank}.json").write_text(json.dumps(rounds))
+    if rank == 0:
         a.out.write_text(json.dumps({"commits": commits}))
     return 0
 

@@ -49,6 +49,7 @@ class Runs:
                        for i in range(len(hosts.names))]
         self.port = 29700 + random.randrange(2000)
         self.count = 0
+        self.last_rounds: list[list[list[float]]] = []
 
     def __enter__(self) -> Self:
         made = []
@@ -67,7 +68,8 @@ class Runs:
             quota.remove()
 
     def run(self, spec: Spec) -> list[list[float]]:
-        """The commits (time, samples) rank 0 saw."""
+        """The commits (time, samples) rank 0 saw. In rounds, ``last_rounds`` holds each
+        rank's rounds (compute, wait, sync seconds) afterwards."""
         def argv(here: Path) -> list[str]:
             return ["-m", "potluck_lab.bench.plan_job", "--mode", spec.mode, "--periods",
                     str(spec.periods), "--inner-steps", str(spec.inner_steps),
@@ -75,6 +77,9 @@ class Runs:
 
         out = self._launch(spec.quotas, spec.rates, argv, f"{spec.mode}")
         commits: list[list[float]] = json.loads(out)["commits"]
+        here = self.logs / f"run-{self.count}"
+        self.last_rounds = [json.loads(path.read_text()) for rank in range(len(spec.quotas))
+                            if (path := here / f"rounds-{rank}.json").exists()]
         return commits
 
     def ring(self, quotas: list[float], rates: list[str | None],
