@@ -59,7 +59,7 @@ class FakeGroup:
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> Done:
         """As an all-reduce of a table whose row 0 is this rank's: ``peer`` writes row 1
-        (one value a rank for the speeds, a row of six at the sync)."""
+        (one value a rank for the speeds, a row of seven at the sync)."""
         mine = inputs[0]
         table = torch.zeros(2, mine.numel(), dtype=mine.dtype) if mine.numel() > 1 \
             else torch.zeros(2, dtype=mine.dtype)
@@ -178,6 +178,9 @@ def test_a_failed_exchange_on_an_elastic_cohort_is_raised_at_the_sync_before_any
     assert group.calls == calls  # raised before any collective on the broken group
     assert strategy.synchronize() == ()  # the next generation's sync: the round commits
     assert strategy.rounds == 1
+    # the round's speed went into the meter once, not once per try (one measurement
+    # leaves the prior's spread as its noise)
+    assert strategy.meter.uncertainty == pytest.approx(0.1)
 
 
 def test_a_failed_exchange_on_a_fixed_cohort_is_raised_where_it_happens() -> None:
@@ -188,3 +191,23 @@ def test_a_failed_exchange_on_a_fixed_cohort_is_raised_where_it_happens() -> Non
     _even_start(strategy)
     with pytest.raises(PeerLostError, match="the round's first speeds"):
         strategy.after_inner_step()
+
+
+def test_a_members_speed_and_noise_that_no_plan_can_use_are_read_as_not_measured() -> None:
+    """A member sends NaN for its speed and its noise (a bug, or an attacker under
+    trust): the round commits and every member plans on, that member unmeasured."""
+    def peer(tensor: torch.Tensor) -> None:
+        if tensor.dim() == 1 and tensor.numel() == 2:
+            tensor[1] = 1.0
+        elif tensor.dim() == 2:
+            nan = float("nan")
+            tensor[1] = torch.tensor([nan, 12.0, 2, 4, 10, 16, nan], dtype=tensor.dtype)
+
+    strategy = _strategy(FakeGroup(peer))
+    _even_start(strategy)
+    strategy.after_inner_step()
+    for _ in range(strategy.inner_steps((4, 10), (4, 16))):
+        strategy.after_inner_step()
+    assert strategy.synchronize() == ()
+    assert strategy.rounds == 1 and strategy.speeds[1] is None
+    assert strategy.plan is not None and sum(strategy.plan) == 8

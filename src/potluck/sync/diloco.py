@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,12 @@ log = logging.getLogger(__name__)
 # so the average reaches back about two rounds (a real change restarts it at once:
 # ``SpeedMeter``'s jump).
 ROUND_SMOOTHING = 0.5
+
+
+def _measured(value: float) -> float | None:
+    """A speed or its noise as a member sent it: None where it sent none (-1) or
+    nothing a plan can use (a member's bad value must not stop every member's plan)."""
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -500,12 +507,11 @@ class DiLoCoSync:
                                 time.perf_counter() - began - waited + self._blocked
                                 - self._exchanged,
                                 self.traffic.sent - sent_before, lost, round_samples)
-        self.speeds = [float(r[0]) for r in rows]
+        self.speeds = [_measured(r[0]) for r in rows]
         if self.config.adaptive:
             self.plan, self._calls = replan_round(
-                self.speeds, [None if r[6] < 0 else float(r[6]) for r in rows],
-                self.config.inner_steps, current=self.plan, calls=self._calls,
-                min_gain=self.config.min_gain)
+                self.speeds, [_measured(r[6]) for r in rows], self.config.inner_steps,
+                current=self.plan, calls=self._calls, min_gain=self.config.min_gain)
         self._due, self._segments, self._parts, self._start = 0, (), [], None
         if lost:
             log.warning("round %d committed without positions %s of its block %s (members "
@@ -585,7 +591,7 @@ class DiLoCoSync:
             feedback = {key: value.cpu() for key, value in start.feedback.items()}
         return {"policy": self.config.strategy,
                 "global": [g.detach().clone() for g in global_],
-                "outer": outer, "plan": self.plan, "plan_calls": self._calls,
+                "outer": outer, "plan": self.plan,
                 "speeds": list(self.speeds), "rounds": self.rounds,
                 "feedback": feedback, "feedback_rank": self._rank}
 
@@ -606,7 +612,7 @@ class DiLoCoSync:
         # A copy: torch's optimizer keeps the tensors it is given (the caller's state)
         self._outer.load_state_dict(copy.deepcopy(state["outer"]))
         self.plan = None if state["plan"] is None else tuple(state["plan"])
-        self._calls = int(state.get("plan_calls", 0))
+        self._calls = 0  # (every rank that loads a state starts counting again)
         self.speeds, self.rounds = list(state["speeds"]), int(state["rounds"])
         # Error feedback is each rank's own: what its codec left out of its own sends. A
         # state from another rank (a joiner's, a realign's, every resumed rank's but the

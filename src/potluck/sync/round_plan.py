@@ -14,7 +14,7 @@
   from the current plan, and two syncs in a row call for it (``replan_round``, the
   every-step planner's rule). A plan that followed one round's noise cost a round up
   to a step's worth on every rank: 4 equal ranks whose round speeds scatter by 10%
-  took rounds 11% longer than even ones, by 20% 21% longer. A round
+  took rounds about 10% longer than even ones, by 20% about 20% longer. A round
   nobody is measured for yet starts even and exchanges speeds after a short start
   (``segments``), so even the first round is planned.
 - **The rule of the average**: rank r's pseudo-gradient weighs ``n_r / n``, its samples

@@ -39,9 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
-from potluck.plan import Overheads, Search, Workload, choose, diloco, every_step, predict
+from potluck.plan import (
+    Overheads,
+    Prediction,
+    Search,
+    Workload,
+    choose,
+    diloco,
+    every_step,
+    predict,
+)
 from potluck.plan.calibrate import slope
-from potluck.plan.predict import Prediction
 from potluck.plan.ring import allreduce_s
 from potluck_lab.bench.plan_figures import (
     Compute,
@@ -330,7 +338,7 @@ def measure(config: PlanBenchConfig, logs: Path) -> dict[str, Any]:
                 model = forecast(spec, cal)
                 want = model.samples_per_s
                 row: dict[str, Any] = {"run": label, "predicted": want, "measured": got,
-                       "error": error(want, got)}
+                                       "error": error(want, got)}
                 print(f"{label}: predicted {want:.1f}, measured {got:.1f} samples/s",
                       file=sys.stderr, flush=True)
                 if spec.mode == "diloco":
