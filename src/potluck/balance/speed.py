@@ -33,11 +33,15 @@ SPREAD_SMOOTHING = 0.8
 class SpeedMeter:
     """Samples per second of one worker: ``add(samples, seconds)`` per step, ``speed``."""
 
-    def __init__(self, smoothing: float = 0.5, *, skip: int = 1, jump: float = 1.5) -> None:
+    def __init__(self, smoothing: float = 0.5, *, skip: int = 1, jump: float = 1.5,
+                 jump_is_change: bool = False) -> None:
         """``smoothing`` is the weight of the past (0: the last step alone); ``skip``
         first steps are not counted (the first pass pays one-off costs: lazy
         initialisation, the bucket rebuild, allocator warm-up); ``jump``: the ratio to
-        the average beyond which a step restarts it (``math.inf``: never)."""
+        the average beyond which a step restarts it (``math.inf``: never);
+        ``jump_is_change``: a jump restarts the spread too, at the prior, instead of
+        widening it (for measurements that average many steps, as a round's do: there
+        a jump is a new speed, not noise)."""
         if not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ConfigError(
                 f"smoothing={smoothing!r} is invalid: it must be in [0, 1) (the weight "
@@ -51,6 +55,7 @@ class SpeedMeter:
             raise ConfigError(f"jump={jump!r} is invalid: it is a ratio > 1 (e.g. 1.5: a "
                               "step 1.5x slower or faster than the average restarts it)")
         self.smoothing, self._skip, self._jump = float(smoothing), skip, float(jump)
+        self._jump_is_change = jump_is_change
         self._average = 0.0  # biased EMA of seconds per sample
         self._count = 0  # measurements folded in
         self._seen = 0  # measurements offered, skipped ones included
@@ -66,9 +71,13 @@ class SpeedMeter:
         value, past = seconds / samples, self.smoothing
         if self._count:
             ratio = value / self._corrected()
-            self._square = (SPREAD_SMOOTHING * self._square
-                            + (1.0 - SPREAD_SMOOTHING) * math.log(ratio) ** 2)
-            if not 1.0 / self._jump < ratio < self._jump:
+            jumped = not 1.0 / self._jump < ratio < self._jump
+            if jumped and self._jump_is_change:
+                self._square = PRIOR_SPREAD ** 2
+            else:
+                self._square = (SPREAD_SMOOTHING * self._square
+                                + (1.0 - SPREAD_SMOOTHING) * math.log(ratio) ** 2)
+            if jumped:
                 self._average, self._count = 0.0, 0  # a new speed: start again from this step
         self._average = past * self._average + (1.0 - past) * value
         self._count += 1

@@ -72,9 +72,12 @@ from potluck.sync.round_sum import CodecSum, Piece, RoundSum
 log = logging.getLogger(__name__)
 
 # The past's weight in a rank's round speed: a round averages many local steps already,
-# so the average reaches back about two rounds (a real change restarts it at once:
-# ``SpeedMeter``'s jump).
+# so the average reaches back about two rounds. A round twice as slow or fast as the
+# average is a new speed (a quota, another job on the GPU), not noise: it restarts the
+# average and its spread (``SpeedMeter``'s jump). At 1.5x, rounds whose speeds scatter
+# by 20% restarted now and then with a narrow spread, and the plan moved on noise.
 ROUND_SMOOTHING = 0.5
+ROUND_JUMP = 2.0
 
 
 def _measured(value: float) -> float | None:
@@ -148,7 +151,7 @@ class DiLoCoSync:
         self.speeds: list[float | None] = [None] * group.size()
         # This rank's speed over its rounds, smoothed, and its noise (what it sends); the
         # syncs in a row that called for a new plan (the same on every rank).
-        self.meter = SpeedMeter(ROUND_SMOOTHING, skip=0)
+        self.meter = SpeedMeter(ROUND_SMOOTHING, skip=0, jump=ROUND_JUMP, jump_is_change=True)
         self._calls = 0
         self.rounds = 0
         self.skipped = 0  # rounds whose summed pseudo-gradient was not finite
