@@ -191,13 +191,6 @@ class GroupHandle:
         return f"GroupHandle(generation={self._generation}, {state})"
 
 
-def discard(held: list[Any], generation: int) -> None:
-    """Destroy the one group in ``held`` that no handle holds yet (a build that failed
-    after the backend object was made): abort it, then drop the last reference."""
-    _call(held[0], "abort") or _call(held[0], "shutdown")
-    _destroy(held, generation)
-
-
 def _destroy(held: list[Any], generation: int) -> None:
     """Drop the last reference to the backend in ``held``: its destructor joins its
     threads."""

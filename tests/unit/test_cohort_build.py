@@ -59,7 +59,7 @@ def _failing_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     asked: list[int] = []
 
     def make_group(spec: GroupSpec, store: Any, prefix: str, rank: int, world_size: int,
-                   generation: int, abandoned: Any = None) -> Any:
+                   generation: int) -> Any:
         asked.append(generation)
         if len(asked) == 1:
             raise RendezvousError(f"rank {rank} could not build generation {generation}")

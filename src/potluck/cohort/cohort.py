@@ -201,10 +201,8 @@ class Cohort:
                                                                 "the group was built"))
 
     def _build(self, membership: Membership) -> ProcessGroupLike:
-        generation = membership.generation
-        return make_group(self._spec, self._store, self._prefix(generation),
-                          membership.rank, membership.world_size, generation,
-                          abandoned=lambda: self._source.step_failed(generation))
+        return make_group(self._spec, self._store, self._prefix(membership.generation),
+                          membership.rank, membership.world_size, membership.generation)
 
     # ------------------------------------------------------------------ lifetime
 

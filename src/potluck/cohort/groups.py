@@ -9,8 +9,6 @@ closes), a frozen or cut-off one at the timeout.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,11 +18,10 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import ConfigError, RendezvousError
-from potluck.group import ProcessGroupLike, discard
-from potluck.relay import for_c10d, prefixed
+from potluck.group import ProcessGroupLike
+from potluck.relay import for_c10d
 
 BACKENDS = ("gloo", "nccl")
-POLL_S = 0.02  # how often a rank that built its group asks whether every peer has
 
 
 def choose_backend(requested: str | None) -> str:
@@ -53,65 +50,24 @@ class GroupSpec:
 
 
 def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
-               generation: int, abandoned: Callable[[], bool] | None = None
-               ) -> ProcessGroupLike:
-    """Create the backend object under ``prefix``; returns once every rank has built its
-    own (``_all_built``), all within ``spec.timeout``. ``abandoned``: whether a peer gave
-    up on this generation (its step-failed mark), which ends the wait at once. The group
-    holds a c10d client of the store, never a relay (``relay.for_c10d``)."""
-    deadline = time.monotonic() + spec.timeout
-    group = _build(spec, store, prefix, rank, world_size, generation)
-    try:
-        _all_built(spec, store, prefix, rank, world_size, generation, deadline,
-                   abandoned or (lambda: False))
-    except BaseException:
-        held = [group]
-        del group
-        discard(held, generation)  # the backend's threads are joined here, not left to a traceback
-        raise
-    return group
-
-
-def _all_built(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
-               generation: int, deadline: float, abandoned: Callable[[], bool]) -> None:
-    """Wait until every rank has its group. Gloo's mesh handshake can finish on one side
-    of a pair before the other. A rank that returned and closed its group at once (a job
-    that ends right after a recovery) cut its peer's handshake, and the peer then failed
-    to build a group the others counted on."""
-    marks = prefixed(store, prefix)
-    marks.set(f"built/{rank}", "1")
-    keys = [f"built/{r}" for r in range(world_size)]
-    while not marks.check(keys):
-        if abandoned():
-            raise RendezvousError(
-                f"rank {rank} of {world_size} built its {spec.backend} group of generation "
-                f"{generation}, but a peer gave up on it (it could not build its own)")
-        if time.monotonic() >= deadline:
-            raise RendezvousError(
-                f"rank {rank} of {world_size} built its {spec.backend} group of generation "
-                f"{generation}, but not every peer did within {spec.timeout:g} s; a peer "
-                "died or lost its link meanwhile: check every worker's log")
-        time.sleep(POLL_S)
-
-
-def _build(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
-           generation: int) -> ProcessGroupLike:
-    """This rank's backend object; blocks until every rank connected to it."""
-    under = PrefixStore(prefix, for_c10d(store))
+               generation: int) -> ProcessGroupLike:
+    """Create the backend object under ``prefix``; blocks until every rank connected.
+    The group holds a c10d client of the store, never a relay (``relay.for_c10d``)."""
+    prefixed = PrefixStore(prefix, for_c10d(store))
     delta = timedelta(seconds=spec.timeout)
     try:
         if spec.backend == "nccl":
             nccl: Any = dist.ProcessGroupNCCL
             nccl_opts = nccl.Options()
             nccl_opts._timeout = delta
-            group: ProcessGroupLike = nccl(under, rank, world_size, nccl_opts)
+            group: ProcessGroupLike = nccl(prefixed, rank, world_size, nccl_opts)
             return group
         # torch's stubs lag the bindings: the options class is ``_Options`` at runtime.
         gloo: Any = dist.ProcessGroupGloo
         gloo_opts = gloo._Options()
         gloo_opts._timeout = delta
         gloo_opts._devices = [_gloo_device(spec)]
-        group = gloo(under, rank, world_size, gloo_opts)
+        group = gloo(prefixed, rank, world_size, gloo_opts)
         return group
     except RuntimeError as exc:
         raise RendezvousError(
