@@ -74,6 +74,7 @@ class GroupHandle:
         self._retired: str | None = None
         self._owned = owned
         self._fault: str | None = None  # the next collective fails (fail_next_collective)
+        self._issued = 0  # collectives issued through this generation's group
         if group is not None and owned:
             _open_handles.add(self)
 
@@ -98,6 +99,11 @@ class GroupHandle:
     @property
     def usable(self) -> bool:
         return self._group is not None
+
+    @property
+    def communicated(self) -> bool:
+        """Whether a collective was issued through this generation's group."""
+        return self._issued > 0
 
     @property
     def step_abandoned(self) -> Callable[[], bool] | None:
@@ -143,6 +149,7 @@ class GroupHandle:
         """The group to issue a collective on; a fault set by ``fail_next_collective``
         raises here instead."""
         group = self.current
+        self._issued += 1
         if self._fault is not None:
             why, self._fault = self._fault, None
             raise RuntimeError(f"Connection reset by peer (a failed collective: {why})")
@@ -156,7 +163,7 @@ class GroupHandle:
         if self._group is not None:
             self.release(f"replaced by generation {generation}")
         self._group, self._generation, self._retired = group, generation, None
-        self._fault = None
+        self._fault, self._issued = None, 0
         if self._owned:
             _open_handles.add(self)
 

@@ -25,7 +25,7 @@ import torch
 from torch._C._distributed_c10d import Store
 
 from potluck.cohort.current import clear_current
-from potluck.cohort.groups import GroupSpec, make_group
+from potluck.cohort.groups import GroupSpec, make_group, peers_built
 from potluck.cohort.membership import MembershipSource
 from potluck.collectives import settle
 from potluck.env import WorkerEnv
@@ -217,8 +217,28 @@ class Cohort:
         no longer communicate through it. A group left open is released at exit
         (``potluck.group``), before the interpreter finalizes."""
         clear_current(self)
+        if self.group.usable and not self.group.communicated:
+            self._await_peers_built()
         self.group.release("the cohort was closed")
         self._source.close()
+
+    def _await_peers_built(self) -> None:
+        """Before closing a group no collective went through: wait until every peer has
+        built its own (``groups.peers_built``), within the group's timeout. A store that
+        cannot answer ends the wait; closing never fails."""
+        generation = self.generation
+        try:
+            done = peers_built(self._store, self._prefix(generation), self.world_size,
+                               time.monotonic() + self._spec.timeout,
+                               lambda: self._source.step_failed(generation))
+        except RuntimeError as exc:  # (store errors, a lost store's too)
+            log.info("[rank %d] closing generation %d's group without knowing that every "
+                     "peer built it (the store: %s)", self.rank, generation, exc)
+            return
+        if not done:
+            log.info("[rank %d] closing generation %d's group: not every peer built it "
+                     "(a peer gave up on it, or %g s passed)", self.rank, generation,
+                     self._spec.timeout)
 
     def __enter__(self) -> Cohort:
         return self

@@ -9,6 +9,8 @@ closes), a frozen or cut-off one at the timeout.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,9 +21,10 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from potluck.errors import ConfigError, RendezvousError
 from potluck.group import ProcessGroupLike
-from potluck.relay import for_c10d
+from potluck.relay import for_c10d, prefixed
 
 BACKENDS = ("gloo", "nccl")
+POLL_S = 0.02  # how often a closing rank asks whether every peer has built
 
 
 def choose_backend(requested: str | None) -> str:
@@ -51,23 +54,50 @@ class GroupSpec:
 
 def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
                generation: int) -> ProcessGroupLike:
-    """Create the backend object under ``prefix``; blocks until every rank connected.
-    The group holds a c10d client of the store, never a relay (``relay.for_c10d``)."""
-    prefixed = PrefixStore(prefix, for_c10d(store))
+    """Create the backend object under ``prefix``; blocks until every rank connected to
+    this one, then marks it built (``peers_built``). The group holds a c10d client of
+    the store, never a relay (``relay.for_c10d``)."""
+    group = _build(spec, store, prefix, rank, world_size, generation)
+    prefixed(store, prefix).set(f"built/{rank}", "1")
+    return group
+
+
+def peers_built(store: Store, prefix: str, world_size: int, deadline: float,
+                abandoned: Callable[[], bool]) -> bool:
+    """Wait until every rank of the group under ``prefix`` has built its own, a peer
+    gave up on the generation (``abandoned``), or ``deadline``; True if all built.
+
+    Gloo's mesh handshake can finish on one side of a pair first. A rank that closes
+    its group before any collective (a job ending right after a recovery) would cut a
+    peer's handshake, and that peer would fail to build a group the others counted on.
+    A rank that closes such a group waits here first; a collective through the group
+    implies every peer built, so nothing else waits."""
+    marks = prefixed(store, prefix)
+    keys = [f"built/{r}" for r in range(world_size)]
+    while not marks.check(keys):
+        if abandoned() or time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _build(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size: int,
+           generation: int) -> ProcessGroupLike:
+    under = PrefixStore(prefix, for_c10d(store))
     delta = timedelta(seconds=spec.timeout)
     try:
         if spec.backend == "nccl":
             nccl: Any = dist.ProcessGroupNCCL
             nccl_opts = nccl.Options()
             nccl_opts._timeout = delta
-            group: ProcessGroupLike = nccl(prefixed, rank, world_size, nccl_opts)
+            group: ProcessGroupLike = nccl(under, rank, world_size, nccl_opts)
             return group
         # torch's stubs lag the bindings: the options class is ``_Options`` at runtime.
         gloo: Any = dist.ProcessGroupGloo
         gloo_opts = gloo._Options()
         gloo_opts._timeout = delta
         gloo_opts._devices = [_gloo_device(spec)]
-        group = gloo(prefixed, rank, world_size, gloo_opts)
+        group = gloo(under, rank, world_size, gloo_opts)
         return group
     except RuntimeError as exc:
         raise RendezvousError(
