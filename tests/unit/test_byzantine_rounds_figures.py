@@ -3,11 +3,13 @@ report, with trust available and without, from made-up results."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Any
 
 import pytest
 
+from potluck.errors import ConfigError
 from potluck_lab.bench import byzantine_rounds as bench
 from potluck_lab.bench import byzantine_rounds_figures as fig
 
@@ -111,11 +113,43 @@ def test_the_report_puts_each_figure_beside_its_goal() -> None:
            "hurt: 0.9800" in text
     assert "max_rounds_to_quarantine inf (goal <= 3, over every attack)" in text
     assert "false_quarantines 0 of 20 clean runs (goal 0)" in text
-    assert "clean_overhead +0.020 (round 51.0 ms with trust vs 50.0 ms without; goal <= " \
-           "0.05)" in text
+    assert "clean_overhead +0.020 (round 51.0 ms with trust vs 50.0 ms without, H = " \
+           f"{CONFIG.inner_steps}; goal <= 0.05)" in text
     assert "the floor: one all-gather of the pseudo-gradient more a round costs +0.010 " \
            "(50.5 ms a round), the same run" in text
     payload = bench.report_json(CONFIG, _results(True))
     assert payload["trust_contender"] == "available"
     assert {"worst_loss_ratio", "max_rounds_to_quarantine", "false_quarantines",
             "clean_overhead"} <= set(payload)
+
+
+def _args(**given: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{"attack": None, "quick": False, "inner_steps": None,
+                                 "rounds": None, "seeds": None, **given})
+
+
+def test_inner_steps_rounds_and_seeds_are_the_users_or_the_defaults() -> None:
+    config = bench.config_from_args(_args())
+    assert (config.inner_steps, config.rounds, config.seeds) == (16, 16, 3)
+    config = bench.config_from_args(_args(inner_steps=256, rounds=12, seeds=1))
+    assert (config.inner_steps, config.rounds, config.seeds) == (256, 12, 1)
+    quick = bench.config_from_args(_args(quick=True, inner_steps=32))
+    assert (quick.inner_steps, quick.rounds, quick.seeds) == (32, 10, 1)
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"inner_steps": 0}, r"--inner-steps 0: pass a whole number of at least 1 \(default 16\)"),
+    ({"seeds": -1}, r"--seeds -1: pass a whole number of at least 1 \(default 3\)"),
+    ({"rounds": 2}, r"--rounds 2: .* pass at least 3"),
+])
+def test_a_bad_setting_says_the_value_and_the_rule(given: dict[str, int], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        bench.config_from_args(_args(**given))
+
+
+def test_the_every_step_bench_refuses_the_rounds_settings() -> None:
+    from potluck_lab.bench import byzantine
+
+    with pytest.raises(ConfigError, match="--inner-steps sets the rounds bench: add --sync "
+                                          "diloco"):
+        byzantine.config_from_args(_args(inner_steps=64))

@@ -65,6 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rounds of local steps, attacks on a round's pseudo-gradient "
                              "(adds ipm, free_rider, free_rider_scaled, copy, replay, "
                              "other_data; drops stale, bit_flip)")
+    parser.add_argument("--inner-steps", type=int, metavar="H",
+                        help="with --sync diloco: local steps a round (default 16, 8 "
+                             "with --quick); trust's cost is per round, so its overhead "
+                             "falls as H grows")
+    parser.add_argument("--rounds", type=int, metavar="R",
+                        help="with --sync diloco: rounds a run (default 16, 10 with "
+                             "--quick; at least 12 for the issue's figures)")
+    parser.add_argument("--seeds", type=int, metavar="S",
+                        help="with --sync diloco: seeds per attack (default 3, 1 with "
+                             "--quick)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,10 @@ def config_from_args(args: argparse.Namespace) -> ByzantineConfig:
     if wrong:
         raise ConfigError(f"--attack {wrong[0]} attacks a round's pseudo-gradient: add "
                           f"--sync diloco, or choose from {', '.join(ATTACKS)}")
+    for flag in ("inner_steps", "rounds", "seeds"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} sets the rounds bench: add "
+                              "--sync diloco")
     steps, clean_runs, rounds = (30, 4, 2) if args.quick else (60, 20, 4)
     return ByzantineConfig(tuple(args.attack or ATTACKS), steps, clean_runs, rounds,
                            1 if args.quick else SEEDS, 2 if args.quick else LM_RUNS,
