@@ -13,6 +13,7 @@ import torch
 from potluck.trust.round_noise import (
     JUDGE_Z,
     ROUND_Z,
+    SHORT_ROUNDS,
     WINDOW,
     Score,
     gain_noise,
@@ -20,6 +21,7 @@ from potluck.trust.round_noise import (
     power,
     sample_leak,
     score_noise,
+    short_rounds,
     shortfall_z,
 )
 from potluck.trust.round_work import judge_work, under, window_mean, work_scores
@@ -331,3 +333,43 @@ def test_a_smaller_part_is_noisier() -> None:
     assert 1.5 < noisier(small, keep, 3) < 2.0  # (its row's noise doubled, not its column's)
     assert noisier(small, keep, 0) == 1.0  # (never stricter than a median part's)
     assert noisier({**equal, 3: 2.0}, keep, 3) == 1.0
+
+
+# Rounds 1 to 3 of `potluck bench cohort` (seed 0, H = 30, 4 members), as the check
+# measured them: each member's part, and gains[t][k]. Member 1 sent its pseudo-gradient
+# times -10 in rounds 1 and 2 and trained honestly in round 3; then the cohort had 3
+# members (a kill, then the store's host lost), so no round was scored again.
+STRETCH = [
+    ([0.1958, 0.2573, 0.3125, 0.2344],
+     [[1.6453, 1.5846, 1.7750, 1.5462], [-3.1473, -3.0909, -3.1745, -3.9529],
+      [1.6291, 1.6051, 1.7669, 1.5598], [1.6510, 1.6080, 1.8043, 1.6283]]),
+    ([0.1917, 0.2583, 0.3167, 0.2333],
+     [[0.1358, 0.1491, 0.1242, 0.1014], [-12.0379, -12.1058, -12.2668, -12.1130],
+      [0.1702, 0.2048, 0.1769, 0.1403], [0.0985, 0.1322, 0.0887, 0.1168]]),
+    ([0.1917, 0.2583, 0.3167, 0.2333],
+     [[0.1499, 0.1600, 0.1286, 0.1780], [0.1278, 0.2590, 0.1319, 0.1863],
+      [0.1303, 0.2483, 0.1516, 0.1748], [0.1282, 0.1836, 0.1237, 0.2100]]),
+]
+
+
+@pytest.mark.timeout(10)
+def test_one_good_round_does_not_cancel_two_attacked_ones() -> None:
+    """The attacker's rounds 1 and 2 fall short by 6 and hundreds of times their noise,
+    its honest round 3 is above the median (-1.7): within ``ROUND_Z`` the window's z is
+    2.5, under ``JUDGE_Z``, and the check would abstain. Two rounds at ``ROUND_Z`` flag
+    it on their own; the honest members are not flagged."""
+    recent = _windows([work_scores(gains, [0, 1, 2, 3], parts) for parts, gains in STRETCH])
+    attacker = recent[1]
+    assert shortfall_z(attacker) < JUDGE_Z and short_rounds(attacker) == SHORT_ROUNDS
+    assert under(attacker, LIMIT) is True
+    assert [f.rank for f in judge_work(recent, 1 - LIMIT)] == [1]
+
+
+def test_two_short_rounds_flag_only_a_window_whose_mean_is_under_the_limit() -> None:
+    short, fine = Score(-1.0, 2.0, 0.5), Score(1.0, -0.1, 0.5)  # (z 4 and -0.2)
+    assert short_rounds([short, short, fine]) == 2 and short_rounds([short, fine, fine]) == 1
+    assert under([short, short, Score(1.0, -2.0, 0.5)], LIMIT) is True  # (z sum 2.3)
+    # the same shortfalls with a window mean over the limit: the mean decides
+    high = Score(0.5, 2.0, 0.5)
+    assert under([high, high, Score(1.0, -2.0, 0.5)], LIMIT) is not True
+    assert short_rounds([0.0, 0.0, 0.0]) == 0  # (plain floats carry no noise)

@@ -15,7 +15,8 @@ shortfall's noise were it honest (``honest_noise``: the fit's noise without its 
 plus the other members' spread beyond their own noise; the member itself moves
 neither). ``shortfall_z``: the window's shortfalls in units of their noise, as one
 z-score, each round's within ``ROUND_Z`` (one round whose noise was read too small
-must not carry a window); a member is flagged only where it reaches ``JUDGE_Z``.
+must not carry a window); a member is flagged only where it reaches ``JUDGE_Z``, or
+where ``SHORT_ROUNDS`` of its rounds each reach ``ROUND_Z`` (``short_rounds``).
 ``power``: the z-score a member that did no work would reach; under ``JUDGE_Z`` the
 check abstains.
 
@@ -45,6 +46,13 @@ SETTLE_Z = 2.0
 # one round carried its member's window to a quarantine at round 3, read with scores
 # centered on the means alone, without ``sample_leak``.)
 ROUND_Z = 3.0
+# rounds of a window whose shortfall reaches ROUND_Z that flag it on their own (its mean
+# under the limit too): one honest round above the median must not cancel two rounds of
+# an attack in the sum (``potluck bench cohort``: an attacker's rounds at 6 and 518 of
+# their noise, then an honest round at -1.7, summed to 2.5 and it was never judged again:
+# the cohort had 3 members after). In 1,200 simulated honest member-windows 9 had one
+# round at ROUND_Z or more and none had two.
+SHORT_ROUNDS = 2
 
 
 class Score(float):
@@ -88,6 +96,15 @@ def shortfall_z(scores: Sequence[float]) -> float:
     if last is None:
         return math.copysign(math.inf, sum(1 - s for s in list(scores)[-WINDOW:]))
     return sum(_capped(s.shortfall / max(s.noise, 1e-12)) for s in last) / math.sqrt(WINDOW)
+
+
+def short_rounds(scores: Sequence[float]) -> int:
+    """Rounds of the last ``WINDOW`` whose shortfall reaches ``ROUND_Z`` times its
+    noise (0 where a plain float is among them: it carries no noise)."""
+    last = _rounds(scores)
+    if last is None:
+        return 0
+    return sum(s.shortfall >= ROUND_Z * max(s.noise, 1e-12) for s in last)
 
 
 def _capped(z: float) -> float:

@@ -44,7 +44,8 @@ noisier``, ``noisier`` being 1 at the median part and more below it.
 
 A target is flagged "no work on its data" when the mean of its scores over its last
 ``WINDOW`` checked rounds is under ``1 - tolerance`` and its shortfall stands out of
-its own noise (``round_noise.shortfall_z``: a z-score of ``JUDGE_Z``); or when its
+its own noise (``round_noise.shortfall_z``: a z-score of ``JUDGE_Z``, or two of its
+rounds at ``ROUND_Z`` each, so one good round cannot cancel two attacked ones); or when its
 pseudo-gradient makes the loss on a sample not finite. Its noise is what an honest
 member's shortfall would be: the fit's noise of one gain without its row, and the
 spread of the other members' own-data work, which differs between honest members by
@@ -76,6 +77,7 @@ from potluck.trust.round_copy import combined, copier
 from potluck.trust.round_noise import (
     JUDGE_Z,
     SETTLE_Z,
+    SHORT_ROUNDS,
     Score,
     gain_noise,
     honest_noise,
@@ -83,6 +85,7 @@ from potluck.trust.round_noise import (
     power,
     sample_leak,
     score_noise,
+    short_rounds,
     shortfall_z,
 )
 from potluck.trust.round_noise import WINDOW as WINDOW
@@ -295,12 +298,14 @@ def window_mean(scores: Sequence[float]) -> float:
 def under(scores: Sequence[float], limit: float, z: float = JUDGE_Z) -> bool | None:
     """Whether the mean of the last ``WINDOW`` scores is under ``limit`` and the
     member's shortfall stands out of its own noise (``round_noise.shortfall_z`` at least
-    ``z``). None while it cannot tell: fewer scores, or, short of a finding, too
-    little data to judge this member's work (a member that did no work would not have
-    stood out of this one's noise: ``round_noise.power``)."""
+    ``z``, or ``SHORT_ROUNDS`` rounds each at ``ROUND_Z``: ``short_rounds``). None
+    while it cannot tell: fewer scores, or, short of a finding, too little data to judge
+    this member's work (a member that did no work would not have stood out of this
+    one's noise: ``round_noise.power``)."""
     if len(scores) < WINDOW:
         return None
-    if window_mean(scores) < limit and shortfall_z(scores) >= z:
+    if window_mean(scores) < limit and (shortfall_z(scores) >= z
+                                        or short_rounds(scores) >= SHORT_ROUNDS):
         return True
     return None if power(scores) < z else False
 
