@@ -53,6 +53,32 @@ def test_the_attackers_quarantine_counts_rounds_from_its_first_corrupted_one() -
     assert fig.quarantine([honest, _worker(3, [], [])], 3) is None  # it never attacked
 
 
+def test_an_attacker_never_quarantined_comes_with_its_strikes(tmp_path: Path) -> None:
+    import json
+
+    attacker = _worker(2, [{"kind": "member", "worker": "w2"},
+                           {"kind": "attack", "round": 1}], [])
+    (tmp_path / "ranks").mkdir()
+    strike = {"kind": "event", "what": "strike", "member": "w2", "step": 1,
+              "text": "rank 2 (w2): far from the center"}
+    lines = [strike, strike, {**strike, "step": 2},  # (each rank notes the same strike)
+             {**strike, "member": "w0", "step": 3}, {"kind": "rank_step", "step": 1}]
+    for rank in ("a", "b"):
+        (tmp_path / "ranks" / f"rank-{rank}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in lines))
+    caught = fig.quarantine([attacker], 2, tmp_path)
+    assert caught is not None and caught["round"] is None
+    assert caught["strikes"] == ["round 1: rank 2 (w2): far from the center",
+                                 "round 2: rank 2 (w2): far from the center"]
+    from potluck_lab.bench.cohort_report import _potluck_line
+
+    run = {"contender": "potluck", "time_to_target_s": 10.0, "wall_s": 12.0,
+           "exactly_once": True, "samples_twice": 0, "samples_lost": 0,
+           "replicas_equal": True, "finishers": 2, "quarantine": caught}
+    assert ("attacker not quarantined (first corrupted round 1; struck: round 1: rank 2 "
+            "(w2): far from the center; round 2:") in _potluck_line(run)
+
+
 def test_time_to_target_is_the_first_eval_at_or_under_it() -> None:
     w = _worker(0, [{"kind": "eval", "at": 105.0, "loss": 3.0},
                     {"kind": "eval", "at": 110.0, "loss": 2.5},

@@ -282,7 +282,8 @@ class Cohort:
         finishers = [w for w in workers if w.params is not None]
         equal = fig.replicas_equal(torch.load(w.params) for w in finishers
                                    if w.params is not None)
-        caught = fig.quarantine(workers, self.attack[0]) if self.attack else None
+        caught = fig.quarantine(workers, self.attack[0], self.run_dir / "metrics") \
+            if self.attack else None
         pictures, no_plots = story.plots(self.run_dir / "metrics", self.run_dir / "plots")
         wall = max((r["at"] for w in workers for r in w.records), default=self.started) \
             - self.started

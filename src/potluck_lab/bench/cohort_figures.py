@@ -147,10 +147,12 @@ def replicas_equal(states: Iterable[dict[str, torch.Tensor]]) -> bool | None:
                                                    for k in first) for state in states[1:])
 
 
-def quarantine(workers: Sequence[Worker], attacker_node: int) -> dict[str, Any] | None:
+def quarantine(workers: Sequence[Worker], attacker_node: int,
+               metrics: Path | None = None) -> dict[str, Any] | None:
     """The attacker's quarantine: the round it was out after, the first round it
     corrupted, the rounds between (its first corrupted round counted as 1), the
-    evidence; None if it attacked but was never quarantined, or never attacked."""
+    evidence; None if it never attacked. Never quarantined: ``round`` None, and
+    ``strikes``, what trust struck it for (the ranks' metrics under ``metrics``)."""
     attacks = sorted(r["round"] for w in workers if w.node == attacker_node
                      for r in w.of("attack"))
     ids = {w.worker_id for w in workers if w.node == attacker_node}
@@ -159,11 +161,25 @@ def quarantine(workers: Sequence[Worker], attacker_node: int) -> dict[str, Any] 
     found = [r for w in workers for r in w.of("trust")
              if r.get("event") == "quarantine" and r.get("member") in ids]
     if not found:
-        return {"first_attack": attacks[0], "round": None, "rounds": None, "evidence": None}
+        return {"first_attack": attacks[0], "round": None, "rounds": None, "evidence": None,
+                "strikes": [] if metrics is None else strikes(metrics, ids)}
     out = min(found, key=lambda r: r["step"])
     return {"first_attack": attacks[0], "round": out["step"],
             "rounds": out["step"] - attacks[0] + 1,
             "evidence": [e.get("kind") for e in out.get("evidence", [])]}
+
+
+def strikes(metrics: Path, members: set[str | None]) -> list[str]:
+    """The strikes against ``members`` in the ranks' metrics (``ranks/*.jsonl``), each
+    once, by round: "round R: why"."""
+    seen: dict[tuple[int, str], None] = {}
+    for path in sorted(metrics.glob("ranks/*.jsonl")):
+        for line in _lines(path):
+            record = json.loads(line)
+            if (record.get("kind") == "event" and record.get("what") == "strike"
+                    and record.get("member") in members):
+                seen[(int(record.get("step", 0)), str(record.get("text", "")))] = None
+    return [f"round {step}: {text}" for step, text in sorted(seen)]
 
 
 def honest_quarantines(workers: Sequence[Worker], attacker_node: int | None) -> list[str]:

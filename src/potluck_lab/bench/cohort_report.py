@@ -44,7 +44,10 @@ def _potluck_line(run: Run) -> str:
             f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
             f"{run['replicas_equal']} ({run['finishers']} finishers)"
             + ("" if q is None else f", attacker out after round {q['round']} "
-               f"({q['rounds']} round(s) from its first corrupted one, {q['evidence']})"))
+               f"({q['rounds']} round(s) from its first corrupted one, {q['evidence']})"
+               if q["round"] is not None else
+               f", attacker not quarantined (first corrupted round {q['first_attack']}; "
+               f"struck: {'; '.join(q.get('strikes') or ()) or 'never'})"))
 
 
 def _torchrun_line(run: Run) -> str:
