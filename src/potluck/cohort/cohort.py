@@ -213,19 +213,24 @@ class Cohort:
 
     def close(self) -> None:
         """Destroy the group (its threads are joined here) and release the store
-        connection; safe to call twice. Whoever holds ``group`` (``DataParallel`` too) can
+        connection; safe to call twice. A Gloo group no collective went through is
+        destroyed once every peer has built its own (up to the group's timeout:
+        ``groups.peers_built``). Whoever holds ``group`` (``DataParallel`` too) can
         no longer communicate through it. A group left open is released at exit
         (``potluck.group``), before the interpreter finalizes."""
         clear_current(self)
-        if self.group.usable and not self.group.communicated:
-            self._await_peers_built()
-        self.group.release("the cohort was closed")
-        self._source.close()
+        try:
+            if self.group.usable and not self.group.communicated and \
+                    self._spec.backend == "gloo":  # (NCCL connects lazily: no handshake)
+                self._await_peers_built()
+        finally:
+            self.group.release("the cohort was closed")
+            self._source.close()
 
     def _await_peers_built(self) -> None:
         """Before closing a group no collective went through: wait until every peer has
-        built its own (``groups.peers_built``), within the group's timeout. A store that
-        cannot answer ends the wait; closing never fails."""
+        built its own (``groups.peers_built``); it may take up to the group's timeout. A
+        store that cannot answer ends the wait; closing never fails."""
         generation = self.generation
         try:
             done = peers_built(self._store, self._prefix(generation), self.world_size,

@@ -9,6 +9,7 @@ closes), a frozen or cut-off one at the timeout.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from torch._C._distributed_c10d import PrefixStore, Store
 from potluck.errors import ConfigError, RendezvousError
 from potluck.group import ProcessGroupLike
 from potluck.relay import for_c10d, prefixed
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
 POLL_S = 0.02  # how often a closing rank asks whether every peer has built
@@ -58,14 +61,19 @@ def make_group(spec: GroupSpec, store: Store, prefix: str, rank: int, world_size
     this one, then marks it built (``peers_built``). The group holds a c10d client of
     the store, never a relay (``relay.for_c10d``)."""
     group = _build(spec, store, prefix, rank, world_size, generation)
-    prefixed(store, prefix).set(f"built/{rank}", "1")
+    try:
+        prefixed(store, prefix).set(f"built/{rank}", "1")
+    except RuntimeError as exc:  # (a store error: the group is built all the same)
+        log.info("rank %d could not mark its group of generation %d built (%s); a peer "
+                 "that closes at once waits its timeout", rank, generation, exc)
     return group
 
 
 def peers_built(store: Store, prefix: str, world_size: int, deadline: float,
                 abandoned: Callable[[], bool]) -> bool:
     """Wait until every rank of the group under ``prefix`` has built its own, a peer
-    gave up on the generation (``abandoned``), or ``deadline``; True if all built.
+    gave up on the generation (``abandoned``), or ``deadline`` (checked between store
+    reads: a read on a cut link may outlast it); True if all built.
 
     Gloo's mesh handshake can finish on one side of a pair first. A rank that closes
     its group before any collective (a job ending right after a recovery) would cut a

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "falls as H grows")
     parser.add_argument("--rounds", type=int, metavar="R",
                         help="with --sync diloco: rounds a run (default 16, 10 with "
-                             "--quick; at least 12 for the issue's figures)")
+                             "--quick; at least 12 for the full figures)")
     parser.add_argument("--seeds", type=int, metavar="S",
                         help="with --sync diloco: seeds per attack (default 3, 1 with "
                              "--quick)")

@@ -66,7 +66,7 @@ def config_from_args(args: Any) -> RoundsConfig:
     if rounds < 3:
         raise ConfigError(f"--rounds {rounds}: the timing reads rounds past the first, and "
                           "a quarantine takes up to 3; pass at least 3 (12 for the "
-                          "issue's figures)")
+                          "full figures)")
     return RoundsConfig(tuple(dict.fromkeys(args.attack or ROUND_ATTACKS)), rounds,
                         inner_steps, _positive(args, "seeds", 1 if quick else SEEDS),
                         4 if quick else CLEAN_RUNS, 2 if quick else TIMING, quick)

@@ -171,14 +171,16 @@ def quarantine(workers: Sequence[Worker], attacker_node: int,
 
 def strikes(metrics: Path, members: set[str | None]) -> list[str]:
     """The strikes against ``members`` in the ranks' metrics (``ranks/*.jsonl``), each
-    once, by round: "round R: why"."""
+    once, by round: "round R: why" (a copied pair's note, "no strike until ...", is
+    not one)."""
     seen: dict[tuple[int, str], None] = {}
     for path in sorted(metrics.glob("ranks/*.jsonl")):
         for line in _lines(path):
             record = json.loads(line)
+            text = str(record.get("text", ""))
             if (record.get("kind") == "event" and record.get("what") == "strike"
-                    and record.get("member") in members):
-                seen[(int(record.get("step", 0)), str(record.get("text", "")))] = None
+                    and record.get("member") in members and "no strike" not in text):
+                seen[(int(record.get("step", 0)), text)] = None
     return [f"round {step}: {text}" for step, text in sorted(seen)]
 
 
