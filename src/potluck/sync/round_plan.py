@@ -73,9 +73,7 @@ def plan_round(speeds: Sequence[float | None], inner_steps: int, *,
                 f"{inner_steps} = {world_size * inner_steps} (a round's local steps)")
         return tuple(split)
     total = world_size * inner_steps
-    plan = None
-    if current is not None and len(current) == world_size and sum(current) == total:
-        plan = Plan(tuple(current), (1,) * world_size)
+    plan = _standing(current, world_size, total)
     return plan_shares(speeds, total, current=plan, min_gain=min_gain).counts
 
 
@@ -88,12 +86,17 @@ def replan_round(speeds: Sequence[float | None], noise: Sequence[float | None],
     (or of another world size) means even."""
     world_size = len(speeds)
     total = world_size * inner_steps
-    plan = None
-    if current is not None and len(current) == world_size and sum(current) == total:
-        plan = Plan(tuple(current), (1,) * world_size)
-    decided, calls = replan(speeds, total, current=plan, calls=calls, noise=noise,
-                            min_gain=min_gain)
+    decided, calls = replan(speeds, total, current=_standing(current, world_size, total),
+                            calls=calls, noise=noise, min_gain=min_gain)
     return decided.counts, calls
+
+
+def _standing(current: Sequence[int] | None, world_size: int, total: int) -> Plan | None:
+    """The round's plan as the planner takes it (None: none, or one of another world
+    size or round length)."""
+    if current is not None and len(current) == world_size and sum(current) == total:
+        return Plan(tuple(current), (1,) * world_size)
+    return None
 
 
 def fragment_points(local: int, fragments: int) -> tuple[int, ...]:
