@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +27,15 @@ SPEC = GroupSpec("gloo", 10.0, "127.0.0.1")
 
 def _never() -> bool:
     return False
+
+
+def _on_two_ranks(rank: Callable[[int], None]) -> None:
+    """``rank(0)`` and ``rank(1)`` on threads of their own, both joined."""
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(25.0)
 
 
 def test_the_wait_ends_when_the_last_peer_marks_its_group_built() -> None:
@@ -87,11 +97,7 @@ def test_groups_closed_as_soon_as_every_peer_built_never_cut_a_build() -> None:
                 failures.append(f"rank {r}, generation {generation}: not every peer built")
             del group
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(25.0)
+    _on_two_ranks(rank)
     assert failures == []
     assert all(store.check([f"g{g}/built/{r}" for r in (0, 1)]) for g in range(20))
 
@@ -188,11 +194,7 @@ def test_a_relays_mark_lands_where_a_closing_rank_looks() -> None:
         except RendezvousError as exc:
             failures.append(str(exc))
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(25.0)
+    _on_two_ranks(rank)
     assert failures == []
     assert peers_built(relay, "g7", 2, time.monotonic() + 1.0, _never)
     assert inner.check(["g7/built/0", "g7/built/1"])

@@ -97,7 +97,7 @@ def shortfall_z(scores: Sequence[float]) -> float:
     last = _rounds(scores)
     if last is None:
         return math.copysign(math.inf, sum(1 - s for s in list(scores)[-WINDOW:]))
-    return sum(_capped(s.shortfall / max(s.noise, 1e-12)) for s in last) / math.sqrt(WINDOW)
+    return sum(_capped(_z(s)) for s in last) / math.sqrt(WINDOW)
 
 
 def short_rounds(scores: Sequence[float]) -> int:
@@ -105,9 +105,14 @@ def short_rounds(scores: Sequence[float]) -> int:
     noise (0 where a plain float is among them, which carries no noise, or a round
     whose shortfall is unknown: NaN is no verdict)."""
     last = _rounds(scores)
-    if last is None or any(math.isnan(s.shortfall / max(s.noise, 1e-12)) for s in last):
+    if last is None or any(math.isnan(_z(s)) for s in last):
         return 0
-    return sum(s.shortfall >= ROUND_Z * max(s.noise, 1e-12) for s in last)
+    return sum(_z(s) >= ROUND_Z for s in last)
+
+
+def _z(score: Score) -> float:
+    """One round's shortfall in units of its noise."""
+    return score.shortfall / max(score.noise, 1e-12)
 
 
 def _capped(z: float) -> float:
