@@ -14,12 +14,14 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from potluck.errors import ConfigError
+from potluck.trust.round_check import WorkCheck, _Kept
 from potluck.trust.round_noise import Score
 from potluck.trust.round_work import (
     RUNS,
@@ -27,6 +29,7 @@ from potluck.trust.round_work import (
     RoundCheck,
     judge_work,
     median_gains,
+    outside,
     round_seed,
     settle_copies,
     under,
@@ -359,3 +362,41 @@ def test_a_cohort_of_32_is_scored_and_its_free_rider_flagged() -> None:
     found = judge_work(recent, TOLERANCE)
     assert [(f.rank, f.kind) for f in found] == [(rider, NO_WORK)]
     assert spent < WINDOW * 1.0, spent
+
+
+def test_the_checkers_of_a_target_or_pair_are_the_owners_outside_it() -> None:
+    assert outside([0, 1, 2, 3], (2,)) == [0, 1, 3]
+    assert outside([0, 1, 2, 3], (1, 3)) == [0, 2]
+    assert outside([2], (2,)) == [2]  # nobody else: its own measure counts
+    assert outside([1, 3], (1, 3)) == [1, 3]
+
+
+def test_a_member_measures_only_the_rows_read_and_the_rest_are_nan() -> None:
+    """The own row of a target is not read (``median_gains``), so it is not measured:
+    N forwards fewer a round; the rows measured are the same as when all are."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    calls = []
+
+    def loss(model: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor
+             ) -> torch.Tensor:
+        calls.append(1)
+        return model(batch).pow(2).mean()
+
+    batches = {r: torch.randn(4, 3) for r in range(3)}
+    check = WorkCheck(RoundCheck(loss), net, lambda: list(net.parameters()),
+                      lambda ranges: [batches[r[0]] for r in ranges])
+    start = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    deltas = [torch.randn_like(start) * 0.1 for _ in range(3)]
+    kept = {"p": _Kept((0, 1), start, (0, 1, 2), (0, 1, 2), deltas)}
+    picked = [[(r, r + 1)] for r in range(3)]
+    every = check._gains(kept, [deltas], picked, [0, 1, 2])
+    assert len(calls) == 3 * 4
+    calls.clear()
+    some = check._gains(kept, [deltas], picked, [0, 2])
+    assert len(calls) == 3 * 3
+    assert some[0] == every[0] and some[2] == every[2]
+    assert all(math.isnan(g) for g in some[1])
+    calls.clear()
+    assert all(math.isnan(g) for row in check._gains(kept, [deltas], picked, [])
+               for g in row) and not calls

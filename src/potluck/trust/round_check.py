@@ -28,8 +28,11 @@ Bytes a member sends on a checked round: the targets' slices as they reached it,
 ``(N - 1) * T / N`` of the pseudo-gradient (T targets; every member each
 ``RoundCheck.every`` rounds: ``N - 1`` pseudo-gradients, encoded by the round's codec;
 in the round sum's second all-to-all), plus ``8 * T * N * (N - 1)`` bytes of gains.
-Forward passes: ``N * (T + 1)`` of ``samples`` samples each, on every member; and on
-a round with a copied pair, 4 more of ``copy_samples`` samples for the pair.
+Forward passes: ``N * (T + 1)`` of ``samples`` samples each on a member that is not a
+target, ``N * T`` on one that is (its own row is not read: the median leaves it out,
+so it is not measured; a member that owns no slice measures nothing); and on a round
+with a copied pair, 4 more of ``copy_samples`` samples for the pair, on each checker
+outside it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,14 @@ from potluck.errors import ConfigError
 from potluck.group import ProcessGroupLike
 from potluck.sync.round_sum import Piece
 from potluck.trust.round_copy import chunks, pair_z
-from potluck.trust.round_work import WINDOW, RoundCheck, median_gains, round_seed, windows
+from potluck.trust.round_work import (
+    WINDOW,
+    RoundCheck,
+    median_gains,
+    outside,
+    round_seed,
+    windows,
+)
 from potluck.trust.verdict import median
 
 Pair = tuple[int, int]
@@ -159,9 +169,12 @@ class WorkCheck:
             return None
         deltas = [k.deltas for k in kept.values()]
         picked = windows(parts, self.config.samples, round_seed(round_, digest))
-        gains = torch.tensor(self._gains(kept, deltas, picked), dtype=torch.float64)
+        owners, me = next(iter(kept.values())).owners, group.rank()
+        needed = [t for t, target in enumerate(targets) if me in outside(owners, (target,))]
+        gains = torch.tensor(self._gains(kept, deltas, picked, needed), dtype=torch.float64)
         seed = round_seed(round_, digest + b"copies")
-        mine_z = [self._pair(kept, parts, targets, pair, seed) for pair in pairs]
+        mine_z = [self._pair(kept, parts, targets, pair, seed)
+                  if me in outside(owners, pair) else math.nan for pair in pairs]
         words = torch.cat([gains.reshape(-1), torch.tensor(mine_z, dtype=torch.float64)])
         if carry is not None:  # (its bits, as a float64: the gains' dtype)
             words = torch.cat([words, torch.tensor([carry], dtype=torch.int64)
@@ -170,13 +183,11 @@ class WorkCheck:
         table = [torch.zeros_like(mine) for _ in range(n)]
         _all_gather(group, table, mine, "the work check's gains")
         rows = [t.cpu() for t in table]
-        owners = next(iter(kept.values())).owners
         gathered = [r[:gains.numel()].view(gains.shape).tolist() for r in rows]
         carried = None if carry is None else [int(r[-1:].view(torch.int64)) for r in rows]
         paired = []
         for k, pair in enumerate(pairs):
-            outside = [c for c in owners if c not in pair] or list(owners)
-            values = [float(rows[c][gains.numel() + k]) for c in outside]
+            values = [float(rows[c][gains.numel() + k]) for c in outside(owners, pair)]
             known = [v for v in values if math.isfinite(v)]
             paired.append(median(known) if known else math.nan)
         return Measured(median_gains(gathered, owners, targets), carried, paired)
@@ -208,9 +219,14 @@ class WorkCheck:
         return pair_z(values[0], values[1])
 
     def _gains(self, kept: dict[str, _Kept], deltas: list[list[torch.Tensor]],
-               picked: Sequence[Sequence[tuple[int, int]]]) -> list[list[float]]:
-        """``[target][member]``: the loss at the start minus at ``start - delta``."""
+               picked: Sequence[Sequence[tuple[int, int]]], rows: Sequence[int]
+               ) -> list[list[float]]:
+        """``[target][member]``: the loss at the start minus at ``start - delta``, for
+        the targets in ``rows`` (the others' rows NaN: nobody reads this member's)."""
         pieces = list(kept.values())
+        targets = len(deltas[0]) if deltas else 0
+        if not rows:
+            return [[math.nan] * len(picked) for _ in range(targets)]
         start = self._state(pieces, [p.start for p in pieces])
         read = iter(self._read([run for runs in picked for run in runs]))
         batches = [_joined([next(read) for _ in runs]) for runs in picked]
@@ -220,7 +236,10 @@ class WorkCheck:
         # (one fork for every loss: forking costs milliseconds, a small forward less)
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             before = [self._loss(start, runs) for runs in batches]
-            for t in range(len(deltas[0]) if deltas else 0):
+            for t in range(targets):
+                if t not in rows:
+                    gains.append([math.nan] * len(batches))
+                    continue
                 moved = self._state(pieces, [p.start - d[t] for p, d in zip(pieces, deltas,
                                                                              strict=True)])
                 gains.append([b - self._loss(moved, runs)

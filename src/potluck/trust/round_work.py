@@ -191,9 +191,15 @@ def median_gains(table: Sequence[Sequence[Sequence[float]]], checkers: Sequence[
     index ranks). A target's own checks are left out of its median."""
     out: list[list[float]] = []
     for t, target in enumerate(targets):
-        rows = [table[c][t] for c in checkers if c != target] or [table[target][t]]
+        rows = [table[c][t] for c in outside(checkers, (target,))]
         out.append([median([r[k] for r in rows]) for k in range(len(rows[0]))])
     return out
+
+
+def outside(checkers: Sequence[int], judged: Sequence[int]) -> list[int]:
+    """The checkers whose measures of ``judged`` (a target, or a pair) count: those not
+    in it; all of them where none is outside."""
+    return [c for c in checkers if c not in judged] or list(checkers)
 
 
 def work_scores(gains: Sequence[Sequence[float]], targets: Sequence[int],
