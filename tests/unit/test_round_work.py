@@ -15,13 +15,15 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from potluck.errors import ConfigError
-from potluck.trust.round_check import WorkCheck, _Kept
+from potluck.sync.round_sum import Piece
+from potluck.trust.round_check import WorkCheck
 from potluck.trust.round_noise import Score
 from potluck.trust.round_work import (
     RUNS,
@@ -371,32 +373,86 @@ def test_the_checkers_of_a_target_or_pair_are_the_owners_outside_it() -> None:
     assert outside([1, 3], (1, 3)) == [1, 3]
 
 
-def test_a_member_measures_only_the_rows_read_and_the_rest_are_nan() -> None:
-    """The own row of a target is not read (``median_gains``), so it is not measured:
-    N forwards fewer a round; the rows measured are the same as when all are."""
+class _Gathered:
+    """A fake group of ``size`` members for ``WorkCheck.measure``: rank ``rank``; its
+    all-gather hands back ``rows`` (every member's words) with this member's own in
+    its place, and keeps what this member sent."""
+
+    def __init__(self, rank: int, size: int, rows: list[torch.Tensor] | None = None):
+        self._rank, self._size, self.rows = rank, size, rows
+        self.sent: torch.Tensor | None = None
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def allgather(self, into: list[list[torch.Tensor]], mine: list[torch.Tensor]) -> _Done:
+        self.sent = mine[0].clone()
+        for i, slot in enumerate(into[0]):
+            slot.copy_(mine[0] if self.rows is None or i == self._rank else self.rows[i])
+        return _Done()
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+def _measured(owners: tuple[int, ...], rows: list[torch.Tensor] | None = None
+              ) -> list[tuple[torch.Tensor, Any, int]]:
+    """Each of 3 members' words and ``measure``'s answer, on one round of a linear
+    model: every target's pseudo-gradient on every member's sample."""
     torch.manual_seed(0)
-    net = torch.nn.Linear(3, 1)
-    calls = []
+    data = torch.randn(30, 3)
+    deltas = [torch.randn(4) * 0.1 for _ in range(3)]
+    out: list[tuple[torch.Tensor, Any, int]] = []
+    for rank in range(3):
+        net = torch.nn.Linear(3, 1)
+        torch.nn.init.constant_(net.weight, 0.5)  # (every member at the same start)
+        torch.nn.init.constant_(net.bias, 0.1)
+        forwards: list[int] = []
 
-    def loss(model: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor
-             ) -> torch.Tensor:
-        calls.append(1)
-        return model(batch).pow(2).mean()
+        def loss(model: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor,
+                 forwards: list[int] = forwards) -> torch.Tensor:
+            forwards.append(len(batch))
+            return model(batch).pow(2).mean()
 
-    batches = {r: torch.randn(4, 3) for r in range(3)}
-    check = WorkCheck(RoundCheck(loss), net, lambda: list(net.parameters()),
-                      lambda ranges: [batches[r[0]] for r in ranges])
-    start = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    deltas = [torch.randn_like(start) * 0.1 for _ in range(3)]
-    kept = {"p": _Kept((0, 1), start, (0, 1, 2), (0, 1, 2), deltas)}
-    picked = [[(r, r + 1)] for r in range(3)]
-    every = check._gains(kept, [deltas], picked, [0, 1, 2])
-    assert len(calls) == 3 * 4
-    calls.clear()
-    some = check._gains(kept, [deltas], picked, [0, 2])
-    assert len(calls) == 3 * 3
-    assert some[0] == every[0] and some[2] == every[2]
-    assert all(math.isnan(g) for g in some[1])
-    calls.clear()
-    assert all(math.isnan(g) for row in check._gains(kept, [deltas], picked, [])
-               for g in row) and not calls
+        check = WorkCheck(RoundCheck(loss, samples=8), net, lambda net=net: list(net.parameters()),
+                          lambda ranges: [data[a:b] for a, b in ranges])
+        piece = Piece(torch.zeros(4), 1 / 3, "p", 0, 1, (0, 1),
+                      parts=(((0, 10),), ((10, 20),), ((20, 30),)))
+        check.keep(piece, owners, (0, 1, 2), deltas)
+        group = _Gathered(rank, 3, rows)
+        got = check.measure(1, (0, 1, 2), b"digest", group, torch.device("cpu"))
+        assert group.sent is not None
+        out.append((group.sent, got, len(forwards)))
+    return out
+
+
+def test_a_member_measures_only_the_rows_a_median_reads() -> None:
+    """A target's own row is left out of its median, so it is not measured (N forwards
+    fewer a round); a member owning no slice measures nothing; where a target is the
+    only owner, its own row is the one read, and it measures it. Every member then
+    reaches the same medians as if each had measured every row."""
+    first = _measured((0, 1, 2))
+    for rank, (sent, _, forwards) in enumerate(first):
+        table = sent.view(3, 3)
+        assert all(math.isnan(g) for g in table[rank].tolist())
+        assert all(math.isfinite(g) for t in range(3) if t != rank for g in table[t].tolist())
+        assert forwards == 3 * 3  # the start, and 2 targets, on 3 samples
+    words = [sent for sent, _, _ in first]
+    again = _measured((0, 1, 2), words)
+    gains = [got.gains for _, got, _ in again]
+    assert gains[0] == gains[1] == gains[2]
+    assert all(math.isfinite(g) for row in gains[0] for g in row)
+    full = words[1].view(3, 3)  # member 1 measured target 0's and 2's rows, member 0 1's
+    assert gains[0][0] == full[0].tolist() and gains[0][2] == full[2].tolist()
+    assert gains[0][1] == words[0].view(3, 3)[1].tolist()
+
+    alone = _measured((0,))
+    sent, _, forwards = alone[0]
+    assert all(math.isfinite(g) for g in sent.tolist()) and forwards == 3 * 4
+    for sent, _, forwards in alone[1:]:
+        assert all(math.isnan(g) for g in sent.tolist()) and forwards == 0

@@ -4,7 +4,8 @@ On a round it checks, trust's round sum hands it, per piece, every target's whol
 pseudo-gradient as the slices' owners decoded it (``keep``): each owner adds its copy
 of the targets' slices to the aggregate it hands out, so no collective of its own
 moves them. It copies the piece's global parameters then, which are still the round's
-start. After the round committed (``measure``), on every member:
+start. After the round committed (``measure``), on every member (each measures only
+what a median reads: not its own row as a target, nothing where it owns no slice):
 
 1. **targets**: the round's targets' pseudo-gradients, kept;
 2. **evaluate**: on a functional copy of the model (``torch.func.functional_call``,
