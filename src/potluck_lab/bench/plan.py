@@ -19,8 +19,8 @@ every step (balanced shares) or DiLoCo. In order:
    one worker at half the quota at the middle rate, each run ``repeats`` times,
    interleaved: the median run's steady samples/s against the model's prediction,
    from the calibration alone;
-3. link bounds: a plain all-reduce of the model at the fastest rate, each cohort
-   size, under the quotas, against the model's wire time (what this machine's
+3. link bounds: a plain all-reduce of the model at the fastest validation rate, each
+   cohort size, under the quotas, against the model's wire time (what this machine's
    emulated links deliver);
 4. selection: 8 candidates of mixed quotas and links; the planner's cohort (every
    step), all 8, and as many of the fastest by compute as it chose, each measured.
