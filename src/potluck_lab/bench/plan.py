@@ -382,18 +382,19 @@ def validate(config: PlanBenchConfig, cal: Calibration, runs: Runs) -> list[dict
     machine hits one pass, not one row's every run), against its prediction: the
     median run's samples a second, and in rounds that run's parts."""
     specs = validation_specs(config)
+    models = [forecast(spec, cal) for _, spec in specs]  # (the calibration's alone)
     got: list[list[tuple[float, dict[str, float]]]] = [[] for _ in specs]
     for _ in range(config.repeats):
-        for (label, spec), mine in zip(specs, got, strict=True):
-            model = forecast(spec, cal)
+        for (label, spec), model, mine in zip(specs, models, got, strict=True):
             rate = measured(spec, config, runs)
             parts = _round_parts(runs, config, model) if spec.mode == "diloco" else {}
             mine.append((rate, parts))
             print(f"{label}: predicted {model.samples_per_s:.1f}, measured {rate:.1f} "
                   f"samples/s", file=sys.stderr, flush=True)
     rows = []
-    for (label, spec), mine in zip(specs, got, strict=True):
-        want = forecast(spec, cal).samples_per_s
+    for (label, spec), model, mine in zip(specs, models, got, strict=True):
+        want = model.samples_per_s
+        # (a run's own figures, so its parts go with it: the upper median where even)
         rate, parts = sorted(mine, key=lambda m: m[0])[len(mine) // 2]
         row: dict[str, Any] = {"run": label, "predicted": want, "measured": rate,
                                "error": error(want, rate), "repeats": [m[0] for m in mine]}
