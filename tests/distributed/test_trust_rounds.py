@@ -129,7 +129,8 @@ def test_a_clean_run_with_trust_is_the_plain_diloco_mean_and_nobody_is_out() -> 
 def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_one(
         sync: str) -> None:
     """Rank 3 sends its pseudo-gradient x -10 every round: far from the center in each,
-    quarantined after round 3 on every member with the evidence of those rounds; the
+    grossly so (over twice the far limit: ``far.py``), quarantined after round 2 on
+    every member with the evidence of those rounds (3 far rounds where not gross); the
     global models stay bitwise equal (and the replicas, but under Streaming DiLoCo,
     which mixes each member's own into its replica), and the final loss is the clean
     run's within 10% (without trust the same attack leaves it far worse): once out, it
@@ -144,8 +145,8 @@ def test_a_sign_flipping_member_is_quarantined_and_the_model_trains_as_a_clean_o
     member = f"rank{ATTACKER}"
     for result in attacked:
         evidence = result["quarantined"][member]
-        assert [e["kind"] for e in evidence] == [FAR] * len(evidence)
-        assert max(e["step"] for e in evidence) <= 3, evidence
+        assert [e["kind"] for e in evidence] == [FAR, FAR], evidence
+        assert [e["step"] for e in evidence] == [1, 2], evidence
         assert set(result["quarantined"]) == {member}
     for result in attacked[1:]:
         assert all(torch.equal(a, b) for a, b in zip(result["global"], attacked[0]["global"],

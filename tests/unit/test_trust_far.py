@@ -127,3 +127,68 @@ def test_rules_refuse_a_false_positive_rate_that_is_not_a_probability(bad: objec
         Rules(false_positive=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="far_window=8 must be an int >= 16"):
         Rules(far_window=8)
+
+
+def _round(strikes: Strikes, step: int, far: set[str], gross: set[str]) -> list[str]:
+    """One judged round: ``gross`` of the ``far`` ones far beyond ``far_ratio``."""
+    judged = [m for m in MEMBERS if m not in strikes.quarantined]
+    strikes.observe_far(step, judged, far, gross)
+    return [m for m in sorted(far) if m in judged
+            and strikes.add(Evidence(m, MEMBERS.index(m), step, FAR, "far"))]
+
+
+def test_two_gross_rounds_quarantine_a_new_cohorts_member_where_far_ones_need_three() -> None:
+    strikes = Strikes(Rules())
+    assert _round(strikes, 1, {"w2"}, {"w2"}) == []  # one round never does (strikes[FAR])
+    # the prior of the far rate (1e-3), squared, over the 1 round the others were seen
+    assert strikes.far.run_chance("w2") == pytest.approx(1e-6 * 20 / 21)
+    assert _round(strikes, 2, {"w2"}, {"w2"}) == ["w2"]  # 1e-12 <= 5e-9
+    assert [e.step for e in strikes.quarantined["w2"]] == [1, 2]
+    plain = Strikes(Rules())  # far, not gross: (1e-3)^2 = 1e-6 is over; the third
+    assert _round(plain, 1, {"w2"}, set()) == [] and _round(plain, 2, {"w2"}, set()) == []
+    assert _round(plain, 3, {"w2"}, set()) == ["w2"]
+    mixed = Strikes(Rules())  # a far round, then a gross one: 1e-3 * 1e-6 <= 5e-9
+    assert _round(mixed, 1, {"w2"}, set()) == [] and _round(mixed, 2, {"w2"}, {"w2"}) == ["w2"]
+    broken = Strikes(Rules())  # a round between that is not far breaks the run
+    assert _round(broken, 1, {"w2"}, {"w2"}) == [] and _round(broken, 2, set(), set()) == []
+    assert _round(broken, 3, {"w2"}, {"w2"}) == []
+
+
+def test_gross_rounds_without_far_ones_count_for_nothing() -> None:
+    """A gross sender is far too; a caller's gross set outside ``far`` is dropped."""
+    watch = FarWatch(20)
+    watch.record(1, MEMBERS, set(), {"w1"})
+    assert watch.run("w1") == [] and watch.gross_rate() == pytest.approx(1e-6 / 21 * 20)
+
+
+@pytest.mark.parametrize("rate", [0.02, 0.05])
+def test_honest_senders_gross_at_random_are_not_quarantined(rate: float) -> None:
+    """A workload whose honest rounds are gross at ``rate``: once
+    the window measured it, two such rounds in a row are an honest chance (``rate``
+    squared over 5e-9), and nobody is out. (At 0.005 a round the window of the others
+    saw none in about a third of its draws, and two in a row then quarantine: the
+    design's limit, ``docs/trust.md``.)"""
+    for seed in range(3):
+        rng = random.Random(seed)
+        strikes = Strikes(Rules())
+        for step in range(200):
+            far = {m for m in MEMBERS if rng.random() < rate}
+            strikes.observe_far(step, MEMBERS, far, far)
+        seen = 0
+        for step in range(200, 3200):
+            far = {m for m in MEMBERS if rng.random() < rate}
+            seen += len(far)
+            assert _round(strikes, step, far, far) == []
+        assert seen > 3000 * len(MEMBERS) * rate / 2  # (the rounds were there to judge)
+
+
+def test_the_gross_record_survives_a_state_dict_and_an_older_one_loads() -> None:
+    strikes = Strikes(Rules())
+    _round(strikes, 1, {"w3"}, {"w3"})
+    restored = Strikes(Rules())
+    restored.load_state_dict(strikes.state_dict())
+    assert restored.far.run("w3") == [True]
+    assert _round(restored, 2, {"w3"}, {"w3"}) == ["w3"]  # a joiner decides alike
+    older = FarWatch(20)
+    older.load_state_dict({"steps": [[1, list(MEMBERS), ["w3"]]]})  # (no gross column)
+    assert older.run("w3") == [False]

@@ -20,11 +20,13 @@ from potluck.trust.round_rules import (
     COPIED,
     FIELDS,
     FREE_RIDER,
+    GROSS,
+    gross,
     judge_round,
     sketch,
     slice_report,
 )
-from potluck.trust.verdict import FAR, NON_FINITE, REPLAYED, Rules
+from potluck.trust.verdict import FAR, NON_FINITE, REPLAYED, Finding, Rules
 
 FULL = os.environ.get("POTLUCK_FULL_SWEEPS") == "1"  # the measured sweeps, not the suite's
 
@@ -255,3 +257,19 @@ def test_a_member_that_moved_by_a_few_percent_of_itself_is_no_replay() -> None:
     assert _judge(second, shares, sketches) == []
     second[1] = first[1] + 0.002 * first[1].norm() / wiggle.norm() * wiggle  # 0.2%
     assert _judge(second, shares, sketches) == [(1, REPLAYED, -1)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_sign_flip_times_ten_is_gross_and_an_honest_round_is_not(seed: int) -> None:
+    """Gross: beyond ``GROSS`` times ``far_ratio`` (two far rounds' evidence, ``far.py``).
+    A far round of an honest member's is not gross; a sign flip times 10 is."""
+    copies, shares = _attacked(seed)
+    copies[1] = -10 * copies[1]
+    reports, _ = _round(copies, shares)
+    found = judge_round(reports, shares, [0, 1, 2, 3], Rules())
+    assert gross(found, Rules()) == [1]
+    [far] = [f for f in found if f.kind == FAR]
+    assert far.score > GROSS * Rules().far_ratio
+    assert gross(found, Rules(far_ratio=far.score / GROSS * 1.01)) == []  # (just under)
+    near = [Finding(2, FAR, "far", score=GROSS * 4.0 - 0.1), Finding(3, COPIED, "copied", 0)]
+    assert gross(near, Rules()) == []

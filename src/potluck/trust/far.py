@@ -19,10 +19,18 @@ for each of the two rules, so an honest sender's chance per step is at most
 ``Rules.false_positive`` while its far steps are independent at that rate:
 
 - ``k`` far steps in a row, ``k`` the least count (at least ``Rules.strikes[FAR]``)
-  with ``rate ** k <= alpha`` (``needed``): a gross attacker, quickly;
+  with ``rate ** k <= alpha`` (``needed``): an attacker far every step, quickly;
 - or more far steps in the window than an honest sender makes with chance ``alpha``
   (the binomial tail, ``too_often``), at the rate's 95% upper bound
-  (``rate_at_most``): an attacker far on most steps but not all.
+  (``rate_at_most``): an attacker far on most steps but not all;
+- or, where a caller marks *gross* steps (far well beyond ``far_ratio``: rounds do,
+  ``round_rules.GROSS``; every step does not, its copies of a few samples can hold an
+  outlier), a run in a row of at least ``Rules.strikes[FAR]`` whose honest
+  chance is at most ``alpha``: each far step of it at ``rate``, each gross one at
+  ``gross_rate`` (``run_chance``). An honest sender's gross rate is measured as the far
+  rate is, with a prior of the far prior squared: being that far once is taken to be
+  at most as likely as being far twice. So two gross rounds quarantine a new cohort's
+  member where far ones need three.
 
 The first rule takes the rate as measured: where an honest sender's rate is higher
 than the window saw by chance, or than the prior before the window fills, its chance
@@ -39,9 +47,10 @@ from typing import Any
 
 PRIOR_FAR = 0.02  # a new cohort starts at a rate of 1 in 1,000, and data soon rule
 PRIOR_STEPS = 20
+PRIOR_GROSS = PRIOR_STEPS * (PRIOR_FAR / PRIOR_STEPS) ** 2  # (a rate of 1e-6)
 MOST_IN_A_ROW = 16  # beyond it the limit (far_ratio) is wrong for the workload, not k
 
-Step = tuple[int, tuple[str, ...], frozenset[str]]
+Step = tuple[int, tuple[str, ...], frozenset[str], frozenset[str]]  # step, judged, far, gross
 
 
 class FarWatch:
@@ -53,15 +62,19 @@ class FarWatch:
         self._steps: deque[Step] = deque(maxlen=window)
         self._judged: dict[str, int] = {}  # steps in the window each sender was judged in
         self._far: dict[str, int] = {}  # and was far in
+        self._gross: dict[str, int] = {}  # and was gross in
 
-    def record(self, step: int, judged: Sequence[str], far: Collection[str]) -> None:
-        """Step ``step``: ``judged`` senders were scored, ``far`` of them were far. A step
-        recorded again (a redone step) replaces the first record of it."""
+    def record(self, step: int, judged: Sequence[str], far: Collection[str],
+               gross: Collection[str] = ()) -> None:
+        """Step ``step``: ``judged`` senders were scored, ``far`` of them were far,
+        ``gross`` of those grossly so. A step recorded again (a redone step) replaces
+        the first record of it."""
         if self._steps and self._steps[-1][0] == step:
             self._count(self._steps.pop(), -1)
         elif len(self._steps) == self.window:
             self._count(self._steps[0], -1)
-        entry = (step, tuple(judged), frozenset(far) & frozenset(judged))
+        flagged = frozenset(far) & frozenset(judged)
+        entry = (step, tuple(judged), flagged, frozenset(gross) & flagged)
         self._steps.append(entry)
         self._count(entry, 1)
 
@@ -69,8 +82,9 @@ class FarWatch:
         for m in entry[1]:
             self._judged[m] = self._judged.get(m, 0) + sign
             self._far[m] = self._far.get(m, 0) + sign * (m in entry[2])
+            self._gross[m] = self._gross.get(m, 0) + sign * (m in entry[3])
             if not self._judged[m]:
-                del self._judged[m], self._far[m]
+                del self._judged[m], self._far[m], self._gross[m]
 
     def counts(self, member: str) -> tuple[int, int]:
         """``member``'s far steps and judged steps in the window."""
@@ -83,6 +97,12 @@ class FarWatch:
                        for m in self._judged if m != member)
         return rates[len(rates) // 2] if rates else PRIOR_FAR / PRIOR_STEPS
 
+    def gross_rate(self, member: str | None = None) -> float:
+        """As ``rate``, of gross steps, with the prior ``PRIOR_GROSS``."""
+        rates = sorted((self._gross[m] + PRIOR_GROSS) / (self._judged[m] + PRIOR_STEPS)
+                       for m in self._judged if m != member)
+        return rates[len(rates) // 2] if rates else PRIOR_GROSS / PRIOR_STEPS
+
     def rate_at_most(self, member: str | None = None) -> float:
         """As ``rate``, of each sender's one-sided 95% upper bound instead: what an
         honest rate may be, given that so few steps were seen."""
@@ -93,23 +113,35 @@ class FarWatch:
     def in_a_row(self, member: str) -> int:
         """Far steps in a row ending at the last recorded step in which ``member`` was
         judged (a step it was not judged in neither breaks nor extends the run)."""
-        count = 0
-        for _, members, flagged in reversed(self._steps):
+        return len(self.run(member))
+
+    def run(self, member: str) -> list[bool]:
+        """``member``'s far steps in a row (as ``in_a_row``), the last first: whether
+        each was gross."""
+        out = []
+        for _, members, flagged, gross in reversed(self._steps):
             if member not in members:
                 continue
             if member not in flagged:
                 break
-            count += 1
-        return count
+            out.append(member in gross)
+        return out
+
+    def run_chance(self, member: str) -> float:
+        """An honest sender's chance of ``member``'s run in a row: each far step of it
+        at ``rate``, each gross one at ``gross_rate`` (independent steps)."""
+        run = self.run(member)
+        gross = sum(run)
+        return self.rate(member) ** (len(run) - gross) * self.gross_rate(member) ** gross
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": [[s, list(m), sorted(f)] for s, m, f in self._steps]}
+        return {"steps": [[s, list(m), sorted(f), sorted(g)] for s, m, f, g in self._steps]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._steps.clear()
-        self._judged, self._far = {}, {}
-        for s, m, f in state.get("steps", [])[-self.window:]:
-            self.record(int(s), m, f)
+        self._judged, self._far, self._gross = {}, {}, {}
+        for s, m, f, *g in state.get("steps", [])[-self.window:]:  # (no gross: older)
+            self.record(int(s), m, f, g[0] if g else ())
 
 
 def needed(rate: float, least: int, false_positive: float) -> int:

@@ -481,7 +481,7 @@ def record(strikes: Strikes, found: Sequence[Finding], steps: int, members: Sequ
            events: list[dict[str, Any]], removals: list[tuple[str, str]], me: int) -> None:
     """Each finding recorded as a strike; a member it quarantines goes to ``events``
     (with its evidence) and ``removals``, and both are noted and logged."""
-    for rank, kind, detail, party in found:
+    for rank, kind, detail, party, _ in found:
         evidence = Evidence(members[rank], rank, steps, kind, detail,
                             members[party] if party >= 0 else "")
         if not strikes.add(evidence):

@@ -44,7 +44,7 @@ from potluck.trust.fingerprint import Fingerprints
 from potluck.trust.part import TrustPart, record
 from potluck.trust.round_check import ReadRange, WorkCheck
 from potluck.trust.round_exchange import Keeper, RobustRoundSum, RoundReports
-from potluck.trust.round_rules import judge_round
+from potluck.trust.round_rules import gross, judge_round
 from potluck.trust.round_spot import SpotRerun
 from potluck.trust.round_work import judge_work, settle_copies, work_scores
 from potluck.trust.verdict import COPIED, DIVERGED, FAR, Evidence, Finding, Strikes, diverged
@@ -178,7 +178,8 @@ class RoundTrustPart:
             found = judge_round(taken.reports, taken.shares, taken.senders, self.config.rules)
             members = cohort.membership.members
             self.strikes.observe_far(steps, [members[i] for i in taken.senders],
-                                     {members[f.rank] for f in found if f.kind == FAR})
+                                     {members[f.rank] for f in found if f.kind == FAR},
+                                     {members[r] for r in gross(found, self.config.rules)})
         every = self.config.fingerprint_every
         due = bool(every) and steps % every == 0
         try:

@@ -17,7 +17,10 @@ The rules, each on ratios to the median sender (so they follow the model's scale
 - **far from the center**: its distance to the aggregate, over its growth with its
   assigned share relative to the median share (a member that ran more local steps
   drifted farther by chance), is over ``Rules.far_ratio`` times the median sender's;
-  far rounds quarantine as far steps do (``far.py``: a designed false-positive rate);
+  far rounds quarantine as far steps do (``far.py``: a designed false-positive rate),
+  and a round beyond ``GROSS`` times ``far_ratio`` is *gross* (``gross``), for two far
+  rounds' evidence: a round's copy sums its local steps, so one sample's outlier does
+  not make it that far (honest members of the benches' rounds: 1.9x at most);
 - **free rider**: its norm, over its growth with its relative share, is under
   ``FREE_RATIO`` times the median sender's: a zero or a scaled-down pseudo-gradient
   (work not done, or not sent). A pseudo-gradient grows with the local steps between
@@ -54,6 +57,7 @@ from potluck.trust.verdict import (
 FREE_RATIO = 0.3  # honest members' weighted norms are within a few tens of % of each other
 COPY_RATIO = 0.01  # squared: a copy is 10x closer than an honest pair, at least
 REPLAY_CHANGE = 1e-4  # squared, over the norm's: a replay moved by under 1% of itself
+GROSS = 2.0  # times far_ratio: a gross round (8x the median member's distance)
 SKETCH = 256  # values in the sketch an owner keeps of each sender's copy
 
 # The columns of a report row: one row per sender, then one column per sender.
@@ -149,7 +153,8 @@ def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequenc
     for i, score in far.items():
         if score > rules.far_ratio:
             found.append(Finding(senders[i], FAR, f"{score:.1f}x the median member's distance "
-                                 f"from the robust center (limit {rules.far_ratio:g})"))
+                                 f"from the robust center (limit {rules.far_ratio:g})",
+                                 score=score))
     norms = _scores(rows, good, lambda r, i: math.sqrt(max(r[i][NORM], 0.0)) / less[i])
     for i, score in norms.items():
         if score < FREE_RATIO:
@@ -158,6 +163,11 @@ def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequenc
     found += _copies(rows, good, senders)
     found += _replays(rows, good, senders)
     return found
+
+
+def gross(found: Sequence[Finding], rules: Rules) -> list[int]:
+    """The ranks of ``found``'s far findings beyond ``GROSS`` times ``far_ratio``."""
+    return [f.rank for f in found if f.kind == FAR and f.score > GROSS * rules.far_ratio]
 
 
 def _scores(rows: list[list[list[float]]], good: list[int],

@@ -115,12 +115,14 @@ class Rules:
 
 class Finding(NamedTuple):
     """One piece of evidence in one step, before it is recorded: against ``rank``; in a
-    dispute, ``party`` is the other rank of the two (-1: none)."""
+    dispute, ``party`` is the other rank of the two (-1: none); ``score``: a far
+    round's ratio to the median member (NaN: none)."""
 
     rank: int
     kind: str
     detail: str
     party: int = -1
+    score: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -453,9 +455,11 @@ class Strikes:
         self.quarantined: dict[str, list[Evidence]] = {}
         self.far = FarWatch(rules.far_window)
 
-    def observe_far(self, step: int, judged: Sequence[str], far: Collection[str]) -> None:
-        """Step ``step``'s far senders among those ``judged``, before its ``add``s."""
-        self.far.record(step, judged, far)
+    def observe_far(self, step: int, judged: Sequence[str], far: Collection[str],
+                    gross: Collection[str] = ()) -> None:
+        """Step ``step``'s far senders among those ``judged`` (``gross``: those far
+        beyond ``far_ratio``, where the caller judges so), before its ``add``s."""
+        self.far.record(step, judged, far, gross)
 
     def far_needed(self, member: str | None = None) -> int:
         """Far steps in a row that quarantine ``member`` now."""
@@ -468,9 +472,12 @@ class Strikes:
         row = self.far.in_a_row(member)
         if row >= self.far_needed(member):
             return row
-        far, judged = self.far.counts(member)
         alpha = self.rules.false_positive / 2
-        if far >= self.rules.strikes.get(FAR, 1) and too_often(
+        least = self.rules.strikes.get(FAR, 1)
+        if row >= least and any(self.far.run(member)) and self.far.run_chance(member) <= alpha:
+            return row  # (gross steps in the run: each as unlikely as two far ones)
+        far, judged = self.far.counts(member)
+        if far >= least and too_often(
                 far, judged, self.far.rate_at_most(member), alpha):
             return far
         return 0
