@@ -7,7 +7,14 @@ import random
 import pytest
 
 from potluck.errors import ConfigError
-from potluck.trust.far import MOST_IN_A_ROW, FarWatch, needed, too_often
+from potluck.trust.far import (
+    MOST_IN_A_ROW,
+    PRIOR_GROSS,
+    FarWatch,
+    gross_chance,
+    needed,
+    too_often,
+)
 from potluck.trust.verdict import FAR, Evidence, Rules, Strikes
 
 MEMBERS = ("w0", "w1", "w2", "w3")
@@ -137,55 +144,97 @@ def _round(strikes: Strikes, step: int, far: set[str], gross: set[str]) -> list[
             and strikes.add(Evidence(m, MEMBERS.index(m), step, FAR, "far"))]
 
 
-def test_two_gross_rounds_quarantine_a_new_cohorts_member_where_far_ones_need_three() -> None:
-    strikes = Strikes(Rules())
-    assert _round(strikes, 1, {"w2"}, {"w2"}) == []  # one round never does (strikes[FAR])
-    # the prior of the far rate (1e-3), squared, over the 1 round the others were seen
-    assert strikes.far.run_chance("w2") == pytest.approx(1e-6 * 20 / 21)
-    assert _round(strikes, 2, {"w2"}, {"w2"}) == ["w2"]  # 1e-12 <= 5e-9
-    assert [e.step for e in strikes.quarantined["w2"]] == [1, 2]
-    plain = Strikes(Rules())  # far, not gross: (1e-3)^2 = 1e-6 is over; the third
-    assert _round(plain, 1, {"w2"}, set()) == [] and _round(plain, 2, {"w2"}, set()) == []
-    assert _round(plain, 3, {"w2"}, set()) == ["w2"]
-    mixed = Strikes(Rules())  # a far round, then a gross one: 1e-3 * 1e-6 <= 5e-9
-    assert _round(mixed, 1, {"w2"}, set()) == [] and _round(mixed, 2, {"w2"}, {"w2"}) == ["w2"]
-    broken = Strikes(Rules())  # a round between that is not far breaks the run
-    assert _round(broken, 1, {"w2"}, {"w2"}) == [] and _round(broken, 2, set(), set()) == []
-    assert _round(broken, 3, {"w2"}, {"w2"}) == []
+def _rounds(far: str) -> Strikes:
+    """A new cohort's strikes after rounds in which w2 was far (``F``), gross (``G``) or
+    neither (``.``); asserts nobody was out before the last round."""
+    strikes = Strikes(Rules(), gross=True)
+    for step, mark in enumerate(far, start=1):
+        out = _round(strikes, step, {"w2"} if mark in "FG" else set(),
+                     {"w2"} if mark == "G" else set())
+        assert out == ([] if step < len(far) else out), (far, step, out)
+    return strikes
 
 
-def test_gross_rounds_without_far_ones_count_for_nothing() -> None:
-    """A gross sender is far too; a caller's gross set outside ``far`` is dropped."""
+@pytest.mark.parametrize("pattern, out", [
+    ("G", False),  # one round never does (strikes[FAR] = 2)
+    ("GG", True), ("FG", True), ("GF", True),  # 2 * 1e-3 * 1e-6 + 1e-12 <= 1e-8 / 3
+    ("FF", False), ("FFF", True),  # far alone: the third in a row, (1e-3)^3
+    ("G.G", False),  # a round that is not far breaks the run
+])
+def test_a_gross_round_with_a_far_one_quarantines_a_new_cohorts_member(
+        pattern: str, out: bool) -> None:
+    strikes = _rounds(pattern)
+    assert ("w2" in strikes.quarantined) is out
+    if out:  # the evidence: the run's last rounds (2 for a gross pair, 3 in a row)
+        steps = [e.step for e in strikes.quarantined["w2"]]
+        assert steps == list(range(len(pattern) - len(steps) + 1, len(pattern) + 1))
+        assert len(steps) == (3 if pattern == "FFF" else 2)
+
+
+def test_the_gross_chance_sums_the_patterns_with_a_gross_round() -> None:
+    r, g = 1e-3, 1e-6
+    assert gross_chance(r, g, 2) == pytest.approx(2 * r * g + g * g)
+    assert gross_chance(r, g, 3) == pytest.approx(3 * r * r * g + 3 * r * g * g + g ** 3)
+    assert gross_chance(r, 0.0, 2) == 0.0
+
+
+def test_every_step_marks_no_gross_step_and_keeps_its_two_rules() -> None:
+    """Without gross steps (every-step trust) the rule never applies and each of the
+    two rules holds half of ``false_positive``; under rounds a third each."""
+    assert Strikes(Rules()).alpha == pytest.approx(5e-9)
+    assert Strikes(Rules(), gross=True).alpha == pytest.approx(1e-8 / 3)
+    strikes = Strikes(Rules())  # (a caller that marks gross steps, without the rule)
+    assert _round(strikes, 1, {"w2"}, {"w2"}) == [] and _round(strikes, 2, {"w2"}, {"w2"}) == []
+    assert _round(strikes, 3, {"w2"}, {"w2"}) == ["w2"]  # in a row, as before
+
+
+def test_a_gross_step_outside_the_far_ones_is_not_recorded() -> None:
+    """A gross sender is far too: a caller's gross set outside ``far`` is dropped."""
     watch = FarWatch(20)
-    watch.record(1, MEMBERS, set(), {"w1"})
-    assert watch.run("w1") == [] and watch.gross_rate() == pytest.approx(1e-6 / 21 * 20)
+    watch.record(1, MEMBERS, {"w2"}, {"w1", "w2"})
+    assert watch.state_dict()["steps"] == [[1, list(MEMBERS), ["w2"], ["w2"]]]
+    assert watch.run("w1") == [] and watch.run("w2") == [True]
+
+
+def test_a_redone_step_replaces_its_gross_record() -> None:
+    watch = FarWatch(20)
+    pair = ("w0", "w1")
+    watch.record(1, pair, {"w1"}, {"w1"})
+    assert watch.gross_rate("w0") == pytest.approx((1 + PRIOR_GROSS) / 21)  # w1's rate
+    watch.record(1, pair, {"w1"}, set())  # the same step again, after a redo
+    assert watch.run("w1") == [False]
+    assert watch.gross_rate("w0") == pytest.approx(PRIOR_GROSS / 21)  # (its count undone)
 
 
 @pytest.mark.parametrize("rate", [0.02, 0.05])
 def test_honest_senders_gross_at_random_are_not_quarantined(rate: float) -> None:
-    """A workload whose honest rounds are gross at ``rate``: once
-    the window measured it, two such rounds in a row are an honest chance (``rate``
-    squared over 5e-9), and nobody is out. (At 0.005 a round the window of the others
-    saw none in about a third of its draws, and two in a row then quarantine: the
-    design's limit, ``docs/trust.md``.)"""
+    """A workload whose honest rounds are far at ``rate``, half of those gross: once the
+    window measured both rates, the rule's honest chance is theirs, and nobody is out.
+    (Where honest rounds are gross at 0.5% a round, the window of the others saw none
+    in about a third of its draws, and two in a row then quarantine: the design's
+    limit, ``docs/trust.md``.)"""
     for seed in range(3):
         rng = random.Random(seed)
-        strikes = Strikes(Rules())
-        for step in range(200):
+        strikes = Strikes(Rules(), gross=True)
+
+        def draw(rng: random.Random = rng) -> tuple[set[str], set[str]]:
             far = {m for m in MEMBERS if rng.random() < rate}
-            strikes.observe_far(step, MEMBERS, far, far)
+            return far, {m for m in far if rng.random() < 0.5}
+
+        for step in range(200):
+            strikes.observe_far(step, MEMBERS, *draw())
         seen = 0
         for step in range(200, 3200):
-            far = {m for m in MEMBERS if rng.random() < rate}
-            seen += len(far)
-            assert _round(strikes, step, far, far) == []
-        assert seen > 3000 * len(MEMBERS) * rate / 2  # (the rounds were there to judge)
+            far, gross = draw()
+            seen += len(gross)
+            assert _round(strikes, step, far, gross) == []
+        assert seen > 3000 * len(MEMBERS) * rate / 4  # (the rounds were there to judge)
 
 
 def test_the_gross_record_survives_a_state_dict_and_an_older_one_loads() -> None:
-    strikes = Strikes(Rules())
+    strikes = Strikes(Rules(), gross=True)
     _round(strikes, 1, {"w3"}, {"w3"})
-    restored = Strikes(Rules())
+    restored = Strikes(Rules(), gross=True)
     restored.load_state_dict(strikes.state_dict())
     assert restored.far.run("w3") == [True]
     assert _round(restored, 2, {"w3"}, {"w3"}) == ["w3"]  # a joiner decides alike

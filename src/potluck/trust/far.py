@@ -14,28 +14,30 @@ reaches the same verdict: the upper median, over the senders other than the one 
 upper median neither below nor above every honest sender's rate: colluders that are
 never far cannot lower it, and attackers far every step cannot raise it.
 
-A sender is quarantined for being far, with ``alpha`` = ``Rules.false_positive / 2``
-for each of the two rules, so an honest sender's chance per step is at most
-``Rules.false_positive`` while its far steps are independent at that rate:
+A sender is quarantined for being far by any of the rules in use, each at an equal
+share ``alpha`` of ``Rules.false_positive``, so an honest sender's chance per step is at
+most ``Rules.false_positive`` while its far steps are independent at the measured rate:
 
 - ``k`` far steps in a row, ``k`` the least count (at least ``Rules.strikes[FAR]``)
   with ``rate ** k <= alpha`` (``needed``): an attacker far every step, quickly;
 - or more far steps in the window than an honest sender makes with chance ``alpha``
   (the binomial tail, ``too_often``), at the rate's 95% upper bound
   (``rate_at_most``): an attacker far on most steps but not all;
-- or, where a caller marks *gross* steps (far well beyond ``far_ratio``: rounds do,
-  ``round_rules.GROSS``; every step does not, its copies of a few samples can hold an
-  outlier), a run in a row of at least ``Rules.strikes[FAR]`` whose honest
-  chance is at most ``alpha``: each far step of it at ``rate``, each gross one at
-  ``gross_rate`` (``run_chance``). An honest sender's gross rate is measured as the far
-  rate is, with a prior of the far prior squared: being that far once is taken to be
-  at most as likely as being far twice. So two gross rounds quarantine a new cohort's
+- and, where the caller marks *gross* steps (far well beyond ``far_ratio``: rounds do,
+  ``round_rules.GROSS``; every step does not, as a step's copy of a few samples can
+  hold one far sample), the last ``L`` steps far, ``L`` = ``Rules.strikes[FAR]`` (at
+  least 2), one or more of them gross, where an honest sender's chance of that,
+  ``(rate + gross_rate) ** L - rate ** L`` (``gross_chance``), is at most ``alpha``.
+  An honest sender's gross rate is measured as the far rate is, with the far prior
+  squared (1 in 10^6): being that far once is taken to be at most as likely as being
+  far twice. So two gross rounds, or a far and a gross one, quarantine a new cohort's
   member where far ones need three.
 
-The first rule takes the rate as measured: where an honest sender's rate is higher
-than the window saw by chance, or than the prior before the window fills, its chance
-is higher than the design. The second takes the upper bound, so the few steps a new
-window holds cannot make an honest sender's count look unlikely.
+Every step the first two rules are in use (``alpha`` a half), under rounds all three (a
+third). The first and third rules take the rates as measured: where an honest sender's
+rate is higher than the window saw by chance, or than the prior before the window
+fills, its chance is higher than the design. The second takes the upper bound, so the
+few steps a new window holds cannot make an honest sender's count look unlikely.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class FarWatch:
     def run(self, member: str) -> list[bool]:
         """``member``'s far steps in a row (as ``in_a_row``), the last first: whether
         each was gross."""
-        out = []
+        out: list[bool] = []
         for _, members, flagged, gross in reversed(self._steps):
             if member not in members:
                 continue
@@ -127,12 +129,6 @@ class FarWatch:
             out.append(member in gross)
         return out
 
-    def run_chance(self, member: str) -> float:
-        """An honest sender's chance of ``member``'s run in a row: each far step of it
-        at ``rate``, each gross one at ``gross_rate`` (independent steps)."""
-        run = self.run(member)
-        gross = sum(run)
-        return self.rate(member) ** (len(run) - gross) * self.gross_rate(member) ** gross
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [[s, list(m), sorted(f), sorted(g)] for s, m, f, g in self._steps]}
@@ -153,6 +149,13 @@ def needed(rate: float, least: int, false_positive: float) -> int:
         return MOST_IN_A_ROW
     k = math.ceil(math.log(false_positive) / math.log(rate) - 1e-9)
     return max(least, min(k, MOST_IN_A_ROW))
+
+
+def gross_chance(rate: float, gross_rate: float, length: int) -> float:
+    """An honest sender's chance that its last ``length`` steps are all far and one or
+    more of them gross, each step far at ``rate`` at most and gross at ``gross_rate``
+    (independent steps): the sum over those patterns of far and gross steps."""
+    return (rate + gross_rate) ** length - rate ** length
 
 
 def too_often(far: int, judged: int, rate: float, alpha: float) -> bool:

@@ -95,7 +95,7 @@ class RoundTrustPart:
                         "from a good one; with fewer it protects nothing", cohort.rank,
                         cohort.world_size)
         self.config, self._cohort, self._module, self._strategy = config, cohort, module, strategy
-        self.strikes = Strikes(config.rules)
+        self.strikes = Strikes(config.rules, gross=True)
         self.events: list[dict[str, Any]] = []
         self._removals: list[tuple[str, str]] = []
         self._prints = Fingerprints()

@@ -18,9 +18,10 @@ The rules, each on ratios to the median sender (so they follow the model's scale
   assigned share relative to the median share (a member that ran more local steps
   drifted farther by chance), is over ``Rules.far_ratio`` times the median sender's;
   far rounds quarantine as far steps do (``far.py``: a designed false-positive rate),
-  and a round beyond ``GROSS`` times ``far_ratio`` is *gross* (``gross``), for two far
-  rounds' evidence: a round's copy sums its local steps, so one sample's outlier does
-  not make it that far (honest members of the benches' rounds: 1.9x at most);
+  and a round beyond ``GROSS`` times ``far_ratio`` is *gross* (``gross``), taken to be
+  as unlikely for an honest member as two far rounds. A round's copy sums its local
+  steps, so one sample's outlier does not make it that far (the benches' honest
+  members: 1.9 times the median member's distance at most);
 - **free rider**: its norm, over its growth with its relative share, is under
   ``FREE_RATIO`` times the median sender's: a zero or a scaled-down pseudo-gradient
   (work not done, or not sent). A pseudo-gradient grows with the local steps between
@@ -167,7 +168,8 @@ def judge_round(reports: torch.Tensor, shares: Sequence[float], senders: Sequenc
 
 def gross(found: Sequence[Finding], rules: Rules) -> list[int]:
     """The ranks of ``found``'s far findings beyond ``GROSS`` times ``far_ratio``."""
-    return [f.rank for f in found if f.kind == FAR and f.score > GROSS * rules.far_ratio]
+    return [f.rank for f in found if f.kind == FAR and f.score is not None
+            and f.score > GROSS * rules.far_ratio]
 
 
 def _scores(rows: list[list[list[float]]], good: list[int],

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from potluck.errors import ConfigError
-from potluck.trust.far import MOST_IN_A_ROW, FarWatch, needed, too_often
+from potluck.trust.far import MOST_IN_A_ROW, FarWatch, gross_chance, needed, too_often
 
 NON_FINITE = "non-finite gradient"
 FAR = "far from the center"
@@ -116,13 +116,13 @@ class Rules:
 class Finding(NamedTuple):
     """One piece of evidence in one step, before it is recorded: against ``rank``; in a
     dispute, ``party`` is the other rank of the two (-1: none); ``score``: a far
-    round's ratio to the median member (NaN: none)."""
+    round's ratio to the median member (None: none)."""
 
     rank: int
     kind: str
     detail: str
     party: int = -1
-    score: float = math.nan
+    score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -449,8 +449,12 @@ class Strikes:
     """Strikes per member over the last ``rules.memory`` steps; who is quarantined.
     Far steps count in a row instead (``far.py``): ``observe_far`` each step first."""
 
-    def __init__(self, rules: Rules) -> None:
+    def __init__(self, rules: Rules, gross: bool = False) -> None:
+        """``gross``: whether the caller marks gross far steps (rounds do): a third rule
+        is then in use, and each rule holds a third of ``false_positive``, not a half."""
         self.rules = rules
+        self.gross = gross
+        self.alpha = rules.false_positive / (3 if gross else 2)
         self.evidence: list[Evidence] = []
         self.quarantined: dict[str, list[Evidence]] = {}
         self.far = FarWatch(rules.far_window)
@@ -463,22 +467,22 @@ class Strikes:
 
     def far_needed(self, member: str | None = None) -> int:
         """Far steps in a row that quarantine ``member`` now."""
-        return needed(self.far.rate(member), self.rules.strikes.get(FAR, 1),
-                      self.rules.false_positive / 2)
+        return needed(self.far.rate(member), self.rules.strikes.get(FAR, 1), self.alpha)
 
     def _far_out(self, member: str) -> int:
         """How many of ``member``'s last far steps quarantine it (0: none yet): a run
-        in a row, or more far steps in the window than an honest sender's chance."""
-        row = self.far.in_a_row(member)
-        if row >= self.far_needed(member):
-            return row
-        alpha = self.rules.false_positive / 2
+        in a row, more far steps in the window than an honest sender's chance, or
+        (with gross steps) a short run with a gross step in it (``far.py``)."""
+        run = self.far.run(member)
+        if len(run) >= self.far_needed(member):
+            return len(run)
         least = self.rules.strikes.get(FAR, 1)
-        if row >= least and any(self.far.run(member)) and self.far.run_chance(member) <= alpha:
-            return row  # (gross steps in the run: each as unlikely as two far ones)
+        last = max(least, 2)
+        if self.gross and len(run) >= last and any(run[:last]) and gross_chance(
+                self.far.rate(member), self.far.gross_rate(member), last) <= self.alpha:
+            return last
         far, judged = self.far.counts(member)
-        if far >= least and too_often(
-                far, judged, self.far.rate_at_most(member), alpha):
+        if far >= least and too_often(far, judged, self.far.rate_at_most(member), self.alpha):
             return far
         return 0
 
