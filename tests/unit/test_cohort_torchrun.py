@@ -141,3 +141,23 @@ def test_the_report_reads_torchruns_run_beside_potlucks() -> None:
     assert out["time_to_target_vs_torchrun"] is None and out["time_to_target_goal_met"] is None
     assert "unknown (torchrun gave up after 61 s, before its limit of 200 s" in \
         "\n".join(report.lines(CohortConfig(), results))
+
+
+def _configure(*argv: str) -> CohortConfig:
+    import argparse
+
+    from potluck_lab.bench.cohort import add_arguments, configure
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return configure(parser.parse_args(list(argv)))
+
+
+def test_the_target_loss_is_seed_0s_unless_given_and_a_bad_one_is_refused() -> None:
+    """The seed picks the job's corpus too, so another seed may need its own target."""
+    from potluck.errors import ConfigError
+
+    assert _configure().target_loss == 2.6 and _configure("--quick").target_loss == 3.2
+    assert _configure("--seed", "1", "--target-loss", "2.75").target_loss == 2.75
+    with pytest.raises(ConfigError, match=r"--target-loss 0: give a positive held-out loss"):
+        _configure("--target-loss", "0")

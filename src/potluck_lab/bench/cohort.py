@@ -73,7 +73,13 @@ END_S = 20.0  # once the job is over, for the agents to exit before they are sto
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="potluck alone, a tiny model, the same faults and checks")
-    parser.add_argument("--seed", type=int, default=0, help="the faults' schedule")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the faults' schedule, and the job's corpus, held-out batch and "
+                             "model (the default target is seed 0's: give another seed its "
+                             "own with --target-loss)")
+    parser.add_argument("--target-loss", type=float, metavar="L",
+                        help="the held-out loss the contenders race to (default: 2.6; "
+                             "--quick: 3.2)")
     parser.add_argument("--contenders", metavar="A,B",
                         help=f"of {', '.join(CONTENDERS)} (default: all; --quick: potluck)")
     parser.add_argument("--torchrun-limit", type=float, metavar="S",
@@ -93,6 +99,11 @@ def configure(args: argparse.Namespace) -> CohortConfig:
             raise ConfigError(f"--contenders {args.contenders!r}: name some of "
                               f"{', '.join(CONTENDERS)}, comma-separated")
         config = replace(config, contenders=names)
+    if args.target_loss is not None:
+        if not args.target_loss > 0:
+            raise ConfigError(f"--target-loss {args.target_loss:g}: give a positive held-out "
+                              "loss, e.g. --target-loss 2.75")
+        config = replace(config, target_loss=args.target_loss)
     if args.torchrun_limit is not None:
         if not args.torchrun_limit > 0:
             raise ConfigError(f"--torchrun-limit {args.torchrun_limit:g}: give a positive "
