@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contenders", metavar="A,B",
                         help=f"of {', '.join(CONTENDERS)} (default: all; --quick: potluck)")
     parser.add_argument("--torchrun-limit", type=float, metavar="S",
-                        help="seconds torchrun may run (default: 10 times potluck's time to "
+                        help="seconds torchrun may run (default: 30 times potluck's time to "
                              "the target where potluck ran first and reached it, else 1800)")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from potluck_lab.bench.cohort_costs import cost_lines
-from potluck_lab.bench.cohort_plan import CohortConfig, schedule
+from potluck_lab.bench.cohort_plan import GOAL, CohortConfig, schedule
 from potluck_lab.common import table
 
 Run = dict[str, Any]
-GOAL = 30.0  # potluck this many times sooner
 
 
 def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
