@@ -129,7 +129,6 @@ class FarWatch:
             out.append(member in gross)
         return out
 
-
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [[s, list(m), sorted(f), sorted(g)] for s, m, f, g in self._steps]}
 
