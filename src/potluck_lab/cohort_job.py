@@ -14,6 +14,10 @@ A worker writes into ``--run-dir``, under ``node<N>-<pid>``:
   trust's quarantines), ``done``;
 - ``.pt``: the final parameters, if the worker finished in the cohort.
 
+``--halt-file``: once it holds S, every worker ends after the cohort's S-th commit
+(all at the same commit: it is read at each step's start, where every member has the
+same count), mid-epoch: a contender halted at the bench's time limit.
+
 ``--attacker-node N --attack-rounds A:B``: the worker of node N sends its pseudo-
 gradient times -10 (the byzantine bench's sign flip) in rounds A to B - 1 (rounds mode).
 """
@@ -55,6 +59,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-file", type=Path, default=None,
                         help="once it holds a number, the job ends after that many epochs "
                              "(every worker reads it before each step)")
+    parser.add_argument("--halt-file", type=Path, default=None,
+                        help="once it holds a number S, the job ends once the cohort "
+                             "committed S steps (rounds), mid-epoch: the bench's time limit")
     add_task_args(parser)
     parser.add_argument("--inner-steps", type=int, default=10, help="H (rounds mode)")
     parser.add_argument("--eval-every", type=int, default=1)
@@ -106,10 +113,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     events = told = 0
     with SampleLedger(stem.with_suffix(".jsonl")) as ledger:
         pending: list[int] = []
-        while loader.epoch < epochs_to_train(args.epochs, args.stop_file) and not opt.left:
+        halted = False
+        while loader.epoch < epochs_to_train(args.epochs, args.stop_file) and not opt.left \
+                and not halted:
             for x, y, ids in loader:
                 if loader.epoch >= epochs_to_train(args.epochs, args.stop_file):
                     break  # (admitted at the last boundary: nothing left to train)
+                halted = opt.progress.steps >= halt_at(args.halt_file)
+                if halted:
+                    log("halt", steps=opt.progress.steps)
+                    break
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
                 loss = loss_of(model, (x, y))
@@ -150,6 +163,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.save(net.state_dict(), stem.with_suffix(".pt"))
     log("done", finished=bool(finished), left=bool(opt.left))
     log.close()
+
+
+def halt_at(path: Path | None) -> float:
+    """The commit count the job ends at: the halt file's number, else never (inf)."""
+    if path is None:
+        return float("inf")
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):  # not written yet
+        return float("inf")
 
 
 if __name__ == "__main__":

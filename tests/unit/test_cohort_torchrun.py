@@ -161,3 +161,27 @@ def test_the_target_loss_is_seed_0s_unless_given_and_a_bad_one_is_refused() -> N
     assert _configure("--seed", "1", "--target-loss", "2.75").target_loss == 2.75
     with pytest.raises(ConfigError, match=r"--target-loss 0: give a positive held-out loss"):
         _configure("--target-loss", "0")
+
+
+def test_a_potluck_contenders_limit_is_the_flag_and_a_bad_one_is_refused() -> None:
+    from potluck.errors import ConfigError
+
+    assert _configure().limit_s == 1800.0 and _configure("--quick").limit_s == 150.0
+    assert _configure("--limit", "600").limit_s == 600.0
+    with pytest.raises(ConfigError, match=r"--limit -5: give a positive number of seconds"):
+        _configure("--limit", "-5")
+
+
+@pytest.mark.timeout(10)
+def test_a_contender_halted_at_its_limit_says_so_and_still_counts_its_checks() -> None:
+    halted = {**_potluck_run(True), "contender": "potluck-step", "time_to_target_s": None,
+              "limit_s": 600.0, "halted_at": 41}
+    assert report.line(halted).startswith(
+        "potluck-step: target not reached within 600 s, halted at its limit after commit 41,")
+    assert report.line(_potluck_run(True)).startswith("potluck: target reached in 10.0 s, run")
+    results = {"runs": [_potluck_run(True), halted, _torchrun_run()]}
+    out = report.payload(CohortConfig(), results)
+    assert out["exactly_once"] is True and out["replicas_equal"] is True
+    assert report.exit_code(results) == 0
+    assert report.exit_code({"runs": [_potluck_run(True), {**halted, "exactly_once": False}]}) \
+        == 1

@@ -1,7 +1,7 @@
 """``potluck bench cohort``: the potluck cohort, uneven, unreliable, far apart and not
 all honest, with nobody a reliable node 0.
 
-    potluck bench cohort [--quick] [--seed S] [--contenders A,B] [--json PATH]
+    potluck bench cohort [--quick] [--seed S] [--contenders A,B] [--limit S] [--json PATH]
 
 Four hosts in network namespaces on a switch (``machine/netns.py``), links of 100, 20,
 10 and 5 Mbit/s both ways (``tc tbf``), CPU quotas of 1.0, 0.7, 0.5 and 0.3 of a core
@@ -68,6 +68,7 @@ OBSERVER = 4  # the host a person watches the status page from (no cap, no quota
 POLL_S = 0.2
 MOVED_SHOT_S = 1.0  # a commit this long after the store's host is lost: capture
 END_S = 20.0  # once the job is over, for the agents to exit before they are stopped
+HALT_S = 300.0  # past its limit, for a contender to reach the commit it halts at
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--quick: 3.2)")
     parser.add_argument("--contenders", metavar="A,B",
                         help=f"of {', '.join(CONTENDERS)} (default: all; --quick: potluck)")
+    parser.add_argument("--limit", type=float, metavar="S",
+                        help="seconds a potluck contender may run before it is halted at "
+                             "its next commit but one (default 1800; --quick: 150, and "
+                             "running past it is an error)")
     parser.add_argument("--torchrun-limit", type=float, metavar="S",
                         help="seconds torchrun may run (default: 30 times potluck's time to "
-                             "the target where potluck ran first and reached it, else 1800)")
+                             "the target where potluck ran first and reached it, else --limit)")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' output here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
@@ -104,6 +109,11 @@ def configure(args: argparse.Namespace) -> CohortConfig:
             raise ConfigError(f"--target-loss {args.target_loss:g}: give a positive held-out "
                               "loss, e.g. --target-loss 2.75")
         config = replace(config, target_loss=args.target_loss)
+    if args.limit is not None:
+        if not args.limit > 0:
+            raise ConfigError(f"--limit {args.limit:g}: give a positive number of seconds, "
+                              "e.g. --limit 900")
+        config = replace(config, limit_s=args.limit)
     if args.torchrun_limit is not None:
         if not args.torchrun_limit > 0:
             raise ConfigError(f"--torchrun-limit {args.torchrun_limit:g}: give a positive "
@@ -122,7 +132,7 @@ def job_args(config: CohortConfig, mode: str, run_dir: Path,
             "--global-batch", str(config.global_batch), "--inner-steps",
             str(config.inner_steps), "--d-model", str(config.d_model), "--layers",
             str(config.layers), "--corpus-chars", str(config.corpus_chars),
-            "--seed", str(config.seed)]
+            "--seed", str(config.seed), "--halt-file", str(run_dir / "halt")]
     if attack is not None:
         node, (first, last) = attack
         argv += ["--attacker-node", str(node), "--attack-rounds", f"{first}:{last}"]
@@ -151,6 +161,7 @@ class Cohort:
         self.status_port = self.port + 1  # every agent's --status-port (own namespace)
         self.story = story.Story(hosts, OBSERVER, self.run_dir, 0.0)
         self.moved_shot = False
+        self.halted_at: int | None = None  # the commit the run was told to end at
         total_rounds = config.samples * config.epochs // config.commits_per_round  # nominal
         attack = next(f for f in self.faults if f.kind == "attack")
         self.attack = (attack.node, attack_rounds(attack, total_rounds)) \
@@ -188,8 +199,10 @@ class Cohort:
         c = self.config
         total = c.samples * c.epochs
         deadline = time.monotonic() + c.limit_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline + (HALT_S if self.halted_at is not None else 0.0):
             workers = fig.read_workers(self.run_dir)
+            if time.monotonic() >= deadline and self.halted_at is None and not c.quick:
+                self._halt(workers)
             committed = fig.committed_samples(workers)
             if not self.quotas_on and committed:
                 self._quotas()
@@ -216,7 +229,20 @@ class Cohort:
                          max(0.0, min(END_S, deadline - time.monotonic())))
                 return
             time.sleep(POLL_S)
-        raise BenchError(f"{self.name}: not done in {c.limit_s:g} s; its logs: {self.run_dir}")
+        past = f", nor halted {HALT_S:g} s past it" if self.halted_at is not None else ""
+        raise BenchError(f"{self.name}: not done in {c.limit_s:g} s{past}; its logs: "
+                         f"{self.run_dir}")
+
+    def _halt(self, workers: list[fig.Worker]) -> None:
+        """The run is at its limit: every worker ends after a commit two past the newest
+        logged (none is past it yet, so all end at the same one), mid-epoch."""
+        newest = max((r["steps"] for w in workers for r in w.of("commit")), default=0)
+        self.halted_at = newest + 2
+        temporary = self.run_dir / "halt.tmp"
+        temporary.write_text(str(self.halted_at))
+        temporary.replace(self.run_dir / "halt")
+        print(f"{self.name}: at its limit of {self.config.limit_s:g} s: halting after "
+              f"commit {self.halted_at}", flush=True)
 
     def _stop_after(self, workers: list[fig.Worker]) -> None:
         """Every fault fell (and, in a full run, the target was reached): the job ends
@@ -289,7 +315,10 @@ class Cohort:
     def _figures(self, link_bytes: list[tuple[int, int]]) -> dict[str, Any]:
         c = self.config
         workers = fig.read_workers(self.run_dir)
-        once = fig.exactly_once(workers, c.samples, self.epochs_trained())
+        # (halted mid-epoch: its last epoch is not checked for samples never trained)
+        epochs = self.epochs_trained() if self.halted_at is None \
+            else min(self.epochs_trained(), fig.epochs_begun(workers) - 1)
+        once = fig.exactly_once(workers, c.samples, epochs)
         finishers = [w for w in workers if w.params is not None]
         equal = fig.replicas_equal(torch.load(w.params) for w in finishers
                                    if w.params is not None)
@@ -303,7 +332,7 @@ class Cohort:
             "time_to_target_s": fig.time_to_target(workers, c.target_loss, self.started),
             "wall_s": wall,
             "exactly_once": once["twice"] == 0 and once["missing"] == 0,
-            "epochs": self.epochs_trained(),
+            "epochs": epochs, "limit_s": c.limit_s, "halted_at": self.halted_at,
             "samples_twice": once["twice"], "samples_lost": once["missing"],
             "replicas_equal": equal, "finishers": len(finishers),
             "quarantine": caught,

@@ -128,6 +128,11 @@ def _open_part(worker: Worker) -> list[Record]:
     return part
 
 
+def epochs_begun(workers: Sequence[Worker]) -> int:
+    """How many epochs the run committed samples in (its last one maybe in part)."""
+    return 1 + max((epoch for epoch, _ in trained(workers)), default=-1)
+
+
 def exactly_once(workers: Sequence[Worker], samples: int, epochs: int) -> dict[str, int]:
     """Samples committed twice and never committed, over the run's epochs."""
     counts: Counter[tuple[int, int]] = Counter(

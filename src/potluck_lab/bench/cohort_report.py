@@ -36,9 +36,11 @@ def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
 
 
 def _potluck_line(run: Run) -> str:
-    t = run["time_to_target_s"]
-    q = run["quarantine"]
-    return (f"{run['contender']}: target {'not reached' if t is None else f'reached in {t:.1f} s'}"
+    t, q, halt = run["time_to_target_s"], run["quarantine"], run.get("halted_at")
+    reached = (f"reached in {t:.1f} s" if t is not None else "not reached" if halt is None
+               else f"not reached within {run['limit_s']:.0f} s")
+    halted = "" if halt is None else f", halted at its limit after commit {halt}"
+    return (f"{run['contender']}: target {reached}{halted}"
             f", run {run['wall_s']:.1f} s, exactly once {run['exactly_once']} "
             f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
             f"{run['replicas_equal']} ({run['finishers']} finishers)"
