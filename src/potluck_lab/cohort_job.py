@@ -119,9 +119,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             for x, y, ids in loader:
                 if loader.epoch >= epochs_to_train(args.epochs, args.stop_file):
                     break  # (admitted at the last boundary: nothing left to train)
-                halted = opt.progress.steps >= halt_at(args.halt_file)
+                stop_at = halt_at(args.halt_file)
+                halted = stop_at is not None and opt.progress.steps >= stop_at
                 if halted:
-                    log("halt", steps=opt.progress.steps)
+                    log("halt", steps=opt.progress.steps, epoch=loader.epoch)
                     break
                 epoch, commits = loader.epoch, opt.progress.steps
                 opt.zero_grad()
@@ -165,14 +166,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.close()
 
 
-def halt_at(path: Path | None) -> float:
-    """The commit count the job ends at: the halt file's number, else never (inf)."""
-    if path is None:
-        return float("inf")
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):  # not written yet
-        return float("inf")
+def halt_at(path: Path | None) -> int | None:
+    """The commit count the job ends at: the halt file's number (written whole, at
+    once), or None while there is none."""
+    if path is None or not path.exists():
+        return None
+    return int(path.read_text())
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from potluck_lab.bench import cohort_figures as fig
+from potluck_lab.bench import cohort_report as report
 from potluck_lab.bench.cohort import measure
 from potluck_lab.bench.cohort_plan import KINDS, QUICK, attack_rounds, due, schedule
 from potluck_lab.browser import chromium_path
@@ -48,6 +50,7 @@ def test_quick_cohort_trains_exactly_once_and_quarantines_the_attacker(tmp_path:
     assert figures["rounds_to_quarantine"] is not None, stdout[-3000:]
     assert 1 <= figures["rounds_to_quarantine"] <= 3, stdout[-3000:]
     potluck = figures["runs"][0]
+    assert potluck["halted_at"] is None, stdout[-3000:]  # (it ended within its limit)
     assert potluck["honest_quarantined"] == [], stdout[-3000:]
     assert {f["kind"] for f in potluck["faults"]} == set(KINDS), potluck["faults"]
     # what each fault and link cost, and what a person watching saw
@@ -87,6 +90,29 @@ def test_the_faults_fall_in_order_on_three_different_nodes_and_never_on_node_0()
     attack = next(f for f in faults if f.kind == "attack")
     first, last = attack_rounds(attack, 60)
     assert 1 <= first < last <= 61 and last - first >= int(0.2 * 60) - 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(WHY is not None, reason=f"bench cohort: {WHY}")
+def test_a_contender_at_its_limit_is_halted_and_what_it_trained_is_checked(
+        tmp_path: Path) -> None:
+    """The quick run cut to 30 s (it takes about 40): the bench halts it, no fault falls
+    after, every worker that ends ends after the same commit, and its figures hold: no
+    sample twice, none lost in its whole epochs, the finishers' replicas equal."""
+    config = replace(QUICK, limit_s=30.0)
+    run = measure(config, tmp_path)["runs"][0]
+    assert run["halted_at"] is not None and run["halt_missed"] is False, run
+    assert all(f["at_s"] <= run["halted_s"] for f in run["faults"]), run
+    workers = fig.read_workers(Path(run["logs"]))
+    ends = {w.of("commit")[-1]["steps"] for w in workers
+            if any(r["finished"] for r in w.of("done"))}
+    assert ends == {run["halted_at"]}, ends
+    assert run["exactly_once"] is True and run["samples_twice"] == 0, run
+    assert run["replicas_equal"] is True and run["finishers"] >= 2, run
+    assert f"halted after commit {run['halted_at']}" in report.line(run)
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "pl-coh-" + str(os.getpid() % 10000) not in spaces
 
 
 @pytest.mark.slow

@@ -172,12 +172,12 @@ def test_a_potluck_contenders_limit_is_the_flag_and_a_bad_one_is_refused() -> No
         _configure("--limit", "-5")
 
 
-@pytest.mark.timeout(10)
 def test_a_contender_halted_at_its_limit_says_so_and_still_counts_its_checks() -> None:
     halted = {**_potluck_run(True), "contender": "potluck-step", "time_to_target_s": None,
-              "limit_s": 600.0, "halted_at": 41}
+              "limit_s": 600.0, "halted_at": 41, "halt_missed": False, "epochs": 2}
     assert report.line(halted).startswith(
-        "potluck-step: target not reached within 600 s, halted at its limit after commit 41,")
+        "potluck-step: target not reached within its limit of 600 s, halted after commit 41 "
+        "(2 whole epoch(s) checked for samples never trained), run 20.0 s, exactly once True")
     assert report.line(_potluck_run(True)).startswith("potluck: target reached in 10.0 s, run")
     results = {"runs": [_potluck_run(True), halted, _torchrun_run()]}
     out = report.payload(CohortConfig(), results)
@@ -185,3 +185,7 @@ def test_a_contender_halted_at_its_limit_says_so_and_still_counts_its_checks() -
     assert report.exit_code(results) == 0
     assert report.exit_code({"runs": [_potluck_run(True), {**halted, "exactly_once": False}]}) \
         == 1
+    # told to halt and still running HALT_S later: said, and a failed run
+    missed = {**halted, "halt_missed": True, "replicas_equal": None}
+    assert "told to halt after commit 41 and not ended 300 s later" in report.line(missed)
+    assert report.exit_code({"runs": [_potluck_run(True), missed]}) == 1

@@ -128,9 +128,14 @@ def _open_part(worker: Worker) -> list[Record]:
     return part
 
 
-def epochs_begun(workers: Sequence[Worker]) -> int:
-    """How many epochs the run committed samples in (its last one maybe in part)."""
-    return 1 + max((epoch for epoch, _ in trained(workers)), default=-1)
+def whole_epochs(workers: Sequence[Worker]) -> int:
+    """The epochs a halted run trained whole: those before the epoch its workers halted
+    in (the epoch of the batch each had in hand); where none logged its halt, those
+    before the newest epoch it committed samples in."""
+    halts = [int(r["epoch"]) for w in workers for r in w.of("halt")]
+    if halts:
+        return min(halts)
+    return max((epoch for epoch, _ in trained(workers)), default=0)
 
 
 def exactly_once(workers: Sequence[Worker], samples: int, epochs: int) -> dict[str, int]:

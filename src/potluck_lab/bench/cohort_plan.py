@@ -118,6 +118,7 @@ def due(faults: list[Fault], done: int, progress: float) -> list[Fault]:
 
 
 GOAL = 30.0  # potluck this many times sooner than torchrun
+HALT_S = 300.0  # past its limit, for a potluck contender to reach the commit it halts at
 
 
 def torchrun_limit(config: CohortConfig, potluck_s: float | None) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from potluck_lab.bench.cohort_costs import cost_lines
-from potluck_lab.bench.cohort_plan import GOAL, CohortConfig, schedule
+from potluck_lab.bench.cohort_plan import GOAL, HALT_S, CohortConfig, schedule
 from potluck_lab.common import table
 
 Run = dict[str, Any]
@@ -37,9 +37,19 @@ def versus_torchrun(runs: dict[str, Run]) -> dict[str, Any] | None:
 
 def _potluck_line(run: Run) -> str:
     t, q, halt = run["time_to_target_s"], run["quarantine"], run.get("halted_at")
-    reached = (f"reached in {t:.1f} s" if t is not None else "not reached" if halt is None
-               else f"not reached within {run['limit_s']:.0f} s")
-    halted = "" if halt is None else f", halted at its limit after commit {halt}"
+    if t is not None:
+        reached = f"reached in {t:.1f} s"
+    elif halt is None:
+        reached = "not reached"
+    else:
+        reached = f"not reached within its limit of {run['limit_s']:.0f} s"
+    if halt is None:
+        halted = ""
+    elif run.get("halt_missed"):
+        halted = f", told to halt after commit {halt} and not ended {HALT_S:g} s later"
+    else:
+        halted = (f", halted after commit {halt} ({run['epochs']} whole epoch(s) checked "
+                  "for samples never trained)")
     return (f"{run['contender']}: target {reached}{halted}"
             f", run {run['wall_s']:.1f} s, exactly once {run['exactly_once']} "
             f"({run['samples_twice']} twice, {run['samples_lost']} lost), replicas equal "
@@ -151,6 +161,6 @@ def payload(config: CohortConfig, results: dict[str, Any]) -> dict[str, Any]:
 def exit_code(results: dict[str, Any]) -> int:
     """1 where a potluck contender lost or repeated a sample or its replicas differ
     (torchrun's figures are measured, not checked)."""
-    ok = all(r["exactly_once"] and r["replicas_equal"] for r in results["runs"]
-             if r["contender"] != "torchrun")
+    ok = all(r["exactly_once"] and r["replicas_equal"] and not r.get("halt_missed")
+             for r in results["runs"] if r["contender"] != "torchrun")
     return 0 if ok else 1
