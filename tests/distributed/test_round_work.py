@@ -77,15 +77,16 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
                 "training": [m.training for m in net.modules()],
                 "quarantined": {m: [e.as_dict() for e in ev]
                                 for m, ev in part.quarantined.items()},
-                "events": part.events, "rng": torch.random.get_rng_state()}
+                "events": part.events, "rng": torch.random.get_rng_state(),
+                "sent": strategy.traffic.sent}
     finally:
         cohort.close()
 
 
-def _run(check: bool, copy: bool, norm: bool = False) -> list[dict[str, Any]]:
+def _run(check: bool, copy: bool, norm: bool = False, world: int = 4) -> list[dict[str, Any]]:
     spec = {"check": check, "copy": copy, "norm": norm}
-    return run_ranks(_job, 4, free_port(), spec, init_group=False,  # type: ignore[no-any-return]
-                     timeout=200)
+    return run_ranks(_job, world, free_port(), spec,  # type: ignore[no-any-return]
+                     init_group=False, timeout=200)
 
 
 @pytest.mark.timeout(400)
@@ -121,3 +122,19 @@ def test_a_copier_is_quarantined_and_the_member_it_copied_is_not() -> None:
         assert "fits the other's samples, not its own" in evidence[0]["detail"], evidence
         assert not [e for e in result["events"] if e["event"] == "suspect"], result["events"]
     assert results[1]["quarantined"] == results[0]["quarantined"]
+
+
+@pytest.mark.timeout(400)
+def test_fewer_than_4_members_run_no_check_and_send_no_copies_for_it() -> None:
+    """No work score comes of fewer than ``LEAST`` (4) members, so the check's forwards
+    and the copies it reads are left out: 3 ranks send what they send without it, and
+    end where they end without it. 4 ranks send the copies."""
+    from potluck.trust.round_work import LEAST
+
+    assert LEAST == 4
+    plain, checked = _run(False, False, world=3), _run(True, False, world=3)
+    for a, b in zip(plain, checked, strict=True):
+        assert b["sent"] == a["sent"] > 0
+        assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"], strict=True))
+    four_plain, four_checked = _run(False, False), _run(True, False)
+    assert all(b["sent"] > a["sent"] for a, b in zip(four_plain, four_checked, strict=True))
