@@ -46,7 +46,13 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
         extra = [torch.nn.BatchNorm1d(HIDDEN), torch.nn.Dropout(0.2)] if spec["norm"] else []
         net = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), *extra, torch.nn.ReLU(),
                                   torch.nn.Linear(HIDDEN, CLASSES))
-        trust = potluck.Trust(round_check=RoundCheck(_loss) if spec["check"] else None)
+        checked: list[int] = []  # (the check's forwards: training does not call _loss)
+
+        def counted(model: Any, batch: Any) -> torch.Tensor:
+            checked.append(len(batch[0]))
+            return _loss(model, batch)
+
+        trust = potluck.Trust(round_check=RoundCheck(counted) if spec["check"] else None)
         model, opt, loader = potluck.prepare(
             net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), _data(),
             global_batch=GLOBAL_BATCH, seed=1, cohort=cohort, trust=trust,
@@ -78,7 +84,7 @@ def _job(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> dict[st
                 "quarantined": {m: [e.as_dict() for e in ev]
                                 for m, ev in part.quarantined.items()},
                 "events": part.events, "rng": torch.random.get_rng_state(),
-                "sent": strategy.traffic.sent}
+                "sent": strategy.traffic.sent, "forwards": len(checked)}
     finally:
         cohort.close()
 
@@ -125,16 +131,12 @@ def test_a_copier_is_quarantined_and_the_member_it_copied_is_not() -> None:
 
 
 @pytest.mark.timeout(400)
-def test_fewer_than_4_members_run_no_check_and_send_no_copies_for_it() -> None:
-    """No work score comes of fewer than ``LEAST`` (4) members, so the check's forwards
-    and the copies it reads are left out: 3 ranks send what they send without it, and
-    end where they end without it. 4 ranks send the copies."""
-    from potluck.trust.round_work import LEAST
-
-    assert LEAST == 4
-    plain, checked = _run(False, False, world=3), _run(True, False, world=3)
+def test_a_round_of_2_runs_no_check_and_sends_no_copies_for_it() -> None:
+    """Of 2 members the check can say nothing (no majority on a sample, no checker
+    outside a pair), so it runs no forward and the round sends no copy for it: 2 ranks
+    send what they send without it and end where they end without it. 3 ranks run it."""
+    plain, checked = _run(False, False, world=2), _run(True, False, world=2)
     for a, b in zip(plain, checked, strict=True):
-        assert b["sent"] == a["sent"] > 0
+        assert b["forwards"] == 0 and b["sent"] == a["sent"] > 0
         assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"], strict=True))
-    four_plain, four_checked = _run(False, False), _run(True, False)
-    assert all(b["sent"] > a["sent"] for a, b in zip(four_plain, four_checked, strict=True))
+    assert all(r["forwards"] > 0 for r in _run(True, False, world=3))

@@ -137,7 +137,7 @@ class WorkCheck:
              deltas: Sequence[torch.Tensor]) -> None:
         """For each piece of a round that is checked: the ``targets``' whole
         pseudo-gradients of it (``deltas``, in targets' order)."""
-        if not self.due(piece.round):
+        if not self.due(piece.round) or not targets:
             return
         if piece.round != self._round:
             self._kept, self._parts, self._round = {}, (), piece.round

@@ -46,7 +46,7 @@ from potluck.trust.round_check import ReadRange, WorkCheck
 from potluck.trust.round_exchange import Keeper, RobustRoundSum, RoundReports
 from potluck.trust.round_rules import gross, judge_round
 from potluck.trust.round_spot import SpotRerun
-from potluck.trust.round_work import LEAST, judge_work, settle_copies, work_scores
+from potluck.trust.round_work import SAYS, judge_work, settle_copies, work_scores
 from potluck.trust.verdict import COPIED, DIVERGED, FAR, Evidence, Finding, Strikes, diverged
 
 log = logging.getLogger(__name__)
@@ -202,12 +202,12 @@ class RoundTrustPart:
 
     def _targets(self, round_: int, senders: Sequence[int]) -> list[int]:
         """The work check's targets of a round: every sender each ``every`` rounds, and
-        the members of pairs left unsettled last round. None where fewer than ``LEAST``
-        send and no pair waits: no score comes of so few, and the check's forwards
-        would cost the round for nothing (a copy found then is settled a round later)."""
+        the members of pairs left unsettled last round. None where fewer than ``SAYS``
+        send: the check can say nothing of them, and its forwards and copies would
+        cost the round for nothing."""
         work, members = self.work, self._cohort.membership.members
         assert work is not None and work.config is not None
-        if len(senders) < LEAST and not work.forced:
+        if len(senders) < SAYS:
             return []
         every = round_ % work.config.every == 0
         return [r for r in senders

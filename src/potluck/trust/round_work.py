@@ -98,6 +98,9 @@ RUNS = 8  # runs of positions a member's sample is read in
 # (one may be the attacker, and none can be left out), and honest windows spread
 # 0.26 of the median, not 0.20 (the bench: one honest window of 474 at 0.297)
 LEAST = 4
+# Senders a round needs for the check to say anything at all: of 2, no sample's loss
+# has a majority to judge a non-finite one by, and no copied pair a checker outside it
+SAYS = 3
 
 
 @dataclass(frozen=True)
