@@ -337,7 +337,7 @@ class Cohort:
             "wall_s": wall,
             "exactly_once": once["twice"] == 0 and once["missing"] == 0,
             "epochs": epochs, "limit_s": c.limit_s, "halted_at": self.halted_at,
-            "halted_s": self.halted_s,            "halt_missed": self.halt_missed,
+            "halted_s": self.halted_s, "halt_missed": self.halt_missed,
             "samples_twice": once["twice"], "samples_lost": once["missing"],
             "replicas_equal": equal, "finishers": len(finishers),
             "quarantine": caught,
