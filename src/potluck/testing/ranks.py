@@ -33,11 +33,21 @@ class RankFailed(PotluckError):
     """A rank raised, died, or missed the deadline; the message carries its traceback."""
 
 
+_GIVEN: set[int] = set()  # the ports free_port handed out in this process
+
+
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on loopback that was free a moment ago, and not handed out before in
+    this process: once the probe's socket closes, the kernel may give the same port to
+    the next probe, and two ports picked in a row would then be one (a test's second
+    store failed with EADDRINUSE so)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def join(rank: int, world_size: int, port: int, *, timeout: float = 30.0) -> Cohort:
