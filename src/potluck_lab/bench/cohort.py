@@ -242,9 +242,7 @@ class Cohort:
         newest = max((r["steps"] for w in workers for r in w.of("commit")), default=0)
         self.halted_at = newest + 2
         self.halted_s = time.time() - self.started
-        temporary = self.run_dir / "halt.tmp"
-        temporary.write_text(str(self.halted_at))
-        temporary.replace(self.run_dir / "halt")
+        _write_whole(self.run_dir / "halt", str(self.halted_at))
         print(f"{self.name}: at its limit of {self.config.limit_s:g} s: halting after "
               f"commit {self.halted_at}", flush=True)
 
@@ -256,9 +254,7 @@ class Cohort:
         if stop.exists():
             return
         epoch = max((e for w in workers for e, _ in w.ledger), default=0)
-        temporary = stop.with_suffix(".tmp")
-        temporary.write_text(str(min(self.config.max_epochs, epoch + 2)))
-        temporary.replace(stop)
+        _write_whole(stop, str(min(self.config.max_epochs, epoch + 2)))
 
     def epochs_trained(self) -> int:
         stop = self.run_dir / "stop"
@@ -357,6 +353,13 @@ class Cohort:
             "plots": [str(path) for path in pictures], "no_plots": no_plots,
             "logs": str(self.run_dir),
         }
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` at once: a worker reading it sees all of it or no file."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def _worker_pids(run_dir: Path, node: int) -> list[int]:
